@@ -1,0 +1,132 @@
+//! Built-in agent types: their prompts, turn budgets and tool filters.
+
+use serde::{Deserialize, Serialize};
+
+/// Turn budgets are clamped to this range whatever the request says.
+pub const MIN_TURNS: u32 = 1;
+pub const MAX_TURNS: u32 = 50;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AgentType {
+    General,
+    Research,
+    Explore,
+    Plan,
+}
+
+/// Names accepted for `subagent_type`, aliases included.
+pub const BUILTIN_NAMES: &[&str] = &["general", "general-purpose", "research", "explore", "plan"];
+
+const BASE: &str = "You are a sub-agent. You were given one task by a parent agent, and you work on it alone, \
+with a fresh conversation and only the tools offered to you. Do exactly that task: no side quests, no questions \
+back (nobody will answer them). When you are done, reply with your final answer as plain text and no tool call: \
+that text is the only thing the parent will see, so make it complete and self-contained.";
+
+impl AgentType {
+    pub fn parse(name: &str) -> Option<AgentType> {
+        match name {
+            "general" | "general-purpose" => Some(AgentType::General),
+            "research" => Some(AgentType::Research),
+            "explore" => Some(AgentType::Explore),
+            "plan" => Some(AgentType::Plan),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AgentType::General => "general",
+            AgentType::Research => "research",
+            AgentType::Explore => "explore",
+            AgentType::Plan => "plan",
+        }
+    }
+
+    pub fn default_max_turns(self) -> u32 {
+        match self {
+            AgentType::General | AgentType::Research => 5,
+            AgentType::Explore => 4,
+            AgentType::Plan => 3,
+        }
+    }
+
+    /// Only read-only (`auto` policy) tools for every type but `general`.
+    pub fn read_only(self) -> bool {
+        !matches!(self, AgentType::General)
+    }
+
+    pub fn system_prompt(self) -> String {
+        let specific = match self {
+            AgentType::General => {
+                "Type: general. Use the tools offered as a careful engineer would, including ones with side \
+                 effects when the task calls for them.\n\
+                 Stop when the task is done, or when you are blocked and further tool calls would not help.\n\
+                 Output: what you did, what you found, and anything left undone, in at most 15 lines."
+            }
+            AgentType::Research => {
+                "Type: research. You may only read: use the read-only tools offered, never try to change \
+                 anything.\n\
+                 Stop as soon as you can answer the question with evidence, or when the tools cannot find more.\n\
+                 Output: your findings in at most 10 lines, then a `Sources:` list naming where each finding came \
+                 from (tool and key arguments)."
+            }
+            AgentType::Explore => {
+                "Type: explore. You may only read. Find the specific things asked for, fast: prefer targeted \
+                 searches to broad scans.\n\
+                 Stop the moment you have found them, or after a few attempts if they do not exist.\n\
+                 Output: each thing found with where it is, one per line; say plainly what was not found."
+            }
+            AgentType::Plan => {
+                "Type: plan. You may only read, and should call tools only when a fact is missing. Think the \
+                 task through before anyone acts.\n\
+                 Stop when the plan is complete; do not carry it out.\n\
+                 Output: a numbered plan of 3 to 7 steps, each with its goal and how to check it is done, then \
+                 `Risks:` with the main risks."
+            }
+        };
+        format!("{BASE}\n\n{specific}")
+    }
+}
+
+/// The system prompt the model sees: the override or the type's prompt, then the parent's
+/// context under its own heading.
+pub fn compose_system_prompt(base: &str, parent_context: Option<&str>) -> String {
+    match parent_context.map(str::trim).filter(|c| !c.is_empty()) {
+        Some(ctx) => format!("{base}\n\n## Context from the parent agent\n\n{ctx}"),
+        None => base.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aliases_and_turn_defaults() {
+        assert_eq!(AgentType::parse("general-purpose"), Some(AgentType::General));
+        assert_eq!(AgentType::parse("nope"), None);
+        let turns: Vec<u32> = ["research", "general", "plan", "explore"]
+            .iter()
+            .map(|n| AgentType::parse(n).unwrap().default_max_turns())
+            .collect();
+        assert_eq!(turns, [5, 5, 3, 4]);
+    }
+
+    #[test]
+    fn parent_context_goes_under_its_own_heading() {
+        let s = compose_system_prompt("base", Some("the parent knows X"));
+        assert_eq!(s, "base\n\n## Context from the parent agent\n\nthe parent knows X");
+        assert_eq!(compose_system_prompt("base", Some("  ")), "base");
+    }
+
+    #[test]
+    fn each_type_prompt_names_its_stop_condition_and_output() {
+        for t in [AgentType::General, AgentType::Research, AgentType::Explore, AgentType::Plan] {
+            let p = t.system_prompt();
+            assert!(p.contains("Stop"), "{t:?}");
+            assert!(p.contains("Output:"), "{t:?}");
+            assert!(p.contains(&format!("Type: {}", t.as_str())), "{t:?}");
+        }
+    }
+}

@@ -1,0 +1,375 @@
+//! The sub-agent itself: a tool-calling loop over a fresh conversation, a tool whitelist,
+//! one summary back. Pure logic over traits: storage, provider and tools are injected, so
+//! every invariant is unit-testable with in-memory fakes.
+
+pub mod agents;
+pub mod spec;
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use rust_decimal::Decimal;
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+
+use crate::llm::pricing::Price;
+use crate::llm::retry::RetryPolicy;
+use crate::llm::{ChatRequest, LlmError, Message, Provider, ToolCall, ToolSpec, Usage};
+
+/// Everything a run needs, decided before it starts.
+#[derive(Debug, Clone)]
+pub struct RunInput {
+    pub provider_name: String,
+    /// The model as the provider knows it.
+    pub model: String,
+    pub price: Option<Price>,
+    /// The saved conversation to continue; empty for a fresh run.
+    pub history: Vec<Message>,
+    /// Used only for a fresh run: the conversation starts as `[system, user]`.
+    pub system_prompt: String,
+    pub user_prompt: String,
+    /// Turns already completed (and checkpointed) by earlier attempts.
+    pub turns_done: u32,
+    pub max_turns: u32,
+    /// The whitelist: the only tools offered and the only tools ever executed.
+    pub tools: Vec<ToolSpec>,
+    pub max_tokens: Option<u32>,
+    pub retry: RetryPolicy,
+    /// Agent type name, for the whitelist refusal message.
+    pub agent: String,
+}
+
+/// One provider call attempt, as the ledger records it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CallRecord {
+    pub turn: u32,
+    pub try_no: u32,
+    pub provider: String,
+    pub model: String,
+    pub usage: Usage,
+    pub cost_usd: Option<Decimal>,
+    pub latency_ms: u32,
+    pub http_status: Option<u16>,
+    pub outcome: &'static str,
+    pub error: Option<String>,
+}
+
+/// One completed turn: committed together, or not at all.
+#[derive(Debug, Clone)]
+pub struct TurnCheckpoint {
+    pub turn: u32,
+    /// Messages added this turn (the first turn includes `[system, user]`).
+    pub messages: Vec<Message>,
+    pub call: CallRecord,
+    pub events: Vec<(&'static str, Value)>,
+}
+
+/// The worker lost the right to write (lease expired or taken over).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("lease lost")]
+pub struct LeaseLost;
+
+#[async_trait::async_trait]
+pub trait RunStore: Send + Sync {
+    /// Record a failed provider attempt.
+    async fn record_failed_call(&self, call: &CallRecord) -> Result<(), LeaseLost>;
+    /// Commit a completed turn: messages, its call's usage and its events, atomically.
+    async fn checkpoint(&self, turn: &TurnCheckpoint) -> Result<(), LeaseLost>;
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolOutput {
+    pub content: String,
+    pub is_error: bool,
+}
+
+#[async_trait::async_trait]
+pub trait ToolRunner: Send + Sync {
+    async fn run(&self, call: &ToolCall) -> ToolOutput;
+}
+
+/// A runner for runs that have no tools: never reached, because the whitelist is empty.
+pub struct NoTools;
+
+#[async_trait::async_trait]
+impl ToolRunner for NoTools {
+    async fn run(&self, call: &ToolCall) -> ToolOutput {
+        ToolOutput { content: format!("tool {} is not available", call.name), is_error: true }
+    }
+}
+
+/// Why a run was told to stop from outside.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopCause {
+    Cancelled,
+    LeaseLost,
+    /// The process is draining: release the task for another worker.
+    Drain,
+    Timeout,
+}
+
+/// A cancellation token that remembers the first reason it was fired for.
+#[derive(Clone, Default)]
+pub struct StopSignal {
+    token: CancellationToken,
+    cause: Arc<Mutex<Option<StopCause>>>,
+}
+
+impl StopSignal {
+    pub fn new() -> Self {
+        Self::default()
+    }
+    pub fn stop(&self, cause: StopCause) {
+        if let Ok(mut c) = self.cause.lock() {
+            c.get_or_insert(cause);
+        }
+        self.token.cancel();
+    }
+    pub fn cause(&self) -> Option<StopCause> {
+        self.cause.lock().ok().and_then(|c| *c)
+    }
+    pub async fn stopped(&self) -> StopCause {
+        self.token.cancelled().await;
+        self.cause().unwrap_or(StopCause::Cancelled)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// The model gave its final answer.
+    Completed { summary: String },
+    /// A limit stopped the run; the summary is partial or a fallback line.
+    Incomplete { stop_reason: &'static str, summary: String },
+    Failed { code: String, message: String },
+    /// Stopped from outside before finishing.
+    Stopped(StopCause),
+}
+
+const LOOP_WARN_AT: usize = 3;
+const LOOP_STOP_AT: usize = 5;
+
+/// Run the sub-agent until a final answer, a limit, a failure or a stop signal.
+pub async fn run(
+    input: RunInput,
+    provider: &dyn Provider,
+    tools: &dyn ToolRunner,
+    store: &dyn RunStore,
+    stop: &StopSignal,
+) -> Outcome {
+    let mut messages = input.history.clone();
+    let mut pending: Vec<Message> = Vec::new();
+    if messages.is_empty() {
+        pending.push(Message::System { content: input.system_prompt.clone() });
+        pending.push(Message::User { content: input.user_prompt.clone() });
+        messages.extend(pending.iter().cloned());
+    }
+    let mut last_text: Option<String> = None;
+    // (tool name, arguments) of consecutive identical calls, for loop detection.
+    let mut streak: (Option<(String, String)>, usize) = (None, 0);
+
+    let mut turn = input.turns_done;
+    while turn < input.max_turns {
+        turn += 1;
+        let req = ChatRequest {
+            model: input.model.clone(),
+            messages: messages.clone(),
+            tools: input.tools.clone(),
+            max_tokens: input.max_tokens,
+        };
+        let (resp, call) = match call_with_retries(&input, provider, store, stop, &req, turn).await {
+            Ok(r) => r,
+            Err(o) => return o,
+        };
+        let mut events = vec![(
+            "llm_call",
+            json!({"turn": turn, "model": format!("{}/{}", input.provider_name, input.model),
+                   "input_tokens": call.usage.input_tokens, "output_tokens": call.usage.output_tokens,
+                   "cached_tokens": call.usage.cached_tokens, "latency_ms": call.latency_ms, "try": call.try_no}),
+        )];
+        if let Some(t) = resp.text.as_ref().filter(|t| !t.trim().is_empty()) {
+            last_text = Some(t.clone());
+        }
+        let assistant = Message::Assistant { content: resp.text.clone(), tool_calls: resp.tool_calls.clone() };
+        messages.push(assistant.clone());
+        pending.push(assistant);
+
+        if resp.tool_calls.is_empty() {
+            let cp = TurnCheckpoint { turn, messages: std::mem::take(&mut pending), call, events };
+            if store.checkpoint(&cp).await.is_err() {
+                return Outcome::Stopped(StopCause::LeaseLost);
+            }
+            return match last_text {
+                Some(summary) => Outcome::Completed { summary },
+                None => Outcome::Incomplete {
+                    stop_reason: "final_answer_empty",
+                    summary: format!("(sub-agent {} ended turn {turn} with an empty answer)", input.agent),
+                },
+            };
+        }
+
+        // Tool calls: whitelist, loop detection, then concurrent execution in the model's order.
+        let mut loop_stop = false;
+        let mut results: Vec<Option<ToolOutput>> = vec![None; resp.tool_calls.len()];
+        let mut to_run = Vec::new();
+        for (i, tc) in resp.tool_calls.iter().enumerate() {
+            let key = (tc.name.clone(), tc.arguments.to_string());
+            if streak.0.as_ref() == Some(&key) {
+                streak.1 += 1;
+            } else {
+                streak = (Some(key), 1);
+            }
+            if !input.tools.iter().any(|t| t.name == tc.name) {
+                let offered: Vec<&str> = input.tools.iter().map(|t| t.name.as_str()).collect();
+                results[i] = Some(ToolOutput {
+                    content: format!(
+                        "Tool `{}` is not available to this {} sub-agent and was not run. Available tools: {}. \
+                         Change strategy or give your final answer.",
+                        tc.name,
+                        input.agent,
+                        if offered.is_empty() { "none".to_string() } else { offered.join(", ") }
+                    ),
+                    is_error: true,
+                });
+                events.push(("tool_call_refused", json!({"turn": turn, "tool_call_id": tc.id, "name": tc.name})));
+            } else if streak.1 >= LOOP_STOP_AT {
+                loop_stop = true;
+                results[i] = Some(ToolOutput { content: "Loop detected: run stopped.".into(), is_error: true });
+            } else if streak.1 >= LOOP_WARN_AT {
+                results[i] = Some(ToolOutput {
+                    content: format!(
+                        "Warning: you have called `{}` with the same arguments {} times in a row; the result will \
+                         not change. Try something different or give your final answer.",
+                        tc.name, streak.1
+                    ),
+                    is_error: true,
+                });
+                events.push(("loop_warning", json!({"turn": turn, "name": tc.name, "repeats": streak.1})));
+            } else {
+                to_run.push(i);
+            }
+        }
+        let runs = to_run.iter().map(|&i| {
+            let tc = &resp.tool_calls[i];
+            async move {
+                let started = Instant::now();
+                let out = tools.run(tc).await;
+                (i, out, started.elapsed())
+            }
+        });
+        let ran = tokio::select! {
+            r = futures_util::future::join_all(runs) => r,
+            cause = stop.stopped() => return Outcome::Stopped(cause),
+        };
+        for (i, out, took) in ran {
+            let tc = &resp.tool_calls[i];
+            events.push((
+                "tool_call",
+                json!({"turn": turn, "tool_call_id": tc.id, "name": tc.name, "is_error": out.is_error,
+                       "duration_ms": took.as_millis() as u64}),
+            ));
+            results[i] = Some(out);
+        }
+        for (tc, out) in resp.tool_calls.iter().zip(results) {
+            let out = out.unwrap_or(ToolOutput { content: "tool not run".into(), is_error: true });
+            let m = Message::Tool {
+                tool_call_id: tc.id.clone(),
+                name: tc.name.clone(),
+                content: out.content,
+                is_error: out.is_error,
+            };
+            messages.push(m.clone());
+            pending.push(m);
+        }
+        let cp = TurnCheckpoint { turn, messages: std::mem::take(&mut pending), call, events };
+        if store.checkpoint(&cp).await.is_err() {
+            return Outcome::Stopped(StopCause::LeaseLost);
+        }
+        if loop_stop {
+            return Outcome::Incomplete {
+                stop_reason: "loop_detected",
+                summary: last_text.unwrap_or_else(|| {
+                    format!(
+                        "(sub-agent {} stopped after {turn} turns: it repeated the same tool call {LOOP_STOP_AT} times)",
+                        input.agent
+                    )
+                }),
+            };
+        }
+    }
+    Outcome::Incomplete {
+        stop_reason: "max_turns",
+        summary: last_text
+            .unwrap_or_else(|| format!("(sub-agent {} stopped after {turn} turns without a summary)", input.agent)),
+    }
+}
+
+async fn call_with_retries(
+    input: &RunInput,
+    provider: &dyn Provider,
+    store: &dyn RunStore,
+    stop: &StopSignal,
+    req: &ChatRequest,
+    turn: u32,
+) -> Result<(crate::llm::ChatResponse, CallRecord), Outcome> {
+    let first = Instant::now();
+    let mut try_no = 0;
+    loop {
+        try_no += 1;
+        let started = Instant::now();
+        let result = tokio::select! {
+            r = provider.chat(req) => r,
+            cause = stop.stopped() => return Err(Outcome::Stopped(cause)),
+        };
+        let latency_ms = started.elapsed().as_millis().min(u32::MAX as u128) as u32;
+        let mut rec = CallRecord {
+            turn,
+            try_no,
+            provider: input.provider_name.clone(),
+            model: input.model.clone(),
+            usage: Usage::default(),
+            cost_usd: None,
+            latency_ms,
+            http_status: None,
+            outcome: "ok",
+            error: None,
+        };
+        match result {
+            Ok(resp) => {
+                rec.usage = resp.usage;
+                rec.cost_usd = input.price.map(|p| p.cost(&resp.usage));
+                rec.http_status = resp.http_status;
+                return Ok((resp, rec));
+            }
+            Err(e) => {
+                rec.outcome = "error";
+                rec.http_status = e.http_status;
+                rec.error = Some(e.message.clone());
+                rec.cost_usd = input.price.map(|_| Decimal::ZERO);
+                if store.record_failed_call(&rec).await.is_err() {
+                    return Err(Outcome::Stopped(StopCause::LeaseLost));
+                }
+                let delay = e.retryable().then(|| input.retry.next_delay(try_no, first.elapsed(), e.retry_after)).flatten();
+                match delay {
+                    Some(d) => {
+                        tokio::select! {
+                            _ = tokio::time::sleep(d) => {}
+                            cause = stop.stopped() => return Err(Outcome::Stopped(cause)),
+                        }
+                    }
+                    None => return Err(failed(&e, try_no)),
+                }
+            }
+        }
+    }
+}
+
+fn failed(e: &LlmError, tries: u32) -> Outcome {
+    let status = e.http_status.map(|s| format!(" (HTTP {s})")).unwrap_or_default();
+    Outcome::Failed {
+        code: e.code().to_string(),
+        message: format!("provider call failed after {tries} attempt(s){status}: {}", e.message),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,21 @@
+//! What a task asks for, validated: the part of a request the worker needs to run it.
+
+use serde::{Deserialize, Serialize};
+
+use super::agents::{AgentType, MAX_TURNS, MIN_TURNS};
+
+/// Stored in `tasks.options`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskOptions {
+    pub max_turns: u32,
+    /// The request's override of the type's system prompt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_prompt: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_context: Option<String>,
+}
+
+/// Clamp a requested turn budget into `1..=50`, or take the type's default.
+pub fn max_turns(agent: AgentType, requested: Option<u32>) -> u32 {
+    requested.unwrap_or(agent.default_max_turns()).clamp(MIN_TURNS, MAX_TURNS)
+}

@@ -1,0 +1,104 @@
+//! The one error type at the edge: RFC 9457 `application/problem+json` with a stable code.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+
+use crate::store::StoreError;
+
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    /// Stable machine-readable code; the problem `type` is `/problems/<code>`.
+    pub code: &'static str,
+    pub title: &'static str,
+    pub detail: String,
+    /// Extension members (e.g. `errors`, `available`).
+    pub extra: Value,
+    pub headers: Vec<(header::HeaderName, HeaderValue)>,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, title: &'static str, detail: impl Into<String>) -> Self {
+        ApiError { status, code, title, detail: detail.into(), extra: Value::Null, headers: vec![] }
+    }
+
+    pub fn with(mut self, extra: Value) -> Self {
+        self.extra = extra;
+        self
+    }
+
+    /// 422 naming the field at fault.
+    pub fn invalid(field: &str, message: impl Into<String>) -> Self {
+        let message = message.into();
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "validation_failed",
+            "The request is not valid",
+            format!("{field}: {message}"),
+        )
+        .with(json!({"errors": [{"field": field, "message": message}]}))
+    }
+
+    /// 400 for a bad query or path parameter.
+    pub fn bad_param(field: &str, message: impl Into<String>) -> Self {
+        let message = message.into();
+        ApiError::new(StatusCode::BAD_REQUEST, "invalid_parameter", "A parameter is not valid", format!("{field}: {message}"))
+            .with(json!({"errors": [{"field": field, "message": message}]}))
+    }
+
+    pub fn not_found(what: &str) -> Self {
+        ApiError::new(StatusCode::NOT_FOUND, "not_found", "Not found", format!("no such {what}"))
+    }
+
+    pub fn internal() -> Self {
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "Internal error", "an internal error occurred; it has been logged")
+    }
+
+    pub fn unavailable(detail: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "Service unavailable", detail)
+            .header(header::RETRY_AFTER, HeaderValue::from_static("1"))
+    }
+
+    pub fn header(mut self, name: header::HeaderName, value: HeaderValue) -> Self {
+        self.headers.push((name, value));
+        self
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        match &e {
+            StoreError::Db(sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed) => {
+                tracing::warn!(error = %e, "database unavailable");
+                ApiError::unavailable("the database is unavailable; retry shortly")
+            }
+            _ => {
+                tracing::error!(error = %e, "store error");
+                ApiError::internal()
+            }
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut body = json!({
+            "type": format!("/problems/{}", self.code),
+            "code": self.code,
+            "title": self.title,
+            "status": self.status.as_u16(),
+            "detail": self.detail,
+        });
+        if let (Value::Object(b), Value::Object(x)) = (&mut body, self.extra) {
+            b.extend(x);
+        }
+        let mut resp = (self.status, body.to_string()).into_response();
+        let h = resp.headers_mut();
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        for (k, v) in self.headers {
+            h.insert(k, v);
+        }
+        resp
+    }
+}

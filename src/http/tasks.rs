@@ -1,0 +1,434 @@
+//! `/tasks`: submit, read, list, wait, cancel.
+
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use chrono::{DateTime, Utc};
+use rust_decimal::Decimal;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+use super::error::ApiError;
+use super::extract::{ApiJson, ApiQuery, TaskId};
+use super::{AppState, Tenant};
+use crate::engine::agents::{AgentType, BUILTIN_NAMES};
+use crate::engine::spec::{self, TaskOptions};
+use crate::llm::ModelRef;
+use crate::store::tasks::{self, Inserted, ListFilter, NewTask, TaskRow};
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/tasks", post(create).get(list))
+        .route("/tasks/{id}", get(read))
+        .route("/tasks/{id}/cancel", post(cancel))
+}
+
+const MAX_PROMPT_CHARS: usize = 200_000;
+const MAX_DESCRIPTION_CHARS: usize = 80;
+const MAX_METADATA_BYTES: usize = 16 * 1024;
+const MAX_IDEMPOTENCY_KEY: usize = 255;
+
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateTask {
+    prompt: String,
+    #[serde(default)]
+    subagent_type: Option<String>,
+    #[serde(default)]
+    description: Option<String>,
+    #[serde(default)]
+    model: Option<String>,
+    #[serde(default)]
+    max_turns: Option<i64>,
+    #[serde(default)]
+    system_prompt: Option<String>,
+    #[serde(default)]
+    parent_context: Option<String>,
+    #[serde(default)]
+    metadata: Option<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WaitQuery {
+    #[serde(default)]
+    wait: Option<bool>,
+    #[serde(default)]
+    timeout: Option<f64>,
+}
+
+impl WaitQuery {
+    /// `None` when not waiting.
+    fn wait_for(&self, st: &AppState) -> Result<Option<Duration>, ApiError> {
+        if let Some(t) = self.timeout {
+            if !t.is_finite() || t < 0.0 {
+                return Err(ApiError::bad_param("timeout", "must be a number of seconds, 0 or more"));
+            }
+        }
+        if self.wait != Some(true) {
+            return Ok(None);
+        }
+        let secs = self.timeout.unwrap_or(st.cfg.wait_default_seconds as f64).min(st.cfg.wait_max_seconds as f64);
+        Ok(Some(Duration::from_secs_f64(secs)))
+    }
+}
+
+/// The task as the API shows it.
+#[derive(Debug, Serialize)]
+pub struct TaskView {
+    pub id: Uuid,
+    pub status: String,
+    pub stop_reason: Option<String>,
+    pub subagent_type: String,
+    pub description: Option<String>,
+    pub model: String,
+    pub prompt: String,
+    pub max_turns: Option<u32>,
+    pub summary: Option<String>,
+    pub error: Option<Value>,
+    pub turns: i32,
+    pub usage: Value,
+    pub cost_usd: Decimal,
+    /// False when some call's model had no price: `cost_usd` is then a lower bound.
+    pub cost_complete: bool,
+    pub attempt: i32,
+    pub metadata: Value,
+    pub created_at: DateTime<Utc>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub finished_at: Option<DateTime<Utc>>,
+    pub queue_ms: Option<i64>,
+    pub run_ms: Option<i64>,
+}
+
+impl From<TaskRow> for TaskView {
+    fn from(r: TaskRow) -> Self {
+        let opts: Option<TaskOptions> = serde_json::from_value(r.options.clone()).ok();
+        let error = r.error_code.as_ref().map(|c| json!({"code": c, "message": r.error_message}));
+        let queue_ms = r.started_at.map(|s| (s - r.created_at).num_milliseconds());
+        let run_ms = match (r.started_at, r.finished_at) {
+            (Some(s), Some(f)) => Some((f - s).num_milliseconds()),
+            _ => None,
+        };
+        TaskView {
+            id: r.id,
+            status: r.status,
+            stop_reason: r.stop_reason,
+            subagent_type: r.subagent_type,
+            description: r.description,
+            model: r.model,
+            prompt: r.prompt,
+            max_turns: opts.map(|o| o.max_turns),
+            summary: r.summary,
+            error,
+            turns: r.turns,
+            usage: json!({
+                "input_tokens": r.input_tokens,
+                "output_tokens": r.output_tokens,
+                "cached_tokens": r.cached_tokens,
+                "total_tokens": r.input_tokens + r.output_tokens,
+            }),
+            cost_usd: r.cost_usd.normalize(),
+            cost_complete: r.unpriced_calls == 0,
+            attempt: r.attempt,
+            metadata: r.metadata,
+            created_at: r.created_at,
+            started_at: r.started_at,
+            finished_at: r.finished_at,
+            queue_ms,
+            run_ms,
+        }
+    }
+}
+
+fn location(id: Uuid) -> HeaderValue {
+    HeaderValue::from_str(&format!("/tasks/{id}")).unwrap_or_else(|_| HeaderValue::from_static("/tasks"))
+}
+
+fn respond(status: StatusCode, row: TaskRow) -> Response {
+    let loc = location(row.id);
+    let mut resp = (status, Json(TaskView::from(row))).into_response();
+    if matches!(status, StatusCode::CREATED | StatusCode::ACCEPTED) {
+        resp.headers_mut().insert(header::LOCATION, loc);
+    }
+    resp
+}
+
+/// Refuse calls made from inside a sub-agent's tool: sub-agents are one level deep.
+fn check_depth(headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(v) = headers.get("subagent-depth") else { return Ok(()) };
+    let depth: u32 = v
+        .to_str()
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .ok_or_else(|| ApiError::bad_param("Subagent-Depth", "must be a non-negative integer"))?;
+    if depth >= 1 {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "recursion_refused",
+            "Sub-agents cannot start sub-agents",
+            format!("this request comes from inside a sub-agent (Subagent-Depth: {depth}); sub-agents are one level deep"),
+        )
+        .with(json!({"max_depth": 1})));
+    }
+    Ok(())
+}
+
+fn resolve_model(st: &AppState, requested: Option<&str>) -> Result<ModelRef, ApiError> {
+    let name = requested.map(str::trim).filter(|m| !m.is_empty()).map(str::to_string).or_else(|| st.cfg.default_model.clone());
+    let Some(name) = name else {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "model_required",
+            "No model given",
+            "name a model as `provider/model` in `model`, or configure SUBAGENTD_DEFAULT_MODEL; there is no silent fallback",
+        ));
+    };
+    let providers = st.providers.names();
+    let unknown = |why: String| {
+        ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "unknown_model", "Unknown model", why)
+            .with(json!({"errors": [{"field": "model", "message": "unknown model"}], "providers": providers}))
+    };
+    let m = ModelRef::parse(&name).ok_or_else(|| unknown(format!("model: {name:?} is not of the form provider/model")))?;
+    if st.providers.get(&m.provider).is_none() {
+        return Err(unknown(format!("model: provider {:?} is not configured (configured: {})", m.provider, providers.join(", "))));
+    }
+    Ok(m)
+}
+
+fn validate(st: &AppState, tenant: &str, body: &CreateTask, idem: Option<String>) -> Result<NewTask, ApiError> {
+    let prompt = body.prompt.trim();
+    if prompt.is_empty() {
+        return Err(ApiError::invalid("prompt", "must not be empty"));
+    }
+    if body.prompt.chars().count() > MAX_PROMPT_CHARS {
+        return Err(ApiError::invalid("prompt", format!("must be at most {MAX_PROMPT_CHARS} characters")));
+    }
+    let type_name = body.subagent_type.as_deref().unwrap_or("general");
+    let agent = AgentType::parse(type_name).ok_or_else(|| {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "unknown_subagent_type",
+            "Unknown sub-agent type",
+            format!("subagent_type: {type_name:?} is not a known agent type; available: {}", BUILTIN_NAMES.join(", ")),
+        )
+        .with(json!({"errors": [{"field": "subagent_type", "message": "unknown agent type"}], "available": BUILTIN_NAMES}))
+    })?;
+    if let Some(d) = &body.description {
+        if d.chars().count() > MAX_DESCRIPTION_CHARS {
+            return Err(ApiError::invalid("description", format!("must be at most {MAX_DESCRIPTION_CHARS} characters")));
+        }
+    }
+    let max_turns = match body.max_turns {
+        Some(n) if n < 1 => return Err(ApiError::invalid("max_turns", "must be at least 1 (values above 50 are clamped to 50)")),
+        Some(n) => Some(n.min(u32::MAX as i64) as u32),
+        None => None,
+    };
+    if body.system_prompt.as_deref().is_some_and(|s| s.trim().is_empty()) {
+        return Err(ApiError::invalid("system_prompt", "must not be empty when given"));
+    }
+    let metadata = match &body.metadata {
+        None | Some(Value::Null) => json!({}),
+        Some(m @ Value::Object(_)) => {
+            if m.to_string().len() > MAX_METADATA_BYTES {
+                return Err(ApiError::invalid("metadata", format!("must be at most {MAX_METADATA_BYTES} bytes of JSON")));
+            }
+            m.clone()
+        }
+        Some(_) => return Err(ApiError::invalid("metadata", "must be a JSON object")),
+    };
+    let model = resolve_model(st, body.model.as_deref())?;
+    let options = TaskOptions {
+        max_turns: spec::max_turns(agent, max_turns),
+        system_prompt: body.system_prompt.clone(),
+        parent_context: body.parent_context.clone(),
+    };
+    let options = serde_json::to_value(&options).map_err(|_| ApiError::internal())?;
+    // The same key must come with the same request: hash what was asked, as resolved.
+    let request_hash = idem.as_ref().map(|_| {
+        let canonical = json!([agent.as_str(), body.description, prompt, model.full(), options, metadata]);
+        hex::encode(Sha256::digest(canonical.to_string().as_bytes()))
+    });
+    Ok(NewTask {
+        id: Uuid::now_v7(),
+        tenant: tenant.to_string(),
+        subagent_type: agent.as_str().to_string(),
+        description: body.description.clone(),
+        prompt: body.prompt.clone(),
+        model: model.full(),
+        options,
+        metadata,
+        idempotency_key: idem,
+        request_hash,
+    })
+}
+
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(v) = headers.get("idempotency-key") else { return Ok(None) };
+    let k = v.to_str().map_err(|_| ApiError::bad_param("Idempotency-Key", "must be visible ASCII"))?.trim();
+    if k.is_empty() || k.len() > MAX_IDEMPOTENCY_KEY {
+        return Err(ApiError::bad_param("Idempotency-Key", format!("must be 1 to {MAX_IDEMPOTENCY_KEY} characters")));
+    }
+    Ok(Some(k.to_string()))
+}
+
+async fn create(
+    State(st): State<AppState>,
+    Tenant(tenant): Tenant,
+    ApiQuery(q): ApiQuery<WaitQuery>,
+    headers: HeaderMap,
+    ApiJson(body): ApiJson<CreateTask>,
+) -> Result<Response, ApiError> {
+    check_depth(&headers)?;
+    let wait = q.wait_for(&st)?;
+    let idem = idempotency_key(&headers)?;
+    let new = validate(&st, &tenant, &body, idem)?;
+    let (row, created) = match tasks::insert(&st.pool, &new).await? {
+        Inserted::New(r) => (r, true),
+        Inserted::Existing(r) => {
+            if r.request_hash != new.request_hash {
+                return Err(ApiError::new(
+                    StatusCode::CONFLICT,
+                    "idempotency_conflict",
+                    "Idempotency key reused",
+                    "this Idempotency-Key was used with a different request",
+                )
+                .with(json!({"task_id": r.id})));
+            }
+            (r, false)
+        }
+    };
+    let ok = if created { StatusCode::CREATED } else { StatusCode::OK };
+    match wait {
+        None => Ok(respond(ok, row)),
+        Some(d) => waited(&st, &tenant, row, d).await,
+    }
+}
+
+/// Wait for a task to become terminal: 200 with the finished task, or 202 with the task as
+/// it stands (and `Location`) when the wait runs out or the server drains.
+async fn waited(st: &AppState, tenant: &str, row: TaskRow, d: Duration) -> Result<Response, ApiError> {
+    if row.is_terminal() {
+        return Ok(respond(StatusCode::OK, row));
+    }
+    let deadline = tokio::time::Instant::now() + d;
+    let waiter = st.hub.waiter(row.id);
+    loop {
+        let row = tasks::get(&st.pool, tenant, row.id).await?.ok_or_else(|| ApiError::not_found("task"))?;
+        if row.is_terminal() {
+            return Ok(respond(StatusCode::OK, row));
+        }
+        if tokio::time::Instant::now() >= deadline || st.shutdown.is_cancelled() {
+            return Ok(respond(StatusCode::ACCEPTED, row));
+        }
+        tokio::select! {
+            _ = waiter.notified() => {}
+            _ = tokio::time::sleep_until(deadline) => {}
+            _ = st.shutdown.cancelled() => {}
+        }
+    }
+}
+
+async fn read(
+    State(st): State<AppState>,
+    Tenant(tenant): Tenant,
+    TaskId(id): TaskId,
+    ApiQuery(q): ApiQuery<WaitQuery>,
+) -> Result<Response, ApiError> {
+    let wait = q.wait_for(&st)?;
+    let row = tasks::get(&st.pool, &tenant, id).await?.ok_or_else(|| ApiError::not_found("task"))?;
+    match wait {
+        None => Ok(respond(StatusCode::OK, row)),
+        Some(d) => waited(&st, &tenant, row, d).await,
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    #[serde(default)]
+    status: Option<String>,
+    #[serde(default)]
+    subagent_type: Option<String>,
+    #[serde(default)]
+    created_after: Option<String>,
+    #[serde(default)]
+    created_before: Option<String>,
+    #[serde(default)]
+    limit: Option<i64>,
+    #[serde(default)]
+    cursor: Option<String>,
+}
+
+const STATUSES: &[&str] = &["queued", "running", "completed", "incomplete", "failed", "cancelled"];
+
+fn time_param(field: &str, v: &Option<String>) -> Result<Option<DateTime<Utc>>, ApiError> {
+    v.as_deref()
+        .map(|s| {
+            DateTime::parse_from_rfc3339(s)
+                .map(|t| t.with_timezone(&Utc))
+                .map_err(|_| ApiError::bad_param(field, format!("{s:?} is not an RFC 3339 timestamp")))
+        })
+        .transpose()
+}
+
+async fn list(
+    State(st): State<AppState>,
+    Tenant(tenant): Tenant,
+    ApiQuery(q): ApiQuery<ListQuery>,
+) -> Result<Response, ApiError> {
+    if let Some(s) = &q.status {
+        if !STATUSES.contains(&s.as_str()) {
+            return Err(ApiError::bad_param("status", format!("{s:?} is not one of {}", STATUSES.join(", "))));
+        }
+    }
+    let subagent_type = match &q.subagent_type {
+        Some(t) => Some(
+            AgentType::parse(t)
+                .ok_or_else(|| ApiError::bad_param("subagent_type", format!("{t:?} is not a known agent type")))?
+                .as_str()
+                .to_string(),
+        ),
+        None => None,
+    };
+    let limit = q.limit.unwrap_or(50);
+    if !(1..=200).contains(&limit) {
+        return Err(ApiError::bad_param("limit", "must be between 1 and 200"));
+    }
+    let before_id = q
+        .cursor
+        .as_deref()
+        .map(|c| c.parse::<Uuid>().map_err(|_| ApiError::bad_param("cursor", "not a cursor returned by this API")))
+        .transpose()?;
+    let f = ListFilter {
+        status: q.status.clone(),
+        subagent_type,
+        created_after: time_param("created_after", &q.created_after)?,
+        created_before: time_param("created_before", &q.created_before)?,
+        before_id,
+        limit: limit + 1,
+    };
+    let mut rows = tasks::list(&st.pool, &tenant, &f).await?;
+    let next_cursor = if rows.len() as i64 > limit {
+        rows.truncate(limit as usize);
+        rows.last().map(|r| r.id.to_string())
+    } else {
+        None
+    };
+    let tasks: Vec<TaskView> = rows.into_iter().map(TaskView::from).collect();
+    Ok(Json(json!({"tasks": tasks, "next_cursor": next_cursor})).into_response())
+}
+
+async fn cancel(State(st): State<AppState>, Tenant(tenant): Tenant, TaskId(id): TaskId) -> Result<Response, ApiError> {
+    let row = tasks::cancel(&st.pool, &tenant, id).await?.ok_or_else(|| ApiError::not_found("task"))?;
+    // A running task is told through NOTIFY; if its worker is in this process, tell it now.
+    if row.status == "running" {
+        st.hub.stop_run(id, crate::engine::StopCause::Cancelled);
+    }
+    Ok(respond(StatusCode::OK, row))
+}

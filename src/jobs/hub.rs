@@ -1,0 +1,175 @@
+//! One LISTEN connection per process, fanned out: workers are woken for new work, waiters
+//! for finished tasks, running sub-agents for cancels, whichever replica caused them.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sqlx::postgres::PgListener;
+use sqlx::PgPool;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::engine::{StopCause, StopSignal};
+use crate::store::runs::Fence;
+use crate::store::{CH_CANCEL, CH_DONE, CH_QUEUED};
+
+#[derive(Default)]
+pub struct Hub {
+    waiters: Mutex<HashMap<Uuid, Vec<Arc<Notify>>>>,
+    runs: Mutex<HashMap<Uuid, (Fence, StopSignal)>>,
+    /// New work may be queued.
+    pub queued: Notify,
+    /// Set while the listener is connected.
+    connected: std::sync::atomic::AtomicBool,
+}
+
+/// A registered interest in one task's completion; unregisters on drop.
+pub struct Waiter<'a> {
+    hub: &'a Hub,
+    id: Uuid,
+    notify: Arc<Notify>,
+}
+
+impl Waiter<'_> {
+    pub async fn notified(&self) {
+        self.notify.notified().await
+    }
+}
+
+impl Drop for Waiter<'_> {
+    fn drop(&mut self) {
+        let mut w = self.hub.waiters.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(list) = w.get_mut(&self.id) {
+            list.retain(|n| !Arc::ptr_eq(n, &self.notify));
+            if list.is_empty() {
+                w.remove(&self.id);
+            }
+        }
+    }
+}
+
+impl Hub {
+    pub fn new() -> Arc<Hub> {
+        Arc::new(Hub::default())
+    }
+
+    /// Register before reading the task, so a completion between the read and the wait is
+    /// not missed (`Notify` keeps the permit).
+    pub fn waiter(&self, id: Uuid) -> Waiter<'_> {
+        let notify = Arc::new(Notify::new());
+        self.waiters.lock().unwrap_or_else(|e| e.into_inner()).entry(id).or_default().push(notify.clone());
+        Waiter { hub: self, id, notify }
+    }
+
+    pub fn waiter_count(&self) -> usize {
+        self.waiters.lock().unwrap_or_else(|e| e.into_inner()).values().map(Vec::len).sum()
+    }
+
+    pub fn done(&self, id: Uuid) {
+        if let Some(list) = self.waiters.lock().unwrap_or_else(|e| e.into_inner()).get(&id) {
+            list.iter().for_each(|n| n.notify_one());
+        }
+    }
+
+    /// Wake everyone: used after a reconnect, when notifications may have been missed.
+    pub fn wake_all(&self) {
+        for list in self.waiters.lock().unwrap_or_else(|e| e.into_inner()).values() {
+            list.iter().for_each(|n| n.notify_one());
+        }
+        self.queued.notify_waiters();
+    }
+
+    pub fn register_run(&self, fence: Fence, stop: StopSignal) {
+        self.runs.lock().unwrap_or_else(|e| e.into_inner()).insert(fence.id, (fence, stop));
+    }
+
+    pub fn unregister_run(&self, id: Uuid) {
+        self.runs.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+    }
+
+    pub fn stop_run(&self, id: Uuid, cause: StopCause) -> bool {
+        match self.runs.lock().unwrap_or_else(|e| e.into_inner()).get(&id) {
+            Some((_, s)) => {
+                s.stop(cause);
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub fn running_ids(&self) -> Vec<Uuid> {
+        self.runs.lock().unwrap_or_else(|e| e.into_inner()).keys().copied().collect()
+    }
+
+    pub fn running_fences(&self) -> Vec<Fence> {
+        self.runs.lock().unwrap_or_else(|e| e.into_inner()).values().map(|r| r.0).collect()
+    }
+
+    pub fn is_connected(&self) -> bool {
+        self.connected.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn dispatch(&self, channel: &str, payload: &str) {
+        match channel {
+            CH_QUEUED => self.queued.notify_waiters(),
+            CH_DONE => {
+                if let Ok(id) = payload.parse() {
+                    self.done(id);
+                }
+            }
+            CH_CANCEL => {
+                if let Ok(id) = payload.parse() {
+                    self.stop_run(id, StopCause::Cancelled);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Listen until `shutdown`, reconnecting with backoff when the connection drops.
+    pub async fn listen(self: Arc<Self>, pool: PgPool, shutdown: CancellationToken) {
+        let mut backoff = Duration::from_millis(100);
+        while !shutdown.is_cancelled() {
+            let mut listener = match PgListener::connect_with(&pool).await {
+                Ok(l) => l,
+                Err(e) => {
+                    tracing::warn!(error = %e, "notify listener cannot connect; retrying");
+                    tokio::select! { _ = tokio::time::sleep(backoff) => {}, _ = shutdown.cancelled() => return }
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    continue;
+                }
+            };
+            if let Err(e) = listener.listen_all([CH_QUEUED, CH_DONE, CH_CANCEL]).await {
+                tracing::warn!(error = %e, "LISTEN failed; retrying");
+                tokio::select! { _ = tokio::time::sleep(backoff) => {}, _ = shutdown.cancelled() => return }
+                continue;
+            }
+            backoff = Duration::from_millis(100);
+            self.connected.store(true, std::sync::atomic::Ordering::Relaxed);
+            // Anything sent while we were not listening is lost: everyone re-checks.
+            self.wake_all();
+            loop {
+                let next = tokio::select! {
+                    n = listener.try_recv() => n,
+                    _ = shutdown.cancelled() => return,
+                };
+                match next {
+                    Ok(Some(n)) => self.dispatch(n.channel(), n.payload()),
+                    // The connection dropped: reconnect ourselves, so that everyone is woken
+                    // again only once we are listening.
+                    Ok(None) => {
+                        self.connected.store(false, std::sync::atomic::Ordering::Relaxed);
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "notify listener failed; reconnecting");
+                        self.connected.store(false, std::sync::atomic::Ordering::Relaxed);
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,5 @@
+//! Claiming, leases and heartbeats, the rescuer, the worker pool and the LISTEN/NOTIFY hub.
+
+pub mod hub;
+pub mod run_store;
+pub mod worker;

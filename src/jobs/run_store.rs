@@ -1,0 +1,63 @@
+//! The engine's `RunStore` over Postgres: every write fenced on the task's lease.
+
+use serde_json::Value;
+use sqlx::PgPool;
+
+use super::worker::retry_db;
+use crate::engine::{CallRecord, LeaseLost, RunStore, TurnCheckpoint};
+use crate::store::runs::{self, CallRow, Fence};
+
+pub struct PgRunStore {
+    pub pool: PgPool,
+    pub fence: Fence,
+    pub attempt: i32,
+}
+
+impl PgRunStore {
+    fn row(&self, c: &CallRecord) -> CallRow {
+        CallRow {
+            turn: c.turn as i32,
+            attempt: self.attempt,
+            try_no: c.try_no as i32,
+            provider: c.provider.clone(),
+            model: c.model.clone(),
+            input_tokens: c.usage.input_tokens as i64,
+            output_tokens: c.usage.output_tokens as i64,
+            cached_tokens: c.usage.cached_tokens as i64,
+            cost_usd: c.cost_usd,
+            latency_ms: c.latency_ms as i32,
+            http_status: c.http_status.map(i32::from),
+            outcome: c.outcome.to_string(),
+            error: c.error.clone(),
+        }
+    }
+
+    async fn commit(&self, turn: Option<i32>, call: &CallRow, msgs: &[Value], events: &[(&str, Value)]) -> Result<(), LeaseLost> {
+        match retry_db(|| runs::commit_turn(&self.pool, self.fence, turn, call, msgs, events)).await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(LeaseLost),
+            Err(e) => {
+                tracing::error!(error = %e, "checkpoint failed; stopping this attempt");
+                Err(LeaseLost)
+            }
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl RunStore for PgRunStore {
+    async fn record_failed_call(&self, call: &CallRecord) -> Result<(), LeaseLost> {
+        let row = self.row(call);
+        let ev = serde_json::json!({"turn": call.turn, "try": call.try_no, "http_status": call.http_status,
+                                    "error": call.error, "latency_ms": call.latency_ms});
+        self.commit(None, &row, &[], &[("llm_call_failed", ev)]).await
+    }
+
+    async fn checkpoint(&self, cp: &TurnCheckpoint) -> Result<(), LeaseLost> {
+        let row = self.row(&cp.call);
+        let msgs: Vec<Value> = cp.messages.iter().map(|m| serde_json::to_value(m).unwrap_or(Value::Null)).collect();
+        let mut events: Vec<(&str, Value)> = cp.events.iter().map(|(k, v)| (*k, v.clone())).collect();
+        events.push(("checkpoint", serde_json::json!({"turn": cp.turn, "messages": msgs.len()})));
+        self.commit(Some(cp.turn as i32), &row, &msgs, &events).await
+    }
+}

@@ -1,0 +1,293 @@
+//! The worker pool: claims tasks, runs each sub-agent under a semaphore, keeps leases alive,
+//! rescues tasks of dead workers, and drains on shutdown.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+use uuid::Uuid;
+
+use super::hub::Hub;
+use super::run_store::PgRunStore;
+use crate::config::Config;
+use crate::engine::agents::{compose_system_prompt, AgentType};
+use crate::engine::spec::TaskOptions;
+use crate::engine::{self, NoTools, Outcome, RunInput, StopCause, StopSignal};
+use crate::llm::retry::RetryPolicy;
+use crate::llm::{pricing, Message, ModelRef, Providers};
+use crate::store::runs::{self, Fence, Finish};
+use crate::store::tasks::TaskRow;
+
+pub struct Worker {
+    pool: PgPool,
+    hub: Arc<Hub>,
+    providers: Providers,
+    cfg: Arc<Config>,
+    id: String,
+    sem: Arc<Semaphore>,
+    retry: RetryPolicy,
+}
+
+impl Worker {
+    pub fn new(pool: PgPool, hub: Arc<Hub>, providers: Providers, cfg: Arc<Config>) -> Arc<Worker> {
+        let id = format!("{}-{}", hostname(), std::process::id());
+        Arc::new(Worker {
+            sem: Arc::new(Semaphore::new(cfg.max_running.max(1))),
+            pool,
+            hub,
+            providers,
+            cfg,
+            id,
+            retry: RetryPolicy::default(),
+        })
+    }
+
+    /// Run the claim loop, heartbeats and the rescuer until `shutdown`; then drain: stop
+    /// claiming, give running sub-agents `grace` to finish, release the rest to the queue.
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken, grace: Duration) {
+        let mut runs = JoinSet::new();
+        let background = CancellationToken::new();
+        let hb = tokio::spawn(self.clone().heartbeat_loop(background.clone()));
+        let rescuer = tokio::spawn(self.clone().rescue_loop(background.clone()));
+        loop {
+            let Some(permit) = (tokio::select! {
+                p = self.sem.clone().acquire_owned() => p.ok(),
+                _ = shutdown.cancelled() => None,
+            }) else {
+                break;
+            };
+            let mut permits = vec![permit];
+            while permits.len() < self.cfg.claim_batch.max(1) {
+                match self.sem.clone().try_acquire_owned() {
+                    Ok(p) => permits.push(p),
+                    Err(_) => break,
+                }
+            }
+            // Register for the wake-up before claiming, so a NOTIFY during the claim counts.
+            let woken = self.hub.queued.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            let claimed = runs::claim(&self.pool, permits.len() as i64, self.cfg.lease().as_secs_f64(), &self.id).await;
+            let n = match claimed {
+                Ok(rows) => {
+                    let n = rows.len();
+                    for row in rows {
+                        let Some(p) = permits.pop() else { break };
+                        let this = self.clone();
+                        let span = tracing::info_span!("run", task_id = %row.id, attempt = row.attempt);
+                        runs.spawn(async move { this.run_task(row, p).await }.instrument(span));
+                    }
+                    n
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "claim failed");
+                    0
+                }
+            };
+            drop(permits);
+            while runs.try_join_next().is_some() {}
+            if n == 0 {
+                tokio::select! {
+                    _ = &mut woken => {}
+                    _ = tokio::time::sleep(self.cfg.poll_interval()) => {}
+                    _ = shutdown.cancelled() => break,
+                }
+            }
+        }
+        // Drain.
+        if !runs.is_empty() {
+            tracing::info!(running = runs.len(), grace_ms = grace.as_millis() as u64, "draining");
+            if tokio::time::timeout(grace, async { while runs.join_next().await.is_some() {} }).await.is_err() {
+                for id in self.hub.running_ids() {
+                    self.hub.stop_run(id, StopCause::Drain);
+                }
+                while runs.join_next().await.is_some() {}
+            }
+        }
+        background.cancel();
+        let _ = hb.await;
+        let _ = rescuer.await;
+    }
+
+    async fn run_task(self: Arc<Self>, row: TaskRow, _permit: OwnedSemaphorePermit) {
+        let Some(lease) = row.lease_token else { return };
+        let fence = Fence { id: row.id, lease };
+        let stop = StopSignal::new();
+        self.hub.register_run(fence, stop.clone());
+        if row.cancel_requested {
+            stop.stop(StopCause::Cancelled);
+        }
+        let outcome = self.execute(&row, fence, &stop).await;
+        self.hub.unregister_run(row.id);
+        let fin = match outcome {
+            Outcome::Completed { summary } => Finish {
+                status: "completed",
+                stop_reason: Some("final_answer".into()),
+                summary: Some(summary),
+                error_code: None,
+                error_message: None,
+            },
+            Outcome::Incomplete { stop_reason, summary } => Finish {
+                status: "incomplete",
+                stop_reason: Some(stop_reason.into()),
+                summary: Some(summary),
+                error_code: None,
+                error_message: None,
+            },
+            Outcome::Failed { code, message } => Finish {
+                status: "failed",
+                stop_reason: None,
+                summary: None,
+                error_code: Some(code),
+                error_message: Some(message),
+            },
+            Outcome::Stopped(StopCause::Cancelled) => Finish {
+                status: "cancelled",
+                stop_reason: Some("cancelled".into()),
+                summary: None,
+                error_code: None,
+                error_message: None,
+            },
+            Outcome::Stopped(StopCause::Timeout) => Finish {
+                status: "incomplete",
+                stop_reason: Some("timeout".into()),
+                summary: Some("(sub-agent stopped: time limit reached)".into()),
+                error_code: None,
+                error_message: None,
+            },
+            Outcome::Stopped(StopCause::Drain) => {
+                if let Err(e) = retry_db(|| runs::release(&self.pool, fence)).await {
+                    tracing::warn!(error = %e, "release failed; the lease will expire and the task be rescued");
+                }
+                return;
+            }
+            Outcome::Stopped(StopCause::LeaseLost) => {
+                tracing::warn!("lease lost: this worker writes nothing more for the task");
+                return;
+            }
+        };
+        match retry_db(|| runs::finish(&self.pool, fence, &fin)).await {
+            Ok(true) => tracing::info!(status = fin.status, "task finished"),
+            Ok(false) => tracing::warn!("lease lost before finish; another attempt owns the task"),
+            Err(e) => tracing::error!(error = %e, "finish failed; the lease will expire and the task be rescued"),
+        }
+    }
+
+    async fn execute(&self, row: &TaskRow, fence: Fence, stop: &StopSignal) -> Outcome {
+        let opts: TaskOptions = match serde_json::from_value(row.options.clone()) {
+            Ok(o) => o,
+            Err(e) => return Outcome::Failed { code: "internal".into(), message: format!("bad task options: {e}") },
+        };
+        let Some(model) = ModelRef::parse(&row.model) else {
+            return Outcome::Failed { code: "unknown_model".into(), message: format!("model {:?} is not provider/model", row.model) };
+        };
+        let Some(provider) = self.providers.get(&model.provider) else {
+            return Outcome::Failed {
+                code: "unknown_model".into(),
+                message: format!("provider {:?} is not configured on this worker", model.provider),
+            };
+        };
+        let agent = AgentType::parse(&row.subagent_type).unwrap_or(AgentType::General);
+        let history = if row.turns > 0 {
+            match retry_db(|| runs::messages(&self.pool, row.id)).await {
+                Ok(v) => match v.into_iter().map(serde_json::from_value::<Message>).collect::<Result<Vec<_>, _>>() {
+                    Ok(h) => h,
+                    Err(e) => return Outcome::Failed { code: "internal".into(), message: format!("bad checkpoint: {e}") },
+                },
+                Err(_) => return Outcome::Stopped(StopCause::LeaseLost),
+            }
+        } else {
+            vec![]
+        };
+        let base = opts.system_prompt.clone().unwrap_or_else(|| agent.system_prompt());
+        let input = RunInput {
+            provider_name: model.provider.clone(),
+            price: pricing::price_of(&model.provider, &model.model),
+            model: model.model.clone(),
+            history,
+            system_prompt: compose_system_prompt(&base, opts.parent_context.as_deref()),
+            user_prompt: row.prompt.clone(),
+            turns_done: row.turns.max(0) as u32,
+            max_turns: opts.max_turns,
+            tools: vec![],
+            max_tokens: None,
+            retry: self.retry,
+            agent: agent.as_str().to_string(),
+        };
+        let store = PgRunStore { pool: self.pool.clone(), fence, attempt: row.attempt };
+        engine::run(input, provider.as_ref(), &NoTools, &store, stop).await
+    }
+
+    async fn heartbeat_loop(self: Arc<Self>, stop: CancellationToken) {
+        let mut tick = tokio::time::interval(self.cfg.heartbeat());
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! { _ = tick.tick() => {}, _ = stop.cancelled() => return }
+            let held = self.hub.running_fences();
+            if held.is_empty() {
+                continue;
+            }
+            match runs::heartbeat(&self.pool, &held, self.cfg.lease().as_secs_f64()).await {
+                Ok(alive) => {
+                    let alive: std::collections::HashMap<Uuid, bool> = alive.into_iter().collect();
+                    for f in &held {
+                        match alive.get(&f.id) {
+                            None => {
+                                self.hub.stop_run(f.id, StopCause::LeaseLost);
+                            }
+                            Some(true) => {
+                                self.hub.stop_run(f.id, StopCause::Cancelled);
+                            }
+                            Some(false) => {}
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "heartbeat failed"),
+            }
+        }
+    }
+
+    async fn rescue_loop(self: Arc<Self>, stop: CancellationToken) {
+        let every = (self.cfg.lease() / 3).max(Duration::from_millis(200));
+        loop {
+            tokio::select! { _ = tokio::time::sleep(every) => {}, _ = stop.cancelled() => return }
+            match runs::rescue(&self.pool, self.cfg.max_attempts).await {
+                Ok(rescued) if !rescued.is_empty() => {
+                    tracing::warn!(count = rescued.len(), "rescued tasks with expired leases");
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "rescuer failed"),
+            }
+        }
+    }
+}
+
+/// Retry a database write through short outages (the lease outlives them).
+pub async fn retry_db<T, F, Fut>(mut f: F) -> Result<T, crate::store::StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, crate::store::StoreError>>,
+{
+    let mut delay = Duration::from_millis(100);
+    let mut tries = 0;
+    loop {
+        match f().await {
+            Ok(v) => return Ok(v),
+            Err(e) if tries < 6 => {
+                tries += 1;
+                tracing::warn!(error = %e, tries, "database write failed; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(3));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/etc/hostname").map(|s| s.trim().to_string()).unwrap_or_else(|_| "host".into())
+}

@@ -1,0 +1,234 @@
+//! The `mock` provider: deterministic, no network, scripted by directives in the prompt.
+//!
+//! Directives are `[mock:key=value]` anywhere in the task's user message:
+//!
+//! | directive | effect |
+//! | --- | --- |
+//! | `[mock:reply=TEXT]` | the final answer is `TEXT` (default: `Mock summary: <prompt>`) |
+//! | `[mock:tool_turns=N]` | the first `N` turns answer with tool calls instead of text |
+//! | `[mock:tool=NAME]` | the tool to call (default: the first tool offered, else `lookup`) |
+//! | `[mock:parallel=K]` | tool calls per tool turn (default 1) |
+//! | `[mock:args=JSON]` | arguments of each tool call (default `{"turn": N}`) |
+//! | `[mock:loop]` | never give a final answer (every turn calls a tool with the same arguments) |
+//! | `[mock:delay_ms=N]` | wait `N` ms before answering |
+//! | `[mock:fail=KIND]` | every call fails: `429`, `500`, `529`, `400`, `timeout`, `protocol` |
+//!
+//! Usage is deterministic: input tokens = characters of the conversation / 4, output
+//! tokens = characters of the answer / 4 (at least 1). Priced like a small model.
+
+use std::time::Duration;
+
+use super::{ChatRequest, ChatResponse, LlmError, LlmErrorKind, Message, Provider, ToolCall, Usage};
+
+pub struct MockProvider;
+
+#[derive(Debug, Default)]
+struct Script {
+    reply: Option<String>,
+    tool_turns: u32,
+    tool: Option<String>,
+    parallel: u32,
+    args: Option<serde_json::Value>,
+    looping: bool,
+    delay_ms: u64,
+    fail: Option<String>,
+}
+
+fn directives(text: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("[mock:") {
+        let after = &rest[i + 6..];
+        // Values may hold brackets (JSON args): match the closing bracket by depth.
+        let mut depth = 1;
+        let mut end = None;
+        for (j, c) in after.char_indices() {
+            match c {
+                '[' => depth += 1,
+                ']' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        end = Some(j);
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        let Some(end) = end else { break };
+        let body = &after[..end];
+        let (k, v) = body.split_once('=').unwrap_or((body, ""));
+        out.push((k.trim().to_string(), v.to_string()));
+        rest = &after[end + 1..];
+    }
+    out
+}
+
+/// The text with every directive removed.
+fn strip_directives(text: &str) -> String {
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("[mock:") {
+        out.push_str(&rest[..i]);
+        let after = &rest[i..];
+        let mut depth = 0;
+        let mut cut = after.len();
+        for (j, c) in after.char_indices() {
+            match c {
+                '[' => depth += 1,
+                ']' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        cut = j + 1;
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        rest = &after[cut..];
+    }
+    out.push_str(rest);
+    out.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+impl Script {
+    fn parse(text: &str) -> Script {
+        let mut s = Script { parallel: 1, ..Script::default() };
+        for (k, v) in directives(text) {
+            match k.as_str() {
+                "reply" => s.reply = Some(v),
+                "tool_turns" => s.tool_turns = v.trim().parse().unwrap_or(0),
+                "tool" => s.tool = Some(v.trim().to_string()),
+                "parallel" => s.parallel = v.trim().parse().unwrap_or(1).clamp(1, 16),
+                "args" => s.args = serde_json::from_str(&v).ok(),
+                "loop" => s.looping = true,
+                "delay_ms" => s.delay_ms = v.trim().parse().unwrap_or(0),
+                "fail" => s.fail = Some(v.trim().to_string()),
+                _ => {}
+            }
+        }
+        s
+    }
+}
+
+fn chars(m: &Message) -> usize {
+    match m {
+        Message::System { content } | Message::User { content } => content.len(),
+        Message::Assistant { content, tool_calls } => {
+            content.as_ref().map_or(0, |c| c.len()) + tool_calls.iter().map(|t| t.name.len() + t.arguments.to_string().len()).sum::<usize>()
+        }
+        Message::Tool { content, .. } => content.len(),
+    }
+}
+
+#[async_trait::async_trait]
+impl Provider for MockProvider {
+    fn name(&self) -> &str {
+        "mock"
+    }
+
+    async fn chat(&self, req: &ChatRequest) -> Result<ChatResponse, LlmError> {
+        // The script is the latest user message; the turn is how many answers came since.
+        let last_user = req.messages.iter().rposition(|m| matches!(m, Message::User { .. }));
+        let prompt = match last_user.map(|i| &req.messages[i]) {
+            Some(Message::User { content }) => content.as_str(),
+            _ => "",
+        };
+        let turn = last_user.map_or(0, |i| {
+            req.messages[i..].iter().filter(|m| matches!(m, Message::Assistant { .. })).count()
+        }) as u32;
+        let script = Script::parse(prompt);
+        if script.delay_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(script.delay_ms)).await;
+        }
+        if let Some(kind) = &script.fail {
+            return Err(match kind.as_str() {
+                "timeout" => LlmError::new(LlmErrorKind::Timeout, "mock: request timed out"),
+                "protocol" => LlmError::new(LlmErrorKind::Protocol, "mock: malformed response body"),
+                code => {
+                    let status = code.parse().unwrap_or(500);
+                    LlmError::from_status(status, format!("mock: provider answered HTTP {status}"), None)
+                }
+            });
+        }
+        let input_tokens = (req.messages.iter().map(chars).sum::<usize>() as u64).div_ceil(4);
+        if script.looping || turn < script.tool_turns {
+            let name = script
+                .tool
+                .clone()
+                .or_else(|| req.tools.first().map(|t| t.name.clone()))
+                .unwrap_or_else(|| "lookup".to_string());
+            let args = match (&script.args, script.looping) {
+                (Some(a), _) => a.clone(),
+                (None, true) => serde_json::json!({}),
+                (None, false) => serde_json::json!({ "turn": turn + 1 }),
+            };
+            let tool_calls: Vec<ToolCall> = (0..script.parallel)
+                .map(|k| ToolCall { id: format!("call_{}_{}", turn + 1, k + 1), name: name.clone(), arguments: args.clone() })
+                .collect();
+            let out = tool_calls.iter().map(|t| t.name.len() + t.arguments.to_string().len()).sum::<usize>() as u64;
+            return Ok(ChatResponse {
+                text: None,
+                tool_calls,
+                usage: Usage { input_tokens, output_tokens: out.div_ceil(4).max(1), cached_tokens: 0 },
+                http_status: None,
+            });
+        }
+        let text = script.reply.unwrap_or_else(|| {
+            let p: String = strip_directives(prompt).chars().take(200).collect();
+            format!("Mock summary: {p}")
+        });
+        Ok(ChatResponse {
+            usage: Usage { input_tokens, output_tokens: (text.len() as u64).div_ceil(4).max(1), cached_tokens: 0 },
+            text: Some(text),
+            tool_calls: vec![],
+            http_status: None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(prompt: &str) -> ChatRequest {
+        ChatRequest {
+            model: "m".into(),
+            messages: vec![Message::System { content: "s".into() }, Message::User { content: prompt.into() }],
+            tools: vec![],
+            max_tokens: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn default_reply_echoes_the_prompt_without_directives() {
+        let prompt = "find foo [mock:delay_ms=1] please";
+        let r = MockProvider.chat(&req(prompt)).await.unwrap();
+        assert_eq!(r.text.as_deref(), Some("Mock summary: find foo please"));
+        assert!(r.tool_calls.is_empty());
+        assert_eq!(r.usage.input_tokens, (1 + prompt.len() as u64).div_ceil(4));
+    }
+
+    #[tokio::test]
+    async fn tool_turns_then_reply_with_json_args() {
+        let mut r = req(r#"go [mock:tool_turns=1] [mock:tool=get] [mock:args={"id":[1]}] [mock:reply=done]"#);
+        let first = MockProvider.chat(&r).await.unwrap();
+        assert_eq!(first.tool_calls[0].name, "get");
+        assert_eq!(first.tool_calls[0].arguments, serde_json::json!({"id": [1]}));
+        r.messages.push(Message::Assistant { content: None, tool_calls: first.tool_calls });
+        let second = MockProvider.chat(&r).await.unwrap();
+        assert_eq!(second.text.as_deref(), Some("done"));
+    }
+
+    #[tokio::test]
+    async fn fail_directive_maps_to_error_kinds() {
+        let e = MockProvider.chat(&req("[mock:fail=429]")).await.unwrap_err();
+        assert_eq!(e.kind, LlmErrorKind::RateLimited);
+        assert!(e.retryable());
+        let e = MockProvider.chat(&req("[mock:fail=400]")).await.unwrap_err();
+        assert!(!e.retryable());
+        let e = MockProvider.chat(&req("[mock:fail=protocol]")).await.unwrap_err();
+        assert_eq!(e.code(), "provider_protocol");
+    }
+}

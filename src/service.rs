@@ -1,0 +1,91 @@
+//! Wiring: the HTTP server, the worker pool and the notify hub as one service with one
+//! shutdown token.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use sqlx::PgPool;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::http::{self, AppState};
+use crate::jobs::hub::Hub;
+use crate::jobs::worker::Worker;
+use crate::llm::Providers;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Roles {
+    pub api: bool,
+    pub workers: bool,
+}
+
+pub struct Service {
+    /// Where the API listens, if it runs.
+    pub addr: Option<SocketAddr>,
+    pub shutdown: CancellationToken,
+    pub hub: Arc<Hub>,
+    done: JoinHandle<()>,
+}
+
+impl Service {
+    pub async fn start(cfg: Arc<Config>, pool: PgPool, providers: Providers, roles: Roles) -> std::io::Result<Service> {
+        let shutdown = CancellationToken::new();
+        let hub = Hub::new();
+        // The listener outlives the drain, so that waiters and cancels keep working during it.
+        let listener_stop = CancellationToken::new();
+        let listen = tokio::spawn(hub.clone().listen(pool.clone(), listener_stop.clone()));
+
+        let worker = roles.workers.then(|| {
+            let w = Worker::new(pool.clone(), hub.clone(), providers.clone(), cfg.clone());
+            tokio::spawn(w.run(shutdown.clone(), cfg.drain_grace()))
+        });
+
+        let (addr, server) = if roles.api {
+            let state = AppState {
+                pool: pool.clone(),
+                cfg: cfg.clone(),
+                hub: hub.clone(),
+                providers,
+                shutdown: shutdown.clone(),
+            };
+            let listener = tokio::net::TcpListener::bind(cfg.listen).await?;
+            let addr = listener.local_addr()?;
+            let app = http::router(state);
+            let stop = shutdown.clone();
+            let server = tokio::spawn(async move {
+                let r = axum::serve(listener, app).with_graceful_shutdown(async move { stop.cancelled().await }).await;
+                if let Err(e) = r {
+                    tracing::error!(error = %e, "http server failed");
+                }
+            });
+            (Some(addr), Some(server))
+        } else {
+            (None, None)
+        };
+
+        let done = tokio::spawn(async move {
+            if let Some(w) = worker {
+                let _ = w.await;
+            }
+            if let Some(s) = server {
+                let _ = s.await;
+            }
+            listener_stop.cancel();
+            let _ = listen.await;
+        });
+        Ok(Service { addr, shutdown, hub, done })
+    }
+
+    /// Drain and stop: stop claiming, let runs finish (or release them), finish in-flight
+    /// requests.
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        let _ = self.done.await;
+    }
+
+    /// Wait until the service stops by itself (after `shutdown` is fired).
+    pub async fn wait(self) {
+        let _ = self.done.await;
+    }
+}

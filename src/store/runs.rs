@@ -1,0 +1,228 @@
+//! The worker side of `tasks`: claim, heartbeat, checkpoint, finish, release, rescue.
+//! Every write by a worker is one statement fenced on `(id, lease_token)`.
+
+use rust_decimal::Decimal;
+use serde_json::Value;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use super::tasks::TaskRow;
+use super::{StoreError, CH_DONE, CH_QUEUED};
+
+/// Who is writing: a task under one lease.
+#[derive(Debug, Clone, Copy)]
+pub struct Fence {
+    pub id: Uuid,
+    pub lease: Uuid,
+}
+
+/// Claim up to `limit` queued tasks, oldest first, skipping rows other workers hold.
+pub async fn claim(pool: &PgPool, limit: i64, lease_secs: f64, worker: &str) -> Result<Vec<TaskRow>, StoreError> {
+    let sql = "WITH c AS (
+            SELECT id FROM tasks WHERE status = 'queued' ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED
+         ), u AS (
+            UPDATE tasks t SET status = 'running', attempt = t.attempt + 1, lease_token = gen_random_uuid(),
+                lease_expires_at = now() + make_interval(secs => $2), started_at = coalesce(t.started_at, now()),
+                worker_id = $3, last_event_seq = t.last_event_seq + 1
+            FROM c WHERE t.id = c.id
+            RETURNING t.*
+         ), e AS (
+            INSERT INTO task_events (task_id, seq, kind, data)
+            SELECT id, last_event_seq, 'claimed', jsonb_build_object('attempt', attempt, 'worker', worker_id) FROM u
+         )
+         SELECT * FROM u ORDER BY id";
+    Ok(sqlx::query_as(sql).bind(limit).bind(lease_secs).bind(worker).fetch_all(pool).await?)
+}
+
+/// Renew the leases this worker holds. Returns, per task still held, whether a cancel was
+/// requested; a task missing from the answer has lost its lease.
+pub async fn heartbeat(pool: &PgPool, held: &[Fence], lease_secs: f64) -> Result<Vec<(Uuid, bool)>, StoreError> {
+    let ids: Vec<Uuid> = held.iter().map(|f| f.id).collect();
+    let leases: Vec<Uuid> = held.iter().map(|f| f.lease).collect();
+    Ok(sqlx::query_as(
+        "UPDATE tasks t SET lease_expires_at = now() + make_interval(secs => $3)
+         FROM unnest($1::uuid[], $2::uuid[]) AS h(id, lease)
+         WHERE t.id = h.id AND t.lease_token = h.lease AND t.status = 'running'
+         RETURNING t.id, t.cancel_requested",
+    )
+    .bind(&ids)
+    .bind(&leases)
+    .bind(lease_secs)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// The saved conversation of a task, in order.
+pub async fn messages(pool: &PgPool, id: Uuid) -> Result<Vec<Value>, StoreError> {
+    Ok(sqlx::query_scalar("SELECT message FROM task_messages WHERE task_id = $1 ORDER BY seq")
+        .bind(id)
+        .fetch_all(pool)
+        .await?)
+}
+
+/// One ledger row.
+#[derive(Debug, Clone)]
+pub struct CallRow {
+    pub turn: i32,
+    pub attempt: i32,
+    pub try_no: i32,
+    pub provider: String,
+    pub model: String,
+    pub input_tokens: i64,
+    pub output_tokens: i64,
+    pub cached_tokens: i64,
+    pub cost_usd: Option<Decimal>,
+    pub latency_ms: i32,
+    pub http_status: Option<i32>,
+    pub outcome: String,
+    pub error: Option<String>,
+}
+
+/// Commit one turn in one statement: the task's totals, the call's ledger row, the turn's
+/// messages and events. `turn` is `None` for a failed call that completes no turn.
+/// Returns false (and writes nothing) if the lease is no longer held.
+pub async fn commit_turn(
+    pool: &PgPool,
+    f: Fence,
+    turn: Option<i32>,
+    call: &CallRow,
+    messages: &[Value],
+    events: &[(&str, Value)],
+) -> Result<bool, StoreError> {
+    let kinds: Vec<&str> = events.iter().map(|e| e.0).collect();
+    let datas: Vec<Value> = events.iter().map(|e| e.1.clone()).collect();
+    let n: i32 = sqlx::query_scalar(
+        "WITH u AS (
+            UPDATE tasks SET turns = coalesce($3, turns),
+                input_tokens = input_tokens + $8, output_tokens = output_tokens + $9,
+                cached_tokens = cached_tokens + $10, cost_usd = cost_usd + coalesce($11, 0),
+                unpriced_calls = unpriced_calls + ($11 IS NULL)::int,
+                last_event_seq = last_event_seq + cardinality($17::text[])
+            WHERE id = $1 AND lease_token = $2 AND status = 'running'
+            RETURNING tenant, last_event_seq
+         ), c AS (
+            INSERT INTO llm_calls (task_id, tenant, turn, attempt, try, provider, model, input_tokens,
+                output_tokens, cached_tokens, cost_usd, latency_ms, http_status, outcome, error)
+            SELECT $1, tenant, $4, $5, $6, $7, $19, $8, $9, $10, $11, $12, $13, $14, $15 FROM u
+         ), m AS (
+            INSERT INTO task_messages (task_id, seq, turn, message)
+            SELECT $1, (SELECT coalesce(max(seq), 0) FROM task_messages WHERE task_id = $1) + x.ord, $4, x.msg
+            FROM u, unnest($16::jsonb[]) WITH ORDINALITY AS x(msg, ord)
+         ), e AS (
+            INSERT INTO task_events (task_id, seq, kind, data)
+            SELECT $1, u.last_event_seq - cardinality($17::text[]) + x.ord, x.kind, x.data
+            FROM u, unnest($17::text[], $18::jsonb[]) WITH ORDINALITY AS x(kind, data, ord)
+         )
+         SELECT count(*)::int FROM u",
+    )
+    .bind(f.id) // 1
+    .bind(f.lease) // 2
+    .bind(turn) // 3
+    .bind(call.turn) // 4
+    .bind(call.attempt) // 5
+    .bind(call.try_no) // 6
+    .bind(&call.provider) // 7
+    .bind(call.input_tokens) // 8
+    .bind(call.output_tokens) // 9
+    .bind(call.cached_tokens) // 10
+    .bind(call.cost_usd) // 11
+    .bind(call.latency_ms) // 12
+    .bind(call.http_status) // 13
+    .bind(&call.outcome) // 14
+    .bind(&call.error) // 15
+    .bind(messages) // 16
+    .bind(&kinds) // 17
+    .bind(&datas) // 18
+    .bind(&call.model) // 19
+    .fetch_one(pool)
+    .await?;
+    Ok(n == 1)
+}
+
+/// How a run ended, as written to the task.
+#[derive(Debug, Clone)]
+pub struct Finish {
+    pub status: &'static str,
+    pub stop_reason: Option<String>,
+    pub summary: Option<String>,
+    pub error_code: Option<String>,
+    pub error_message: Option<String>,
+}
+
+/// Write the terminal state, its `finished` event, and wake every waiter on any replica.
+/// Returns false if the lease is no longer held (nothing is written).
+pub async fn finish(pool: &PgPool, f: Fence, fin: &Finish) -> Result<bool, StoreError> {
+    let sql = format!(
+        "WITH u AS (
+            UPDATE tasks SET status = $3, stop_reason = $4, summary = $5, error_code = $6, error_message = $7,
+                finished_at = now(), lease_token = NULL, lease_expires_at = NULL,
+                last_event_seq = last_event_seq + 1
+            WHERE id = $1 AND lease_token = $2 AND status = 'running'
+            RETURNING id, last_event_seq
+         ), e AS (
+            INSERT INTO task_events (task_id, seq, kind, data)
+            SELECT id, last_event_seq, 'finished', jsonb_build_object('status', $3::text, 'stop_reason', $4::text) FROM u
+         )
+         SELECT count(pg_notify('{CH_DONE}', id::text))::int FROM u"
+    );
+    let n: i32 = sqlx::query_scalar(&sql)
+        .bind(f.id)
+        .bind(f.lease)
+        .bind(fin.status)
+        .bind(&fin.stop_reason)
+        .bind(&fin.summary)
+        .bind(&fin.error_code)
+        .bind(&fin.error_message)
+        .fetch_one(pool)
+        .await?;
+    Ok(n == 1)
+}
+
+/// Give a task back to the queue without counting the attempt (graceful drain).
+pub async fn release(pool: &PgPool, f: Fence) -> Result<bool, StoreError> {
+    let sql = format!(
+        "WITH u AS (
+            UPDATE tasks SET status = 'queued', attempt = attempt - 1, lease_token = NULL, lease_expires_at = NULL,
+                worker_id = NULL, last_event_seq = last_event_seq + 1
+            WHERE id = $1 AND lease_token = $2 AND status = 'running'
+            RETURNING id, last_event_seq
+         ), e AS (
+            INSERT INTO task_events (task_id, seq, kind, data) SELECT id, last_event_seq, 'released', '{{}}' FROM u
+         )
+         SELECT count(pg_notify('{CH_QUEUED}', ''))::int FROM u"
+    );
+    let n: i32 = sqlx::query_scalar(&sql).bind(f.id).bind(f.lease).fetch_one(pool).await?;
+    Ok(n == 1)
+}
+
+/// Re-queue running tasks whose lease expired; fail those out of attempts (`worker_lost`),
+/// and end those whose cancel was requested. Safe to run on every replica at once.
+pub async fn rescue(pool: &PgPool, max_attempts: i32) -> Result<Vec<(Uuid, String)>, StoreError> {
+    let sql = format!(
+        "WITH x AS (
+            SELECT id FROM tasks WHERE status = 'running' AND lease_expires_at < now()
+            ORDER BY lease_expires_at LIMIT 500 FOR UPDATE SKIP LOCKED
+         ), u AS (
+            UPDATE tasks t SET
+                status = CASE WHEN t.cancel_requested THEN 'cancelled'
+                              WHEN t.attempt >= $1 THEN 'failed' ELSE 'queued' END,
+                stop_reason = CASE WHEN t.cancel_requested THEN 'cancelled' ELSE t.stop_reason END,
+                error_code = CASE WHEN NOT t.cancel_requested AND t.attempt >= $1 THEN 'worker_lost' ELSE t.error_code END,
+                error_message = CASE WHEN NOT t.cancel_requested AND t.attempt >= $1
+                    THEN 'the worker running this task stopped responding ' || t.attempt || ' time(s)'
+                    ELSE t.error_message END,
+                finished_at = CASE WHEN t.cancel_requested OR t.attempt >= $1 THEN now() ELSE NULL END,
+                lease_token = NULL, lease_expires_at = NULL, worker_id = NULL,
+                last_event_seq = t.last_event_seq + 1
+            FROM x WHERE t.id = x.id
+            RETURNING t.id, t.status, t.last_event_seq, t.attempt
+         ), e AS (
+            INSERT INTO task_events (task_id, seq, kind, data)
+            SELECT id, last_event_seq, 'rescued', jsonb_build_object('status', status, 'attempt', attempt) FROM u
+         )
+         SELECT id, status, pg_notify(CASE WHEN status = 'queued' THEN '{CH_QUEUED}' ELSE '{CH_DONE}' END,
+                                      CASE WHEN status = 'queued' THEN '' ELSE id::text END)::text FROM u"
+    );
+    let rows: Vec<(Uuid, String, String)> = sqlx::query_as(&sql).bind(max_attempts).fetch_all(pool).await?;
+    Ok(rows.into_iter().map(|(id, s, _)| (id, s)).collect())
+}

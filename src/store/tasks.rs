@@ -1,0 +1,180 @@
+//! The `tasks` table as the API sees it: insert, read, list, cancel.
+
+use chrono::{DateTime, Utc};
+use rust_decimal::Decimal;
+use serde_json::Value;
+use sqlx::{PgPool, Postgres, QueryBuilder};
+use uuid::Uuid;
+
+use super::StoreError;
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct TaskRow {
+    pub id: Uuid,
+    pub tenant: String,
+    pub status: String,
+    pub stop_reason: Option<String>,
+    pub subagent_type: String,
+    pub description: Option<String>,
+    pub prompt: String,
+    pub model: String,
+    pub options: Value,
+    pub summary: Option<String>,
+    pub error_code: Option<String>,
+    pub error_message: Option<String>,
+    pub turns: i32,
+    pub input_tokens: i64,
+    pub output_tokens: i64,
+    pub cached_tokens: i64,
+    pub cost_usd: Decimal,
+    pub unpriced_calls: i32,
+    pub attempt: i32,
+    pub lease_token: Option<Uuid>,
+    pub lease_expires_at: Option<DateTime<Utc>>,
+    pub worker_id: Option<String>,
+    pub cancel_requested: bool,
+    pub idempotency_key: Option<String>,
+    pub request_hash: Option<String>,
+    pub metadata: Value,
+    pub created_at: DateTime<Utc>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+impl TaskRow {
+    pub fn is_terminal(&self) -> bool {
+        !matches!(self.status.as_str(), "queued" | "running")
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct NewTask {
+    pub id: Uuid,
+    pub tenant: String,
+    pub subagent_type: String,
+    pub description: Option<String>,
+    pub prompt: String,
+    pub model: String,
+    pub options: Value,
+    pub metadata: Value,
+    pub idempotency_key: Option<String>,
+    pub request_hash: Option<String>,
+}
+
+pub enum Inserted {
+    New(TaskRow),
+    /// An earlier task with the same idempotency key.
+    Existing(TaskRow),
+}
+
+const COLS: &str = "id, tenant, status, stop_reason, subagent_type, description, prompt, model, options, summary, \
+    error_code, error_message, turns, input_tokens, output_tokens, cached_tokens, cost_usd, unpriced_calls, attempt, \
+    lease_token, lease_expires_at, worker_id, cancel_requested, idempotency_key, request_hash, metadata, created_at, \
+    started_at, finished_at";
+
+/// Insert a queued task with its `created` event and wake the workers, in one statement.
+pub async fn insert(pool: &PgPool, t: &NewTask) -> Result<Inserted, StoreError> {
+    let sql = format!(
+        "WITH t AS (
+            INSERT INTO tasks (id, tenant, subagent_type, description, prompt, model, options, metadata,
+                               idempotency_key, request_hash, last_event_seq)
+            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 1)
+            ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+            RETURNING {COLS}
+         ), e AS (
+            INSERT INTO task_events (task_id, seq, kind, data)
+            SELECT id, 1, 'created', jsonb_build_object('subagent_type', subagent_type, 'model', model) FROM t
+         ), n AS (SELECT pg_notify('{}', '') FROM t)
+         SELECT t.* FROM t, n"
+    , super::CH_QUEUED);
+    let row: Option<TaskRow> = sqlx::query_as(&sql)
+        .bind(t.id)
+        .bind(&t.tenant)
+        .bind(&t.subagent_type)
+        .bind(&t.description)
+        .bind(&t.prompt)
+        .bind(&t.model)
+        .bind(&t.options)
+        .bind(&t.metadata)
+        .bind(&t.idempotency_key)
+        .bind(&t.request_hash)
+        .fetch_optional(pool)
+        .await?;
+    match row {
+        Some(r) => Ok(Inserted::New(r)),
+        None => {
+            let sql = format!("SELECT {COLS} FROM tasks WHERE tenant = $1 AND idempotency_key = $2");
+            let existing: TaskRow =
+                sqlx::query_as(&sql).bind(&t.tenant).bind(&t.idempotency_key).fetch_one(pool).await?;
+            Ok(Inserted::Existing(existing))
+        }
+    }
+}
+
+pub async fn get(pool: &PgPool, tenant: &str, id: Uuid) -> Result<Option<TaskRow>, StoreError> {
+    let sql = format!("SELECT {COLS} FROM tasks WHERE tenant = $1 AND id = $2");
+    Ok(sqlx::query_as(&sql).bind(tenant).bind(id).fetch_optional(pool).await?)
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct ListFilter {
+    pub status: Option<String>,
+    pub subagent_type: Option<String>,
+    pub created_after: Option<DateTime<Utc>>,
+    pub created_before: Option<DateTime<Utc>>,
+    /// Keyset cursor: only tasks older than this id.
+    pub before_id: Option<Uuid>,
+    pub limit: i64,
+}
+
+/// Newest first (UUID v7 ids are time-ordered), keyset-paginated.
+pub async fn list(pool: &PgPool, tenant: &str, f: &ListFilter) -> Result<Vec<TaskRow>, StoreError> {
+    let mut q: QueryBuilder<Postgres> = QueryBuilder::new(format!("SELECT {COLS} FROM tasks WHERE tenant = "));
+    q.push_bind(tenant);
+    if let Some(s) = &f.status {
+        q.push(" AND status = ").push_bind(s);
+    }
+    if let Some(s) = &f.subagent_type {
+        q.push(" AND subagent_type = ").push_bind(s);
+    }
+    if let Some(t) = f.created_after {
+        q.push(" AND created_at > ").push_bind(t);
+    }
+    if let Some(t) = f.created_before {
+        q.push(" AND created_at < ").push_bind(t);
+    }
+    if let Some(id) = f.before_id {
+        q.push(" AND id < ").push_bind(id);
+    }
+    q.push(" ORDER BY id DESC LIMIT ").push_bind(f.limit);
+    Ok(q.build_query_as().fetch_all(pool).await?)
+}
+
+/// Cancel a task: a queued one ends at once; a running one is flagged and its worker told
+/// (on whichever replica holds it); a terminal one is left as it is. `None`: no such task.
+pub async fn cancel(pool: &PgPool, tenant: &str, id: Uuid) -> Result<Option<TaskRow>, StoreError> {
+    let sql = format!(
+        "WITH old AS (
+            SELECT id, status FROM tasks WHERE tenant = $1 AND id = $2 AND status IN ('queued', 'running')
+            AND NOT (status = 'running' AND cancel_requested) FOR UPDATE
+         ), u AS (
+            UPDATE tasks t SET
+                status = CASE WHEN old.status = 'queued' THEN 'cancelled' ELSE t.status END,
+                stop_reason = CASE WHEN old.status = 'queued' THEN 'cancelled' ELSE t.stop_reason END,
+                finished_at = CASE WHEN old.status = 'queued' THEN now() ELSE t.finished_at END,
+                cancel_requested = true,
+                last_event_seq = t.last_event_seq + 1
+            FROM old WHERE t.id = old.id
+            RETURNING t.id, t.last_event_seq, old.status AS old_status
+         ), e AS (
+            INSERT INTO task_events (task_id, seq, kind, data)
+            SELECT id, last_event_seq, CASE WHEN old_status = 'queued' THEN 'cancelled' ELSE 'cancel_requested' END, '{{}}'
+            FROM u
+         )
+         SELECT pg_notify(CASE WHEN old_status = 'queued' THEN '{done}' ELSE '{cancel}' END, id::text) FROM u",
+        done = super::CH_DONE,
+        cancel = super::CH_CANCEL
+    );
+    sqlx::query(&sql).bind(tenant).bind(id).execute(pool).await?;
+    get(pool, tenant, id).await
+}

@@ -36,9 +36,9 @@ fn json_rejection(r: JsonRejection) -> ApiError {
         JsonRejection::JsonDataError(e) => {
             // serde names the field: "prompt: invalid type: integer `1`, expected a string at line 1 column 12".
             let text = e.body_text();
-            let detail = text.trim_start_matches("Failed to deserialize the JSON body into the target type: ").to_string();
-            let field = detail.split_once(": ").map(|(f, _)| f).filter(|f| !f.contains(' ')).unwrap_or("body");
-            ApiError::invalid(field, detail.clone())
+            let detail = text.trim_start_matches("Failed to deserialize the JSON body into the target type: ");
+            let (field, message) = split_field(detail, "body");
+            ApiError::invalid(&field, message)
         }
         JsonRejection::BytesRejection(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -66,9 +66,28 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
 
 fn query_rejection(r: QueryRejection) -> ApiError {
     let text = r.body_text();
-    let detail = text.trim_start_matches("Failed to deserialize query string: ").to_string();
-    let field = detail.split_once(": ").map(|(f, _)| f).filter(|f| !f.contains(' ')).unwrap_or("query");
-    ApiError::bad_param(field, detail.clone())
+    let detail = text.trim_start_matches("Failed to deserialize query string: ");
+    let (field, message) = split_field(detail, "query");
+    ApiError::bad_param(&field, message)
+}
+
+/// serde's messages come as `path: message`, or name the field inside the message
+/// (`missing field `x``, `unknown field `x``): find the field either way.
+fn split_field(detail: &str, whole: &str) -> (String, String) {
+    let (path, message) = match detail.split_once(": ") {
+        Some((p, m)) if !p.contains(' ') => (p.to_string(), m.to_string()),
+        _ => (String::new(), detail.to_string()),
+    };
+    let quoted = ["missing field `", "unknown field `"].iter().find_map(|pre| {
+        let rest = message.split_once(pre)?.1;
+        Some(rest.split_once('`')?.0.to_string())
+    });
+    let field = match (path.as_str(), quoted) {
+        (".", Some(q)) | ("", Some(q)) => q,
+        ("." | "", None) => whole.to_string(),
+        (p, _) => p.to_string(),
+    };
+    (field, message)
 }
 
 /// A path `{id}` that must be a UUID.

@@ -1,0 +1,258 @@
+//! Test harness: one Postgres cluster per test process (the embedded bootstrap unless
+//! `DATABASE_URL` is set), a fresh database per test cloned from a migrated template, the app
+//! on an ephemeral port, and the real binary for multi-process tests.
+
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use serde_json::Value;
+use sqlx::{Connection, PgConnection, PgPool};
+use subagentd::config::Config;
+use subagentd::db::embedded::{EmbeddedOptions, EmbeddedPostgres};
+use subagentd::llm::Providers;
+use subagentd::service::{Roles, Service};
+
+struct Cluster {
+    /// URL template with `{db}` for the database name.
+    url_for: Box<dyn Fn(&str) -> String + Send + Sync>,
+    template: String,
+    _pg: Option<EmbeddedPostgres>,
+}
+
+fn cluster() -> &'static Cluster {
+    static CLUSTER: OnceLock<Cluster> = OnceLock::new();
+    CLUSTER.get_or_init(|| {
+        // Its own thread and runtime: the caller may be inside a test's runtime.
+        std::thread::spawn(start_cluster).join().expect("cluster start panicked")
+    })
+}
+
+fn start_cluster() -> Cluster {
+    let (url_for, pg): (Box<dyn Fn(&str) -> String + Send + Sync>, _) = match std::env::var("DATABASE_URL") {
+        Ok(url) => {
+            let base = url::Url::parse(&url).expect("DATABASE_URL is a URL");
+            (
+                Box::new(move |db: &str| {
+                    let mut u = base.clone();
+                    u.set_path(db);
+                    u.to_string()
+                }),
+                None,
+            )
+        }
+        Err(_) => {
+            let root = std::env::temp_dir().join("subagentd-test-pg");
+            clean_stale(&root);
+            let opts = EmbeddedOptions {
+                data_dir: root.join(std::process::id().to_string()).join("pg"),
+                bin_dir: std::env::var_os("SUBAGENTD_PG_BIN_DIR").map(Into::into),
+                fast_unsafe: true,
+                max_connections: 400,
+            };
+            std::fs::create_dir_all(opts.data_dir.parent().unwrap()).unwrap();
+            open_dirs(&root);
+            let pg = EmbeddedPostgres::start(&opts).unwrap_or_else(|e| panic!("{e}"));
+            let base = pg.url("");
+            (Box::new(move |db: &str| format!("{base}{db}")), Some(pg))
+        }
+    };
+    let template = format!("sat_tpl_{}", std::process::id());
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let admin = subagentd::db::connect(&url_for("postgres"), 1).await.expect("connect to test cluster");
+        sqlx::query(&format!("DROP DATABASE IF EXISTS {template}")).execute(&admin).await.unwrap();
+        sqlx::query(&format!("CREATE DATABASE {template}")).execute(&admin).await.unwrap();
+        admin.close().await;
+        let tpl = subagentd::db::connect(&url_for(&template), 1).await.unwrap();
+        subagentd::db::MIGRATOR.run(&tpl).await.expect("migrate template");
+        tpl.close().await;
+    });
+    Cluster { url_for, template, _pg: pg }
+}
+
+/// Remove clusters of earlier test runs whose process is gone.
+fn clean_stale(root: &std::path::Path) {
+    for e in std::fs::read_dir(root).into_iter().flatten().flatten() {
+        let alive = e
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+            .is_some_and(|pid| std::path::Path::new(&format!("/proc/{pid}")).exists());
+        if !alive {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
+/// The cluster may run as an unprivileged user: let it reach its directory.
+fn open_dirs(root: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let _ = std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o755));
+    for e in std::fs::read_dir(root).into_iter().flatten().flatten() {
+        let _ = std::fs::set_permissions(e.path(), std::fs::Permissions::from_mode(0o755));
+    }
+}
+
+pub struct TestDb {
+    pub url: String,
+    pub pool: PgPool,
+    pub name: String,
+}
+
+pub async fn test_db() -> TestDb {
+    let c = cluster();
+    let name = format!("sat_{}", uuid::Uuid::new_v4().simple());
+    let mut admin = PgConnection::connect(&(c.url_for)("postgres")).await.expect("admin connect");
+    // A template may be briefly busy while another test clones it: retry.
+    for i in 0.. {
+        match sqlx::query(&format!("CREATE DATABASE {name} TEMPLATE {}", c.template)).execute(&mut admin).await {
+            Ok(_) => break,
+            Err(e) if i < 50 => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            Err(e) => panic!("create test database: {e}"),
+        }
+    }
+    admin.close().await.ok();
+    let url = (c.url_for)(&name);
+    let pool = subagentd::db::connect(&url, 5).await.expect("connect test db");
+    TestDb { url, pool, name }
+}
+
+/// Shut a database's doors: terminate its connections and refuse new ones (or open them again).
+pub async fn set_db_reachable(db: &TestDb, reachable: bool) {
+    let mut admin = PgConnection::connect(&(cluster().url_for)("postgres")).await.unwrap();
+    sqlx::query(&format!("ALTER DATABASE {} ALLOW_CONNECTIONS {reachable}", db.name)).execute(&mut admin).await.unwrap();
+    if !reachable {
+        sqlx::query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1")
+            .bind(&db.name)
+            .execute(&mut admin)
+            .await
+            .unwrap();
+    }
+}
+
+pub fn test_config(db_url: &str) -> Config {
+    let mut cfg = Config::defaults();
+    cfg.database_url = Some(db_url.to_string());
+    cfg.listen = "127.0.0.1:0".parse().unwrap();
+    cfg.poll_interval_ms = 200;
+    cfg.heartbeat_seconds = 1;
+    cfg.lease_seconds = 5;
+    cfg.db_max_connections = 8;
+    cfg.drain_grace_seconds = 2;
+    cfg
+}
+
+pub struct TestApp {
+    pub base: String,
+    pub db: TestDb,
+    pub client: reqwest::Client,
+    pub service: Option<Service>,
+}
+
+pub async fn spawn_app() -> TestApp {
+    spawn_app_with(|_| {}, true).await
+}
+
+/// The app with workers (or API only), its config adjusted by `tweak`.
+pub async fn spawn_app_with(tweak: impl FnOnce(&mut Config), workers: bool) -> TestApp {
+    let db = test_db().await;
+    let mut cfg = test_config(&db.url);
+    tweak(&mut cfg);
+    let service = Service::start(Arc::new(cfg), db.pool.clone(), Providers::with_builtin(), Roles { api: true, workers })
+        .await
+        .expect("start service");
+    let base = format!("http://{}", service.addr.unwrap());
+    TestApp { base, db, client: reqwest::Client::new(), service: Some(service) }
+}
+
+impl TestApp {
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    pub async fn post_task(&self, body: Value) -> reqwest::Response {
+        self.client.post(self.url("/tasks")).json(&body).send().await.unwrap()
+    }
+
+    /// Submit and return the created task's JSON (asserting 201).
+    pub async fn submit(&self, body: Value) -> Value {
+        let r = self.post_task(body).await;
+        assert_eq!(r.status(), 201, "submit failed: {}", r.text().await.unwrap());
+        r.json().await.unwrap()
+    }
+
+    pub async fn get_task(&self, id: &str) -> Value {
+        let r = self.client.get(self.url(&format!("/tasks/{id}"))).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        r.json().await.unwrap()
+    }
+
+    /// Poll until the task is terminal (for tests of the background mode itself).
+    pub async fn poll_until_terminal(&self, id: &str, within: Duration) -> Value {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let t = self.get_task(id).await;
+            if !matches!(t["status"].as_str(), Some("queued" | "running")) {
+                return t;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "task {id} not terminal in time: {t}");
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    pub async fn task_count(&self) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM tasks").fetch_one(&self.db.pool).await.unwrap()
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(s) = self.service.take() {
+            s.stop().await;
+        }
+    }
+}
+
+/// A `subagentd` process; killed when dropped.
+pub struct Proc {
+    pub child: Child,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Start the real binary with `args` against `db_url`.
+pub fn spawn_binary(args: &[&str], db_url: &str, env: &[(&str, &str)]) -> Proc {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_subagentd"));
+    cmd.args(args)
+        .env("DATABASE_URL", db_url)
+        .env("SUBAGENTD_POLL_INTERVAL_MS", "100")
+        .env("SUBAGENTD_HEARTBEAT_SECONDS", "1")
+        .env("SUBAGENTD_LEASE_SECONDS", "5")
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    Proc { child: cmd.spawn().expect("spawn subagentd") }
+}
+
+pub async fn assert_problem(r: reqwest::Response, status: u16, code: &str) -> Value {
+    assert_eq!(r.status().as_u16(), status, "wrong status for {code}");
+    let ct = r.headers().get("content-type").map(|v| v.to_str().unwrap().to_string()).unwrap_or_default();
+    assert_eq!(ct, "application/problem+json");
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["code"], code, "{body}");
+    assert_eq!(body["type"], format!("/problems/{code}"));
+    assert_eq!(body["status"], status);
+    assert!(body["detail"].as_str().is_some_and(|d| !d.is_empty()), "{body}");
+    body
+}

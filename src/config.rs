@@ -11,11 +11,21 @@ pub struct Config {
     pub database_url: Option<String>,
 
     /// Address the HTTP API listens on.
-    #[arg(long, env = "SUBAGENTD_LISTEN", default_value = "127.0.0.1:8080", global = true)]
+    #[arg(
+        long,
+        env = "SUBAGENTD_LISTEN",
+        default_value = "127.0.0.1:8080",
+        global = true
+    )]
     pub listen: SocketAddr,
 
     /// Directory for local state; the embedded Postgres cluster lives in `<data-dir>/pg`.
-    #[arg(long, env = "SUBAGENTD_DATA_DIR", default_value = ".subagentd", global = true)]
+    #[arg(
+        long,
+        env = "SUBAGENTD_DATA_DIR",
+        default_value = ".subagentd",
+        global = true
+    )]
     pub data_dir: PathBuf,
 
     /// Directory holding `initdb` and `postgres` (otherwise PATH, `pg_config --bindir`,
@@ -28,31 +38,66 @@ pub struct Config {
     pub no_migrate: bool,
 
     /// Maximum connections in the Postgres pool.
-    #[arg(long, env = "SUBAGENTD_DB_MAX_CONNECTIONS", default_value_t = 20, global = true)]
+    #[arg(
+        long,
+        env = "SUBAGENTD_DB_MAX_CONNECTIONS",
+        default_value_t = 20,
+        global = true
+    )]
     pub db_max_connections: u32,
 
     /// Running sub-agents per process (the worker semaphore).
-    #[arg(long, env = "SUBAGENTD_MAX_RUNNING", default_value_t = 64, global = true)]
+    #[arg(
+        long,
+        env = "SUBAGENTD_MAX_RUNNING",
+        default_value_t = 64,
+        global = true
+    )]
     pub max_running: usize,
 
     /// Tasks claimed per claim statement.
-    #[arg(long, env = "SUBAGENTD_CLAIM_BATCH", default_value_t = 32, global = true)]
+    #[arg(
+        long,
+        env = "SUBAGENTD_CLAIM_BATCH",
+        default_value_t = 32,
+        global = true
+    )]
     pub claim_batch: usize,
 
     /// Polling fallback for new work when no NOTIFY arrives, in milliseconds.
-    #[arg(long, env = "SUBAGENTD_POLL_INTERVAL_MS", default_value_t = 1000, global = true)]
+    #[arg(
+        long,
+        env = "SUBAGENTD_POLL_INTERVAL_MS",
+        default_value_t = 1000,
+        global = true
+    )]
     pub poll_interval_ms: u64,
 
     /// Lease length of a running task, in seconds.
-    #[arg(long, env = "SUBAGENTD_LEASE_SECONDS", default_value_t = 30, global = true)]
+    #[arg(
+        long,
+        env = "SUBAGENTD_LEASE_SECONDS",
+        default_value_t = 30,
+        global = true
+    )]
     pub lease_seconds: u64,
 
     /// How often a worker renews its leases, in seconds.
-    #[arg(long, env = "SUBAGENTD_HEARTBEAT_SECONDS", default_value_t = 10, global = true)]
+    #[arg(
+        long,
+        env = "SUBAGENTD_HEARTBEAT_SECONDS",
+        default_value_t = 10,
+        global = true
+    )]
     pub heartbeat_seconds: u64,
 
     /// Claims of one task before it fails with `worker_lost`.
-    #[arg(long, env = "SUBAGENTD_MAX_ATTEMPTS", default_value_t = 3, global = true)]
+    #[arg(
+        long,
+        env = "SUBAGENTD_MAX_ATTEMPTS",
+        default_value_t = 3,
+        global = true
+    )]
     pub max_attempts: i32,
 
     /// Model used when neither the request nor the agent definition names one.
@@ -65,23 +110,48 @@ pub struct Config {
 
     /// On SIGTERM/SIGINT, how long running sub-agents may finish before they are released
     /// back to the queue, in seconds.
-    #[arg(long, env = "SUBAGENTD_DRAIN_GRACE_SECONDS", default_value_t = 10, global = true)]
+    #[arg(
+        long,
+        env = "SUBAGENTD_DRAIN_GRACE_SECONDS",
+        default_value_t = 10,
+        global = true
+    )]
     pub drain_grace_seconds: u64,
 
     /// Default wait of `?wait=true`, in seconds.
-    #[arg(long, env = "SUBAGENTD_WAIT_DEFAULT_SECONDS", default_value_t = 60, global = true)]
+    #[arg(
+        long,
+        env = "SUBAGENTD_WAIT_DEFAULT_SECONDS",
+        default_value_t = 60,
+        global = true
+    )]
     pub wait_default_seconds: u64,
 
     /// Longest wait a client may ask for with `?wait=true&timeout=`, in seconds.
-    #[arg(long, env = "SUBAGENTD_WAIT_MAX_SECONDS", default_value_t = 300, global = true)]
+    #[arg(
+        long,
+        env = "SUBAGENTD_WAIT_MAX_SECONDS",
+        default_value_t = 300,
+        global = true
+    )]
     pub wait_max_seconds: u64,
 
     /// Tenant of every request until API keys are configured (single-user mode).
-    #[arg(long, env = "SUBAGENTD_TENANT", default_value = "default", global = true)]
+    #[arg(
+        long,
+        env = "SUBAGENTD_TENANT",
+        default_value = "default",
+        global = true
+    )]
     pub tenant: String,
 
     /// Log format: `text` or `json`.
-    #[arg(long, env = "SUBAGENTD_LOG_FORMAT", default_value = "text", global = true)]
+    #[arg(
+        long,
+        env = "SUBAGENTD_LOG_FORMAT",
+        default_value = "text",
+        global = true
+    )]
     pub log_format: String,
 }
 

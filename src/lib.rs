@@ -3,8 +3,8 @@
 pub mod config;
 pub mod db;
 pub mod engine;
-pub mod llm;
-pub mod jobs;
-pub mod store;
 pub mod http;
+pub mod jobs;
+pub mod llm;
 pub mod service;
+pub mod store;

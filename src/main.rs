@@ -7,7 +7,11 @@ use subagentd::llm::Providers;
 use subagentd::service::{Roles, Service};
 
 #[derive(Parser)]
-#[command(name = "subagentd", version, about = "Runs LLM sub-agents as durable jobs over HTTP")]
+#[command(
+    name = "subagentd",
+    version,
+    about = "Runs LLM sub-agents as durable jobs over HTTP"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -32,7 +36,9 @@ enum Command {
 fn init_tracing(format: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn,tower_http=warn"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     if format == "json" {
         builder.json().init();
     } else {
@@ -66,14 +72,27 @@ async fn main() {
                 Err(e) => fail(e),
             }
         }
-        Command::Serve { no_workers } => Roles { api: true, workers: !no_workers },
-        Command::Worker => Roles { api: false, workers: true },
+        Command::Serve { no_workers } => Roles {
+            api: true,
+            workers: !no_workers,
+        },
+        Command::Worker => Roles {
+            api: false,
+            workers: true,
+        },
     };
     let db = match Database::open(&cfg).await {
         Ok(db) => db,
         Err(e) => fail(e),
     };
-    let service = match Service::start(cfg.clone(), db.pool.clone(), Providers::with_builtin(), roles).await {
+    let service = match Service::start(
+        cfg.clone(),
+        db.pool.clone(),
+        Providers::with_builtin(),
+        roles,
+    )
+    .await
+    {
         Ok(s) => s,
         Err(e) => fail(format!("cannot listen on {}: {e}", cfg.listen)),
     };

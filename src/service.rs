@@ -29,7 +29,12 @@ pub struct Service {
 }
 
 impl Service {
-    pub async fn start(cfg: Arc<Config>, pool: PgPool, providers: Providers, roles: Roles) -> std::io::Result<Service> {
+    pub async fn start(
+        cfg: Arc<Config>,
+        pool: PgPool,
+        providers: Providers,
+        roles: Roles,
+    ) -> std::io::Result<Service> {
         let shutdown = CancellationToken::new();
         let hub = Hub::new();
         // The listener outlives the drain, so that waiters and cancels keep working during it.
@@ -54,7 +59,9 @@ impl Service {
             let app = http::router(state);
             let stop = shutdown.clone();
             let server = tokio::spawn(async move {
-                let r = axum::serve(listener, app).with_graceful_shutdown(async move { stop.cancelled().await }).await;
+                let r = axum::serve(listener, app)
+                    .with_graceful_shutdown(async move { stop.cancelled().await })
+                    .await;
                 if let Err(e) = r {
                     tracing::error!(error = %e, "http server failed");
                 }
@@ -74,7 +81,12 @@ impl Service {
             listener_stop.cancel();
             let _ = listen.await;
         });
-        Ok(Service { addr, shutdown, hub, done })
+        Ok(Service {
+            addr,
+            shutdown,
+            hub,
+            done,
+        })
     }
 
     /// Drain and stop: stop claiming, let runs finish (or release them), finish in-flight

@@ -94,7 +94,10 @@ pub struct NoTools;
 #[async_trait::async_trait]
 impl ToolRunner for NoTools {
     async fn run(&self, call: &ToolCall) -> ToolOutput {
-        ToolOutput { content: format!("tool {} is not available", call.name), is_error: true }
+        ToolOutput {
+            content: format!("tool {} is not available", call.name),
+            is_error: true,
+        }
     }
 }
 
@@ -137,10 +140,18 @@ impl StopSignal {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
     /// The model gave its final answer.
-    Completed { summary: String },
+    Completed {
+        summary: String,
+    },
     /// A limit stopped the run; the summary is partial or a fallback line.
-    Incomplete { stop_reason: &'static str, summary: String },
-    Failed { code: String, message: String },
+    Incomplete {
+        stop_reason: &'static str,
+        summary: String,
+    },
+    Failed {
+        code: String,
+        message: String,
+    },
     /// Stopped from outside before finishing.
     Stopped(StopCause),
 }
@@ -159,8 +170,12 @@ pub async fn run(
     let mut messages = input.history.clone();
     let mut pending: Vec<Message> = Vec::new();
     if messages.is_empty() {
-        pending.push(Message::System { content: input.system_prompt.clone() });
-        pending.push(Message::User { content: input.user_prompt.clone() });
+        pending.push(Message::System {
+            content: input.system_prompt.clone(),
+        });
+        pending.push(Message::User {
+            content: input.user_prompt.clone(),
+        });
         messages.extend(pending.iter().cloned());
     }
     let mut last_text: Option<String> = None;
@@ -176,7 +191,8 @@ pub async fn run(
             tools: input.tools.clone(),
             max_tokens: input.max_tokens,
         };
-        let (resp, call) = match call_with_retries(&input, provider, store, stop, &req, turn).await {
+        let (resp, call) = match call_with_retries(&input, provider, store, stop, &req, turn).await
+        {
             Ok(r) => r,
             Err(o) => return o,
         };
@@ -189,12 +205,20 @@ pub async fn run(
         if let Some(t) = resp.text.as_ref().filter(|t| !t.trim().is_empty()) {
             last_text = Some(t.clone());
         }
-        let assistant = Message::Assistant { content: resp.text.clone(), tool_calls: resp.tool_calls.clone() };
+        let assistant = Message::Assistant {
+            content: resp.text.clone(),
+            tool_calls: resp.tool_calls.clone(),
+        };
         messages.push(assistant.clone());
         pending.push(assistant);
 
         if resp.tool_calls.is_empty() {
-            let cp = TurnCheckpoint { turn, messages: std::mem::take(&mut pending), call, events };
+            let cp = TurnCheckpoint {
+                turn,
+                messages: std::mem::take(&mut pending),
+                call,
+                events,
+            };
             if store.checkpoint(&cp).await.is_err() {
                 return Outcome::Stopped(StopCause::LeaseLost);
             }
@@ -202,7 +226,10 @@ pub async fn run(
                 Some(summary) => Outcome::Completed { summary },
                 None => Outcome::Incomplete {
                     stop_reason: "final_answer_empty",
-                    summary: format!("(sub-agent {} ended turn {turn} with an empty answer)", input.agent),
+                    summary: format!(
+                        "(sub-agent {} ended turn {turn} with an empty answer)",
+                        input.agent
+                    ),
                 },
             };
         }
@@ -230,10 +257,16 @@ pub async fn run(
                     ),
                     is_error: true,
                 });
-                events.push(("tool_call_refused", json!({"turn": turn, "tool_call_id": tc.id, "name": tc.name})));
+                events.push((
+                    "tool_call_refused",
+                    json!({"turn": turn, "tool_call_id": tc.id, "name": tc.name}),
+                ));
             } else if streak.1 >= LOOP_STOP_AT {
                 loop_stop = true;
-                results[i] = Some(ToolOutput { content: "Loop detected: run stopped.".into(), is_error: true });
+                results[i] = Some(ToolOutput {
+                    content: "Loop detected: run stopped.".into(),
+                    is_error: true,
+                });
             } else if streak.1 >= LOOP_WARN_AT {
                 results[i] = Some(ToolOutput {
                     content: format!(
@@ -243,7 +276,10 @@ pub async fn run(
                     ),
                     is_error: true,
                 });
-                events.push(("loop_warning", json!({"turn": turn, "name": tc.name, "repeats": streak.1})));
+                events.push((
+                    "loop_warning",
+                    json!({"turn": turn, "name": tc.name, "repeats": streak.1}),
+                ));
             } else {
                 to_run.push(i);
             }
@@ -270,7 +306,10 @@ pub async fn run(
             results[i] = Some(out);
         }
         for (tc, out) in resp.tool_calls.iter().zip(results) {
-            let out = out.unwrap_or(ToolOutput { content: "tool not run".into(), is_error: true });
+            let out = out.unwrap_or(ToolOutput {
+                content: "tool not run".into(),
+                is_error: true,
+            });
             let m = Message::Tool {
                 tool_call_id: tc.id.clone(),
                 name: tc.name.clone(),
@@ -280,7 +319,12 @@ pub async fn run(
             messages.push(m.clone());
             pending.push(m);
         }
-        let cp = TurnCheckpoint { turn, messages: std::mem::take(&mut pending), call, events };
+        let cp = TurnCheckpoint {
+            turn,
+            messages: std::mem::take(&mut pending),
+            call,
+            events,
+        };
         if store.checkpoint(&cp).await.is_err() {
             return Outcome::Stopped(StopCause::LeaseLost);
         }
@@ -298,8 +342,12 @@ pub async fn run(
     }
     Outcome::Incomplete {
         stop_reason: "max_turns",
-        summary: last_text
-            .unwrap_or_else(|| format!("(sub-agent {} stopped after {turn} turns without a summary)", input.agent)),
+        summary: last_text.unwrap_or_else(|| {
+            format!(
+                "(sub-agent {} stopped after {turn} turns without a summary)",
+                input.agent
+            )
+        }),
     }
 }
 
@@ -348,7 +396,14 @@ async fn call_with_retries(
                 if store.record_failed_call(&rec).await.is_err() {
                     return Err(Outcome::Stopped(StopCause::LeaseLost));
                 }
-                let delay = e.retryable().then(|| input.retry.next_delay(try_no, first.elapsed(), e.retry_after)).flatten();
+                let delay = e
+                    .retryable()
+                    .then(|| {
+                        input
+                            .retry
+                            .next_delay(try_no, first.elapsed(), e.retry_after)
+                    })
+                    .flatten();
                 match delay {
                     Some(d) => {
                         tokio::select! {
@@ -364,10 +419,16 @@ async fn call_with_retries(
 }
 
 fn failed(e: &LlmError, tries: u32) -> Outcome {
-    let status = e.http_status.map(|s| format!(" (HTTP {s})")).unwrap_or_default();
+    let status = e
+        .http_status
+        .map(|s| format!(" (HTTP {s})"))
+        .unwrap_or_default();
     Outcome::Failed {
         code: e.code().to_string(),
-        message: format!("provider call failed after {tries} attempt(s){status}: {}", e.message),
+        message: format!(
+            "provider call failed after {tries} attempt(s){status}: {}",
+            e.message
+        ),
     }
 }
 

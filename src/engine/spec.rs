@@ -17,5 +17,7 @@ pub struct TaskOptions {
 
 /// Clamp a requested turn budget into `1..=50`, or take the type's default.
 pub fn max_turns(agent: AgentType, requested: Option<u32>) -> u32 {
-    requested.unwrap_or(agent.default_max_turns()).clamp(MIN_TURNS, MAX_TURNS)
+    requested
+        .unwrap_or(agent.default_max_turns())
+        .clamp(MIN_TURNS, MAX_TURNS)
 }

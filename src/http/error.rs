@@ -19,8 +19,20 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    pub fn new(status: StatusCode, code: &'static str, title: &'static str, detail: impl Into<String>) -> Self {
-        ApiError { status, code, title, detail: detail.into(), extra: Value::Null, headers: vec![] }
+    pub fn new(
+        status: StatusCode,
+        code: &'static str,
+        title: &'static str,
+        detail: impl Into<String>,
+    ) -> Self {
+        ApiError {
+            status,
+            code,
+            title,
+            detail: detail.into(),
+            extra: Value::Null,
+            headers: vec![],
+        }
     }
 
     pub fn with(mut self, extra: Value) -> Self {
@@ -43,21 +55,41 @@ impl ApiError {
     /// 400 for a bad query or path parameter.
     pub fn bad_param(field: &str, message: impl Into<String>) -> Self {
         let message = message.into();
-        ApiError::new(StatusCode::BAD_REQUEST, "invalid_parameter", "A parameter is not valid", format!("{field}: {message}"))
-            .with(json!({"errors": [{"field": field, "message": message}]}))
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_parameter",
+            "A parameter is not valid",
+            format!("{field}: {message}"),
+        )
+        .with(json!({"errors": [{"field": field, "message": message}]}))
     }
 
     pub fn not_found(what: &str) -> Self {
-        ApiError::new(StatusCode::NOT_FOUND, "not_found", "Not found", format!("no such {what}"))
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "Not found",
+            format!("no such {what}"),
+        )
     }
 
     pub fn internal() -> Self {
-        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "Internal error", "an internal error occurred; it has been logged")
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "Internal error",
+            "an internal error occurred; it has been logged",
+        )
     }
 
     pub fn unavailable(detail: impl Into<String>) -> Self {
-        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "Service unavailable", detail)
-            .header(header::RETRY_AFTER, HeaderValue::from_static("1"))
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "Service unavailable",
+            detail,
+        )
+        .header(header::RETRY_AFTER, HeaderValue::from_static("1"))
     }
 
     pub fn header(mut self, name: header::HeaderName, value: HeaderValue) -> Self {
@@ -69,7 +101,9 @@ impl ApiError {
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         match &e {
-            StoreError::Db(sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed) => {
+            StoreError::Db(
+                sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed,
+            ) => {
                 tracing::warn!(error = %e, "database unavailable");
                 ApiError::unavailable("the database is unavailable; retry shortly")
             }
@@ -95,7 +129,10 @@ impl IntoResponse for ApiError {
         }
         let mut resp = (self.status, body.to_string()).into_response();
         let h = resp.headers_mut();
-        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
         for (k, v) in self.headers {
             h.insert(k, v);
         }

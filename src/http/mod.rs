@@ -47,10 +47,20 @@ pub fn router(state: AppState) -> Router {
         .merge(tasks::router())
         .merge(health::router())
         .fallback(|| async {
-            ApiError::new(StatusCode::NOT_FOUND, "route_not_found", "Not found", "no such route")
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "route_not_found",
+                "Not found",
+                "no such route",
+            )
         })
         .method_not_allowed_fallback(|| async {
-            ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "Method not allowed", "this route does not accept that method")
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "Method not allowed",
+                "this route does not accept that method",
+            )
         })
         .layer(DefaultBodyLimit::max(limit))
         .layer(TraceLayer::new_for_http())

@@ -68,13 +68,19 @@ impl WaitQuery {
     fn wait_for(&self, st: &AppState) -> Result<Option<Duration>, ApiError> {
         if let Some(t) = self.timeout {
             if !t.is_finite() || t < 0.0 {
-                return Err(ApiError::bad_param("timeout", "must be a number of seconds, 0 or more"));
+                return Err(ApiError::bad_param(
+                    "timeout",
+                    "must be a number of seconds, 0 or more",
+                ));
             }
         }
         if self.wait != Some(true) {
             return Ok(None);
         }
-        let secs = self.timeout.unwrap_or(st.cfg.wait_default_seconds as f64).min(st.cfg.wait_max_seconds as f64);
+        let secs = self
+            .timeout
+            .unwrap_or(st.cfg.wait_default_seconds as f64)
+            .min(st.cfg.wait_max_seconds as f64);
         Ok(Some(Duration::from_secs_f64(secs)))
     }
 }
@@ -109,7 +115,10 @@ pub struct TaskView {
 impl From<TaskRow> for TaskView {
     fn from(r: TaskRow) -> Self {
         let opts: Option<TaskOptions> = serde_json::from_value(r.options.clone()).ok();
-        let error = r.error_code.as_ref().map(|c| json!({"code": c, "message": r.error_message}));
+        let error = r
+            .error_code
+            .as_ref()
+            .map(|c| json!({"code": c, "message": r.error_message}));
         let queue_ms = r.started_at.map(|s| (s - r.created_at).num_milliseconds());
         let run_ms = match (r.started_at, r.finished_at) {
             (Some(s), Some(f)) => Some((f - s).num_milliseconds()),
@@ -147,7 +156,8 @@ impl From<TaskRow> for TaskView {
 }
 
 fn location(id: Uuid) -> HeaderValue {
-    HeaderValue::from_str(&format!("/tasks/{id}")).unwrap_or_else(|_| HeaderValue::from_static("/tasks"))
+    HeaderValue::from_str(&format!("/tasks/{id}"))
+        .unwrap_or_else(|_| HeaderValue::from_static("/tasks"))
 }
 
 fn respond(status: StatusCode, row: TaskRow) -> Response {
@@ -161,7 +171,9 @@ fn respond(status: StatusCode, row: TaskRow) -> Response {
 
 /// Refuse calls made from inside a sub-agent's tool: sub-agents are one level deep.
 fn check_depth(headers: &HeaderMap) -> Result<(), ApiError> {
-    let Some(v) = headers.get("subagent-depth") else { return Ok(()) };
+    let Some(v) = headers.get("subagent-depth") else {
+        return Ok(());
+    };
     let depth: u32 = v
         .to_str()
         .ok()
@@ -180,7 +192,11 @@ fn check_depth(headers: &HeaderMap) -> Result<(), ApiError> {
 }
 
 fn resolve_model(st: &AppState, requested: Option<&str>) -> Result<ModelRef, ApiError> {
-    let name = requested.map(str::trim).filter(|m| !m.is_empty()).map(str::to_string).or_else(|| st.cfg.default_model.clone());
+    let name = requested
+        .map(str::trim)
+        .filter(|m| !m.is_empty())
+        .map(str::to_string)
+        .or_else(|| st.cfg.default_model.clone());
     let Some(name) = name else {
         return Err(ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -194,20 +210,33 @@ fn resolve_model(st: &AppState, requested: Option<&str>) -> Result<ModelRef, Api
         ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "unknown_model", "Unknown model", why)
             .with(json!({"errors": [{"field": "model", "message": "unknown model"}], "providers": providers}))
     };
-    let m = ModelRef::parse(&name).ok_or_else(|| unknown(format!("model: {name:?} is not of the form provider/model")))?;
+    let m = ModelRef::parse(&name)
+        .ok_or_else(|| unknown(format!("model: {name:?} is not of the form provider/model")))?;
     if st.providers.get(&m.provider).is_none() {
-        return Err(unknown(format!("model: provider {:?} is not configured (configured: {})", m.provider, providers.join(", "))));
+        return Err(unknown(format!(
+            "model: provider {:?} is not configured (configured: {})",
+            m.provider,
+            providers.join(", ")
+        )));
     }
     Ok(m)
 }
 
-fn validate(st: &AppState, tenant: &str, body: &CreateTask, idem: Option<String>) -> Result<NewTask, ApiError> {
+fn validate(
+    st: &AppState,
+    tenant: &str,
+    body: &CreateTask,
+    idem: Option<String>,
+) -> Result<NewTask, ApiError> {
     let prompt = body.prompt.trim();
     if prompt.is_empty() {
         return Err(ApiError::invalid("prompt", "must not be empty"));
     }
     if body.prompt.chars().count() > MAX_PROMPT_CHARS {
-        return Err(ApiError::invalid("prompt", format!("must be at most {MAX_PROMPT_CHARS} characters")));
+        return Err(ApiError::invalid(
+            "prompt",
+            format!("must be at most {MAX_PROMPT_CHARS} characters"),
+        ));
     }
     let type_name = body.subagent_type.as_deref().unwrap_or("general");
     let agent = AgentType::parse(type_name).ok_or_else(|| {
@@ -221,22 +250,40 @@ fn validate(st: &AppState, tenant: &str, body: &CreateTask, idem: Option<String>
     })?;
     if let Some(d) = &body.description {
         if d.chars().count() > MAX_DESCRIPTION_CHARS {
-            return Err(ApiError::invalid("description", format!("must be at most {MAX_DESCRIPTION_CHARS} characters")));
+            return Err(ApiError::invalid(
+                "description",
+                format!("must be at most {MAX_DESCRIPTION_CHARS} characters"),
+            ));
         }
     }
     let max_turns = match body.max_turns {
-        Some(n) if n < 1 => return Err(ApiError::invalid("max_turns", "must be at least 1 (values above 50 are clamped to 50)")),
+        Some(n) if n < 1 => {
+            return Err(ApiError::invalid(
+                "max_turns",
+                "must be at least 1 (values above 50 are clamped to 50)",
+            ))
+        }
         Some(n) => Some(n.min(u32::MAX as i64) as u32),
         None => None,
     };
-    if body.system_prompt.as_deref().is_some_and(|s| s.trim().is_empty()) {
-        return Err(ApiError::invalid("system_prompt", "must not be empty when given"));
+    if body
+        .system_prompt
+        .as_deref()
+        .is_some_and(|s| s.trim().is_empty())
+    {
+        return Err(ApiError::invalid(
+            "system_prompt",
+            "must not be empty when given",
+        ));
     }
     let metadata = match &body.metadata {
         None | Some(Value::Null) => json!({}),
         Some(m @ Value::Object(_)) => {
             if m.to_string().len() > MAX_METADATA_BYTES {
-                return Err(ApiError::invalid("metadata", format!("must be at most {MAX_METADATA_BYTES} bytes of JSON")));
+                return Err(ApiError::invalid(
+                    "metadata",
+                    format!("must be at most {MAX_METADATA_BYTES} bytes of JSON"),
+                ));
             }
             m.clone()
         }
@@ -251,7 +298,14 @@ fn validate(st: &AppState, tenant: &str, body: &CreateTask, idem: Option<String>
     let options = serde_json::to_value(&options).map_err(|_| ApiError::internal())?;
     // The same key must come with the same request: hash what was asked, as resolved.
     let request_hash = idem.as_ref().map(|_| {
-        let canonical = json!([agent.as_str(), body.description, prompt, model.full(), options, metadata]);
+        let canonical = json!([
+            agent.as_str(),
+            body.description,
+            prompt,
+            model.full(),
+            options,
+            metadata
+        ]);
         hex::encode(Sha256::digest(canonical.to_string().as_bytes()))
     });
     Ok(NewTask {
@@ -269,10 +323,18 @@ fn validate(st: &AppState, tenant: &str, body: &CreateTask, idem: Option<String>
 }
 
 fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
-    let Some(v) = headers.get("idempotency-key") else { return Ok(None) };
-    let k = v.to_str().map_err(|_| ApiError::bad_param("Idempotency-Key", "must be visible ASCII"))?.trim();
+    let Some(v) = headers.get("idempotency-key") else {
+        return Ok(None);
+    };
+    let k = v
+        .to_str()
+        .map_err(|_| ApiError::bad_param("Idempotency-Key", "must be visible ASCII"))?
+        .trim();
     if k.is_empty() || k.len() > MAX_IDEMPOTENCY_KEY {
-        return Err(ApiError::bad_param("Idempotency-Key", format!("must be 1 to {MAX_IDEMPOTENCY_KEY} characters")));
+        return Err(ApiError::bad_param(
+            "Idempotency-Key",
+            format!("must be 1 to {MAX_IDEMPOTENCY_KEY} characters"),
+        ));
     }
     Ok(Some(k.to_string()))
 }
@@ -303,7 +365,11 @@ async fn create(
             (r, false)
         }
     };
-    let ok = if created { StatusCode::CREATED } else { StatusCode::OK };
+    let ok = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
     match wait {
         None => Ok(respond(ok, row)),
         Some(d) => waited(&st, &tenant, row, d).await,
@@ -312,14 +378,21 @@ async fn create(
 
 /// Wait for a task to become terminal: 200 with the finished task, or 202 with the task as
 /// it stands (and `Location`) when the wait runs out or the server drains.
-async fn waited(st: &AppState, tenant: &str, row: TaskRow, d: Duration) -> Result<Response, ApiError> {
+async fn waited(
+    st: &AppState,
+    tenant: &str,
+    row: TaskRow,
+    d: Duration,
+) -> Result<Response, ApiError> {
     if row.is_terminal() {
         return Ok(respond(StatusCode::OK, row));
     }
     let deadline = tokio::time::Instant::now() + d;
     let waiter = st.hub.waiter(row.id);
     loop {
-        let row = tasks::get(&st.pool, tenant, row.id).await?.ok_or_else(|| ApiError::not_found("task"))?;
+        let row = tasks::get(&st.pool, tenant, row.id)
+            .await?
+            .ok_or_else(|| ApiError::not_found("task"))?;
         if row.is_terminal() {
             return Ok(respond(StatusCode::OK, row));
         }
@@ -341,7 +414,9 @@ async fn read(
     ApiQuery(q): ApiQuery<WaitQuery>,
 ) -> Result<Response, ApiError> {
     let wait = q.wait_for(&st)?;
-    let row = tasks::get(&st.pool, &tenant, id).await?.ok_or_else(|| ApiError::not_found("task"))?;
+    let row = tasks::get(&st.pool, &tenant, id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("task"))?;
     match wait {
         None => Ok(respond(StatusCode::OK, row)),
         Some(d) => waited(&st, &tenant, row, d).await,
@@ -365,14 +440,23 @@ pub struct ListQuery {
     cursor: Option<String>,
 }
 
-const STATUSES: &[&str] = &["queued", "running", "completed", "incomplete", "failed", "cancelled"];
+const STATUSES: &[&str] = &[
+    "queued",
+    "running",
+    "completed",
+    "incomplete",
+    "failed",
+    "cancelled",
+];
 
 fn time_param(field: &str, v: &Option<String>) -> Result<Option<DateTime<Utc>>, ApiError> {
     v.as_deref()
         .map(|s| {
             DateTime::parse_from_rfc3339(s)
                 .map(|t| t.with_timezone(&Utc))
-                .map_err(|_| ApiError::bad_param(field, format!("{s:?} is not an RFC 3339 timestamp")))
+                .map_err(|_| {
+                    ApiError::bad_param(field, format!("{s:?} is not an RFC 3339 timestamp"))
+                })
         })
         .transpose()
 }
@@ -384,13 +468,18 @@ async fn list(
 ) -> Result<Response, ApiError> {
     if let Some(s) = &q.status {
         if !STATUSES.contains(&s.as_str()) {
-            return Err(ApiError::bad_param("status", format!("{s:?} is not one of {}", STATUSES.join(", "))));
+            return Err(ApiError::bad_param(
+                "status",
+                format!("{s:?} is not one of {}", STATUSES.join(", ")),
+            ));
         }
     }
     let subagent_type = match &q.subagent_type {
         Some(t) => Some(
             AgentType::parse(t)
-                .ok_or_else(|| ApiError::bad_param("subagent_type", format!("{t:?} is not a known agent type")))?
+                .ok_or_else(|| {
+                    ApiError::bad_param("subagent_type", format!("{t:?} is not a known agent type"))
+                })?
                 .as_str()
                 .to_string(),
         ),
@@ -403,7 +492,10 @@ async fn list(
     let before_id = q
         .cursor
         .as_deref()
-        .map(|c| c.parse::<Uuid>().map_err(|_| ApiError::bad_param("cursor", "not a cursor returned by this API")))
+        .map(|c| {
+            c.parse::<Uuid>()
+                .map_err(|_| ApiError::bad_param("cursor", "not a cursor returned by this API"))
+        })
         .transpose()?;
     let f = ListFilter {
         status: q.status.clone(),
@@ -424,8 +516,14 @@ async fn list(
     Ok(Json(json!({"tasks": tasks, "next_cursor": next_cursor})).into_response())
 }
 
-async fn cancel(State(st): State<AppState>, Tenant(tenant): Tenant, TaskId(id): TaskId) -> Result<Response, ApiError> {
-    let row = tasks::cancel(&st.pool, &tenant, id).await?.ok_or_else(|| ApiError::not_found("task"))?;
+async fn cancel(
+    State(st): State<AppState>,
+    Tenant(tenant): Tenant,
+    TaskId(id): TaskId,
+) -> Result<Response, ApiError> {
+    let row = tasks::cancel(&st.pool, &tenant, id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("task"))?;
     // A running task is told through NOTIFY; if its worker is in this process, tell it now.
     if row.status == "running" {
         st.hub.stop_run(id, crate::engine::StopCause::Cancelled);

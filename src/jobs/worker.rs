@@ -71,14 +71,21 @@ impl Worker {
             let woken = self.hub.queued.notified();
             tokio::pin!(woken);
             woken.as_mut().enable();
-            let claimed = runs::claim(&self.pool, permits.len() as i64, self.cfg.lease().as_secs_f64(), &self.id).await;
+            let claimed = runs::claim(
+                &self.pool,
+                permits.len() as i64,
+                self.cfg.lease().as_secs_f64(),
+                &self.id,
+            )
+            .await;
             let n = match claimed {
                 Ok(rows) => {
                     let n = rows.len();
                     for row in rows {
                         let Some(p) = permits.pop() else { break };
                         let this = self.clone();
-                        let span = tracing::info_span!("run", task_id = %row.id, attempt = row.attempt);
+                        let span =
+                            tracing::info_span!("run", task_id = %row.id, attempt = row.attempt);
                         runs.spawn(async move { this.run_task(row, p).await }.instrument(span));
                     }
                     n
@@ -100,8 +107,15 @@ impl Worker {
         }
         // Drain.
         if !runs.is_empty() {
-            tracing::info!(running = runs.len(), grace_ms = grace.as_millis() as u64, "draining");
-            if tokio::time::timeout(grace, async { while runs.join_next().await.is_some() {} }).await.is_err() {
+            tracing::info!(
+                running = runs.len(),
+                grace_ms = grace.as_millis() as u64,
+                "draining"
+            );
+            if tokio::time::timeout(grace, async { while runs.join_next().await.is_some() {} })
+                .await
+                .is_err()
+            {
                 for id in self.hub.running_ids() {
                     self.hub.stop_run(id, StopCause::Drain);
                 }
@@ -131,7 +145,10 @@ impl Worker {
                 error_code: None,
                 error_message: None,
             },
-            Outcome::Incomplete { stop_reason, summary } => Finish {
+            Outcome::Incomplete {
+                stop_reason,
+                summary,
+            } => Finish {
                 status: "incomplete",
                 stop_reason: Some(stop_reason.into()),
                 summary: Some(summary),
@@ -173,37 +190,62 @@ impl Worker {
         match retry_db(|| runs::finish(&self.pool, fence, &fin)).await {
             Ok(true) => tracing::info!(status = fin.status, "task finished"),
             Ok(false) => tracing::warn!("lease lost before finish; another attempt owns the task"),
-            Err(e) => tracing::error!(error = %e, "finish failed; the lease will expire and the task be rescued"),
+            Err(e) => {
+                tracing::error!(error = %e, "finish failed; the lease will expire and the task be rescued")
+            }
         }
     }
 
     async fn execute(&self, row: &TaskRow, fence: Fence, stop: &StopSignal) -> Outcome {
         let opts: TaskOptions = match serde_json::from_value(row.options.clone()) {
             Ok(o) => o,
-            Err(e) => return Outcome::Failed { code: "internal".into(), message: format!("bad task options: {e}") },
+            Err(e) => {
+                return Outcome::Failed {
+                    code: "internal".into(),
+                    message: format!("bad task options: {e}"),
+                }
+            }
         };
         let Some(model) = ModelRef::parse(&row.model) else {
-            return Outcome::Failed { code: "unknown_model".into(), message: format!("model {:?} is not provider/model", row.model) };
+            return Outcome::Failed {
+                code: "unknown_model".into(),
+                message: format!("model {:?} is not provider/model", row.model),
+            };
         };
         let Some(provider) = self.providers.get(&model.provider) else {
             return Outcome::Failed {
                 code: "unknown_model".into(),
-                message: format!("provider {:?} is not configured on this worker", model.provider),
+                message: format!(
+                    "provider {:?} is not configured on this worker",
+                    model.provider
+                ),
             };
         };
         let agent = AgentType::parse(&row.subagent_type).unwrap_or(AgentType::General);
         let history = if row.turns > 0 {
             match retry_db(|| runs::messages(&self.pool, row.id)).await {
-                Ok(v) => match v.into_iter().map(serde_json::from_value::<Message>).collect::<Result<Vec<_>, _>>() {
+                Ok(v) => match v
+                    .into_iter()
+                    .map(serde_json::from_value::<Message>)
+                    .collect::<Result<Vec<_>, _>>()
+                {
                     Ok(h) => h,
-                    Err(e) => return Outcome::Failed { code: "internal".into(), message: format!("bad checkpoint: {e}") },
+                    Err(e) => {
+                        return Outcome::Failed {
+                            code: "internal".into(),
+                            message: format!("bad checkpoint: {e}"),
+                        }
+                    }
                 },
                 Err(_) => return Outcome::Stopped(StopCause::LeaseLost),
             }
         } else {
             vec![]
         };
-        let base = opts.system_prompt.clone().unwrap_or_else(|| agent.system_prompt());
+        let base = opts
+            .system_prompt
+            .clone()
+            .unwrap_or_else(|| agent.system_prompt());
         let input = RunInput {
             provider_name: model.provider.clone(),
             price: pricing::price_of(&model.provider, &model.model),
@@ -218,7 +260,11 @@ impl Worker {
             retry: self.retry,
             agent: agent.as_str().to_string(),
         };
-        let store = PgRunStore { pool: self.pool.clone(), fence, attempt: row.attempt };
+        let store = PgRunStore {
+            pool: self.pool.clone(),
+            fence,
+            attempt: row.attempt,
+        };
         engine::run(input, provider.as_ref(), &NoTools, &store, stop).await
     }
 
@@ -289,5 +335,7 @@ where
 }
 
 fn hostname() -> String {
-    std::fs::read_to_string("/etc/hostname").map(|s| s.trim().to_string()).unwrap_or_else(|_| "host".into())
+    std::fs::read_to_string("/etc/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "host".into())
 }

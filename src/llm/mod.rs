@@ -110,24 +110,39 @@ pub struct LlmError {
 
 impl LlmError {
     pub fn new(kind: LlmErrorKind, message: impl Into<String>) -> Self {
-        LlmError { kind, message: message.into(), http_status: None, retry_after: None }
+        LlmError {
+            kind,
+            message: message.into(),
+            http_status: None,
+            retry_after: None,
+        }
     }
 
-    pub fn from_status(status: u16, message: impl Into<String>, retry_after: Option<Duration>) -> Self {
+    pub fn from_status(
+        status: u16,
+        message: impl Into<String>,
+        retry_after: Option<Duration>,
+    ) -> Self {
         let kind = match status {
             408 | 429 => LlmErrorKind::RateLimited,
             529 => LlmErrorKind::Overloaded,
             500..=599 => LlmErrorKind::Server,
             _ => LlmErrorKind::Client,
         };
-        LlmError { kind, message: message.into(), http_status: Some(status), retry_after }
+        LlmError {
+            kind,
+            message: message.into(),
+            http_status: Some(status),
+            retry_after,
+        }
     }
 
     pub fn retryable(&self) -> bool {
         match self.kind {
-            LlmErrorKind::Connection | LlmErrorKind::Timeout | LlmErrorKind::RateLimited | LlmErrorKind::Overloaded => {
-                true
-            }
+            LlmErrorKind::Connection
+            | LlmErrorKind::Timeout
+            | LlmErrorKind::RateLimited
+            | LlmErrorKind::Overloaded => true,
             LlmErrorKind::Server => matches!(self.http_status, None | Some(500 | 502 | 503 | 504)),
             LlmErrorKind::Client | LlmErrorKind::Protocol => false,
         }
@@ -163,7 +178,10 @@ impl ModelRef {
         if p.is_empty() || m.is_empty() {
             return None;
         }
-        Some(ModelRef { provider: p.to_string(), model: m.to_string() })
+        Some(ModelRef {
+            provider: p.to_string(),
+            model: m.to_string(),
+        })
     }
     pub fn full(&self) -> String {
         format!("{}/{}", self.provider, self.model)

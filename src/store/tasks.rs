@@ -103,9 +103,13 @@ pub async fn insert(pool: &PgPool, t: &NewTask) -> Result<Inserted, StoreError> 
     match row {
         Some(r) => Ok(Inserted::New(r)),
         None => {
-            let sql = format!("SELECT {COLS} FROM tasks WHERE tenant = $1 AND idempotency_key = $2");
-            let existing: TaskRow =
-                sqlx::query_as(&sql).bind(&t.tenant).bind(&t.idempotency_key).fetch_one(pool).await?;
+            let sql =
+                format!("SELECT {COLS} FROM tasks WHERE tenant = $1 AND idempotency_key = $2");
+            let existing: TaskRow = sqlx::query_as(&sql)
+                .bind(&t.tenant)
+                .bind(&t.idempotency_key)
+                .fetch_one(pool)
+                .await?;
             Ok(Inserted::Existing(existing))
         }
     }
@@ -113,7 +117,11 @@ pub async fn insert(pool: &PgPool, t: &NewTask) -> Result<Inserted, StoreError> 
 
 pub async fn get(pool: &PgPool, tenant: &str, id: Uuid) -> Result<Option<TaskRow>, StoreError> {
     let sql = format!("SELECT {COLS} FROM tasks WHERE tenant = $1 AND id = $2");
-    Ok(sqlx::query_as(&sql).bind(tenant).bind(id).fetch_optional(pool).await?)
+    Ok(sqlx::query_as(&sql)
+        .bind(tenant)
+        .bind(id)
+        .fetch_optional(pool)
+        .await?)
 }
 
 #[derive(Debug, Clone, Default)]
@@ -129,7 +137,8 @@ pub struct ListFilter {
 
 /// Newest first (UUID v7 ids are time-ordered), keyset-paginated.
 pub async fn list(pool: &PgPool, tenant: &str, f: &ListFilter) -> Result<Vec<TaskRow>, StoreError> {
-    let mut q: QueryBuilder<Postgres> = QueryBuilder::new(format!("SELECT {COLS} FROM tasks WHERE tenant = "));
+    let mut q: QueryBuilder<Postgres> =
+        QueryBuilder::new(format!("SELECT {COLS} FROM tasks WHERE tenant = "));
     q.push_bind(tenant);
     if let Some(s) = &f.status {
         q.push(" AND status = ").push_bind(s);
@@ -175,6 +184,10 @@ pub async fn cancel(pool: &PgPool, tenant: &str, id: Uuid) -> Result<Option<Task
         done = super::CH_DONE,
         cancel = super::CH_CANCEL
     );
-    sqlx::query(&sql).bind(tenant).bind(id).execute(pool).await?;
+    sqlx::query(&sql)
+        .bind(tenant)
+        .bind(id)
+        .execute(pool)
+        .await?;
     get(pool, tenant, id).await
 }

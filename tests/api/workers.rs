@@ -32,21 +32,33 @@ async fn two_worker_processes_never_run_the_same_task_twice() {
     .await
     .unwrap();
     assert_eq!(claims.len(), 40);
-    assert!(claims.iter().all(|c| c.1 == 1), "a task was claimed twice: {claims:?}");
-    let calls: Vec<(Uuid, i64)> =
-        sqlx::query_as("SELECT task_id, count(*) FROM llm_calls WHERE task_id = ANY($1) GROUP BY task_id")
-            .bind(&ids)
-            .fetch_all(&app.db.pool)
-            .await
-            .unwrap();
-    assert!(calls.iter().all(|c| c.1 == 2), "a turn ran twice: {calls:?}");
-    let workers: HashSet<String> =
-        sqlx::query_scalar::<_, String>("SELECT data->>'worker' FROM task_events WHERE kind = 'claimed'")
-            .fetch_all(&app.db.pool)
-            .await
-            .unwrap()
-            .into_iter()
-            .collect();
-    assert_eq!(workers.len(), 2, "both processes should have taken work: {workers:?}");
+    assert!(
+        claims.iter().all(|c| c.1 == 1),
+        "a task was claimed twice: {claims:?}"
+    );
+    let calls: Vec<(Uuid, i64)> = sqlx::query_as(
+        "SELECT task_id, count(*) FROM llm_calls WHERE task_id = ANY($1) GROUP BY task_id",
+    )
+    .bind(&ids)
+    .fetch_all(&app.db.pool)
+    .await
+    .unwrap();
+    assert!(
+        calls.iter().all(|c| c.1 == 2),
+        "a turn ran twice: {calls:?}"
+    );
+    let workers: HashSet<String> = sqlx::query_scalar::<_, String>(
+        "SELECT data->>'worker' FROM task_events WHERE kind = 'claimed'",
+    )
+    .fetch_all(&app.db.pool)
+    .await
+    .unwrap()
+    .into_iter()
+    .collect();
+    assert_eq!(
+        workers.len(),
+        2,
+        "both processes should have taken work: {workers:?}"
+    );
     app.stop().await;
 }

@@ -6,26 +6,24 @@ use std::time::Duration;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Config {
+    /// TOML file with providers, model aliases, prices and retry policy.
+    #[arg(long = "config", env = "SUBAGENTD_CONFIG", global = true)]
+    pub config_file: Option<PathBuf>,
+
+    /// Directory of agent definitions (Markdown with YAML front matter, `.claude/agents` format).
+    #[arg(long, env = "SUBAGENTD_AGENTS_DIR", global = true)]
+    pub agents_dir: Option<PathBuf>,
+
     /// Postgres URL. Unset: start a private cluster under `--data-dir` (embedded bootstrap).
     #[arg(long, env = "DATABASE_URL", global = true)]
     pub database_url: Option<String>,
 
     /// Address the HTTP API listens on.
-    #[arg(
-        long,
-        env = "SUBAGENTD_LISTEN",
-        default_value = "127.0.0.1:8080",
-        global = true
-    )]
+    #[arg(long, env = "SUBAGENTD_LISTEN", default_value = "127.0.0.1:8080", global = true)]
     pub listen: SocketAddr,
 
     /// Directory for local state; the embedded Postgres cluster lives in `<data-dir>/pg`.
-    #[arg(
-        long,
-        env = "SUBAGENTD_DATA_DIR",
-        default_value = ".subagentd",
-        global = true
-    )]
+    #[arg(long, env = "SUBAGENTD_DATA_DIR", default_value = ".subagentd", global = true)]
     pub data_dir: PathBuf,
 
     /// Directory holding `initdb` and `postgres` (otherwise PATH, `pg_config --bindir`,
@@ -38,66 +36,31 @@ pub struct Config {
     pub no_migrate: bool,
 
     /// Maximum connections in the Postgres pool.
-    #[arg(
-        long,
-        env = "SUBAGENTD_DB_MAX_CONNECTIONS",
-        default_value_t = 20,
-        global = true
-    )]
+    #[arg(long, env = "SUBAGENTD_DB_MAX_CONNECTIONS", default_value_t = 20, global = true)]
     pub db_max_connections: u32,
 
     /// Running sub-agents per process (the worker semaphore).
-    #[arg(
-        long,
-        env = "SUBAGENTD_MAX_RUNNING",
-        default_value_t = 64,
-        global = true
-    )]
+    #[arg(long, env = "SUBAGENTD_MAX_RUNNING", default_value_t = 64, global = true)]
     pub max_running: usize,
 
     /// Tasks claimed per claim statement.
-    #[arg(
-        long,
-        env = "SUBAGENTD_CLAIM_BATCH",
-        default_value_t = 32,
-        global = true
-    )]
+    #[arg(long, env = "SUBAGENTD_CLAIM_BATCH", default_value_t = 32, global = true)]
     pub claim_batch: usize,
 
     /// Polling fallback for new work when no NOTIFY arrives, in milliseconds.
-    #[arg(
-        long,
-        env = "SUBAGENTD_POLL_INTERVAL_MS",
-        default_value_t = 1000,
-        global = true
-    )]
+    #[arg(long, env = "SUBAGENTD_POLL_INTERVAL_MS", default_value_t = 1000, global = true)]
     pub poll_interval_ms: u64,
 
     /// Lease length of a running task, in seconds.
-    #[arg(
-        long,
-        env = "SUBAGENTD_LEASE_SECONDS",
-        default_value_t = 30,
-        global = true
-    )]
+    #[arg(long, env = "SUBAGENTD_LEASE_SECONDS", default_value_t = 30, global = true)]
     pub lease_seconds: u64,
 
     /// How often a worker renews its leases, in seconds.
-    #[arg(
-        long,
-        env = "SUBAGENTD_HEARTBEAT_SECONDS",
-        default_value_t = 10,
-        global = true
-    )]
+    #[arg(long, env = "SUBAGENTD_HEARTBEAT_SECONDS", default_value_t = 10, global = true)]
     pub heartbeat_seconds: u64,
 
     /// Claims of one task before it fails with `worker_lost`.
-    #[arg(
-        long,
-        env = "SUBAGENTD_MAX_ATTEMPTS",
-        default_value_t = 3,
-        global = true
-    )]
+    #[arg(long, env = "SUBAGENTD_MAX_ATTEMPTS", default_value_t = 3, global = true)]
     pub max_attempts: i32,
 
     /// Model used when neither the request nor the agent definition names one.
@@ -110,48 +73,23 @@ pub struct Config {
 
     /// On SIGTERM/SIGINT, how long running sub-agents may finish before they are released
     /// back to the queue, in seconds.
-    #[arg(
-        long,
-        env = "SUBAGENTD_DRAIN_GRACE_SECONDS",
-        default_value_t = 10,
-        global = true
-    )]
+    #[arg(long, env = "SUBAGENTD_DRAIN_GRACE_SECONDS", default_value_t = 10, global = true)]
     pub drain_grace_seconds: u64,
 
     /// Default wait of `?wait=true`, in seconds.
-    #[arg(
-        long,
-        env = "SUBAGENTD_WAIT_DEFAULT_SECONDS",
-        default_value_t = 60,
-        global = true
-    )]
+    #[arg(long, env = "SUBAGENTD_WAIT_DEFAULT_SECONDS", default_value_t = 60, global = true)]
     pub wait_default_seconds: u64,
 
     /// Longest wait a client may ask for with `?wait=true&timeout=`, in seconds.
-    #[arg(
-        long,
-        env = "SUBAGENTD_WAIT_MAX_SECONDS",
-        default_value_t = 300,
-        global = true
-    )]
+    #[arg(long, env = "SUBAGENTD_WAIT_MAX_SECONDS", default_value_t = 300, global = true)]
     pub wait_max_seconds: u64,
 
     /// Tenant of every request until API keys are configured (single-user mode).
-    #[arg(
-        long,
-        env = "SUBAGENTD_TENANT",
-        default_value = "default",
-        global = true
-    )]
+    #[arg(long, env = "SUBAGENTD_TENANT", default_value = "default", global = true)]
     pub tenant: String,
 
     /// Log format: `text` or `json`.
-    #[arg(
-        long,
-        env = "SUBAGENTD_LOG_FORMAT",
-        default_value = "text",
-        global = true
-    )]
+    #[arg(long, env = "SUBAGENTD_LOG_FORMAT", default_value = "text", global = true)]
     pub log_format: String,
 }
 
@@ -178,5 +116,87 @@ impl Config {
         }
         let p: P = clap::Parser::parse_from(["subagentd"]);
         p.c
+    }
+}
+
+/// The optional TOML file (`--config`): providers, model aliases, prices, retries.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    #[serde(default)]
+    pub default_model: Option<String>,
+    #[serde(default)]
+    pub providers: std::collections::BTreeMap<String, ProviderConfig>,
+    #[serde(default)]
+    pub aliases: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    pub pricing: std::collections::BTreeMap<String, PriceConfig>,
+    #[serde(default)]
+    pub retry: Option<RetryConfig>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProviderKind {
+    Openai,
+    Anthropic,
+}
+
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderConfig {
+    pub kind: ProviderKind,
+    /// OpenAI-compatible: up to `/v1` (or the Azure deployment path). Anthropic: the host.
+    pub base_url: Option<String>,
+    /// Name of the environment variable that holds the key (keys never live in the file).
+    pub api_key_env: Option<String>,
+    #[serde(default = "default_provider_timeout")]
+    pub timeout_seconds: u64,
+    /// OpenAI-compatible: `authorization` (Bearer) or e.g. `api-key` (Azure).
+    pub auth_header: Option<String>,
+    /// OpenAI-compatible: extra query parameters (Azure's `api-version`).
+    #[serde(default)]
+    pub query: std::collections::BTreeMap<String, String>,
+    /// OpenAI-compatible: `max_tokens` or `max_completion_tokens`.
+    pub max_tokens_field: Option<String>,
+    /// Anthropic: `max_tokens` when the task sets none.
+    pub default_max_tokens: Option<u32>,
+}
+
+fn default_provider_timeout() -> u64 {
+    120
+}
+
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PriceConfig {
+    pub input: rust_decimal::Decimal,
+    pub output: rust_decimal::Decimal,
+    #[serde(default)]
+    pub cached: Option<rust_decimal::Decimal>,
+}
+
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetryConfig {
+    pub max_attempts: Option<u32>,
+    pub base_ms: Option<u64>,
+    pub cap_ms: Option<u64>,
+    pub deadline_seconds: Option<u64>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("config file {path}: {message}")]
+    File { path: String, message: String },
+    #[error("config: {0}")]
+    Invalid(String),
+}
+
+impl FileConfig {
+    pub fn load(path: &std::path::Path) -> Result<FileConfig, ConfigError> {
+        let err = |message: String| ConfigError::File { path: path.display().to_string(), message };
+        let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+        toml::from_str(&text).map_err(|e| err(e.to_string()))
     }
 }

@@ -1,17 +1,14 @@
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
-use subagentd::config::Config;
+use subagentd::config::{Config, FileConfig};
 use subagentd::db::Database;
+use subagentd::engine::definitions::FileAgents;
 use subagentd::llm::Providers;
 use subagentd::service::{Roles, Service};
 
 #[derive(Parser)]
-#[command(
-    name = "subagentd",
-    version,
-    about = "Runs LLM sub-agents as durable jobs over HTTP"
-)]
+#[command(name = "subagentd", version, about = "Runs LLM sub-agents as durable jobs over HTTP")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -36,9 +33,7 @@ enum Command {
 fn init_tracing(format: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn,tower_http=warn"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     if format == "json" {
         builder.json().init();
     } else {
@@ -72,27 +67,24 @@ async fn main() {
                 Err(e) => fail(e),
             }
         }
-        Command::Serve { no_workers } => Roles {
-            api: true,
-            workers: !no_workers,
-        },
-        Command::Worker => Roles {
-            api: false,
-            workers: true,
-        },
+        Command::Serve { no_workers } => Roles { api: true, workers: !no_workers },
+        Command::Worker => Roles { api: false, workers: true },
     };
+    let file = match &cfg.config_file {
+        Some(path) => FileConfig::load(path).unwrap_or_else(|e| fail(e)),
+        None => FileConfig::default(),
+    };
+    let providers = Providers::from_config(&file, &|v| std::env::var(v).ok()).unwrap_or_else(|e| fail(e));
+    tracing::info!(providers = ?providers.names(), "providers configured");
+    let file_agents = Arc::new(FileAgents::load(cfg.agents_dir.as_deref()));
+    if let Some(dir) = &cfg.agents_dir {
+        tracing::info!(dir = %dir.display(), loaded = file_agents.valid.len(), invalid = file_agents.invalid.len(), "agent definitions");
+    }
     let db = match Database::open(&cfg).await {
         Ok(db) => db,
         Err(e) => fail(e),
     };
-    let service = match Service::start(
-        cfg.clone(),
-        db.pool.clone(),
-        Providers::with_builtin(),
-        roles,
-    )
-    .await
-    {
+    let service = match Service::start(cfg.clone(), db.pool.clone(), providers, file_agents, roles).await {
         Ok(s) => s,
         Err(e) => fail(format!("cannot listen on {}: {e}", cfg.listen)),
     };

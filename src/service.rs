@@ -9,6 +9,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
+use crate::engine::definitions::FileAgents;
 use crate::http::{self, AppState};
 use crate::jobs::hub::Hub;
 use crate::jobs::worker::Worker;
@@ -33,6 +34,7 @@ impl Service {
         cfg: Arc<Config>,
         pool: PgPool,
         providers: Providers,
+        file_agents: Arc<FileAgents>,
         roles: Roles,
     ) -> std::io::Result<Service> {
         let shutdown = CancellationToken::new();
@@ -52,6 +54,7 @@ impl Service {
                 cfg: cfg.clone(),
                 hub: hub.clone(),
                 providers,
+                file_agents,
                 shutdown: shutdown.clone(),
             };
             let listener = tokio::net::TcpListener::bind(cfg.listen).await?;
@@ -59,9 +62,7 @@ impl Service {
             let app = http::router(state);
             let stop = shutdown.clone();
             let server = tokio::spawn(async move {
-                let r = axum::serve(listener, app)
-                    .with_graceful_shutdown(async move { stop.cancelled().await })
-                    .await;
+                let r = axum::serve(listener, app).with_graceful_shutdown(async move { stop.cancelled().await }).await;
                 if let Err(e) = r {
                     tracing::error!(error = %e, "http server failed");
                 }
@@ -81,12 +82,7 @@ impl Service {
             listener_stop.cancel();
             let _ = listen.await;
         });
-        Ok(Service {
-            addr,
-            shutdown,
-            hub,
-            done,
-        })
+        Ok(Service { addr, shutdown, hub, done })
     }
 
     /// Drain and stop: stop claiming, let runs finish (or release them), finish in-flight

@@ -53,21 +53,15 @@ pub struct EmbeddedPostgres {
 impl EmbeddedPostgres {
     /// URL of `database` on this cluster.
     pub fn url(&self, database: &str) -> String {
-        format!(
-            "postgres://postgres:{}@127.0.0.1:{}/{}",
-            self.password, self.port, database
-        )
+        format!("postgres://postgres:{}@127.0.0.1:{}/{}", self.password, self.port, database)
     }
 
     pub fn start(opts: &EmbeddedOptions) -> Result<Self, BootstrapError> {
         let bin = find_bin_dir(opts.bin_dir.as_deref()).ok_or(BootstrapError::NoBinaries)?;
         let owner = run_as_user()?;
         let data_dir = absolute(&opts.data_dir)?;
-        let parent = data_dir
-            .parent()
-            .ok_or_else(|| failed("data dir has no parent"))?;
-        fs::create_dir_all(parent)
-            .map_err(|e| failed(format!("create {}: {e}", parent.display())))?;
+        let parent = data_dir.parent().ok_or_else(|| failed("data dir has no parent"))?;
+        fs::create_dir_all(parent).map_err(|e| failed(format!("create {}: {e}", parent.display())))?;
         let pw_path = data_dir.with_extension("password");
 
         if !data_dir.join("PG_VERSION").exists() {
@@ -95,14 +89,7 @@ impl EmbeddedPostgres {
             .args(["-c", "unix_socket_directories="])
             .args(["-c", &format!("max_connections={}", opts.max_connections)]);
         if opts.fast_unsafe {
-            cmd.args([
-                "-c",
-                "fsync=off",
-                "-c",
-                "synchronous_commit=off",
-                "-c",
-                "full_page_writes=off",
-            ]);
+            cmd.args(["-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off"]);
         }
         cmd.stdin(Stdio::null()).stdout(log).stderr(log_err);
         as_owner(&mut cmd, owner);
@@ -117,12 +104,7 @@ impl EmbeddedPostgres {
             });
         }
         let child = spawn_from_long_lived_thread(cmd)?;
-        let mut pg = EmbeddedPostgres {
-            child: Some(child),
-            port,
-            password,
-            data_dir: data_dir.clone(),
-        };
+        let mut pg = EmbeddedPostgres { child: Some(child), port, password, data_dir: data_dir.clone() };
         pg.wait_ready(&log_path)?;
         Ok(pg)
     }
@@ -146,10 +128,7 @@ impl EmbeddedPostgres {
                 return Ok(());
             }
             if Instant::now() > deadline {
-                return Err(failed(format!(
-                    "postgres did not start within 60 s; log:\n{}",
-                    tail(log_path)
-                )));
+                return Err(failed(format!("postgres did not start within 60 s; log:\n{}", tail(log_path))));
             }
             std::thread::sleep(Duration::from_millis(25));
         }
@@ -186,33 +165,21 @@ fn spawn_from_long_lived_thread(mut cmd: Command) -> Result<Child, BootstrapErro
             }
         })
         .map_err(failed)?;
-    rx.recv()
-        .map_err(failed)?
-        .map_err(|e| failed(format!("spawn postgres: {e}")))
+    rx.recv().map_err(failed)?.map_err(|e| failed(format!("spawn postgres: {e}")))
 }
 
-fn init_cluster(
-    bin: &Path,
-    data_dir: &Path,
-    pw_path: &Path,
-    owner: Option<(u32, u32)>,
-) -> Result<(), BootstrapError> {
+fn init_cluster(bin: &Path, data_dir: &Path, pw_path: &Path, owner: Option<(u32, u32)>) -> Result<(), BootstrapError> {
     use rand::Rng;
-    let password: String = rand::thread_rng()
-        .sample_iter(&rand::distributions::Alphanumeric)
-        .take(32)
-        .map(char::from)
-        .collect();
-    fs::write(pw_path, &password)
-        .map_err(|e| failed(format!("write {}: {e}", pw_path.display())))?;
+    let password: String =
+        rand::thread_rng().sample_iter(&rand::distributions::Alphanumeric).take(32).map(char::from).collect();
+    fs::write(pw_path, &password).map_err(|e| failed(format!("write {}: {e}", pw_path.display())))?;
     fs::set_permissions(pw_path, fs::Permissions::from_mode(0o600)).map_err(failed)?;
     // initdb (running as the owner) reads the password from a file it can open.
     let tmp_pw = data_dir.with_extension("initpw");
     fs::write(&tmp_pw, &password).map_err(failed)?;
     fs::set_permissions(&tmp_pw, fs::Permissions::from_mode(0o600)).map_err(failed)?;
     if data_dir.exists() {
-        fs::remove_dir_all(data_dir)
-            .map_err(|e| failed(format!("clear half-made {}: {e}", data_dir.display())))?;
+        fs::remove_dir_all(data_dir).map_err(|e| failed(format!("clear half-made {}: {e}", data_dir.display())))?;
     }
     fs::create_dir_all(data_dir).map_err(failed)?;
     fs::set_permissions(data_dir, fs::Permissions::from_mode(0o700)).map_err(failed)?;
@@ -223,14 +190,7 @@ fn init_cluster(
     let mut cmd = Command::new(bin.join("initdb"));
     cmd.arg("-D")
         .arg(data_dir)
-        .args([
-            "-U",
-            "postgres",
-            "-E",
-            "UTF8",
-            "--no-locale",
-            "--auth=scram-sha-256",
-        ])
+        .args(["-U", "postgres", "-E", "UTF8", "--no-locale", "--auth=scram-sha-256"])
         .arg(format!("--pwfile={}", tmp_pw.display()))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -281,9 +241,7 @@ fn run_as_user() -> Result<Option<(u32, u32)>, BootstrapError> {
             }
         }
     }
-    Err(failed(
-        "running as root and neither a `postgres` nor a `nobody` user exists to own the cluster",
-    ))
+    Err(failed("running as root and neither a `postgres` nor a `nobody` user exists to own the cluster"))
 }
 
 pub fn find_bin_dir(explicit: Option<&Path>) -> Option<PathBuf> {
@@ -337,8 +295,6 @@ fn tail(path: &Path) -> String {
         let _ = f.read_to_string(&mut s);
     }
     let start = s.len().saturating_sub(2000);
-    let start = (start..s.len())
-        .find(|&i| s.is_char_boundary(i))
-        .unwrap_or(s.len());
+    let start = (start..s.len()).find(|&i| s.is_char_boundary(i)).unwrap_or(s.len());
     s[start..].to_string()
 }

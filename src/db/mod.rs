@@ -57,11 +57,7 @@ impl Database {
         if !cfg.no_migrate {
             MIGRATOR.run(&pool).await?;
         }
-        Ok(Database {
-            pool,
-            url,
-            embedded,
-        })
+        Ok(Database { pool, url, embedded })
     }
 }
 
@@ -99,17 +95,13 @@ fn is_transient(e: &sqlx::Error) -> bool {
 }
 
 pub async fn ensure_database(admin: &PgPool, name: &str) -> Result<(), sqlx::Error> {
-    let exists: bool =
-        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
-            .bind(name)
-            .fetch_one(admin)
-            .await?;
+    let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+        .bind(name)
+        .fetch_one(admin)
+        .await?;
     if !exists {
         // Identifiers cannot be bound; `name` is ours, not user input.
-        match sqlx::query(&format!("CREATE DATABASE \"{name}\""))
-            .execute(admin)
-            .await
-        {
+        match sqlx::query(&format!("CREATE DATABASE \"{name}\"")).execute(admin).await {
             Ok(_) => {}
             // 42P04: created concurrently by another process.
             Err(sqlx::Error::Database(d)) if d.code().as_deref() == Some("42P04") => {}

@@ -104,10 +104,7 @@ mod tests {
 
     #[test]
     fn aliases_and_turn_defaults() {
-        assert_eq!(
-            AgentType::parse("general-purpose"),
-            Some(AgentType::General)
-        );
+        assert_eq!(AgentType::parse("general-purpose"), Some(AgentType::General));
         assert_eq!(AgentType::parse("nope"), None);
         let turns: Vec<u32> = ["research", "general", "plan", "explore"]
             .iter()
@@ -119,21 +116,13 @@ mod tests {
     #[test]
     fn parent_context_goes_under_its_own_heading() {
         let s = compose_system_prompt("base", Some("the parent knows X"));
-        assert_eq!(
-            s,
-            "base\n\n## Context from the parent agent\n\nthe parent knows X"
-        );
+        assert_eq!(s, "base\n\n## Context from the parent agent\n\nthe parent knows X");
         assert_eq!(compose_system_prompt("base", Some("  ")), "base");
     }
 
     #[test]
     fn each_type_prompt_names_its_stop_condition_and_output() {
-        for t in [
-            AgentType::General,
-            AgentType::Research,
-            AgentType::Explore,
-            AgentType::Plan,
-        ] {
+        for t in [AgentType::General, AgentType::Research, AgentType::Explore, AgentType::Plan] {
             let p = t.system_prompt();
             assert!(p.contains("Stop"), "{t:?}");
             assert!(p.contains("Output:"), "{t:?}");

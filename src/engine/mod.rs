@@ -3,6 +3,7 @@
 //! every invariant is unit-testable with in-memory fakes.
 
 pub mod agents;
+pub mod definitions;
 pub mod spec;
 
 use std::sync::{Arc, Mutex};
@@ -23,11 +24,12 @@ pub struct RunInput {
     /// The model as the provider knows it.
     pub model: String,
     pub price: Option<Price>,
-    /// The saved conversation to continue; empty for a fresh run.
+    /// The conversation already checkpointed by earlier attempts of this task.
     pub history: Vec<Message>,
-    /// Used only for a fresh run: the conversation starts as `[system, user]`.
-    pub system_prompt: String,
-    pub user_prompt: String,
+    /// Messages that start this task, saved with its first checkpoint: `[system, user]` for
+    /// a fresh run (see `fresh_conversation`), a parent's conversation plus the new user
+    /// message for a resumed one, nothing for a rescued attempt.
+    pub new_messages: Vec<Message>,
     /// Turns already completed (and checkpointed) by earlier attempts.
     pub turns_done: u32,
     pub max_turns: u32,
@@ -94,10 +96,7 @@ pub struct NoTools;
 #[async_trait::async_trait]
 impl ToolRunner for NoTools {
     async fn run(&self, call: &ToolCall) -> ToolOutput {
-        ToolOutput {
-            content: format!("tool {} is not available", call.name),
-            is_error: true,
-        }
+        ToolOutput { content: format!("tool {} is not available", call.name), is_error: true }
     }
 }
 
@@ -159,6 +158,11 @@ pub enum Outcome {
 const LOOP_WARN_AT: usize = 3;
 const LOOP_STOP_AT: usize = 5;
 
+/// The first messages of a fresh sub-agent: its system prompt and its task, nothing else.
+pub fn fresh_conversation(system_prompt: String, task: String) -> Vec<Message> {
+    vec![Message::System { content: system_prompt }, Message::User { content: task }]
+}
+
 /// Run the sub-agent until a final answer, a limit, a failure or a stop signal.
 pub async fn run(
     input: RunInput,
@@ -168,16 +172,8 @@ pub async fn run(
     stop: &StopSignal,
 ) -> Outcome {
     let mut messages = input.history.clone();
-    let mut pending: Vec<Message> = Vec::new();
-    if messages.is_empty() {
-        pending.push(Message::System {
-            content: input.system_prompt.clone(),
-        });
-        pending.push(Message::User {
-            content: input.user_prompt.clone(),
-        });
-        messages.extend(pending.iter().cloned());
-    }
+    let mut pending: Vec<Message> = input.new_messages.clone();
+    messages.extend(pending.iter().cloned());
     let mut last_text: Option<String> = None;
     // (tool name, arguments) of consecutive identical calls, for loop detection.
     let mut streak: (Option<(String, String)>, usize) = (None, 0);
@@ -191,8 +187,7 @@ pub async fn run(
             tools: input.tools.clone(),
             max_tokens: input.max_tokens,
         };
-        let (resp, call) = match call_with_retries(&input, provider, store, stop, &req, turn).await
-        {
+        let (resp, call) = match call_with_retries(&input, provider, store, stop, &req, turn).await {
             Ok(r) => r,
             Err(o) => return o,
         };
@@ -205,20 +200,12 @@ pub async fn run(
         if let Some(t) = resp.text.as_ref().filter(|t| !t.trim().is_empty()) {
             last_text = Some(t.clone());
         }
-        let assistant = Message::Assistant {
-            content: resp.text.clone(),
-            tool_calls: resp.tool_calls.clone(),
-        };
+        let assistant = Message::Assistant { content: resp.text.clone(), tool_calls: resp.tool_calls.clone() };
         messages.push(assistant.clone());
         pending.push(assistant);
 
         if resp.tool_calls.is_empty() {
-            let cp = TurnCheckpoint {
-                turn,
-                messages: std::mem::take(&mut pending),
-                call,
-                events,
-            };
+            let cp = TurnCheckpoint { turn, messages: std::mem::take(&mut pending), call, events };
             if store.checkpoint(&cp).await.is_err() {
                 return Outcome::Stopped(StopCause::LeaseLost);
             }
@@ -226,10 +213,7 @@ pub async fn run(
                 Some(summary) => Outcome::Completed { summary },
                 None => Outcome::Incomplete {
                     stop_reason: "final_answer_empty",
-                    summary: format!(
-                        "(sub-agent {} ended turn {turn} with an empty answer)",
-                        input.agent
-                    ),
+                    summary: format!("(sub-agent {} ended turn {turn} with an empty answer)", input.agent),
                 },
             };
         }
@@ -257,16 +241,10 @@ pub async fn run(
                     ),
                     is_error: true,
                 });
-                events.push((
-                    "tool_call_refused",
-                    json!({"turn": turn, "tool_call_id": tc.id, "name": tc.name}),
-                ));
+                events.push(("tool_call_refused", json!({"turn": turn, "tool_call_id": tc.id, "name": tc.name})));
             } else if streak.1 >= LOOP_STOP_AT {
                 loop_stop = true;
-                results[i] = Some(ToolOutput {
-                    content: "Loop detected: run stopped.".into(),
-                    is_error: true,
-                });
+                results[i] = Some(ToolOutput { content: "Loop detected: run stopped.".into(), is_error: true });
             } else if streak.1 >= LOOP_WARN_AT {
                 results[i] = Some(ToolOutput {
                     content: format!(
@@ -276,10 +254,7 @@ pub async fn run(
                     ),
                     is_error: true,
                 });
-                events.push((
-                    "loop_warning",
-                    json!({"turn": turn, "name": tc.name, "repeats": streak.1}),
-                ));
+                events.push(("loop_warning", json!({"turn": turn, "name": tc.name, "repeats": streak.1})));
             } else {
                 to_run.push(i);
             }
@@ -306,10 +281,7 @@ pub async fn run(
             results[i] = Some(out);
         }
         for (tc, out) in resp.tool_calls.iter().zip(results) {
-            let out = out.unwrap_or(ToolOutput {
-                content: "tool not run".into(),
-                is_error: true,
-            });
+            let out = out.unwrap_or(ToolOutput { content: "tool not run".into(), is_error: true });
             let m = Message::Tool {
                 tool_call_id: tc.id.clone(),
                 name: tc.name.clone(),
@@ -319,12 +291,7 @@ pub async fn run(
             messages.push(m.clone());
             pending.push(m);
         }
-        let cp = TurnCheckpoint {
-            turn,
-            messages: std::mem::take(&mut pending),
-            call,
-            events,
-        };
+        let cp = TurnCheckpoint { turn, messages: std::mem::take(&mut pending), call, events };
         if store.checkpoint(&cp).await.is_err() {
             return Outcome::Stopped(StopCause::LeaseLost);
         }
@@ -342,12 +309,8 @@ pub async fn run(
     }
     Outcome::Incomplete {
         stop_reason: "max_turns",
-        summary: last_text.unwrap_or_else(|| {
-            format!(
-                "(sub-agent {} stopped after {turn} turns without a summary)",
-                input.agent
-            )
-        }),
+        summary: last_text
+            .unwrap_or_else(|| format!("(sub-agent {} stopped after {turn} turns without a summary)", input.agent)),
     }
 }
 
@@ -396,14 +359,8 @@ async fn call_with_retries(
                 if store.record_failed_call(&rec).await.is_err() {
                     return Err(Outcome::Stopped(StopCause::LeaseLost));
                 }
-                let delay = e
-                    .retryable()
-                    .then(|| {
-                        input
-                            .retry
-                            .next_delay(try_no, first.elapsed(), e.retry_after)
-                    })
-                    .flatten();
+                let delay =
+                    e.retryable().then(|| input.retry.next_delay(try_no, first.elapsed(), e.retry_after)).flatten();
                 match delay {
                     Some(d) => {
                         tokio::select! {
@@ -419,16 +376,10 @@ async fn call_with_retries(
 }
 
 fn failed(e: &LlmError, tries: u32) -> Outcome {
-    let status = e
-        .http_status
-        .map(|s| format!(" (HTTP {s})"))
-        .unwrap_or_default();
+    let status = e.http_status.map(|s| format!(" (HTTP {s})")).unwrap_or_default();
     Outcome::Failed {
         code: e.code().to_string(),
-        message: format!(
-            "provider call failed after {tries} attempt(s){status}: {}",
-            e.message
-        ),
+        message: format!("provider call failed after {tries} attempt(s){status}: {}", e.message),
     }
 }
 

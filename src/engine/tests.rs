@@ -17,10 +17,7 @@ struct Scripted {
 
 impl Scripted {
     fn new(answers: Vec<Result<ChatResponse, LlmError>>) -> Self {
-        Scripted {
-            answers: Mutex::new(answers.into()),
-            ..Default::default()
-        }
+        Scripted { answers: Mutex::new(answers.into()), ..Default::default() }
     }
     fn requests(&self) -> Vec<ChatRequest> {
         self.seen.lock().unwrap().clone()
@@ -37,28 +34,15 @@ impl Provider for Scripted {
         if let Some(d) = self.delay {
             tokio::time::sleep(d).await;
         }
-        self.answers
-            .lock()
-            .unwrap()
-            .pop_front()
-            .unwrap_or_else(|| Ok(text("default")))
+        self.answers.lock().unwrap().pop_front().unwrap_or_else(|| Ok(text("default")))
     }
 }
 
 fn usage(i: u64, o: u64) -> Usage {
-    Usage {
-        input_tokens: i,
-        output_tokens: o,
-        cached_tokens: 0,
-    }
+    Usage { input_tokens: i, output_tokens: o, cached_tokens: 0 }
 }
 fn text(t: &str) -> ChatResponse {
-    ChatResponse {
-        text: Some(t.into()),
-        tool_calls: vec![],
-        usage: usage(10, 5),
-        http_status: Some(200),
-    }
+    ChatResponse { text: Some(t.into()), tool_calls: vec![], usage: usage(10, 5), http_status: Some(200) }
 }
 fn calls(names: &[(&str, Value)]) -> ChatResponse {
     ChatResponse {
@@ -66,11 +50,7 @@ fn calls(names: &[(&str, Value)]) -> ChatResponse {
         tool_calls: names
             .iter()
             .enumerate()
-            .map(|(i, (n, a))| ToolCall {
-                id: format!("c{i}"),
-                name: n.to_string(),
-                arguments: a.clone(),
-            })
+            .map(|(i, (n, a))| ToolCall { id: format!("c{i}"), name: n.to_string(), arguments: a.clone() })
             .collect(),
         usage: usage(20, 3),
         http_status: Some(200),
@@ -108,33 +88,21 @@ struct Tools {
 impl ToolRunner for Tools {
     async fn run(&self, call: &ToolCall) -> ToolOutput {
         self.ran.lock().unwrap().push(call.name.clone());
-        ToolOutput {
-            content: format!("result of {}", call.name),
-            is_error: false,
-        }
+        ToolOutput { content: format!("result of {}", call.name), is_error: false }
     }
 }
 
 fn spec(name: &str) -> ToolSpec {
-    ToolSpec {
-        name: name.into(),
-        description: "d".into(),
-        parameters: json!({"type": "object"}),
-    }
+    ToolSpec { name: name.into(), description: "d".into(), parameters: json!({"type": "object"}) }
 }
 
 fn input() -> RunInput {
     RunInput {
         provider_name: "fake".into(),
         model: "m1".into(),
-        price: Some(Price {
-            input_per_m: 1.into(),
-            output_per_m: 2.into(),
-            cached_per_m: 0.into(),
-        }),
+        price: Some(Price { input_per_m: 1.into(), output_per_m: 2.into(), cached_per_m: 0.into() }),
         history: vec![],
-        system_prompt: "SYS".into(),
-        user_prompt: "do the task".into(),
+        new_messages: fresh_conversation("SYS".into(), "do the task".into()),
         turns_done: 0,
         max_turns: 5,
         tools: vec![spec("list_things"), spec("get_thing")],
@@ -159,23 +127,11 @@ async fn go(p: &Scripted, inp: RunInput) -> (Outcome, Store, Tools) {
 async fn first_call_sees_exactly_system_then_user() {
     let p = Scripted::new(vec![Ok(text("ok"))]);
     let (o, _, _) = go(&p, input()).await;
-    assert_eq!(
-        o,
-        Outcome::Completed {
-            summary: "ok".into()
-        }
-    );
+    assert_eq!(o, Outcome::Completed { summary: "ok".into() });
     let first = &p.requests()[0];
     assert_eq!(
         first.messages,
-        vec![
-            Message::System {
-                content: "SYS".into()
-            },
-            Message::User {
-                content: "do the task".into()
-            }
-        ]
+        vec![Message::System { content: "SYS".into() }, Message::User { content: "do the task".into() }]
     );
 }
 
@@ -183,36 +139,19 @@ async fn first_call_sees_exactly_system_then_user() {
 async fn only_whitelisted_tools_are_offered() {
     let p = Scripted::new(vec![Ok(text("ok"))]);
     go(&p, input()).await;
-    let names: Vec<String> = p.requests()[0]
-        .tools
-        .iter()
-        .map(|t| t.name.clone())
-        .collect();
+    let names: Vec<String> = p.requests()[0].tools.iter().map(|t| t.name.clone()).collect();
     assert_eq!(names, ["list_things", "get_thing"]);
 }
 
 #[tokio::test]
 async fn a_call_to_an_unoffered_tool_is_answered_as_an_error_and_never_run() {
-    let p = Scripted::new(vec![
-        Ok(calls(&[("delete_thing", json!({"id": 1}))])),
-        Ok(text("gave up")),
-    ]);
+    let p = Scripted::new(vec![Ok(calls(&[("delete_thing", json!({"id": 1}))])), Ok(text("gave up"))]);
     let (o, store, tools) = go(&p, input()).await;
-    assert_eq!(
-        o,
-        Outcome::Completed {
-            summary: "gave up".into()
-        }
-    );
+    assert_eq!(o, Outcome::Completed { summary: "gave up".into() });
     assert!(tools.ran.lock().unwrap().is_empty());
     let second = &p.requests()[1];
     match second.messages.last().unwrap() {
-        Message::Tool {
-            content,
-            is_error,
-            name,
-            ..
-        } => {
+        Message::Tool { content, is_error, name, .. } => {
             assert!(is_error);
             assert_eq!(name, "delete_thing");
             assert!(content.contains("not available"), "{content}");
@@ -220,29 +159,14 @@ async fn a_call_to_an_unoffered_tool_is_answered_as_an_error_and_never_run() {
         }
         m => panic!("expected a tool result, got {m:?}"),
     }
-    assert_eq!(
-        store.checkpoints.lock().unwrap()[0]
-            .events
-            .iter()
-            .filter(|e| e.0 == "tool_call_refused")
-            .count(),
-        1
-    );
+    assert_eq!(store.checkpoints.lock().unwrap()[0].events.iter().filter(|e| e.0 == "tool_call_refused").count(), 1);
 }
 
 #[tokio::test]
 async fn tool_call_then_result_then_summary() {
-    let p = Scripted::new(vec![
-        Ok(calls(&[("get_thing", json!({"id": 7}))])),
-        Ok(text("thing 7 is blue")),
-    ]);
+    let p = Scripted::new(vec![Ok(calls(&[("get_thing", json!({"id": 7}))])), Ok(text("thing 7 is blue"))]);
     let (o, store, tools) = go(&p, input()).await;
-    assert_eq!(
-        o,
-        Outcome::Completed {
-            summary: "thing 7 is blue".into()
-        }
-    );
+    assert_eq!(o, Outcome::Completed { summary: "thing 7 is blue".into() });
     assert_eq!(*tools.ran.lock().unwrap(), ["get_thing"]);
     let cps = store.checkpoints.lock().unwrap();
     assert_eq!(cps.len(), 2);
@@ -250,11 +174,7 @@ async fn tool_call_then_result_then_summary() {
     assert_eq!(cps[0].messages.len(), 4);
     assert_eq!(cps[1].messages.len(), 1);
     match &p.requests()[1].messages[3] {
-        Message::Tool {
-            content,
-            tool_call_id,
-            ..
-        } => {
+        Message::Tool { content, tool_call_id, .. } => {
             assert_eq!(content, "result of get_thing");
             assert_eq!(tool_call_id, "c0");
         }
@@ -264,10 +184,7 @@ async fn tool_call_then_result_then_summary() {
 
 #[tokio::test]
 async fn usage_and_cost_roll_up_per_call() {
-    let p = Scripted::new(vec![
-        Ok(calls(&[("get_thing", json!({}))])),
-        Ok(text("done")),
-    ]);
+    let p = Scripted::new(vec![Ok(calls(&[("get_thing", json!({}))])), Ok(text("done"))]);
     let (_, store, _) = go(&p, input()).await;
     let cps = store.checkpoints.lock().unwrap();
     let mut total = Usage::default();
@@ -283,18 +200,9 @@ async fn usage_and_cost_roll_up_per_call() {
 
 #[tokio::test]
 async fn max_turns_without_text_gives_the_fallback_summary() {
-    let answers = (0..3)
-        .map(|i| Ok(calls(&[("get_thing", json!({"i": i}))])))
-        .collect();
+    let answers = (0..3).map(|i| Ok(calls(&[("get_thing", json!({"i": i}))]))).collect();
     let p = Scripted::new(answers);
-    let (o, _, _) = go(
-        &p,
-        RunInput {
-            max_turns: 3,
-            ..input()
-        },
-    )
-    .await;
+    let (o, _, _) = go(&p, RunInput { max_turns: 3, ..input() }).await;
     assert_eq!(
         o,
         Outcome::Incomplete {
@@ -307,28 +215,10 @@ async fn max_turns_without_text_gives_the_fallback_summary() {
 
 #[tokio::test]
 async fn the_same_call_three_times_is_warned_and_five_times_stops_the_run() {
-    let answers = (0..6)
-        .map(|_| Ok(calls(&[("list_things", json!({"q": "x"}))])))
-        .collect();
+    let answers = (0..6).map(|_| Ok(calls(&[("list_things", json!({"q": "x"}))]))).collect();
     let p = Scripted::new(answers);
-    let (o, _, tools) = go(
-        &p,
-        RunInput {
-            max_turns: 10,
-            ..input()
-        },
-    )
-    .await;
-    assert!(
-        matches!(
-            o,
-            Outcome::Incomplete {
-                stop_reason: "loop_detected",
-                ..
-            }
-        ),
-        "{o:?}"
-    );
+    let (o, _, tools) = go(&p, RunInput { max_turns: 10, ..input() }).await;
+    assert!(matches!(o, Outcome::Incomplete { stop_reason: "loop_detected", .. }), "{o:?}");
     // Runs 1 and 2 execute; 3 and 4 get a warning instead; 5 stops.
     assert_eq!(tools.ran.lock().unwrap().len(), 2);
     assert_eq!(p.requests().len(), 5);
@@ -342,47 +232,25 @@ async fn the_same_call_three_times_is_warned_and_five_times_stops_the_run() {
 #[tokio::test]
 async fn retryable_errors_are_retried_and_every_attempt_recorded() {
     let p = Scripted::new(vec![
-        Err(LlmError::from_status(
-            429,
-            "slow down",
-            Some(Duration::from_millis(1)),
-        )),
+        Err(LlmError::from_status(429, "slow down", Some(Duration::from_millis(1)))),
         Err(LlmError::from_status(529, "overloaded", None)),
         Ok(text("fine")),
     ]);
     let (o, store, _) = go(&p, input()).await;
-    assert_eq!(
-        o,
-        Outcome::Completed {
-            summary: "fine".into()
-        }
-    );
+    assert_eq!(o, Outcome::Completed { summary: "fine".into() });
     let failed = store.failed.lock().unwrap();
-    assert_eq!(
-        failed
-            .iter()
-            .map(|c| (c.try_no, c.http_status))
-            .collect::<Vec<_>>(),
-        [(1, Some(429)), (2, Some(529))]
-    );
+    assert_eq!(failed.iter().map(|c| (c.try_no, c.http_status)).collect::<Vec<_>>(), [(1, Some(429)), (2, Some(529))]);
     assert_eq!(store.checkpoints.lock().unwrap()[0].call.try_no, 3);
 }
 
 #[tokio::test]
 async fn client_errors_fail_fast_with_the_providers_message() {
-    let p = Scripted::new(vec![Err(LlmError::from_status(
-        401,
-        "invalid x-api-key",
-        None,
-    ))]);
+    let p = Scripted::new(vec![Err(LlmError::from_status(401, "invalid x-api-key", None))]);
     let (o, store, _) = go(&p, input()).await;
     match o {
         Outcome::Failed { code, message } => {
             assert_eq!(code, "provider_rejected");
-            assert!(
-                message.contains("invalid x-api-key") && message.contains("HTTP 401"),
-                "{message}"
-            );
+            assert!(message.contains("invalid x-api-key") && message.contains("HTTP 401"), "{message}");
         }
         o => panic!("{o:?}"),
     }
@@ -392,32 +260,21 @@ async fn client_errors_fail_fast_with_the_providers_message() {
 
 #[tokio::test]
 async fn protocol_errors_are_not_retried() {
-    let p = Scripted::new(vec![Err(LlmError::new(
-        LlmErrorKind::Protocol,
-        "truncated JSON",
-    ))]);
+    let p = Scripted::new(vec![Err(LlmError::new(LlmErrorKind::Protocol, "truncated JSON"))]);
     let (o, _, _) = go(&p, input()).await;
-    assert!(
-        matches!(o, Outcome::Failed { ref code, .. } if code == "provider_protocol"),
-        "{o:?}"
-    );
+    assert!(matches!(o, Outcome::Failed { ref code, .. } if code == "provider_protocol"), "{o:?}");
 }
 
 #[tokio::test]
 async fn a_stop_signal_interrupts_a_provider_call() {
-    let p = Scripted {
-        delay: Some(Duration::from_secs(30)),
-        ..Scripted::new(vec![Ok(text("late"))])
-    };
+    let p = Scripted { delay: Some(Duration::from_secs(30)), ..Scripted::new(vec![Ok(text("late"))]) };
     let (s, t, stop) = (Store::default(), Tools::default(), StopSignal::new());
     let stopper = stop.clone();
     tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(20)).await;
         stopper.stop(StopCause::Cancelled);
     });
-    let o = tokio::time::timeout(Duration::from_secs(5), run(input(), &p, &t, &s, &stop))
-        .await
-        .unwrap();
+    let o = tokio::time::timeout(Duration::from_secs(5), run(input(), &p, &t, &s, &stop)).await.unwrap();
     assert_eq!(o, Outcome::Stopped(StopCause::Cancelled));
     assert!(s.checkpoints.lock().unwrap().is_empty());
 }
@@ -425,13 +282,7 @@ async fn a_stop_signal_interrupts_a_provider_call() {
 #[tokio::test]
 async fn a_lost_lease_stops_the_run_at_its_next_write() {
     let p = Scripted::new(vec![Ok(calls(&[("get_thing", json!({}))])), Ok(text("x"))]);
-    let (s, t) = (
-        Store {
-            lose_lease_at_turn: Some(1),
-            ..Default::default()
-        },
-        Tools::default(),
-    );
+    let (s, t) = (Store { lose_lease_at_turn: Some(1), ..Default::default() }, Tools::default());
     let o = run(input(), &p, &t, &s, &StopSignal::new()).await;
     assert_eq!(o, Outcome::Stopped(StopCause::LeaseLost));
     assert_eq!(p.requests().len(), 1);
@@ -440,33 +291,14 @@ async fn a_lost_lease_stops_the_run_at_its_next_write() {
 #[tokio::test]
 async fn a_resumed_run_continues_the_saved_conversation_without_repeating_turns() {
     let history = vec![
-        Message::System {
-            content: "SYS".into(),
-        },
-        Message::User {
-            content: "do the task".into(),
-        },
-        Message::Assistant {
-            content: None,
-            tool_calls: vec![],
-        },
+        Message::System { content: "SYS".into() },
+        Message::User { content: "do the task".into() },
+        Message::Assistant { content: None, tool_calls: vec![] },
     ];
     let p = Scripted::new(vec![Ok(text("resumed"))]);
-    let (o, store, _) = go(
-        &p,
-        RunInput {
-            history: history.clone(),
-            turns_done: 1,
-            ..input()
-        },
-    )
-    .await;
-    assert_eq!(
-        o,
-        Outcome::Completed {
-            summary: "resumed".into()
-        }
-    );
+    let (o, store, _) =
+        go(&p, RunInput { history: history.clone(), new_messages: vec![], turns_done: 1, ..input() }).await;
+    assert_eq!(o, Outcome::Completed { summary: "resumed".into() });
     assert_eq!(p.requests()[0].messages, history);
     let cps = store.checkpoints.lock().unwrap();
     assert_eq!(cps[0].turn, 2);

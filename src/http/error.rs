@@ -19,20 +19,8 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    pub fn new(
-        status: StatusCode,
-        code: &'static str,
-        title: &'static str,
-        detail: impl Into<String>,
-    ) -> Self {
-        ApiError {
-            status,
-            code,
-            title,
-            detail: detail.into(),
-            extra: Value::Null,
-            headers: vec![],
-        }
+    pub fn new(status: StatusCode, code: &'static str, title: &'static str, detail: impl Into<String>) -> Self {
+        ApiError { status, code, title, detail: detail.into(), extra: Value::Null, headers: vec![] }
     }
 
     pub fn with(mut self, extra: Value) -> Self {
@@ -65,12 +53,7 @@ impl ApiError {
     }
 
     pub fn not_found(what: &str) -> Self {
-        ApiError::new(
-            StatusCode::NOT_FOUND,
-            "not_found",
-            "Not found",
-            format!("no such {what}"),
-        )
+        ApiError::new(StatusCode::NOT_FOUND, "not_found", "Not found", format!("no such {what}"))
     }
 
     pub fn internal() -> Self {
@@ -83,13 +66,8 @@ impl ApiError {
     }
 
     pub fn unavailable(detail: impl Into<String>) -> Self {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "unavailable",
-            "Service unavailable",
-            detail,
-        )
-        .header(header::RETRY_AFTER, HeaderValue::from_static("1"))
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "Service unavailable", detail)
+            .header(header::RETRY_AFTER, HeaderValue::from_static("1"))
     }
 
     pub fn header(mut self, name: header::HeaderName, value: HeaderValue) -> Self {
@@ -101,9 +79,7 @@ impl ApiError {
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         match &e {
-            StoreError::Db(
-                sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed,
-            ) => {
+            StoreError::Db(sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed) => {
                 tracing::warn!(error = %e, "database unavailable");
                 ApiError::unavailable("the database is unavailable; retry shortly")
             }
@@ -129,10 +105,7 @@ impl IntoResponse for ApiError {
         }
         let mut resp = (self.status, body.to_string()).into_response();
         let h = resp.headers_mut();
-        h.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
-        );
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
         for (k, v) in self.headers {
             h.insert(k, v);
         }

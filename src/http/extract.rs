@@ -30,34 +30,23 @@ fn json_rejection(r: JsonRejection) -> ApiError {
             "Unsupported media type",
             "the body must be JSON with `Content-Type: application/json`",
         ),
-        JsonRejection::JsonSyntaxError(e) => ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "malformed_json",
-            "Malformed JSON",
-            e.body_text(),
-        ),
+        JsonRejection::JsonSyntaxError(e) => {
+            ApiError::new(StatusCode::BAD_REQUEST, "malformed_json", "Malformed JSON", e.body_text())
+        }
         JsonRejection::JsonDataError(e) => {
             // serde names the field: "prompt: invalid type: integer `1`, expected a string at line 1 column 12".
             let text = e.body_text();
-            let detail = text
-                .trim_start_matches("Failed to deserialize the JSON body into the target type: ");
+            let detail = text.trim_start_matches("Failed to deserialize the JSON body into the target type: ");
             let (field, message) = split_field(detail, "body");
             ApiError::invalid(&field, message)
         }
-        JsonRejection::BytesRejection(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-            ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "payload_too_large",
-                "Payload too large",
-                "the request body is larger than the configured limit (SUBAGENTD_MAX_BODY_BYTES)",
-            )
-        }
-        other => ApiError::new(
-            other.status(),
-            "bad_request",
-            "Bad request",
-            other.body_text(),
+        JsonRejection::BytesRejection(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            "Payload too large",
+            "the request body is larger than the configured limit (SUBAGENTD_MAX_BODY_BYTES)",
         ),
+        other => ApiError::new(other.status(), "bad_request", "Bad request", other.body_text()),
     }
 }
 
@@ -89,12 +78,10 @@ fn split_field(detail: &str, whole: &str) -> (String, String) {
         Some((p, m)) if !p.contains(' ') => (p.to_string(), m.to_string()),
         _ => (String::new(), detail.to_string()),
     };
-    let quoted = ["missing field `", "unknown field `"]
-        .iter()
-        .find_map(|pre| {
-            let rest = message.split_once(pre)?.1;
-            Some(rest.split_once('`')?.0.to_string())
-        });
+    let quoted = ["missing field `", "unknown field `"].iter().find_map(|pre| {
+        let rest = message.split_once(pre)?.1;
+        Some(rest.split_once('`')?.0.to_string())
+    });
     let field = match (path.as_str(), quoted) {
         (".", Some(q)) | ("", Some(q)) => q,
         ("." | "", None) => whole.to_string(),
@@ -110,12 +97,9 @@ impl<S: Send + Sync> FromRequestParts<S> for TaskId {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
-        let axum::extract::Path(raw) =
-            axum::extract::Path::<String>::from_request_parts(parts, state)
-                .await
-                .map_err(|r: PathRejection| ApiError::bad_param("id", r.body_text()))?;
-        raw.parse()
-            .map(TaskId)
-            .map_err(|_| ApiError::bad_param("id", format!("{raw:?} is not a UUID")))
+        let axum::extract::Path(raw) = axum::extract::Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(|r: PathRejection| ApiError::bad_param("id", r.body_text()))?;
+        raw.parse().map(TaskId).map_err(|_| ApiError::bad_param("id", format!("{raw:?} is not a UUID")))
     }
 }

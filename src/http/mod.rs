@@ -1,5 +1,6 @@
 //! The HTTP API: one module per resource, merged here with the tower layers.
 
+pub mod agents;
 pub mod error;
 pub mod extract;
 pub mod health;
@@ -16,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tower_http::trace::TraceLayer;
 
 use crate::config::Config;
+use crate::engine::definitions::FileAgents;
 use crate::jobs::hub::Hub;
 use crate::llm::Providers;
 use error::ApiError;
@@ -26,6 +28,7 @@ pub struct AppState {
     pub cfg: Arc<Config>,
     pub hub: Arc<Hub>,
     pub providers: Providers,
+    pub file_agents: Arc<FileAgents>,
     /// Fired when the server drains: waiting requests answer 202 at once.
     pub shutdown: CancellationToken,
 }
@@ -45,15 +48,9 @@ pub fn router(state: AppState) -> Router {
     let limit = state.cfg.max_body_bytes;
     Router::new()
         .merge(tasks::router())
+        .merge(agents::router())
         .merge(health::router())
-        .fallback(|| async {
-            ApiError::new(
-                StatusCode::NOT_FOUND,
-                "route_not_found",
-                "Not found",
-                "no such route",
-            )
-        })
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "route_not_found", "Not found", "no such route") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(
                 StatusCode::METHOD_NOT_ALLOWED,

@@ -14,12 +14,13 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
+use super::agents::{self, Resolved};
 use super::error::ApiError;
 use super::extract::{ApiJson, ApiQuery, TaskId};
 use super::{AppState, Tenant};
-use crate::engine::agents::{AgentType, BUILTIN_NAMES};
+use crate::engine::agents::AgentType;
 use crate::engine::spec::{self, TaskOptions};
-use crate::llm::ModelRef;
+use crate::llm::{ModelRef, ResolveError};
 use crate::store::tasks::{self, Inserted, ListFilter, NewTask, TaskRow};
 
 pub fn router() -> Router<AppState> {
@@ -52,6 +53,9 @@ pub struct CreateTask {
     parent_context: Option<String>,
     #[serde(default)]
     metadata: Option<Value>,
+    /// A terminal task whose conversation this one continues.
+    #[serde(default)]
+    resume_from: Option<Uuid>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -68,19 +72,13 @@ impl WaitQuery {
     fn wait_for(&self, st: &AppState) -> Result<Option<Duration>, ApiError> {
         if let Some(t) = self.timeout {
             if !t.is_finite() || t < 0.0 {
-                return Err(ApiError::bad_param(
-                    "timeout",
-                    "must be a number of seconds, 0 or more",
-                ));
+                return Err(ApiError::bad_param("timeout", "must be a number of seconds, 0 or more"));
             }
         }
         if self.wait != Some(true) {
             return Ok(None);
         }
-        let secs = self
-            .timeout
-            .unwrap_or(st.cfg.wait_default_seconds as f64)
-            .min(st.cfg.wait_max_seconds as f64);
+        let secs = self.timeout.unwrap_or(st.cfg.wait_default_seconds as f64).min(st.cfg.wait_max_seconds as f64);
         Ok(Some(Duration::from_secs_f64(secs)))
     }
 }
@@ -110,15 +108,14 @@ pub struct TaskView {
     pub finished_at: Option<DateTime<Utc>>,
     pub queue_ms: Option<i64>,
     pub run_ms: Option<i64>,
+    /// The task this one resumed.
+    pub parent_task_id: Option<Uuid>,
 }
 
 impl From<TaskRow> for TaskView {
     fn from(r: TaskRow) -> Self {
         let opts: Option<TaskOptions> = serde_json::from_value(r.options.clone()).ok();
-        let error = r
-            .error_code
-            .as_ref()
-            .map(|c| json!({"code": c, "message": r.error_message}));
+        let error = r.error_code.as_ref().map(|c| json!({"code": c, "message": r.error_message}));
         let queue_ms = r.started_at.map(|s| (s - r.created_at).num_milliseconds());
         let run_ms = match (r.started_at, r.finished_at) {
             (Some(s), Some(f)) => Some((f - s).num_milliseconds()),
@@ -151,13 +148,13 @@ impl From<TaskRow> for TaskView {
             finished_at: r.finished_at,
             queue_ms,
             run_ms,
+            parent_task_id: r.parent_task_id,
         }
     }
 }
 
 fn location(id: Uuid) -> HeaderValue {
-    HeaderValue::from_str(&format!("/tasks/{id}"))
-        .unwrap_or_else(|_| HeaderValue::from_static("/tasks"))
+    HeaderValue::from_str(&format!("/tasks/{id}")).unwrap_or_else(|_| HeaderValue::from_static("/tasks"))
 }
 
 fn respond(status: StatusCode, row: TaskRow) -> Response {
@@ -184,70 +181,56 @@ fn check_depth(headers: &HeaderMap) -> Result<(), ApiError> {
             StatusCode::UNPROCESSABLE_ENTITY,
             "recursion_refused",
             "Sub-agents cannot start sub-agents",
-            format!("this request comes from inside a sub-agent (Subagent-Depth: {depth}); sub-agents are one level deep"),
+            format!(
+                "this request comes from inside a sub-agent (Subagent-Depth: {depth}); sub-agents are one level deep"
+            ),
         )
         .with(json!({"max_depth": 1})));
     }
     Ok(())
 }
 
-fn resolve_model(st: &AppState, requested: Option<&str>) -> Result<ModelRef, ApiError> {
-    let name = requested
-        .map(str::trim)
-        .filter(|m| !m.is_empty())
-        .map(str::to_string)
-        .or_else(|| st.cfg.default_model.clone());
+/// The model, explicitly: the request's, else the agent definition's, else the configured
+/// default — never a silent fallback.
+fn resolve_model(st: &AppState, requested: Option<&str>, from_definition: Option<&str>) -> Result<ModelRef, ApiError> {
+    let pick = |m: Option<&str>| m.map(str::trim).filter(|m| !m.is_empty()).map(str::to_string);
+    let name = pick(requested)
+        .or_else(|| pick(from_definition))
+        .or_else(|| st.cfg.default_model.clone())
+        .or_else(|| st.providers.default_model.clone());
     let Some(name) = name else {
         return Err(ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
             "model_required",
             "No model given",
-            "name a model as `provider/model` in `model`, or configure SUBAGENTD_DEFAULT_MODEL; there is no silent fallback",
+            "name a model as `provider/model` (or an alias) in `model`, in the agent definition, or configure \
+             SUBAGENTD_DEFAULT_MODEL; there is no silent fallback",
         ));
     };
     let providers = st.providers.names();
-    let unknown = |why: String| {
+    st.providers.resolve(&name).map_err(|e| {
+        let why = match e {
+            ResolveError::Malformed(m) => format!("model: {m:?} is neither provider/model nor a configured alias"),
+            ResolveError::UnknownProvider { provider, model } => {
+                format!(
+                    "model: {model:?} needs provider {provider:?}, which is not configured (configured: {})",
+                    providers.join(", ")
+                )
+            }
+        };
         ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "unknown_model", "Unknown model", why)
             .with(json!({"errors": [{"field": "model", "message": "unknown model"}], "providers": providers}))
-    };
-    let m = ModelRef::parse(&name)
-        .ok_or_else(|| unknown(format!("model: {name:?} is not of the form provider/model")))?;
-    if st.providers.get(&m.provider).is_none() {
-        return Err(unknown(format!(
-            "model: provider {:?} is not configured (configured: {})",
-            m.provider,
-            providers.join(", ")
-        )));
-    }
-    Ok(m)
+    })
 }
 
-fn validate(
-    st: &AppState,
-    tenant: &str,
-    body: &CreateTask,
-    idem: Option<String>,
-) -> Result<NewTask, ApiError> {
+async fn validate(st: &AppState, tenant: &str, body: &CreateTask, idem: Option<String>) -> Result<NewTask, ApiError> {
     let prompt = body.prompt.trim();
     if prompt.is_empty() {
         return Err(ApiError::invalid("prompt", "must not be empty"));
     }
     if body.prompt.chars().count() > MAX_PROMPT_CHARS {
-        return Err(ApiError::invalid(
-            "prompt",
-            format!("must be at most {MAX_PROMPT_CHARS} characters"),
-        ));
+        return Err(ApiError::invalid("prompt", format!("must be at most {MAX_PROMPT_CHARS} characters")));
     }
-    let type_name = body.subagent_type.as_deref().unwrap_or("general");
-    let agent = AgentType::parse(type_name).ok_or_else(|| {
-        ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "unknown_subagent_type",
-            "Unknown sub-agent type",
-            format!("subagent_type: {type_name:?} is not a known agent type; available: {}", BUILTIN_NAMES.join(", ")),
-        )
-        .with(json!({"errors": [{"field": "subagent_type", "message": "unknown agent type"}], "available": BUILTIN_NAMES}))
-    })?;
     if let Some(d) = &body.description {
         if d.chars().count() > MAX_DESCRIPTION_CHARS {
             return Err(ApiError::invalid(
@@ -258,23 +241,13 @@ fn validate(
     }
     let max_turns = match body.max_turns {
         Some(n) if n < 1 => {
-            return Err(ApiError::invalid(
-                "max_turns",
-                "must be at least 1 (values above 50 are clamped to 50)",
-            ))
+            return Err(ApiError::invalid("max_turns", "must be at least 1 (values above 50 are clamped to 50)"))
         }
         Some(n) => Some(n.min(u32::MAX as i64) as u32),
         None => None,
     };
-    if body
-        .system_prompt
-        .as_deref()
-        .is_some_and(|s| s.trim().is_empty())
-    {
-        return Err(ApiError::invalid(
-            "system_prompt",
-            "must not be empty when given",
-        ));
+    if body.system_prompt.as_deref().is_some_and(|s| s.trim().is_empty()) {
+        return Err(ApiError::invalid("system_prompt", "must not be empty when given"));
     }
     let metadata = match &body.metadata {
         None | Some(Value::Null) => json!({}),
@@ -289,29 +262,69 @@ fn validate(
         }
         Some(_) => return Err(ApiError::invalid("metadata", "must be a JSON object")),
     };
-    let model = resolve_model(st, body.model.as_deref())?;
+    // A resumed task continues its parent: same agent and model unless the request says otherwise.
+    let parent = match body.resume_from {
+        Some(pid) => {
+            let p = tasks::get(&st.pool, tenant, pid)
+                .await?
+                .ok_or_else(|| ApiError::invalid("resume_from", format!("no task {pid} to resume")))?;
+            if !p.is_terminal() {
+                return Err(ApiError::new(
+                    StatusCode::CONFLICT,
+                    "task_not_terminal",
+                    "Task still running",
+                    format!("resume_from: task {pid} is {}; only a finished task can be resumed", p.status),
+                ));
+            }
+            if p.turns == 0 {
+                return Err(ApiError::invalid(
+                    "resume_from",
+                    format!("task {pid} never ran, so it has no conversation to resume"),
+                ));
+            }
+            Some(p)
+        }
+        None => None,
+    };
+    let parent_opts: Option<TaskOptions> = parent.as_ref().and_then(|p| serde_json::from_value(p.options.clone()).ok());
+    let type_name = body
+        .subagent_type
+        .clone()
+        .or_else(|| parent.as_ref().map(|p| p.subagent_type.clone()))
+        .unwrap_or_else(|| "general".into());
+    let (agent, definition) = match (&parent_opts, &body.subagent_type) {
+        // A resumed custom agent keeps the definition snapshot its parent ran with.
+        (Some(TaskOptions { agent: Some(d), .. }), None) => (AgentType::General, Some(d.clone())),
+        _ => match agents::resolve(st, tenant, &type_name).await? {
+            Resolved::Builtin(t) => (t, None),
+            // Custom agents run with general's tool policy and their own prompt and lists.
+            Resolved::Custom(d) => (AgentType::General, Some(d)),
+        },
+    };
+    let parent_model = if body.model.is_none() { parent.as_ref().map(|p| p.model.clone()) } else { None };
+    let model = resolve_model(
+        st,
+        body.model.as_deref().or(parent_model.as_deref()),
+        definition.as_ref().and_then(|d| d.model.as_deref()),
+    )?;
+    let turns = max_turns.or(definition.as_ref().and_then(|d| d.max_turns));
     let options = TaskOptions {
-        max_turns: spec::max_turns(agent, max_turns),
+        max_turns: spec::max_turns(agent, turns),
         system_prompt: body.system_prompt.clone(),
         parent_context: body.parent_context.clone(),
+        agent: definition,
+        resume_from: body.resume_from,
     };
     let options = serde_json::to_value(&options).map_err(|_| ApiError::internal())?;
     // The same key must come with the same request: hash what was asked, as resolved.
     let request_hash = idem.as_ref().map(|_| {
-        let canonical = json!([
-            agent.as_str(),
-            body.description,
-            prompt,
-            model.full(),
-            options,
-            metadata
-        ]);
+        let canonical = json!([type_name, body.description, prompt, model.full(), options, metadata]);
         hex::encode(Sha256::digest(canonical.to_string().as_bytes()))
     });
     Ok(NewTask {
         id: Uuid::now_v7(),
         tenant: tenant.to_string(),
-        subagent_type: agent.as_str().to_string(),
+        subagent_type: if AgentType::parse(&type_name).is_some() { agent.as_str().to_string() } else { type_name },
         description: body.description.clone(),
         prompt: body.prompt.clone(),
         model: model.full(),
@@ -319,6 +332,7 @@ fn validate(
         metadata,
         idempotency_key: idem,
         request_hash,
+        parent_task_id: body.resume_from,
     })
 }
 
@@ -326,15 +340,9 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     let Some(v) = headers.get("idempotency-key") else {
         return Ok(None);
     };
-    let k = v
-        .to_str()
-        .map_err(|_| ApiError::bad_param("Idempotency-Key", "must be visible ASCII"))?
-        .trim();
+    let k = v.to_str().map_err(|_| ApiError::bad_param("Idempotency-Key", "must be visible ASCII"))?.trim();
     if k.is_empty() || k.len() > MAX_IDEMPOTENCY_KEY {
-        return Err(ApiError::bad_param(
-            "Idempotency-Key",
-            format!("must be 1 to {MAX_IDEMPOTENCY_KEY} characters"),
-        ));
+        return Err(ApiError::bad_param("Idempotency-Key", format!("must be 1 to {MAX_IDEMPOTENCY_KEY} characters")));
     }
     Ok(Some(k.to_string()))
 }
@@ -349,7 +357,7 @@ async fn create(
     check_depth(&headers)?;
     let wait = q.wait_for(&st)?;
     let idem = idempotency_key(&headers)?;
-    let new = validate(&st, &tenant, &body, idem)?;
+    let new = validate(&st, &tenant, &body, idem).await?;
     let (row, created) = match tasks::insert(&st.pool, &new).await? {
         Inserted::New(r) => (r, true),
         Inserted::Existing(r) => {
@@ -365,11 +373,7 @@ async fn create(
             (r, false)
         }
     };
-    let ok = if created {
-        StatusCode::CREATED
-    } else {
-        StatusCode::OK
-    };
+    let ok = if created { StatusCode::CREATED } else { StatusCode::OK };
     match wait {
         None => Ok(respond(ok, row)),
         Some(d) => waited(&st, &tenant, row, d).await,
@@ -378,21 +382,14 @@ async fn create(
 
 /// Wait for a task to become terminal: 200 with the finished task, or 202 with the task as
 /// it stands (and `Location`) when the wait runs out or the server drains.
-async fn waited(
-    st: &AppState,
-    tenant: &str,
-    row: TaskRow,
-    d: Duration,
-) -> Result<Response, ApiError> {
+async fn waited(st: &AppState, tenant: &str, row: TaskRow, d: Duration) -> Result<Response, ApiError> {
     if row.is_terminal() {
         return Ok(respond(StatusCode::OK, row));
     }
     let deadline = tokio::time::Instant::now() + d;
     let waiter = st.hub.waiter(row.id);
     loop {
-        let row = tasks::get(&st.pool, tenant, row.id)
-            .await?
-            .ok_or_else(|| ApiError::not_found("task"))?;
+        let row = tasks::get(&st.pool, tenant, row.id).await?.ok_or_else(|| ApiError::not_found("task"))?;
         if row.is_terminal() {
             return Ok(respond(StatusCode::OK, row));
         }
@@ -414,9 +411,7 @@ async fn read(
     ApiQuery(q): ApiQuery<WaitQuery>,
 ) -> Result<Response, ApiError> {
     let wait = q.wait_for(&st)?;
-    let row = tasks::get(&st.pool, &tenant, id)
-        .await?
-        .ok_or_else(|| ApiError::not_found("task"))?;
+    let row = tasks::get(&st.pool, &tenant, id).await?.ok_or_else(|| ApiError::not_found("task"))?;
     match wait {
         None => Ok(respond(StatusCode::OK, row)),
         Some(d) => waited(&st, &tenant, row, d).await,
@@ -440,23 +435,14 @@ pub struct ListQuery {
     cursor: Option<String>,
 }
 
-const STATUSES: &[&str] = &[
-    "queued",
-    "running",
-    "completed",
-    "incomplete",
-    "failed",
-    "cancelled",
-];
+const STATUSES: &[&str] = &["queued", "running", "completed", "incomplete", "failed", "cancelled"];
 
 fn time_param(field: &str, v: &Option<String>) -> Result<Option<DateTime<Utc>>, ApiError> {
     v.as_deref()
         .map(|s| {
             DateTime::parse_from_rfc3339(s)
                 .map(|t| t.with_timezone(&Utc))
-                .map_err(|_| {
-                    ApiError::bad_param(field, format!("{s:?} is not an RFC 3339 timestamp"))
-                })
+                .map_err(|_| ApiError::bad_param(field, format!("{s:?} is not an RFC 3339 timestamp")))
         })
         .transpose()
 }
@@ -468,23 +454,13 @@ async fn list(
 ) -> Result<Response, ApiError> {
     if let Some(s) = &q.status {
         if !STATUSES.contains(&s.as_str()) {
-            return Err(ApiError::bad_param(
-                "status",
-                format!("{s:?} is not one of {}", STATUSES.join(", ")),
-            ));
+            return Err(ApiError::bad_param("status", format!("{s:?} is not one of {}", STATUSES.join(", "))));
         }
     }
-    let subagent_type = match &q.subagent_type {
-        Some(t) => Some(
-            AgentType::parse(t)
-                .ok_or_else(|| {
-                    ApiError::bad_param("subagent_type", format!("{t:?} is not a known agent type"))
-                })?
-                .as_str()
-                .to_string(),
-        ),
-        None => None,
-    };
+    let subagent_type = q.subagent_type.as_deref().map(|t| match AgentType::parse(t) {
+        Some(b) => b.as_str().to_string(),
+        None => t.to_string(),
+    });
     let limit = q.limit.unwrap_or(50);
     if !(1..=200).contains(&limit) {
         return Err(ApiError::bad_param("limit", "must be between 1 and 200"));
@@ -492,10 +468,7 @@ async fn list(
     let before_id = q
         .cursor
         .as_deref()
-        .map(|c| {
-            c.parse::<Uuid>()
-                .map_err(|_| ApiError::bad_param("cursor", "not a cursor returned by this API"))
-        })
+        .map(|c| c.parse::<Uuid>().map_err(|_| ApiError::bad_param("cursor", "not a cursor returned by this API")))
         .transpose()?;
     let f = ListFilter {
         status: q.status.clone(),
@@ -516,14 +489,8 @@ async fn list(
     Ok(Json(json!({"tasks": tasks, "next_cursor": next_cursor})).into_response())
 }
 
-async fn cancel(
-    State(st): State<AppState>,
-    Tenant(tenant): Tenant,
-    TaskId(id): TaskId,
-) -> Result<Response, ApiError> {
-    let row = tasks::cancel(&st.pool, &tenant, id)
-        .await?
-        .ok_or_else(|| ApiError::not_found("task"))?;
+async fn cancel(State(st): State<AppState>, Tenant(tenant): Tenant, TaskId(id): TaskId) -> Result<Response, ApiError> {
+    let row = tasks::cancel(&st.pool, &tenant, id).await?.ok_or_else(|| ApiError::not_found("task"))?;
     // A running task is told through NOTIFY; if its worker is in this process, tell it now.
     if row.status == "running" {
         st.hub.stop_run(id, crate::engine::StopCause::Cancelled);

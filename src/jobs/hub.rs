@@ -59,64 +59,34 @@ impl Hub {
     /// not missed (`Notify` keeps the permit).
     pub fn waiter(&self, id: Uuid) -> Waiter<'_> {
         let notify = Arc::new(Notify::new());
-        self.waiters
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(id)
-            .or_default()
-            .push(notify.clone());
-        Waiter {
-            hub: self,
-            id,
-            notify,
-        }
+        self.waiters.lock().unwrap_or_else(|e| e.into_inner()).entry(id).or_default().push(notify.clone());
+        Waiter { hub: self, id, notify }
     }
 
     pub fn waiter_count(&self) -> usize {
-        self.waiters
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .map(Vec::len)
-            .sum()
+        self.waiters.lock().unwrap_or_else(|e| e.into_inner()).values().map(Vec::len).sum()
     }
 
     pub fn done(&self, id: Uuid) {
-        if let Some(list) = self
-            .waiters
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&id)
-        {
+        if let Some(list) = self.waiters.lock().unwrap_or_else(|e| e.into_inner()).get(&id) {
             list.iter().for_each(|n| n.notify_one());
         }
     }
 
     /// Wake everyone: used after a reconnect, when notifications may have been missed.
     pub fn wake_all(&self) {
-        for list in self
-            .waiters
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-        {
+        for list in self.waiters.lock().unwrap_or_else(|e| e.into_inner()).values() {
             list.iter().for_each(|n| n.notify_one());
         }
         self.queued.notify_waiters();
     }
 
     pub fn register_run(&self, fence: Fence, stop: StopSignal) {
-        self.runs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(fence.id, (fence, stop));
+        self.runs.lock().unwrap_or_else(|e| e.into_inner()).insert(fence.id, (fence, stop));
     }
 
     pub fn unregister_run(&self, id: Uuid) {
-        self.runs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&id);
+        self.runs.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
     }
 
     pub fn stop_run(&self, id: Uuid, cause: StopCause) -> bool {
@@ -130,21 +100,11 @@ impl Hub {
     }
 
     pub fn running_ids(&self) -> Vec<Uuid> {
-        self.runs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .keys()
-            .copied()
-            .collect()
+        self.runs.lock().unwrap_or_else(|e| e.into_inner()).keys().copied().collect()
     }
 
     pub fn running_fences(&self) -> Vec<Fence> {
-        self.runs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .map(|r| r.0)
-            .collect()
+        self.runs.lock().unwrap_or_else(|e| e.into_inner()).values().map(|r| r.0).collect()
     }
 
     pub fn is_connected(&self) -> bool {
@@ -187,8 +147,7 @@ impl Hub {
                 continue;
             }
             backoff = Duration::from_millis(100);
-            self.connected
-                .store(true, std::sync::atomic::Ordering::Relaxed);
+            self.connected.store(true, std::sync::atomic::Ordering::Relaxed);
             // Anything sent while we were not listening is lost: everyone re-checks.
             self.wake_all();
             loop {
@@ -201,14 +160,12 @@ impl Hub {
                     // The connection dropped: reconnect ourselves, so that everyone is woken
                     // again only once we are listening.
                     Ok(None) => {
-                        self.connected
-                            .store(false, std::sync::atomic::Ordering::Relaxed);
+                        self.connected.store(false, std::sync::atomic::Ordering::Relaxed);
                         break;
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "notify listener failed; reconnecting");
-                        self.connected
-                            .store(false, std::sync::atomic::Ordering::Relaxed);
+                        self.connected.store(false, std::sync::atomic::Ordering::Relaxed);
                         break;
                     }
                 }

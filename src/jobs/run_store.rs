@@ -39,8 +39,7 @@ impl PgRunStore {
         msgs: &[Value],
         events: &[(&str, Value)],
     ) -> Result<(), LeaseLost> {
-        match retry_db(|| runs::commit_turn(&self.pool, self.fence, turn, call, msgs, events)).await
-        {
+        match retry_db(|| runs::commit_turn(&self.pool, self.fence, turn, call, msgs, events)).await {
             Ok(true) => Ok(()),
             Ok(false) => Err(LeaseLost),
             Err(e) => {
@@ -57,24 +56,14 @@ impl RunStore for PgRunStore {
         let row = self.row(call);
         let ev = serde_json::json!({"turn": call.turn, "try": call.try_no, "http_status": call.http_status,
                                     "error": call.error, "latency_ms": call.latency_ms});
-        self.commit(None, &row, &[], &[("llm_call_failed", ev)])
-            .await
+        self.commit(None, &row, &[], &[("llm_call_failed", ev)]).await
     }
 
     async fn checkpoint(&self, cp: &TurnCheckpoint) -> Result<(), LeaseLost> {
         let row = self.row(&cp.call);
-        let msgs: Vec<Value> = cp
-            .messages
-            .iter()
-            .map(|m| serde_json::to_value(m).unwrap_or(Value::Null))
-            .collect();
-        let mut events: Vec<(&str, Value)> =
-            cp.events.iter().map(|(k, v)| (*k, v.clone())).collect();
-        events.push((
-            "checkpoint",
-            serde_json::json!({"turn": cp.turn, "messages": msgs.len()}),
-        ));
-        self.commit(Some(cp.turn as i32), &row, &msgs, &events)
-            .await
+        let msgs: Vec<Value> = cp.messages.iter().map(|m| serde_json::to_value(m).unwrap_or(Value::Null)).collect();
+        let mut events: Vec<(&str, Value)> = cp.events.iter().map(|(k, v)| (*k, v.clone())).collect();
+        events.push(("checkpoint", serde_json::json!({"turn": cp.turn, "messages": msgs.len()})));
+        self.commit(Some(cp.turn as i32), &row, &msgs, &events).await
     }
 }

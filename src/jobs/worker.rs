@@ -17,8 +17,7 @@ use crate::config::Config;
 use crate::engine::agents::{compose_system_prompt, AgentType};
 use crate::engine::spec::TaskOptions;
 use crate::engine::{self, NoTools, Outcome, RunInput, StopCause, StopSignal};
-use crate::llm::retry::RetryPolicy;
-use crate::llm::{pricing, Message, ModelRef, Providers};
+use crate::llm::{Message, Providers};
 use crate::store::runs::{self, Fence, Finish};
 use crate::store::tasks::TaskRow;
 
@@ -29,21 +28,12 @@ pub struct Worker {
     cfg: Arc<Config>,
     id: String,
     sem: Arc<Semaphore>,
-    retry: RetryPolicy,
 }
 
 impl Worker {
     pub fn new(pool: PgPool, hub: Arc<Hub>, providers: Providers, cfg: Arc<Config>) -> Arc<Worker> {
         let id = format!("{}-{}", hostname(), std::process::id());
-        Arc::new(Worker {
-            sem: Arc::new(Semaphore::new(cfg.max_running.max(1))),
-            pool,
-            hub,
-            providers,
-            cfg,
-            id,
-            retry: RetryPolicy::default(),
-        })
+        Arc::new(Worker { sem: Arc::new(Semaphore::new(cfg.max_running.max(1))), pool, hub, providers, cfg, id })
     }
 
     /// Run the claim loop, heartbeats and the rescuer until `shutdown`; then drain: stop
@@ -71,21 +61,14 @@ impl Worker {
             let woken = self.hub.queued.notified();
             tokio::pin!(woken);
             woken.as_mut().enable();
-            let claimed = runs::claim(
-                &self.pool,
-                permits.len() as i64,
-                self.cfg.lease().as_secs_f64(),
-                &self.id,
-            )
-            .await;
+            let claimed = runs::claim(&self.pool, permits.len() as i64, self.cfg.lease().as_secs_f64(), &self.id).await;
             let n = match claimed {
                 Ok(rows) => {
                     let n = rows.len();
                     for row in rows {
                         let Some(p) = permits.pop() else { break };
                         let this = self.clone();
-                        let span =
-                            tracing::info_span!("run", task_id = %row.id, attempt = row.attempt);
+                        let span = tracing::info_span!("run", task_id = %row.id, attempt = row.attempt);
                         runs.spawn(async move { this.run_task(row, p).await }.instrument(span));
                     }
                     n
@@ -107,15 +90,8 @@ impl Worker {
         }
         // Drain.
         if !runs.is_empty() {
-            tracing::info!(
-                running = runs.len(),
-                grace_ms = grace.as_millis() as u64,
-                "draining"
-            );
-            if tokio::time::timeout(grace, async { while runs.join_next().await.is_some() {} })
-                .await
-                .is_err()
-            {
+            tracing::info!(running = runs.len(), grace_ms = grace.as_millis() as u64, "draining");
+            if tokio::time::timeout(grace, async { while runs.join_next().await.is_some() {} }).await.is_err() {
                 for id in self.hub.running_ids() {
                     self.hub.stop_run(id, StopCause::Drain);
                 }
@@ -145,10 +121,7 @@ impl Worker {
                 error_code: None,
                 error_message: None,
             },
-            Outcome::Incomplete {
-                stop_reason,
-                summary,
-            } => Finish {
+            Outcome::Incomplete { stop_reason, summary } => Finish {
                 status: "incomplete",
                 stop_reason: Some(stop_reason.into()),
                 summary: Some(summary),
@@ -197,74 +170,77 @@ impl Worker {
     }
 
     async fn execute(&self, row: &TaskRow, fence: Fence, stop: &StopSignal) -> Outcome {
+        let internal = |m: String| Outcome::Failed { code: "internal".into(), message: m };
         let opts: TaskOptions = match serde_json::from_value(row.options.clone()) {
             Ok(o) => o,
-            Err(e) => {
+            Err(e) => return internal(format!("bad task options: {e}")),
+        };
+        let model = match self.providers.resolve(&row.model) {
+            Ok(m) => m,
+            Err(_) => {
                 return Outcome::Failed {
-                    code: "internal".into(),
-                    message: format!("bad task options: {e}"),
+                    code: "unknown_model".into(),
+                    message: format!("model {:?} has no configured provider on this worker", row.model),
                 }
             }
         };
-        let Some(model) = ModelRef::parse(&row.model) else {
-            return Outcome::Failed {
-                code: "unknown_model".into(),
-                message: format!("model {:?} is not provider/model", row.model),
-            };
-        };
         let Some(provider) = self.providers.get(&model.provider) else {
-            return Outcome::Failed {
-                code: "unknown_model".into(),
-                message: format!(
-                    "provider {:?} is not configured on this worker",
-                    model.provider
-                ),
-            };
+            return internal("provider vanished".into());
         };
         let agent = AgentType::parse(&row.subagent_type).unwrap_or(AgentType::General);
-        let history = if row.turns > 0 {
-            match retry_db(|| runs::messages(&self.pool, row.id)).await {
-                Ok(v) => match v
-                    .into_iter()
-                    .map(serde_json::from_value::<Message>)
-                    .collect::<Result<Vec<_>, _>>()
-                {
-                    Ok(h) => h,
-                    Err(e) => {
-                        return Outcome::Failed {
-                            code: "internal".into(),
-                            message: format!("bad checkpoint: {e}"),
-                        }
+        let load = |id| async move {
+            let raw = retry_db(|| runs::messages(&self.pool, id))
+                .await
+                .map_err(|_| Outcome::Stopped(StopCause::LeaseLost))?;
+            raw.into_iter()
+                .map(serde_json::from_value::<Message>)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| internal(format!("bad saved conversation: {e}")))
+        };
+        // A rescued attempt continues its own checkpoint; a first attempt starts fresh, or
+        // from its parent's conversation when it resumes one.
+        let (history, new_messages) = if row.turns > 0 {
+            match load(row.id).await {
+                Ok(h) => (h, vec![]),
+                Err(o) => return o,
+            }
+        } else if let Some(parent) = opts.resume_from {
+            match load(parent).await {
+                Ok(mut h) if !h.is_empty() => {
+                    h.push(Message::User { content: row.prompt.clone() });
+                    (vec![], h)
+                }
+                Ok(_) => {
+                    return Outcome::Failed {
+                        code: "resume_unavailable".into(),
+                        message: format!("the conversation of task {parent} is no longer stored"),
                     }
-                },
-                Err(_) => return Outcome::Stopped(StopCause::LeaseLost),
+                }
+                Err(o) => return o,
             }
         } else {
-            vec![]
+            let base = opts
+                .system_prompt
+                .clone()
+                .or_else(|| opts.agent.as_ref().map(|d| d.system_prompt.clone()))
+                .unwrap_or_else(|| agent.system_prompt());
+            let system = compose_system_prompt(&base, opts.parent_context.as_deref());
+            (vec![], engine::fresh_conversation(system, row.prompt.clone()))
         };
-        let base = opts
-            .system_prompt
-            .clone()
-            .unwrap_or_else(|| agent.system_prompt());
         let input = RunInput {
             provider_name: model.provider.clone(),
-            price: pricing::price_of(&model.provider, &model.model),
+            price: self.providers.price(&model),
             model: model.model.clone(),
             history,
-            system_prompt: compose_system_prompt(&base, opts.parent_context.as_deref()),
-            user_prompt: row.prompt.clone(),
+            new_messages,
             turns_done: row.turns.max(0) as u32,
             max_turns: opts.max_turns,
             tools: vec![],
             max_tokens: None,
-            retry: self.retry,
-            agent: agent.as_str().to_string(),
+            retry: self.providers.retry,
+            agent: row.subagent_type.clone(),
         };
-        let store = PgRunStore {
-            pool: self.pool.clone(),
-            fence,
-            attempt: row.attempt,
-        };
+        let store = PgRunStore { pool: self.pool.clone(), fence, attempt: row.attempt };
         engine::run(input, provider.as_ref(), &NoTools, &store, stop).await
     }
 
@@ -335,7 +311,5 @@ where
 }
 
 fn hostname() -> String {
-    std::fs::read_to_string("/etc/hostname")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| "host".into())
+    std::fs::read_to_string("/etc/hostname").map(|s| s.trim().to_string()).unwrap_or_else(|_| "host".into())
 }

@@ -18,9 +18,7 @@
 
 use std::time::Duration;
 
-use super::{
-    ChatRequest, ChatResponse, LlmError, LlmErrorKind, Message, Provider, ToolCall, Usage,
-};
+use super::{ChatRequest, ChatResponse, LlmError, LlmErrorKind, Message, Provider, ToolCall, Usage};
 
 pub struct MockProvider;
 
@@ -96,10 +94,7 @@ fn strip_directives(text: &str) -> String {
 
 impl Script {
     fn parse(text: &str) -> Script {
-        let mut s = Script {
-            parallel: 1,
-            ..Script::default()
-        };
+        let mut s = Script { parallel: 1, ..Script::default() };
         for (k, v) in directives(text) {
             match k.as_str() {
                 "reply" => s.reply = Some(v),
@@ -120,15 +115,9 @@ impl Script {
 fn chars(m: &Message) -> usize {
     match m {
         Message::System { content } | Message::User { content } => content.len(),
-        Message::Assistant {
-            content,
-            tool_calls,
-        } => {
+        Message::Assistant { content, tool_calls } => {
             content.as_ref().map_or(0, |c| c.len())
-                + tool_calls
-                    .iter()
-                    .map(|t| t.name.len() + t.arguments.to_string().len())
-                    .sum::<usize>()
+                + tool_calls.iter().map(|t| t.name.len() + t.arguments.to_string().len()).sum::<usize>()
         }
         Message::Tool { content, .. } => content.len(),
     }
@@ -142,20 +131,14 @@ impl Provider for MockProvider {
 
     async fn chat(&self, req: &ChatRequest) -> Result<ChatResponse, LlmError> {
         // The script is the latest user message; the turn is how many answers came since.
-        let last_user = req
-            .messages
-            .iter()
-            .rposition(|m| matches!(m, Message::User { .. }));
+        let last_user = req.messages.iter().rposition(|m| matches!(m, Message::User { .. }));
         let prompt = match last_user.map(|i| &req.messages[i]) {
             Some(Message::User { content }) => content.as_str(),
             _ => "",
         };
-        let turn = last_user.map_or(0, |i| {
-            req.messages[i..]
-                .iter()
-                .filter(|m| matches!(m, Message::Assistant { .. }))
-                .count()
-        }) as u32;
+        let turn = last_user
+            .map_or(0, |i| req.messages[i..].iter().filter(|m| matches!(m, Message::Assistant { .. })).count())
+            as u32;
         let script = Script::parse(prompt);
         if script.delay_ms > 0 {
             tokio::time::sleep(Duration::from_millis(script.delay_ms)).await;
@@ -163,16 +146,10 @@ impl Provider for MockProvider {
         if let Some(kind) = &script.fail {
             return Err(match kind.as_str() {
                 "timeout" => LlmError::new(LlmErrorKind::Timeout, "mock: request timed out"),
-                "protocol" => {
-                    LlmError::new(LlmErrorKind::Protocol, "mock: malformed response body")
-                }
+                "protocol" => LlmError::new(LlmErrorKind::Protocol, "mock: malformed response body"),
                 code => {
                     let status = code.parse().unwrap_or(500);
-                    LlmError::from_status(
-                        status,
-                        format!("mock: provider answered HTTP {status}"),
-                        None,
-                    )
+                    LlmError::from_status(status, format!("mock: provider answered HTTP {status}"), None)
                 }
             });
         }
@@ -195,18 +172,11 @@ impl Provider for MockProvider {
                     arguments: args.clone(),
                 })
                 .collect();
-            let out = tool_calls
-                .iter()
-                .map(|t| t.name.len() + t.arguments.to_string().len())
-                .sum::<usize>() as u64;
+            let out = tool_calls.iter().map(|t| t.name.len() + t.arguments.to_string().len()).sum::<usize>() as u64;
             return Ok(ChatResponse {
                 text: None,
                 tool_calls,
-                usage: Usage {
-                    input_tokens,
-                    output_tokens: out.div_ceil(4).max(1),
-                    cached_tokens: 0,
-                },
+                usage: Usage { input_tokens, output_tokens: out.div_ceil(4).max(1), cached_tokens: 0 },
                 http_status: None,
             });
         }
@@ -215,11 +185,7 @@ impl Provider for MockProvider {
             format!("Mock summary: {p}")
         });
         Ok(ChatResponse {
-            usage: Usage {
-                input_tokens,
-                output_tokens: (text.len() as u64).div_ceil(4).max(1),
-                cached_tokens: 0,
-            },
+            usage: Usage { input_tokens, output_tokens: (text.len() as u64).div_ceil(4).max(1), cached_tokens: 0 },
             text: Some(text),
             tool_calls: vec![],
             http_status: None,
@@ -234,14 +200,7 @@ mod tests {
     fn req(prompt: &str) -> ChatRequest {
         ChatRequest {
             model: "m".into(),
-            messages: vec![
-                Message::System {
-                    content: "s".into(),
-                },
-                Message::User {
-                    content: prompt.into(),
-                },
-            ],
+            messages: vec![Message::System { content: "s".into() }, Message::User { content: prompt.into() }],
             tools: vec![],
             max_tokens: None,
         }
@@ -258,40 +217,23 @@ mod tests {
 
     #[tokio::test]
     async fn tool_turns_then_reply_with_json_args() {
-        let mut r = req(
-            r#"go [mock:tool_turns=1] [mock:tool=get] [mock:args={"id":[1]}] [mock:reply=done]"#,
-        );
+        let mut r = req(r#"go [mock:tool_turns=1] [mock:tool=get] [mock:args={"id":[1]}] [mock:reply=done]"#);
         let first = MockProvider.chat(&r).await.unwrap();
         assert_eq!(first.tool_calls[0].name, "get");
-        assert_eq!(
-            first.tool_calls[0].arguments,
-            serde_json::json!({"id": [1]})
-        );
-        r.messages.push(Message::Assistant {
-            content: None,
-            tool_calls: first.tool_calls,
-        });
+        assert_eq!(first.tool_calls[0].arguments, serde_json::json!({"id": [1]}));
+        r.messages.push(Message::Assistant { content: None, tool_calls: first.tool_calls });
         let second = MockProvider.chat(&r).await.unwrap();
         assert_eq!(second.text.as_deref(), Some("done"));
     }
 
     #[tokio::test]
     async fn fail_directive_maps_to_error_kinds() {
-        let e = MockProvider
-            .chat(&req("[mock:fail=429]"))
-            .await
-            .unwrap_err();
+        let e = MockProvider.chat(&req("[mock:fail=429]")).await.unwrap_err();
         assert_eq!(e.kind, LlmErrorKind::RateLimited);
         assert!(e.retryable());
-        let e = MockProvider
-            .chat(&req("[mock:fail=400]"))
-            .await
-            .unwrap_err();
+        let e = MockProvider.chat(&req("[mock:fail=400]")).await.unwrap_err();
         assert!(!e.retryable());
-        let e = MockProvider
-            .chat(&req("[mock:fail=protocol]"))
-            .await
-            .unwrap_err();
+        let e = MockProvider.chat(&req("[mock:fail=protocol]")).await.unwrap_err();
         assert_eq!(e.code(), "provider_protocol");
     }
 }

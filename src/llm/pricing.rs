@@ -1,8 +1,11 @@
-//! USD per million tokens, per model.
+//! USD per million tokens, per model: shipped defaults for common models, overridable in the
+//! config file. A model with no price costs `NULL` (and the task says its cost is incomplete).
+
+use std::collections::HashMap;
 
 use rust_decimal::Decimal;
 
-use super::Usage;
+use super::{ModelRef, Usage};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Price {
@@ -32,10 +35,81 @@ fn p(i: &str, o: &str, c: &str) -> Price {
     }
 }
 
-/// The price of `provider/model`, if known.
-pub fn price_of(provider: &str, _model: &str) -> Option<Price> {
-    match provider {
-        "mock" => Some(p("1", "2", "0.1")),
-        _ => None,
+/// Shipped defaults (list prices, USD per million tokens: input, output, cached input),
+/// matched by model name or its dated variants (`gpt-4o-2024-08-06` → `gpt-4o`).
+const DEFAULTS: &[(&str, &str, &str, &str)] = &[
+    ("gpt-5", "1.25", "10", "0.125"),
+    ("gpt-5-mini", "0.25", "2", "0.025"),
+    ("gpt-5-nano", "0.05", "0.4", "0.005"),
+    ("gpt-4.1", "2", "8", "0.5"),
+    ("gpt-4.1-mini", "0.4", "1.6", "0.1"),
+    ("gpt-4.1-nano", "0.1", "0.4", "0.025"),
+    ("gpt-4o", "2.5", "10", "1.25"),
+    ("gpt-4o-mini", "0.15", "0.6", "0.075"),
+    ("o3", "2", "8", "0.5"),
+    ("o4-mini", "1.1", "4.4", "0.275"),
+    ("claude-opus-4-1", "15", "75", "1.5"),
+    ("claude-opus-4", "15", "75", "1.5"),
+    ("claude-sonnet-4-5", "3", "15", "0.3"),
+    ("claude-sonnet-4", "3", "15", "0.3"),
+    ("claude-3-7-sonnet", "3", "15", "0.3"),
+    ("claude-haiku-4-5", "1", "5", "0.1"),
+    ("claude-3-5-haiku", "0.8", "4", "0.08"),
+];
+
+#[derive(Debug, Clone, Default)]
+pub struct PriceTable {
+    /// Keyed by `provider/model` or by bare model name.
+    pub overrides: HashMap<String, Price>,
+}
+
+impl PriceTable {
+    pub fn price(&self, m: &ModelRef) -> Option<Price> {
+        if let Some(p) = self.overrides.get(&m.full()).or_else(|| self.overrides.get(&m.model)) {
+            return Some(*p);
+        }
+        if m.provider == "mock" {
+            return Some(p("1", "2", "0.1"));
+        }
+        // Longest name that the model equals or extends with `-<suffix>`.
+        DEFAULTS
+            .iter()
+            .filter(|(name, ..)| {
+                m.model == *name || m.model.strip_prefix(name).is_some_and(|rest| rest.starts_with('-'))
+            })
+            .max_by_key(|(name, ..)| name.len())
+            .map(|(_, i, o, c)| p(i, o, c))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(s: &str) -> ModelRef {
+        ModelRef::parse(s).unwrap()
+    }
+
+    #[test]
+    fn dated_variants_match_their_family_and_the_longest_name_wins() {
+        let t = PriceTable::default();
+        assert_eq!(t.price(&m("openai/gpt-4o-2024-08-06")), Some(p("2.5", "10", "1.25")));
+        assert_eq!(t.price(&m("openai/gpt-4o-mini")), Some(p("0.15", "0.6", "0.075")));
+        assert_eq!(t.price(&m("anthropic/claude-sonnet-4-5-20250929")), Some(p("3", "15", "0.3")));
+        assert_eq!(t.price(&m("openai/gpt-4oz")), None);
+        assert_eq!(t.price(&m("local/llama3")), None);
+    }
+
+    #[test]
+    fn overrides_win_and_cached_tokens_bill_at_the_cached_rate() {
+        let mut t = PriceTable::default();
+        t.overrides.insert("local/llama3".into(), p("0", "0", "0"));
+        t.overrides.insert("gpt-4o".into(), p("1", "1", "1"));
+        assert_eq!(t.price(&m("local/llama3")), Some(p("0", "0", "0")));
+        assert_eq!(t.price(&m("openai/gpt-4o")), Some(p("1", "1", "1")));
+        let price = p("2", "10", "1");
+        let u = Usage { input_tokens: 1_000_000, output_tokens: 100_000, cached_tokens: 500_000 };
+        // 500k uncached at $2 + 500k cached at $1 + 100k output at $10.
+        assert_eq!(price.cost(&u), Decimal::new(25, 1));
     }
 }

@@ -26,21 +26,12 @@ impl Default for RetryPolicy {
 
 impl RetryPolicy {
     /// Delay before attempt `attempt + 1` (`attempt` counts from 1), or `None` to give up.
-    pub fn next_delay(
-        &self,
-        attempt: u32,
-        elapsed: Duration,
-        retry_after: Option<Duration>,
-    ) -> Option<Duration> {
+    pub fn next_delay(&self, attempt: u32, elapsed: Duration, retry_after: Option<Duration>) -> Option<Duration> {
         if attempt >= self.max_attempts {
             return None;
         }
-        let exp = self
-            .base
-            .saturating_mul(1u32 << (attempt - 1).min(16))
-            .min(self.cap);
-        let jitter =
-            Duration::from_millis(rand::thread_rng().gen_range(0..=exp.as_millis() as u64));
+        let exp = self.base.saturating_mul(1u32 << (attempt - 1).min(16)).min(self.cap);
+        let jitter = Duration::from_millis(rand::thread_rng().gen_range(0..=exp.as_millis() as u64));
         let delay = retry_after.map_or(jitter, |ra| ra.max(jitter));
         (elapsed + delay <= self.deadline).then_some(delay)
     }
@@ -61,21 +52,13 @@ mod tests {
         assert!(p.next_delay(1, Duration::ZERO, None).unwrap() <= Duration::from_millis(10));
         assert!(p.next_delay(2, Duration::ZERO, None).unwrap() <= Duration::from_millis(20));
         assert!(p.next_delay(3, Duration::ZERO, None).is_none());
-        assert!(p
-            .next_delay(
-                1,
-                Duration::from_millis(999),
-                Some(Duration::from_millis(5))
-            )
-            .is_none());
+        assert!(p.next_delay(1, Duration::from_millis(999), Some(Duration::from_millis(5))).is_none());
     }
 
     #[test]
     fn honours_retry_after() {
         let p = RetryPolicy::default();
-        let d = p
-            .next_delay(1, Duration::ZERO, Some(Duration::from_secs(3)))
-            .unwrap();
+        let d = p.next_delay(1, Duration::ZERO, Some(Duration::from_secs(3))).unwrap();
         assert_eq!(d, Duration::from_secs(3));
     }
 }

@@ -1,5 +1,6 @@
 //! Every SQL statement of the service, one file per table family, typed rows out.
 
+pub mod agents;
 pub mod runs;
 pub mod tasks;
 
@@ -28,14 +29,8 @@ impl StoreError {
 
 /// Is the database reachable and fully migrated?
 pub async fn ready(pool: &PgPool) -> Result<bool, StoreError> {
-    let latest = crate::db::MIGRATOR
-        .iter()
-        .map(|m| m.version)
-        .max()
-        .unwrap_or(0);
+    let latest = crate::db::MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
     let applied: Option<i64> =
-        sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations WHERE success")
-            .fetch_one(pool)
-            .await?;
+        sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations WHERE success").fetch_one(pool).await?;
     Ok(applied.unwrap_or(0) >= latest)
 }

@@ -17,12 +17,7 @@ pub struct Fence {
 }
 
 /// Claim up to `limit` queued tasks, oldest first, skipping rows other workers hold.
-pub async fn claim(
-    pool: &PgPool,
-    limit: i64,
-    lease_secs: f64,
-    worker: &str,
-) -> Result<Vec<TaskRow>, StoreError> {
+pub async fn claim(pool: &PgPool, limit: i64, lease_secs: f64, worker: &str) -> Result<Vec<TaskRow>, StoreError> {
     let sql = "WITH c AS (
             SELECT id FROM tasks WHERE status = 'queued' ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED
          ), u AS (
@@ -36,21 +31,12 @@ pub async fn claim(
             SELECT id, last_event_seq, 'claimed', jsonb_build_object('attempt', attempt, 'worker', worker_id) FROM u
          )
          SELECT * FROM u ORDER BY id";
-    Ok(sqlx::query_as(sql)
-        .bind(limit)
-        .bind(lease_secs)
-        .bind(worker)
-        .fetch_all(pool)
-        .await?)
+    Ok(sqlx::query_as(sql).bind(limit).bind(lease_secs).bind(worker).fetch_all(pool).await?)
 }
 
 /// Renew the leases this worker holds. Returns, per task still held, whether a cancel was
 /// requested; a task missing from the answer has lost its lease.
-pub async fn heartbeat(
-    pool: &PgPool,
-    held: &[Fence],
-    lease_secs: f64,
-) -> Result<Vec<(Uuid, bool)>, StoreError> {
+pub async fn heartbeat(pool: &PgPool, held: &[Fence], lease_secs: f64) -> Result<Vec<(Uuid, bool)>, StoreError> {
     let ids: Vec<Uuid> = held.iter().map(|f| f.id).collect();
     let leases: Vec<Uuid> = held.iter().map(|f| f.lease).collect();
     Ok(sqlx::query_as(
@@ -68,12 +54,10 @@ pub async fn heartbeat(
 
 /// The saved conversation of a task, in order.
 pub async fn messages(pool: &PgPool, id: Uuid) -> Result<Vec<Value>, StoreError> {
-    Ok(
-        sqlx::query_scalar("SELECT message FROM task_messages WHERE task_id = $1 ORDER BY seq")
-            .bind(id)
-            .fetch_all(pool)
-            .await?,
-    )
+    Ok(sqlx::query_scalar("SELECT message FROM task_messages WHERE task_id = $1 ORDER BY seq")
+        .bind(id)
+        .fetch_all(pool)
+        .await?)
 }
 
 /// One ledger row.
@@ -207,11 +191,7 @@ pub async fn release(pool: &PgPool, f: Fence) -> Result<bool, StoreError> {
          )
          SELECT count(pg_notify('{CH_QUEUED}', ''))::int FROM u"
     );
-    let n: i32 = sqlx::query_scalar(&sql)
-        .bind(f.id)
-        .bind(f.lease)
-        .fetch_one(pool)
-        .await?;
+    let n: i32 = sqlx::query_scalar(&sql).bind(f.id).bind(f.lease).fetch_one(pool).await?;
     Ok(n == 1)
 }
 
@@ -243,9 +223,6 @@ pub async fn rescue(pool: &PgPool, max_attempts: i32) -> Result<Vec<(Uuid, Strin
          SELECT id, status, pg_notify(CASE WHEN status = 'queued' THEN '{CH_QUEUED}' ELSE '{CH_DONE}' END,
                                       CASE WHEN status = 'queued' THEN '' ELSE id::text END)::text FROM u"
     );
-    let rows: Vec<(Uuid, String, String)> = sqlx::query_as(&sql)
-        .bind(max_attempts)
-        .fetch_all(pool)
-        .await?;
+    let rows: Vec<(Uuid, String, String)> = sqlx::query_as(&sql).bind(max_attempts).fetch_all(pool).await?;
     Ok(rows.into_iter().map(|(id, s, _)| (id, s)).collect())
 }

@@ -39,6 +39,7 @@ pub struct TaskRow {
     pub created_at: DateTime<Utc>,
     pub started_at: Option<DateTime<Utc>>,
     pub finished_at: Option<DateTime<Utc>>,
+    pub parent_task_id: Option<Uuid>,
 }
 
 impl TaskRow {
@@ -59,6 +60,7 @@ pub struct NewTask {
     pub metadata: Value,
     pub idempotency_key: Option<String>,
     pub request_hash: Option<String>,
+    pub parent_task_id: Option<Uuid>,
 }
 
 pub enum Inserted {
@@ -70,23 +72,24 @@ pub enum Inserted {
 const COLS: &str = "id, tenant, status, stop_reason, subagent_type, description, prompt, model, options, summary, \
     error_code, error_message, turns, input_tokens, output_tokens, cached_tokens, cost_usd, unpriced_calls, attempt, \
     lease_token, lease_expires_at, worker_id, cancel_requested, idempotency_key, request_hash, metadata, created_at, \
-    started_at, finished_at";
+    started_at, finished_at, parent_task_id";
 
 /// Insert a queued task with its `created` event and wake the workers, in one statement.
 pub async fn insert(pool: &PgPool, t: &NewTask) -> Result<Inserted, StoreError> {
     let sql = format!(
         "WITH t AS (
             INSERT INTO tasks (id, tenant, subagent_type, description, prompt, model, options, metadata,
-                               idempotency_key, request_hash, last_event_seq)
-            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 1)
+                               idempotency_key, request_hash, parent_task_id, last_event_seq)
+            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, 1)
             ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
             RETURNING {COLS}
          ), e AS (
             INSERT INTO task_events (task_id, seq, kind, data)
             SELECT id, 1, 'created', jsonb_build_object('subagent_type', subagent_type, 'model', model) FROM t
          ), n AS (SELECT pg_notify('{}', '') FROM t)
-         SELECT t.* FROM t, n"
-    , super::CH_QUEUED);
+         SELECT t.* FROM t, n",
+        super::CH_QUEUED
+    );
     let row: Option<TaskRow> = sqlx::query_as(&sql)
         .bind(t.id)
         .bind(&t.tenant)
@@ -98,18 +101,15 @@ pub async fn insert(pool: &PgPool, t: &NewTask) -> Result<Inserted, StoreError> 
         .bind(&t.metadata)
         .bind(&t.idempotency_key)
         .bind(&t.request_hash)
+        .bind(t.parent_task_id)
         .fetch_optional(pool)
         .await?;
     match row {
         Some(r) => Ok(Inserted::New(r)),
         None => {
-            let sql =
-                format!("SELECT {COLS} FROM tasks WHERE tenant = $1 AND idempotency_key = $2");
-            let existing: TaskRow = sqlx::query_as(&sql)
-                .bind(&t.tenant)
-                .bind(&t.idempotency_key)
-                .fetch_one(pool)
-                .await?;
+            let sql = format!("SELECT {COLS} FROM tasks WHERE tenant = $1 AND idempotency_key = $2");
+            let existing: TaskRow =
+                sqlx::query_as(&sql).bind(&t.tenant).bind(&t.idempotency_key).fetch_one(pool).await?;
             Ok(Inserted::Existing(existing))
         }
     }
@@ -117,11 +117,7 @@ pub async fn insert(pool: &PgPool, t: &NewTask) -> Result<Inserted, StoreError> 
 
 pub async fn get(pool: &PgPool, tenant: &str, id: Uuid) -> Result<Option<TaskRow>, StoreError> {
     let sql = format!("SELECT {COLS} FROM tasks WHERE tenant = $1 AND id = $2");
-    Ok(sqlx::query_as(&sql)
-        .bind(tenant)
-        .bind(id)
-        .fetch_optional(pool)
-        .await?)
+    Ok(sqlx::query_as(&sql).bind(tenant).bind(id).fetch_optional(pool).await?)
 }
 
 #[derive(Debug, Clone, Default)]
@@ -137,8 +133,7 @@ pub struct ListFilter {
 
 /// Newest first (UUID v7 ids are time-ordered), keyset-paginated.
 pub async fn list(pool: &PgPool, tenant: &str, f: &ListFilter) -> Result<Vec<TaskRow>, StoreError> {
-    let mut q: QueryBuilder<Postgres> =
-        QueryBuilder::new(format!("SELECT {COLS} FROM tasks WHERE tenant = "));
+    let mut q: QueryBuilder<Postgres> = QueryBuilder::new(format!("SELECT {COLS} FROM tasks WHERE tenant = "));
     q.push_bind(tenant);
     if let Some(s) = &f.status {
         q.push(" AND status = ").push_bind(s);
@@ -184,10 +179,6 @@ pub async fn cancel(pool: &PgPool, tenant: &str, id: Uuid) -> Result<Option<Task
         done = super::CH_DONE,
         cancel = super::CH_CANCEL
     );
-    sqlx::query(&sql)
-        .bind(tenant)
-        .bind(id)
-        .execute(pool)
-        .await?;
+    sqlx::query(&sql).bind(tenant).bind(id).execute(pool).await?;
     get(pool, tenant, id).await
 }

@@ -23,15 +23,7 @@ async fn readyz_fails_while_the_database_is_unreachable_and_recovers_after() {
     let r = app.client.get(app.url("/readyz")).send().await.unwrap();
     assert_problem(r, 503, "unavailable").await;
     // Liveness does not depend on the database.
-    assert_eq!(
-        app.client
-            .get(app.url("/healthz"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
+    assert_eq!(app.client.get(app.url("/healthz")).send().await.unwrap().status(), 200);
 
     set_db_reachable(&app.db, true).await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
@@ -40,10 +32,7 @@ async fn readyz_fails_while_the_database_is_unreachable_and_recovers_after() {
         if r.status() == 200 {
             break;
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "not ready again after the database returned"
-        );
+        assert!(tokio::time::Instant::now() < deadline, "not ready again after the database returned");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     app.stop().await;

@@ -10,6 +10,7 @@ use serde_json::Value;
 use sqlx::{Connection, PgConnection, PgPool};
 use subagentd::config::Config;
 use subagentd::db::embedded::{EmbeddedOptions, EmbeddedPostgres};
+use subagentd::engine::definitions::FileAgents;
 use subagentd::llm::Providers;
 use subagentd::service::{Roles, Service};
 
@@ -26,9 +27,7 @@ fn cluster() -> &'static Cluster {
     static CLUSTER: OnceLock<Cluster> = OnceLock::new();
     CLUSTER.get_or_init(|| {
         // Its own thread and runtime: the caller may be inside a test's runtime.
-        std::thread::spawn(start_cluster)
-            .join()
-            .expect("cluster start panicked")
+        std::thread::spawn(start_cluster).join().expect("cluster start panicked")
     })
 }
 
@@ -62,37 +61,17 @@ fn start_cluster() -> Cluster {
         }
     };
     let template = format!("sat_tpl_{}", std::process::id());
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
-        let admin = subagentd::db::connect(&url_for("postgres"), 1)
-            .await
-            .expect("connect to test cluster");
-        sqlx::query(&format!("DROP DATABASE IF EXISTS {template}"))
-            .execute(&admin)
-            .await
-            .unwrap();
-        sqlx::query(&format!("CREATE DATABASE {template}"))
-            .execute(&admin)
-            .await
-            .unwrap();
+        let admin = subagentd::db::connect(&url_for("postgres"), 1).await.expect("connect to test cluster");
+        sqlx::query(&format!("DROP DATABASE IF EXISTS {template}")).execute(&admin).await.unwrap();
+        sqlx::query(&format!("CREATE DATABASE {template}")).execute(&admin).await.unwrap();
         admin.close().await;
-        let tpl = subagentd::db::connect(&url_for(&template), 1)
-            .await
-            .unwrap();
-        subagentd::db::MIGRATOR
-            .run(&tpl)
-            .await
-            .expect("migrate template");
+        let tpl = subagentd::db::connect(&url_for(&template), 1).await.unwrap();
+        subagentd::db::MIGRATOR.run(&tpl).await.expect("migrate template");
         tpl.close().await;
     });
-    Cluster {
-        url_for,
-        template,
-        _pg: pg,
-    }
+    Cluster { url_for, template, _pg: pg }
 }
 
 /// Remove clusters of earlier test runs whose process is gone.
@@ -127,15 +106,10 @@ pub struct TestDb {
 pub async fn test_db() -> TestDb {
     let c = cluster();
     let name = format!("sat_{}", uuid::Uuid::new_v4().simple());
-    let mut admin = PgConnection::connect(&(c.url_for)("postgres"))
-        .await
-        .expect("admin connect");
+    let mut admin = PgConnection::connect(&(c.url_for)("postgres")).await.expect("admin connect");
     // A template may be briefly busy while another test clones it: retry.
     for i in 0.. {
-        match sqlx::query(&format!("CREATE DATABASE {name} TEMPLATE {}", c.template))
-            .execute(&mut admin)
-            .await
-        {
+        match sqlx::query(&format!("CREATE DATABASE {name} TEMPLATE {}", c.template)).execute(&mut admin).await {
             Ok(_) => break,
             Err(e) if i < 50 => {
                 let _ = e;
@@ -146,24 +120,17 @@ pub async fn test_db() -> TestDb {
     }
     admin.close().await.ok();
     let url = (c.url_for)(&name);
-    let pool = subagentd::db::connect(&url, 5)
-        .await
-        .expect("connect test db");
+    let pool = subagentd::db::connect(&url, 5).await.expect("connect test db");
     TestDb { url, pool, name }
 }
 
 /// Shut a database's doors: terminate its connections and refuse new ones (or open them again).
 pub async fn set_db_reachable(db: &TestDb, reachable: bool) {
-    let mut admin = PgConnection::connect(&(cluster().url_for)("postgres"))
+    let mut admin = PgConnection::connect(&(cluster().url_for)("postgres")).await.unwrap();
+    sqlx::query(&format!("ALTER DATABASE {} ALLOW_CONNECTIONS {reachable}", db.name))
+        .execute(&mut admin)
         .await
         .unwrap();
-    sqlx::query(&format!(
-        "ALTER DATABASE {} ALLOW_CONNECTIONS {reachable}",
-        db.name
-    ))
-    .execute(&mut admin)
-    .await
-    .unwrap();
     if !reachable {
         sqlx::query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1")
             .bind(&db.name)
@@ -196,26 +163,39 @@ pub async fn spawn_app() -> TestApp {
     spawn_app_with(|_| {}, true).await
 }
 
+/// What a test app runs with besides its config.
+pub struct AppOptions {
+    pub workers: bool,
+    pub providers: Providers,
+    pub file_agents: FileAgents,
+}
+
+impl Default for AppOptions {
+    fn default() -> Self {
+        AppOptions { workers: true, providers: Providers::with_builtin(), file_agents: FileAgents::default() }
+    }
+}
+
 /// The app with workers (or API only), its config adjusted by `tweak`.
 pub async fn spawn_app_with(tweak: impl FnOnce(&mut Config), workers: bool) -> TestApp {
+    spawn_app_opts(tweak, AppOptions { workers, ..AppOptions::default() }).await
+}
+
+pub async fn spawn_app_opts(tweak: impl FnOnce(&mut Config), opts: AppOptions) -> TestApp {
     let db = test_db().await;
     let mut cfg = test_config(&db.url);
     tweak(&mut cfg);
     let service = Service::start(
         Arc::new(cfg),
         db.pool.clone(),
-        Providers::with_builtin(),
-        Roles { api: true, workers },
+        opts.providers,
+        Arc::new(opts.file_agents),
+        Roles { api: true, workers: opts.workers },
     )
     .await
     .expect("start service");
     let base = format!("http://{}", service.addr.unwrap());
-    TestApp {
-        base,
-        db,
-        client: reqwest::Client::new(),
-        service: Some(service),
-    }
+    TestApp { base, db, client: reqwest::Client::new(), service: Some(service) }
 }
 
 impl TestApp {
@@ -224,33 +204,18 @@ impl TestApp {
     }
 
     pub async fn post_task(&self, body: Value) -> reqwest::Response {
-        self.client
-            .post(self.url("/tasks"))
-            .json(&body)
-            .send()
-            .await
-            .unwrap()
+        self.client.post(self.url("/tasks")).json(&body).send().await.unwrap()
     }
 
     /// Submit and return the created task's JSON (asserting 201).
     pub async fn submit(&self, body: Value) -> Value {
         let r = self.post_task(body).await;
-        assert_eq!(
-            r.status(),
-            201,
-            "submit failed: {}",
-            r.text().await.unwrap()
-        );
+        assert_eq!(r.status(), 201, "submit failed: {}", r.text().await.unwrap());
         r.json().await.unwrap()
     }
 
     pub async fn get_task(&self, id: &str) -> Value {
-        let r = self
-            .client
-            .get(self.url(&format!("/tasks/{id}")))
-            .send()
-            .await
-            .unwrap();
+        let r = self.client.get(self.url(&format!("/tasks/{id}"))).send().await.unwrap();
         assert_eq!(r.status(), 200);
         r.json().await.unwrap()
     }
@@ -263,19 +228,13 @@ impl TestApp {
             if !matches!(t["status"].as_str(), Some("queued" | "running")) {
                 return t;
             }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "task {id} not terminal in time: {t}"
-            );
+            assert!(tokio::time::Instant::now() < deadline, "task {id} not terminal in time: {t}");
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
     }
 
     pub async fn task_count(&self) -> i64 {
-        sqlx::query_scalar("SELECT count(*) FROM tasks")
-            .fetch_one(&self.db.pool)
-            .await
-            .unwrap()
+        sqlx::query_scalar("SELECT count(*) FROM tasks").fetch_one(&self.db.pool).await.unwrap()
     }
 
     pub async fn stop(mut self) {
@@ -312,26 +271,17 @@ pub fn spawn_binary(args: &[&str], db_url: &str, env: &[(&str, &str)]) -> Proc {
     for (k, v) in env {
         cmd.env(k, v);
     }
-    Proc {
-        child: cmd.spawn().expect("spawn subagentd"),
-    }
+    Proc { child: cmd.spawn().expect("spawn subagentd") }
 }
 
 pub async fn assert_problem(r: reqwest::Response, status: u16, code: &str) -> Value {
     assert_eq!(r.status().as_u16(), status, "wrong status for {code}");
-    let ct = r
-        .headers()
-        .get("content-type")
-        .map(|v| v.to_str().unwrap().to_string())
-        .unwrap_or_default();
+    let ct = r.headers().get("content-type").map(|v| v.to_str().unwrap().to_string()).unwrap_or_default();
     assert_eq!(ct, "application/problem+json");
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["code"], code, "{body}");
     assert_eq!(body["type"], format!("/problems/{code}"));
     assert_eq!(body["status"], status);
-    assert!(
-        body["detail"].as_str().is_some_and(|d| !d.is_empty()),
-        "{body}"
-    );
+    assert!(body["detail"].as_str().is_some_and(|d| !d.is_empty()), "{body}");
     body
 }

@@ -10,8 +10,7 @@ use crate::helpers::*;
 const METHODS: &[&str] = &["get", "post", "put", "delete", "patch"];
 
 fn documented() -> BTreeSet<(String, String)> {
-    let text =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/openapi.yaml")).unwrap();
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/openapi.yaml")).unwrap();
     let doc: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
     let mut out = BTreeSet::new();
     for (path, item) in doc["paths"].as_mapping().expect("paths").iter() {
@@ -52,9 +51,7 @@ fn routed() -> BTreeSet<(String, String)> {
             let chain = &rest[..end];
             for m in METHODS {
                 let called = chain.match_indices(&format!("{m}(")).any(|(i, _)| {
-                    i == 0
-                        || !chain.as_bytes()[i - 1].is_ascii_alphanumeric()
-                            && chain.as_bytes()[i - 1] != b'_'
+                    i == 0 || !chain.as_bytes()[i - 1].is_ascii_alphanumeric() && chain.as_bytes()[i - 1] != b'_'
                 });
                 if called {
                     out.insert((m.to_string(), path.to_string()));
@@ -72,30 +69,17 @@ fn openapi_documents_exactly_the_routes_the_router_serves() {
     assert!(!code.is_empty());
     let undocumented: Vec<_> = code.difference(&doc).collect();
     let unserved: Vec<_> = doc.difference(&code).collect();
-    assert!(
-        undocumented.is_empty(),
-        "routes missing from openapi.yaml: {undocumented:?}"
-    );
-    assert!(
-        unserved.is_empty(),
-        "openapi.yaml documents routes the router lacks: {unserved:?}"
-    );
+    assert!(undocumented.is_empty(), "routes missing from openapi.yaml: {undocumented:?}");
+    assert!(unserved.is_empty(), "openapi.yaml documents routes the router lacks: {unserved:?}");
 }
 
 #[tokio::test]
 async fn every_documented_operation_reaches_a_handler() {
     let app = spawn_app_with(|_| {}, false).await;
     for (m, path) in documented() {
-        let path = path
-            .replace("{id}", "01900000-0000-7000-8000-000000000000")
-            .replace("{name}", "x");
+        let path = path.replace("{id}", "01900000-0000-7000-8000-000000000000").replace("{name}", "x");
         let method = reqwest::Method::from_bytes(m.to_uppercase().as_bytes()).unwrap();
-        let r = app
-            .client
-            .request(method, app.url(&path))
-            .send()
-            .await
-            .unwrap();
+        let r = app.client.request(method, app.url(&path)).send().await.unwrap();
         let body: Value = r.json().await.unwrap_or(Value::Null);
         assert_ne!(body["code"], "route_not_found", "{m} {path}");
         assert_ne!(body["code"], "method_not_allowed", "{m} {path}");

@@ -36,33 +36,14 @@ fn post(
     }
 }
 
-fn get(
-    name: &'static str,
-    path: &'static str,
-    status: u16,
-    code: &'static str,
-    field: Option<&'static str>,
-) -> Case {
-    Case {
-        name,
-        method: "GET",
-        path,
-        content_type: None,
-        headers: &[],
-        body: String::new(),
-        status,
-        code,
-        field,
-    }
+fn get(name: &'static str, path: &'static str, status: u16, code: &'static str, field: Option<&'static str>) -> Case {
+    Case { name, method: "GET", path, content_type: None, headers: &[], body: String::new(), status, code, field }
 }
 
 fn cases() -> Vec<Case> {
     let ok = json!({"prompt": "x", "model": "mock/m"});
     vec![
-        Case {
-            body: "{\"prompt\": ".into(),
-            ..post("malformed json", ok.clone(), 400, "malformed_json", None)
-        },
+        Case { body: "{\"prompt\": ".into(), ..post("malformed json", ok.clone(), 400, "malformed_json", None) },
         post(
             "prompt of the wrong type",
             json!({"prompt": 5, "model": "mock/m"}),
@@ -70,13 +51,7 @@ fn cases() -> Vec<Case> {
             "validation_failed",
             Some("prompt"),
         ),
-        post(
-            "missing prompt",
-            json!({"model": "mock/m"}),
-            422,
-            "validation_failed",
-            Some("prompt"),
-        ),
+        post("missing prompt", json!({"model": "mock/m"}), 422, "validation_failed", Some("prompt")),
         post(
             "unknown field",
             json!({"prompt": "x", "model": "mock/m", "colour": "red"}),
@@ -84,13 +59,7 @@ fn cases() -> Vec<Case> {
             "validation_failed",
             Some("colour"),
         ),
-        post(
-            "empty prompt",
-            json!({"prompt": "   ", "model": "mock/m"}),
-            422,
-            "validation_failed",
-            Some("prompt"),
-        ),
+        post("empty prompt", json!({"prompt": "   ", "model": "mock/m"}), 422, "validation_failed", Some("prompt")),
         post(
             "max_turns zero",
             json!({"prompt": "x", "model": "mock/m", "max_turns": 0}),
@@ -147,182 +116,55 @@ fn cases() -> Vec<Case> {
             "unknown_subagent_type",
             Some("subagent_type"),
         ),
-        post(
-            "no model anywhere",
-            json!({"prompt": "x"}),
-            422,
-            "model_required",
-            None,
-        ),
-        post(
-            "model without provider",
-            json!({"prompt": "x", "model": "gpt"}),
-            422,
-            "unknown_model",
-            Some("model"),
-        ),
-        post(
-            "unconfigured provider",
-            json!({"prompt": "x", "model": "nope/gpt"}),
-            422,
-            "unknown_model",
-            Some("model"),
-        ),
+        post("no model anywhere", json!({"prompt": "x"}), 422, "model_required", None),
+        post("model without provider", json!({"prompt": "x", "model": "gpt"}), 422, "unknown_model", Some("model")),
+        post("unconfigured provider", json!({"prompt": "x", "model": "nope/gpt"}), 422, "unknown_model", Some("model")),
         Case {
             content_type: Some("text/plain"),
-            ..post(
-                "wrong content type",
-                ok.clone(),
-                415,
-                "unsupported_media_type",
-                None,
-            )
+            ..post("wrong content type", ok.clone(), 415, "unsupported_media_type", None)
         },
-        Case {
-            content_type: None,
-            ..post(
-                "no content type",
-                ok.clone(),
-                415,
-                "unsupported_media_type",
-                None,
-            )
-        },
+        Case { content_type: None, ..post("no content type", ok.clone(), 415, "unsupported_media_type", None) },
         Case {
             body: json!({"prompt": "x".repeat(70_000), "model": "mock/m"}).to_string(),
             ..post("oversized body", ok.clone(), 413, "payload_too_large", None)
         },
         Case {
             path: "/tasks?wait=maybe",
-            ..post(
-                "wait not a boolean",
-                ok.clone(),
-                400,
-                "invalid_parameter",
-                Some("wait"),
-            )
+            ..post("wait not a boolean", ok.clone(), 400, "invalid_parameter", Some("wait"))
         },
         Case {
             path: "/tasks?wait=true&timeout=-1",
-            ..post(
-                "negative wait timeout",
-                ok.clone(),
-                400,
-                "invalid_parameter",
-                Some("timeout"),
-            )
+            ..post("negative wait timeout", ok.clone(), 400, "invalid_parameter", Some("timeout"))
         },
         Case {
             path: "/tasks?colour=red",
-            ..post(
-                "unknown query parameter",
-                ok.clone(),
-                400,
-                "invalid_parameter",
-                Some("colour"),
-            )
+            ..post("unknown query parameter", ok.clone(), 400, "invalid_parameter", Some("colour"))
         },
         Case {
             headers: &[("Subagent-Depth", "1")],
-            ..post(
-                "call from inside a sub-agent",
-                ok.clone(),
-                422,
-                "recursion_refused",
-                None,
-            )
+            ..post("call from inside a sub-agent", ok.clone(), 422, "recursion_refused", None)
         },
         Case {
             headers: &[("Subagent-Depth", "deep")],
-            ..post(
-                "garbage depth header",
-                ok.clone(),
-                400,
-                "invalid_parameter",
-                Some("Subagent-Depth"),
-            )
+            ..post("garbage depth header", ok.clone(), 400, "invalid_parameter", Some("Subagent-Depth"))
         },
         Case {
             headers: &[("Idempotency-Key", "")],
-            ..post(
-                "empty idempotency key",
-                ok.clone(),
-                400,
-                "invalid_parameter",
-                Some("Idempotency-Key"),
-            )
+            ..post("empty idempotency key", ok.clone(), 400, "invalid_parameter", Some("Idempotency-Key"))
         },
-        get(
-            "unknown id",
-            "/tasks/01900000-0000-7000-8000-000000000000",
-            404,
-            "not_found",
-            None,
-        ),
-        get(
-            "bad uuid",
-            "/tasks/not-a-uuid",
-            400,
-            "invalid_parameter",
-            Some("id"),
-        ),
+        get("unknown id", "/tasks/01900000-0000-7000-8000-000000000000", 404, "not_found", None),
+        get("bad uuid", "/tasks/not-a-uuid", 400, "invalid_parameter", Some("id")),
         Case {
             method: "POST",
-            ..get(
-                "bad uuid on cancel",
-                "/tasks/12345/cancel",
-                400,
-                "invalid_parameter",
-                Some("id"),
-            )
+            ..get("bad uuid on cancel", "/tasks/12345/cancel", 400, "invalid_parameter", Some("id"))
         },
-        get(
-            "bad status filter",
-            "/tasks?status=done",
-            400,
-            "invalid_parameter",
-            Some("status"),
-        ),
-        get(
-            "bad type filter",
-            "/tasks?subagent_type=wizard",
-            400,
-            "invalid_parameter",
-            Some("subagent_type"),
-        ),
-        get(
-            "limit out of range",
-            "/tasks?limit=0",
-            400,
-            "invalid_parameter",
-            Some("limit"),
-        ),
-        get(
-            "limit not a number",
-            "/tasks?limit=ten",
-            400,
-            "invalid_parameter",
-            Some("limit"),
-        ),
-        get(
-            "bad timestamp",
-            "/tasks?created_after=yesterday",
-            400,
-            "invalid_parameter",
-            Some("created_after"),
-        ),
-        get(
-            "bad cursor",
-            "/tasks?cursor=zzz",
-            400,
-            "invalid_parameter",
-            Some("cursor"),
-        ),
+        get("bad status filter", "/tasks?status=done", 400, "invalid_parameter", Some("status")),
+        get("limit out of range", "/tasks?limit=0", 400, "invalid_parameter", Some("limit")),
+        get("limit not a number", "/tasks?limit=ten", 400, "invalid_parameter", Some("limit")),
+        get("bad timestamp", "/tasks?created_after=yesterday", 400, "invalid_parameter", Some("created_after")),
+        get("bad cursor", "/tasks?cursor=zzz", 400, "invalid_parameter", Some("cursor")),
         get("unknown route", "/nope", 404, "route_not_found", None),
-        Case {
-            method: "DELETE",
-            ..get("wrong method", "/tasks", 405, "method_not_allowed", None)
-        },
+        Case { method: "DELETE", ..get("wrong method", "/tasks", 405, "method_not_allowed", None) },
     ]
 }
 
@@ -331,10 +173,7 @@ async fn every_bad_input_gets_a_problem_naming_the_field_and_writes_nothing() {
     let app = spawn_app_with(|c| c.max_body_bytes = 64 * 1024, false).await;
     for c in cases() {
         let method = reqwest::Method::from_bytes(c.method.as_bytes()).unwrap();
-        let mut req = app
-            .client
-            .request(method, app.url(c.path))
-            .body(c.body.clone());
+        let mut req = app.client.request(method, app.url(c.path)).body(c.body.clone());
         if let Some(ct) = c.content_type {
             req = req.header("content-type", ct);
         }
@@ -345,21 +184,12 @@ async fn every_bad_input_gets_a_problem_naming_the_field_and_writes_nothing() {
         assert_eq!(r.status().as_u16(), c.status, "case {:?}", c.name);
         let body = assert_problem(r, c.status, c.code).await;
         if let Some(field) = c.field {
-            let named = body["errors"]
-                .as_array()
-                .is_some_and(|e| e.iter().any(|e| e["field"] == field));
-            assert!(
-                named,
-                "case {:?} does not name field {field}: {body}",
-                c.name
-            );
+            let named = body["errors"].as_array().is_some_and(|e| e.iter().any(|e| e["field"] == field));
+            assert!(named, "case {:?} does not name field {field}: {body}", c.name);
         }
     }
     assert_eq!(app.task_count().await, 0, "a bad request wrote a task");
-    let events: i64 = sqlx::query_scalar("SELECT count(*) FROM task_events")
-        .fetch_one(&app.db.pool)
-        .await
-        .unwrap();
+    let events: i64 = sqlx::query_scalar("SELECT count(*) FROM task_events").fetch_one(&app.db.pool).await.unwrap();
     assert_eq!(events, 0);
     app.stop().await;
 }
@@ -367,20 +197,10 @@ async fn every_bad_input_gets_a_problem_naming_the_field_and_writes_nothing() {
 #[tokio::test]
 async fn an_unknown_subagent_type_lists_the_available_ones() {
     let app = spawn_app_with(|_| {}, false).await;
-    let r = app
-        .post_task(json!({"prompt": "x", "model": "mock/m", "subagent_type": "wizard"}))
-        .await;
+    let r = app.post_task(json!({"prompt": "x", "model": "mock/m", "subagent_type": "wizard"})).await;
     let body = assert_problem(r, 422, "unknown_subagent_type").await;
-    let available: Vec<&str> = body["available"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_str().unwrap())
-        .collect();
-    assert_eq!(
-        available,
-        ["general", "general-purpose", "research", "explore", "plan"]
-    );
+    let available: Vec<&str> = body["available"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+    assert_eq!(available, ["general", "general-purpose", "research", "explore", "plan"]);
     app.stop().await;
 }
 

@@ -35,14 +35,9 @@ async fn a_wait_that_times_out_answers_202_with_location_and_the_task_still_fini
     assert_eq!(r.status(), 202);
     let loc = r.headers()["location"].to_str().unwrap().to_string();
     let t: Value = r.json().await.unwrap();
-    assert!(
-        matches!(t["status"].as_str(), Some("queued" | "running")),
-        "{t}"
-    );
+    assert!(matches!(t["status"].as_str(), Some("queued" | "running")), "{t}");
     assert_eq!(loc, format!("/tasks/{}", t["id"].as_str().unwrap()));
-    let done = app
-        .poll_until_terminal(t["id"].as_str().unwrap(), Duration::from_secs(20))
-        .await;
+    let done = app.poll_until_terminal(t["id"].as_str().unwrap(), Duration::from_secs(20)).await;
     assert_eq!(done["status"], "completed");
     app.stop().await;
 }
@@ -50,17 +45,10 @@ async fn a_wait_that_times_out_answers_202_with_location_and_the_task_still_fini
 #[tokio::test]
 async fn get_with_wait_joins_a_running_task_and_is_woken_by_its_completion() {
     let app = spawn_app().await;
-    let t = app
-        .submit(json!({"prompt": "slow [mock:delay_ms=500]", "model": "mock/m"}))
-        .await;
+    let t = app.submit(json!({"prompt": "slow [mock:delay_ms=500]", "model": "mock/m"})).await;
     let id = t["id"].as_str().unwrap();
     let started = std::time::Instant::now();
-    let r = app
-        .client
-        .get(app.url(&format!("/tasks/{id}?wait=true&timeout=30")))
-        .send()
-        .await
-        .unwrap();
+    let r = app.client.get(app.url(&format!("/tasks/{id}?wait=true&timeout=30"))).send().await.unwrap();
     assert_eq!(r.status(), 200);
     let done: Value = r.json().await.unwrap();
     assert_eq!(done["status"], "completed");
@@ -76,17 +64,8 @@ async fn a_wait_on_a_terminal_task_answers_at_once() {
     let app = spawn_app_with(|_| {}, false).await;
     let t = app.submit(json!({"prompt": "x", "model": "mock/m"})).await;
     let id = t["id"].as_str().unwrap();
-    app.client
-        .post(app.url(&format!("/tasks/{id}/cancel")))
-        .send()
-        .await
-        .unwrap();
-    let r = app
-        .client
-        .get(app.url(&format!("/tasks/{id}?wait=true&timeout=30")))
-        .send()
-        .await
-        .unwrap();
+    app.client.post(app.url(&format!("/tasks/{id}/cancel"))).send().await.unwrap();
+    let r = app.client.get(app.url(&format!("/tasks/{id}?wait=true&timeout=30"))).send().await.unwrap();
     assert_eq!(r.status(), 200);
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["status"], "cancelled");
@@ -101,9 +80,7 @@ async fn a_waiter_on_one_replica_is_woken_by_a_worker_on_another() {
     let r = app
         .client
         .post(app.url("/tasks?wait=true&timeout=30"))
-        .json(
-            &json!({"prompt": "elsewhere [mock:reply=from the other process]", "model": "mock/m"}),
-        )
+        .json(&json!({"prompt": "elsewhere [mock:reply=from the other process]", "model": "mock/m"}))
         .send()
         .await
         .unwrap();

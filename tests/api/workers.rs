@@ -15,7 +15,9 @@ async fn two_worker_processes_never_run_the_same_task_twice() {
 
     let mut ids = vec![];
     for i in 0..40 {
-        let t = app.submit(json!({"prompt": format!("job {i} [mock:tool_turns=1] [mock:delay_ms=30]"), "model": "mock/m"})).await;
+        let t = app
+            .submit(json!({"prompt": format!("job {i} [mock:tool_turns=1] [mock:delay_ms=30]"), "model": "mock/m"}))
+            .await;
         ids.push(t["id"].as_str().unwrap().to_string());
     }
     for id in &ids {
@@ -32,33 +34,21 @@ async fn two_worker_processes_never_run_the_same_task_twice() {
     .await
     .unwrap();
     assert_eq!(claims.len(), 40);
-    assert!(
-        claims.iter().all(|c| c.1 == 1),
-        "a task was claimed twice: {claims:?}"
-    );
-    let calls: Vec<(Uuid, i64)> = sqlx::query_as(
-        "SELECT task_id, count(*) FROM llm_calls WHERE task_id = ANY($1) GROUP BY task_id",
-    )
-    .bind(&ids)
-    .fetch_all(&app.db.pool)
-    .await
-    .unwrap();
-    assert!(
-        calls.iter().all(|c| c.1 == 2),
-        "a turn ran twice: {calls:?}"
-    );
-    let workers: HashSet<String> = sqlx::query_scalar::<_, String>(
-        "SELECT data->>'worker' FROM task_events WHERE kind = 'claimed'",
-    )
-    .fetch_all(&app.db.pool)
-    .await
-    .unwrap()
-    .into_iter()
-    .collect();
-    assert_eq!(
-        workers.len(),
-        2,
-        "both processes should have taken work: {workers:?}"
-    );
+    assert!(claims.iter().all(|c| c.1 == 1), "a task was claimed twice: {claims:?}");
+    let calls: Vec<(Uuid, i64)> =
+        sqlx::query_as("SELECT task_id, count(*) FROM llm_calls WHERE task_id = ANY($1) GROUP BY task_id")
+            .bind(&ids)
+            .fetch_all(&app.db.pool)
+            .await
+            .unwrap();
+    assert!(calls.iter().all(|c| c.1 == 2), "a turn ran twice: {calls:?}");
+    let workers: HashSet<String> =
+        sqlx::query_scalar::<_, String>("SELECT data->>'worker' FROM task_events WHERE kind = 'claimed'")
+            .fetch_all(&app.db.pool)
+            .await
+            .unwrap()
+            .into_iter()
+            .collect();
+    assert_eq!(workers.len(), 2, "both processes should have taken work: {workers:?}");
     app.stop().await;
 }

@@ -1,0 +1,292 @@
+//! Custom agent definitions: Markdown with YAML front matter, compatible with
+//! `.claude/agents/*.md` — `name`, `description`, `tools`, `disallowed_tools`, `model`,
+//! `max_turns`; the body is the system prompt.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::agents::{BUILTIN_NAMES, MAX_TURNS};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AgentDefinition {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    pub system_prompt: String,
+    /// Allow-list of tool names; `None`: every tool the caller allows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub disallowed_tools: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_turns: Option<u32>,
+}
+
+/// What is wrong with a definition, and where.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DefinitionError {
+    /// The file, or `request`.
+    pub source: String,
+    pub field: Option<String>,
+    pub message: String,
+}
+
+impl std::fmt::Display for DefinitionError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.field {
+            Some(field) => write!(f, "{}: {field}: {}", self.source, self.message),
+            None => write!(f, "{}: {}", self.source, self.message),
+        }
+    }
+}
+
+/// `tools: Read, Grep` (Claude's comma string) or a YAML list.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum ToolList {
+    Csv(String),
+    List(Vec<String>),
+}
+
+impl ToolList {
+    fn names(self) -> Vec<String> {
+        match self {
+            ToolList::Csv(s) => s.split(',').map(|t| t.trim().to_string()).filter(|t| !t.is_empty()).collect(),
+            ToolList::List(v) => v.into_iter().map(|t| t.trim().to_string()).filter(|t| !t.is_empty()).collect(),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FrontMatter {
+    name: Option<String>,
+    description: Option<String>,
+    tools: Option<ToolList>,
+    #[serde(alias = "disallowedTools")]
+    disallowed_tools: Option<ToolList>,
+    model: Option<String>,
+    #[serde(alias = "maxTurns")]
+    max_turns: Option<i64>,
+    // Claude Code fields that have no meaning here: accepted so its files load, then ignored.
+    #[serde(rename = "color")]
+    _color: Option<serde_yaml::Value>,
+    #[serde(rename = "permissionMode")]
+    _permission_mode: Option<serde_yaml::Value>,
+    #[serde(rename = "skills")]
+    _skills: Option<serde_yaml::Value>,
+    #[serde(rename = "hooks")]
+    _hooks: Option<serde_yaml::Value>,
+    #[serde(rename = "mcpServers")]
+    _mcp_servers: Option<serde_yaml::Value>,
+}
+
+/// Is `name` usable for a custom agent?
+pub fn check_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name.chars().next().is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_');
+    if !ok {
+        return Err("must be 1-64 characters of a-z, 0-9, '-' and '_', starting with a letter or digit".into());
+    }
+    if BUILTIN_NAMES.contains(&name) {
+        return Err(format!("{name:?} is a built-in agent type and cannot be redefined"));
+    }
+    Ok(())
+}
+
+/// Parse one Markdown definition. `source` names it in errors.
+pub fn parse_markdown(source: &str, text: &str) -> Result<AgentDefinition, DefinitionError> {
+    let err = |field: Option<&str>, message: String| DefinitionError {
+        source: source.to_string(),
+        field: field.map(str::to_string),
+        message,
+    };
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    let rest = text
+        .strip_prefix("---\n")
+        .or_else(|| text.strip_prefix("---\r\n"))
+        .ok_or_else(|| err(None, "must start with YAML front matter between `---` lines".into()))?;
+    let (yaml, body) = match rest.find("\n---") {
+        Some(i) => {
+            let after = &rest[i + 4..];
+            let body = after.split_once('\n').map(|(_, b)| b).unwrap_or("");
+            (&rest[..i], body)
+        }
+        None => return Err(err(None, "front matter has no closing `---` line".into())),
+    };
+    let fm: FrontMatter = serde_yaml::from_str(yaml).map_err(|e| {
+        let msg = e.to_string();
+        // serde names unknown fields as "unknown field `x`, expected ...".
+        let field = msg.split_once("unknown field `").and_then(|(_, r)| r.split_once('`')).map(|(f, _)| f.to_string());
+        err(field.as_deref(), format!("invalid front matter: {msg}"))
+    })?;
+    let name = fm.name.map(|n| n.trim().to_string()).ok_or_else(|| err(Some("name"), "is required".into()))?;
+    check_name(&name).map_err(|m| err(Some("name"), m))?;
+    let max_turns = match fm.max_turns {
+        Some(n) if n < 1 => return Err(err(Some("max_turns"), "must be at least 1".into())),
+        Some(n) => Some(n.min(MAX_TURNS as i64) as u32),
+        None => None,
+    };
+    let model = fm.model.map(|m| m.trim().to_string()).filter(|m| !m.is_empty() && m != "inherit");
+    let system_prompt = body.trim().to_string();
+    if system_prompt.is_empty() {
+        return Err(err(None, "the body (the system prompt) is empty".into()));
+    }
+    Ok(AgentDefinition {
+        name,
+        description: fm.description.unwrap_or_default().trim().to_string(),
+        system_prompt,
+        tools: fm.tools.map(ToolList::names),
+        disallowed_tools: fm.disallowed_tools.map(ToolList::names).unwrap_or_default(),
+        model,
+        max_turns,
+    })
+}
+
+/// A file that did not load, with why.
+#[derive(Debug, Clone, Serialize)]
+pub struct InvalidDefinition {
+    pub source: String,
+    pub error: String,
+}
+
+/// Every `*.md` in `dir`. A bad file is reported and skipped; it never stops the service.
+pub fn load_dir(dir: &Path) -> (Vec<AgentDefinition>, Vec<InvalidDefinition>) {
+    let mut ok: Vec<AgentDefinition> = vec![];
+    let mut bad = vec![];
+    let mut files: Vec<_> = match std::fs::read_dir(dir) {
+        Ok(rd) => rd.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "md")).collect(),
+        Err(e) => {
+            bad.push(InvalidDefinition {
+                source: dir.display().to_string(),
+                error: format!("cannot read directory: {e}"),
+            });
+            return (ok, bad);
+        }
+    };
+    files.sort();
+    for path in files {
+        let source = path.display().to_string();
+        let parsed = std::fs::read_to_string(&path)
+            .map_err(|e| DefinitionError { source: source.clone(), field: None, message: e.to_string() })
+            .and_then(|t| parse_markdown(&source, &t));
+        match parsed {
+            Ok(d) if ok.iter().any(|o| o.name == d.name) => bad.push(InvalidDefinition {
+                error: format!("{source}: name: {:?} is already defined by another file", d.name),
+                source,
+            }),
+            Ok(d) => ok.push(d),
+            Err(e) => bad.push(InvalidDefinition { error: e.to_string(), source }),
+        }
+    }
+    for b in &bad {
+        tracing::warn!(file = %b.source, error = %b.error, "agent definition skipped");
+    }
+    (ok, bad)
+}
+
+/// The definitions loaded from the agents directory at start.
+#[derive(Debug, Clone, Default)]
+pub struct FileAgents {
+    pub valid: Vec<AgentDefinition>,
+    pub invalid: Vec<InvalidDefinition>,
+}
+
+impl FileAgents {
+    pub fn load(dir: Option<&Path>) -> FileAgents {
+        match dir {
+            Some(d) => {
+                let (valid, invalid) = load_dir(d);
+                FileAgents { valid, invalid }
+            }
+            None => FileAgents::default(),
+        }
+    }
+
+    pub fn get(&self, name: &str) -> Option<&AgentDefinition> {
+        self.valid.iter().find(|d| d.name == name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CLAUDE_STYLE: &str = "---\nname: code-reviewer\ndescription: Reviews diffs\ntools: Read, Grep, Glob\nmodel: sonnet\ncolor: blue\n---\n\nYou review code.\nBe terse.\n";
+
+    #[test]
+    fn a_claude_code_agent_file_loads() {
+        let d = parse_markdown("a.md", CLAUDE_STYLE).unwrap();
+        assert_eq!(d.name, "code-reviewer");
+        assert_eq!(d.description, "Reviews diffs");
+        assert_eq!(d.tools, Some(vec!["Read".into(), "Grep".into(), "Glob".into()]));
+        assert_eq!(d.model.as_deref(), Some("sonnet"));
+        assert_eq!(d.system_prompt, "You review code.\nBe terse.");
+    }
+
+    #[test]
+    fn lists_turn_limits_and_inherit() {
+        let d = parse_markdown(
+            "b.md",
+            "---\nname: triage\ntools: [search, fetch]\ndisallowed_tools: [delete]\nmodel: inherit\nmax_turns: 99\n---\nTriage.\n",
+        )
+        .unwrap();
+        assert_eq!(d.tools, Some(vec!["search".into(), "fetch".into()]));
+        assert_eq!(d.disallowed_tools, vec!["delete".to_string()]);
+        assert_eq!(d.model, None);
+        assert_eq!(d.max_turns, Some(50));
+    }
+
+    #[test]
+    fn invalid_yaml_is_reported_with_the_file() {
+        let e = parse_markdown("bad.md", "---\nname: [unclosed\n---\nx\n").unwrap_err();
+        assert_eq!(e.source, "bad.md");
+        assert!(e.message.contains("invalid front matter"), "{e}");
+    }
+
+    #[test]
+    fn unknown_fields_are_named() {
+        let e = parse_markdown("u.md", "---\nname: x\ntemperature: 0.2\n---\nbody\n").unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("temperature"));
+    }
+
+    #[test]
+    fn a_missing_name_is_named() {
+        let e = parse_markdown("n.md", "---\ndescription: no name\n---\nbody\n").unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("name"));
+        assert_eq!(e.to_string(), "n.md: name: is required");
+    }
+
+    #[test]
+    fn bad_names_empty_bodies_and_missing_front_matter_are_rejected() {
+        assert_eq!(parse_markdown("x.md", "---\nname: Bad Name\n---\nb\n").unwrap_err().field.as_deref(), Some("name"));
+        assert_eq!(parse_markdown("x.md", "---\nname: research\n---\nb\n").unwrap_err().field.as_deref(), Some("name"));
+        assert!(parse_markdown("x.md", "---\nname: ok\n---\n  \n").unwrap_err().message.contains("empty"));
+        assert!(parse_markdown("x.md", "just text").unwrap_err().message.contains("front matter"));
+        assert_eq!(
+            parse_markdown("x.md", "---\nname: ok\nmax_turns: 0\n---\nb\n").unwrap_err().field.as_deref(),
+            Some("max_turns")
+        );
+    }
+
+    #[test]
+    fn a_directory_loads_good_files_and_lists_bad_ones() {
+        let dir = std::env::temp_dir().join(format!("subagentd-defs-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("a.md"), CLAUDE_STYLE).unwrap();
+        std::fs::write(dir.join("b.md"), "---\nname: [\n---\nx\n").unwrap();
+        std::fs::write(dir.join("c.md"), CLAUDE_STYLE).unwrap();
+        std::fs::write(dir.join("notes.txt"), "ignored").unwrap();
+        let (ok, bad) = load_dir(&dir);
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(ok.len(), 1);
+        assert_eq!(bad.len(), 2);
+        assert!(bad[0].source.ends_with("b.md"));
+        assert!(bad[1].error.contains("already defined"), "{:?}", bad[1]);
+    }
+}

@@ -1,0 +1,223 @@
+//! `/agents`: the built-in types, the agents directory's definitions, and the tenant's own.
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::error::ApiError;
+use super::{AppState, Tenant};
+use crate::engine::agents::{AgentType, BUILTIN_NAMES, MAX_TURNS};
+use crate::engine::definitions::{check_name, parse_markdown, AgentDefinition};
+use crate::store::agents;
+
+pub fn router() -> Router<AppState> {
+    Router::new().route("/agents", get(list)).route("/agents/{name}", get(read).put(put).delete(delete))
+}
+
+/// What `subagent_type` names.
+pub enum Resolved {
+    Builtin(AgentType),
+    Custom(AgentDefinition),
+}
+
+/// A built-in, the tenant's own definition, or the agents directory's — in that order.
+pub async fn resolve(st: &AppState, tenant: &str, name: &str) -> Result<Resolved, ApiError> {
+    if let Some(t) = AgentType::parse(name) {
+        return Ok(Resolved::Builtin(t));
+    }
+    if let Some(d) = agents::get(&st.pool, tenant, name).await? {
+        return Ok(Resolved::Custom(d));
+    }
+    if let Some(d) = st.file_agents.get(name) {
+        return Ok(Resolved::Custom(d.clone()));
+    }
+    let available = available(st, tenant).await?;
+    Err(ApiError::new(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "unknown_subagent_type",
+        "Unknown sub-agent type",
+        format!("subagent_type: {name:?} is not a known agent type; available: {}", available.join(", ")),
+    )
+    .with(json!({"errors": [{"field": "subagent_type", "message": "unknown agent type"}], "available": available})))
+}
+
+/// Every name `subagent_type` accepts for this tenant.
+pub async fn available(st: &AppState, tenant: &str) -> Result<Vec<String>, ApiError> {
+    let mut names: Vec<String> = BUILTIN_NAMES.iter().map(|s| s.to_string()).collect();
+    let mut custom: Vec<String> = st.file_agents.valid.iter().map(|d| d.name.clone()).collect();
+    custom.extend(agents::list(&st.pool, tenant).await?.into_iter().map(|d| d.name));
+    custom.sort();
+    custom.dedup();
+    names.extend(custom);
+    Ok(names)
+}
+
+fn builtin_view(t: AgentType, name: &str) -> Value {
+    json!({"name": name, "source": "builtin", "description": format!("built-in {} agent", t.as_str()),
+           "system_prompt": t.system_prompt(), "max_turns": t.default_max_turns(),
+           "tools": if t.read_only() { json!("read-only (policy auto)") } else { json!("all the caller allows") }})
+}
+
+fn custom_view(d: &AgentDefinition, source: &str) -> Value {
+    let mut v = serde_json::to_value(d).unwrap_or(Value::Null);
+    v["source"] = json!(source);
+    v
+}
+
+async fn list(State(st): State<AppState>, Tenant(tenant): Tenant) -> Result<Json<Value>, ApiError> {
+    let mut out: Vec<Value> = vec![];
+    for name in BUILTIN_NAMES {
+        if let Some(t) = AgentType::parse(name) {
+            out.push(builtin_view(t, name));
+        }
+    }
+    let mine = agents::list(&st.pool, &tenant).await?;
+    for d in &st.file_agents.valid {
+        if !mine.iter().any(|m| m.name == d.name) {
+            out.push(custom_view(d, "file"));
+        }
+    }
+    out.extend(mine.iter().map(|d| custom_view(d, "api")));
+    Ok(Json(json!({"agents": out, "invalid": st.file_agents.invalid})))
+}
+
+async fn read(
+    State(st): State<AppState>,
+    Tenant(tenant): Tenant,
+    Path(name): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    match resolve(&st, &tenant, &name).await {
+        Ok(Resolved::Builtin(t)) => Ok(Json(builtin_view(t, &name))),
+        Ok(Resolved::Custom(d)) => {
+            let source = if st.file_agents.get(&name) == Some(&d) { "file" } else { "api" };
+            Ok(Json(custom_view(&d, source)))
+        }
+        Err(e) if e.code == "unknown_subagent_type" => Err(ApiError::not_found("agent")),
+        Err(e) => Err(e),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PutAgent {
+    #[serde(default)]
+    description: Option<String>,
+    system_prompt: String,
+    #[serde(default)]
+    tools: Option<Vec<String>>,
+    #[serde(default)]
+    disallowed_tools: Option<Vec<String>>,
+    #[serde(default)]
+    model: Option<String>,
+    #[serde(default)]
+    max_turns: Option<i64>,
+}
+
+fn definition_error(e: crate::engine::definitions::DefinitionError) -> ApiError {
+    let field = e.field.clone().unwrap_or_else(|| "body".into());
+    ApiError::invalid(&field, e.message)
+}
+
+/// JSON, or the Markdown of an agents-directory file (`text/markdown`).
+fn parse_body(name: &str, headers: &HeaderMap, body: &Bytes) -> Result<AgentDefinition, ApiError> {
+    let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let mime = ct.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    match mime.as_str() {
+        "text/markdown" => {
+            let text = std::str::from_utf8(body).map_err(|_| ApiError::invalid("body", "is not UTF-8"))?;
+            let d = parse_markdown("request", text).map_err(definition_error)?;
+            if d.name != name {
+                return Err(ApiError::invalid(
+                    "name",
+                    format!("the front matter says {:?} but the path says {name:?}", d.name),
+                ));
+            }
+            Ok(d)
+        }
+        "application/json" => {
+            let p: PutAgent = serde_json::from_slice(body).map_err(|e| {
+                let msg = e.to_string();
+                let field = ["unknown field `", "missing field `"]
+                    .iter()
+                    .find_map(|pre| {
+                        msg.split_once(pre).and_then(|(_, r)| r.split_once('`')).map(|(f, _)| f.to_string())
+                    })
+                    .unwrap_or_else(|| "body".into());
+                if e.is_syntax() || e.is_eof() {
+                    ApiError::new(StatusCode::BAD_REQUEST, "malformed_json", "Malformed JSON", msg)
+                } else {
+                    ApiError::invalid(&field, msg)
+                }
+            })?;
+            if p.system_prompt.trim().is_empty() {
+                return Err(ApiError::invalid("system_prompt", "must not be empty"));
+            }
+            let max_turns = match p.max_turns {
+                Some(n) if n < 1 => return Err(ApiError::invalid("max_turns", "must be at least 1")),
+                Some(n) => Some(n.min(MAX_TURNS as i64) as u32),
+                None => None,
+            };
+            Ok(AgentDefinition {
+                name: name.to_string(),
+                description: p.description.unwrap_or_default(),
+                system_prompt: p.system_prompt.trim().to_string(),
+                tools: p.tools,
+                disallowed_tools: p.disallowed_tools.unwrap_or_default(),
+                model: p.model.filter(|m| !m.trim().is_empty() && m != "inherit"),
+                max_turns,
+            })
+        }
+        _ => Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            "Unsupported media type",
+            "send the definition as application/json or text/markdown",
+        )),
+    }
+}
+
+async fn put(
+    State(st): State<AppState>,
+    Tenant(tenant): Tenant,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    check_name(&name).map_err(|m| ApiError::invalid("name", m))?;
+    let def = parse_body(&name, &headers, &body)?;
+    if let Some(m) = &def.model {
+        st.providers.resolve(m).map_err(|_| {
+            ApiError::invalid(
+                "model",
+                format!("{m:?} is not a configured model or alias (providers: {})", st.providers.names().join(", ")),
+            )
+        })?;
+    }
+    let created = agents::put(&st.pool, &tenant, &def).await?;
+    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, Json(custom_view(&def, "api"))).into_response())
+}
+
+async fn delete(
+    State(st): State<AppState>,
+    Tenant(tenant): Tenant,
+    Path(name): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    if agents::delete(&st.pool, &tenant, &name).await? {
+        return Ok(StatusCode::NO_CONTENT);
+    }
+    if AgentType::parse(&name).is_some() || st.file_agents.get(&name).is_some() {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "definition_read_only",
+            "Read-only definition",
+            format!("{name:?} is a built-in or comes from the agents directory; it cannot be deleted over the API"),
+        ));
+    }
+    Err(ApiError::not_found("agent"))
+}

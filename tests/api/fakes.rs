@@ -77,7 +77,12 @@ impl Drop for DropGuard {
 async fn handle(State(f): State<Fake>, headers: HeaderMap, body: Bytes) -> Response {
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     f.seen.lock().unwrap().push(Seen { headers, body });
-    let a = f.answers.lock().unwrap().pop_front().unwrap_or_else(|| Answer::status(500, json!({"error": {"message": "fake: no answer scripted"}})));
+    let a = f
+        .answers
+        .lock()
+        .unwrap()
+        .pop_front()
+        .unwrap_or_else(|| Answer::status(500, json!({"error": {"message": "fake: no answer scripted"}})));
     let mut guard = DropGuard(f.dropped.clone(), false);
     tokio::time::sleep(a.delay).await;
     guard.1 = true;

@@ -3,6 +3,7 @@
 mod fakes;
 mod helpers;
 
+mod agents;
 mod health;
 mod openapi;
 mod providers;

@@ -48,11 +48,9 @@ struct Setup {
 async fn setup() -> Setup {
     let (oai, oai_url) = serve("/v1/chat/completions").await;
     let (ant, ant_url) = serve("/v1/messages").await;
-    let app = spawn_app_opts(
-        |_| {},
-        AppOptions { providers: providers(&oai_url, &ant_url, ""), ..AppOptions::default() },
-    )
-    .await;
+    let app =
+        spawn_app_opts(|_| {}, AppOptions { providers: providers(&oai_url, &ant_url, ""), ..AppOptions::default() })
+            .await;
     Setup { app, oai, ant }
 }
 
@@ -81,7 +79,10 @@ async fn openai_tool_call_round_trip_with_usage_and_cost() {
     let t = run(&s.app, json!({"prompt": "How many moons?", "model": "oai/gpt-4o"})).await;
     assert_eq!(t["status"], "completed");
     assert_eq!(t["summary"], "Jupiter has 95 moons.");
-    assert_eq!(t["usage"], json!({"input_tokens": 170, "output_tokens": 18, "cached_tokens": 100, "total_tokens": 188}));
+    assert_eq!(
+        t["usage"],
+        json!({"input_tokens": 170, "output_tokens": 18, "cached_tokens": 100, "total_tokens": 188})
+    );
     // gpt-4o: 70 uncached at $2.5/M + 100 cached at $1.25/M + 18 output at $10/M.
     assert_eq!(t["cost_usd"], json!(0.00048));
     assert_eq!(t["cost_complete"], true);
@@ -90,7 +91,8 @@ async fn openai_tool_call_round_trip_with_usage_and_cost() {
     assert_eq!(seen.len(), 2);
     assert_eq!(seen[0].headers["authorization"], "Bearer sk-oai-test");
     assert_eq!(seen[0].body["model"], "gpt-4o");
-    let first: Vec<&str> = seen[0].body["messages"].as_array().unwrap().iter().map(|m| m["role"].as_str().unwrap()).collect();
+    let first: Vec<&str> =
+        seen[0].body["messages"].as_array().unwrap().iter().map(|m| m["role"].as_str().unwrap()).collect();
     assert_eq!(first, ["system", "user"]);
     let m = &seen[1].body["messages"];
     assert_eq!(m[2]["tool_calls"][0]["id"], "call_9");
@@ -108,7 +110,11 @@ async fn anthropic_tool_use_round_trip_with_cache_usage() {
     let s = setup().await;
     s.ant.push(Answer::json(anthropic_tool_use("toolu_1", "search", json!({"q": "x"}))));
     s.ant.push(Answer::json(anthropic_text("Found it.", 30, 5, 200)));
-    let t = run(&s.app, json!({"prompt": "Find x", "model": "ant/claude-sonnet-4-5", "parent_context": "We are in repo y."})).await;
+    let t = run(
+        &s.app,
+        json!({"prompt": "Find x", "model": "ant/claude-sonnet-4-5", "parent_context": "We are in repo y."}),
+    )
+    .await;
     assert_eq!(t["status"], "completed");
     assert_eq!(t["summary"], "Found it.");
     assert_eq!(t["usage"]["input_tokens"], 40 + 230);
@@ -122,7 +128,10 @@ async fn anthropic_tool_use_round_trip_with_cache_usage() {
     assert!(b0["system"].as_str().unwrap().ends_with("## Context from the parent agent\n\nWe are in repo y."));
     assert_eq!(b0["messages"], json!([{"role": "user", "content": "Find x"}]));
     let b1 = &seen[1].body["messages"];
-    assert_eq!(b1[1]["content"][1], json!({"type": "tool_use", "id": "toolu_1", "name": "search", "input": {"q": "x"}}));
+    assert_eq!(
+        b1[1]["content"][1],
+        json!({"type": "tool_use", "id": "toolu_1", "name": "search", "input": {"q": "x"}})
+    );
     assert_eq!(b1[2]["role"], "user");
     assert_eq!(b1[2]["content"][0]["type"], "tool_result");
     assert_eq!(b1[2]["content"][0]["tool_use_id"], "toolu_1");
@@ -140,14 +149,20 @@ async fn a_429_with_retry_after_is_retried_and_both_attempts_are_in_the_ledger()
     assert_eq!(t["status"], "completed");
     assert!(started.elapsed() >= Duration::from_millis(50), "Retry-After honoured");
     let rows = ledger(&s.app, t["id"].as_str().unwrap()).await;
-    assert_eq!(rows.iter().map(|r| (r.0.as_str(), r.1, r.5)).collect::<Vec<_>>(), [("error", Some(429), 1), ("ok", Some(200), 2)]);
+    assert_eq!(
+        rows.iter().map(|r| (r.0.as_str(), r.1, r.5)).collect::<Vec<_>>(),
+        [("error", Some(429), 1), ("ok", Some(200), 2)]
+    );
     s.app.stop().await;
 }
 
 #[tokio::test]
 async fn anthropic_529_overloaded_is_retried() {
     let s = setup().await;
-    s.ant.push(Answer::status(529, json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}})));
+    s.ant.push(Answer::status(
+        529,
+        json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}),
+    ));
     s.ant.push(Answer::json(anthropic_text("fine", 10, 2, 0)));
     let t = run(&s.app, json!({"prompt": "x", "model": "ant/claude-haiku-4-5"})).await;
     assert_eq!(t["status"], "completed");
@@ -219,11 +234,12 @@ async fn a_model_without_a_price_has_no_cost_and_says_so() {
     assert_eq!(t["status"], "completed");
     assert_eq!(t["cost_complete"], false);
     assert_eq!(t["cost_usd"], json!(0.0));
-    let cost: Option<rust_decimal::Decimal> = sqlx::query_scalar("SELECT cost_usd FROM llm_calls WHERE task_id = $1::uuid")
-        .bind(t["id"].as_str().unwrap())
-        .fetch_one(&s.app.db.pool)
-        .await
-        .unwrap();
+    let cost: Option<rust_decimal::Decimal> =
+        sqlx::query_scalar("SELECT cost_usd FROM llm_calls WHERE task_id = $1::uuid")
+            .bind(t["id"].as_str().unwrap())
+            .fetch_one(&s.app.db.pool)
+            .await
+            .unwrap();
     assert_eq!(cost, None);
     s.app.stop().await;
 }
@@ -233,7 +249,10 @@ async fn aliases_route_to_their_model() {
     let (oai, oai_url) = serve("/v1/chat/completions").await;
     let app = spawn_app_opts(
         |_| {},
-        AppOptions { providers: providers(&oai_url, "http://127.0.0.1:9", "[aliases]\nfast = \"oai/gpt-4o-mini\"\n"), ..AppOptions::default() },
+        AppOptions {
+            providers: providers(&oai_url, "http://127.0.0.1:9", "[aliases]\nfast = \"oai/gpt-4o-mini\"\n"),
+            ..AppOptions::default()
+        },
     )
     .await;
     oai.push(Answer::json(openai_text("hi", 1, 1, 0)));
@@ -252,7 +271,11 @@ async fn offered_tools_use_each_providers_schema() {
     let req = ChatRequest {
         model: "m".into(),
         messages: vec![Message::System { content: "s".into() }, Message::User { content: "u".into() }],
-        tools: vec![ToolSpec { name: "get".into(), description: "reads".into(), parameters: json!({"type": "object"}) }],
+        tools: vec![ToolSpec {
+            name: "get".into(),
+            description: "reads".into(),
+            parameters: json!({"type": "object"}),
+        }],
         max_tokens: Some(64),
     };
     oai.push(Answer::json(openai_text("ok", 1, 1, 0)));
@@ -264,6 +287,9 @@ async fn offered_tools_use_each_providers_schema() {
     assert_eq!(oai.seen()[0].body["max_tokens"], 64);
     ant.push(Answer::json(anthropic_text("ok", 1, 1, 0)));
     p.get("ant").unwrap().chat(&req).await.unwrap();
-    assert_eq!(ant.seen()[0].body["tools"], json!([{"name": "get", "description": "reads", "input_schema": {"type": "object"}}]));
+    assert_eq!(
+        ant.seen()[0].body["tools"],
+        json!([{"name": "get", "description": "reads", "input_schema": {"type": "object"}}])
+    );
     assert_eq!(ant.seen()[0].body["max_tokens"], 64);
 }

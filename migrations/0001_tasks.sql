@@ -49,6 +49,7 @@ CREATE UNIQUE INDEX tasks_idempotency_idx ON tasks (tenant, idempotency_key) WHE
 -- The usage ledger: one row per provider call attempt.
 CREATE TABLE llm_calls (
     id            bigserial PRIMARY KEY,
+    call_key      uuid        NOT NULL,   -- chosen by the worker: a retried write of the same call is a no-op
     task_id       uuid        NOT NULL REFERENCES tasks (id) ON DELETE CASCADE,
     tenant        text        NOT NULL,
     turn          integer     NOT NULL,
@@ -67,6 +68,7 @@ CREATE TABLE llm_calls (
     created_at    timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX llm_calls_task_idx ON llm_calls (task_id, id);
+CREATE UNIQUE INDEX llm_calls_call_key_idx ON llm_calls (call_key);
 CREATE INDEX llm_calls_tenant_time_idx ON llm_calls (tenant, created_at);
 
 -- The run's conversation, checkpointed per turn.

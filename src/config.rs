@@ -71,6 +71,15 @@ pub struct Config {
     #[arg(long, env = "SUBAGENTD_MAX_BODY_BYTES", default_value_t = 1024 * 1024, global = true)]
     pub max_body_bytes: usize,
 
+    /// Longest run a task may ask for with `timeout_seconds` (and the default), in seconds.
+    #[arg(long, env = "SUBAGENTD_MAX_TASK_TIMEOUT_SECONDS", default_value_t = 3600, global = true)]
+    pub max_task_timeout_seconds: u64,
+
+    /// Days after which the conversation and events of finished tasks are purged (tasks and
+    /// the usage ledger stay). 0 keeps them forever.
+    #[arg(long, env = "SUBAGENTD_RETENTION_DAYS", default_value_t = 30, global = true)]
+    pub retention_days: u32,
+
     /// On SIGTERM/SIGINT, how long running sub-agents may finish before they are released
     /// back to the queue, in seconds.
     #[arg(long, env = "SUBAGENTD_DRAIN_GRACE_SECONDS", default_value_t = 10, global = true)]

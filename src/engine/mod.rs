@@ -44,6 +44,8 @@ pub struct RunInput {
 /// One provider call attempt, as the ledger records it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CallRecord {
+    /// Unique per call attempt, so that storing it twice stores it once.
+    pub key: uuid::Uuid,
     pub turn: u32,
     pub try_no: u32,
     pub provider: String,
@@ -333,6 +335,7 @@ async fn call_with_retries(
         };
         let latency_ms = started.elapsed().as_millis().min(u32::MAX as u128) as u32;
         let mut rec = CallRecord {
+            key: uuid::Uuid::now_v7(),
             turn,
             try_no,
             provider: input.provider_name.clone(),

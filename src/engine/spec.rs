@@ -21,6 +21,9 @@ pub struct TaskOptions {
     /// The terminal task whose conversation this one continues.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resume_from: Option<Uuid>,
+    /// Wall-clock limit of the run, from its first start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_seconds: Option<f64>,
 }
 
 /// Clamp a requested turn budget into `1..=50`, or take the type's default.

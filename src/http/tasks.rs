@@ -28,6 +28,7 @@ pub fn router() -> Router<AppState> {
         .route("/tasks", post(create).get(list))
         .route("/tasks/{id}", get(read))
         .route("/tasks/{id}/cancel", post(cancel))
+        .route("/tasks/cancel", post(cancel_bulk))
 }
 
 const MAX_PROMPT_CHARS: usize = 200_000;
@@ -56,6 +57,9 @@ pub struct CreateTask {
     /// A terminal task whose conversation this one continues.
     #[serde(default)]
     resume_from: Option<Uuid>,
+    /// Wall-clock limit of the run (capped by SUBAGENTD_MAX_TASK_TIMEOUT_SECONDS).
+    #[serde(default)]
+    timeout_seconds: Option<f64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -308,12 +312,21 @@ async fn validate(st: &AppState, tenant: &str, body: &CreateTask, idem: Option<S
         definition.as_ref().and_then(|d| d.model.as_deref()),
     )?;
     let turns = max_turns.or(definition.as_ref().and_then(|d| d.max_turns));
+    let cap = st.cfg.max_task_timeout_seconds as f64;
+    let timeout_seconds = match body.timeout_seconds {
+        Some(t) if !t.is_finite() || t <= 0.0 => {
+            return Err(ApiError::invalid("timeout_seconds", "must be a positive number of seconds"))
+        }
+        Some(t) => t.min(cap),
+        None => cap,
+    };
     let options = TaskOptions {
         max_turns: spec::max_turns(agent, turns),
         system_prompt: body.system_prompt.clone(),
         parent_context: body.parent_context.clone(),
         agent: definition,
         resume_from: body.resume_from,
+        timeout_seconds: Some(timeout_seconds),
     };
     let options = serde_json::to_value(&options).map_err(|_| ApiError::internal())?;
     // The same key must come with the same request: hash what was asked, as resolved.
@@ -496,4 +509,43 @@ async fn cancel(State(st): State<AppState>, Tenant(tenant): Tenant, TaskId(id): 
         st.hub.stop_run(id, crate::engine::StopCause::Cancelled);
     }
     Ok(respond(StatusCode::OK, row))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BulkCancel {
+    /// `queued`, `running`, or both (the default).
+    #[serde(default)]
+    status: Option<Vec<String>>,
+    /// Only tasks whose metadata contains this object.
+    #[serde(default)]
+    metadata: Option<Value>,
+}
+
+/// Cancel every task of the caller matching a filter.
+async fn cancel_bulk(
+    State(st): State<AppState>,
+    Tenant(tenant): Tenant,
+    ApiJson(body): ApiJson<BulkCancel>,
+) -> Result<Response, ApiError> {
+    let statuses = body.status.unwrap_or_else(|| vec!["queued".into(), "running".into()]);
+    if statuses.is_empty() || statuses.iter().any(|s| s != "queued" && s != "running") {
+        return Err(ApiError::invalid("status", "must list `queued` and/or `running` (terminal tasks cannot be cancelled)"));
+    }
+    if body.metadata.as_ref().is_some_and(|m| !m.is_object()) {
+        return Err(ApiError::invalid("metadata", "must be a JSON object"));
+    }
+    let f = tasks::CancelFilter { id: None, statuses, metadata: body.metadata };
+    let hit = tasks::cancel_matching(&st.pool, &tenant, &f).await?;
+    let mut cancelled = vec![];
+    let mut requested = vec![];
+    for (id, old) in hit {
+        if old == "running" {
+            st.hub.stop_run(id, crate::engine::StopCause::Cancelled);
+            requested.push(id);
+        } else {
+            cancelled.push(id);
+        }
+    }
+    Ok(Json(json!({"cancelled": cancelled, "cancel_requested": requested})).into_response())
 }

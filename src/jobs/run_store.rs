@@ -16,6 +16,7 @@ pub struct PgRunStore {
 impl PgRunStore {
     fn row(&self, c: &CallRecord) -> CallRow {
         CallRow {
+            call_key: c.key,
             turn: c.turn as i32,
             attempt: self.attempt,
             try_no: c.try_no as i32,

@@ -111,7 +111,22 @@ impl Worker {
         if row.cancel_requested {
             stop.stop(StopCause::Cancelled);
         }
+        // The time limit runs from the task's first start, across attempts.
+        let limit = serde_json::from_value::<TaskOptions>(row.options.clone()).ok().and_then(|o| o.timeout_seconds);
+        let timer = limit.map(|secs| {
+            let started = row.started_at.unwrap_or_else(chrono::Utc::now);
+            let left = (started + chrono::Duration::milliseconds((secs * 1000.0) as i64)) - chrono::Utc::now();
+            let left = left.to_std().unwrap_or(Duration::ZERO);
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(left).await;
+                stop.stop(StopCause::Timeout);
+            })
+        });
         let outcome = self.execute(&row, fence, &stop).await;
+        if let Some(t) = timer {
+            t.abort();
+        }
         self.hub.unregister_run(row.id);
         let fin = match outcome {
             Outcome::Completed { summary } => Finish {
@@ -145,7 +160,7 @@ impl Worker {
             Outcome::Stopped(StopCause::Timeout) => Finish {
                 status: "incomplete",
                 stop_reason: Some("timeout".into()),
-                summary: Some("(sub-agent stopped: time limit reached)".into()),
+                summary: Some(format!("(sub-agent {} stopped: its time limit of {} s was reached)", row.subagent_type, limit.unwrap_or(0.0))),
                 error_code: None,
                 error_message: None,
             },
@@ -275,8 +290,17 @@ impl Worker {
 
     async fn rescue_loop(self: Arc<Self>, stop: CancellationToken) {
         let every = (self.cfg.lease() / 3).max(Duration::from_millis(200));
+        let mut next_purge = tokio::time::Instant::now();
         loop {
             tokio::select! { _ = tokio::time::sleep(every) => {}, _ = stop.cancelled() => return }
+            if self.cfg.retention_days > 0 && tokio::time::Instant::now() >= next_purge {
+                next_purge = tokio::time::Instant::now() + Duration::from_secs(600);
+                match runs::purge_finished(&self.pool, self.cfg.retention_days as i32).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(tasks = n, "purged conversations and events past retention"),
+                    Err(e) => tracing::warn!(error = %e, "retention purge failed"),
+                }
+            }
             match runs::rescue(&self.pool, self.cfg.max_attempts).await {
                 Ok(rescued) if !rescued.is_empty() => {
                     tracing::warn!(count = rescued.len(), "rescued tasks with expired leases");

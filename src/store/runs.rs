@@ -63,6 +63,8 @@ pub async fn messages(pool: &PgPool, id: Uuid) -> Result<Vec<Value>, StoreError>
 /// One ledger row.
 #[derive(Debug, Clone)]
 pub struct CallRow {
+    /// Makes the write idempotent: a retry after an ambiguous commit changes nothing.
+    pub call_key: Uuid,
     pub turn: i32,
     pub attempt: i32,
     pub try_no: i32,
@@ -80,7 +82,8 @@ pub struct CallRow {
 
 /// Commit one turn in one statement: the task's totals, the call's ledger row, the turn's
 /// messages and events. `turn` is `None` for a failed call that completes no turn.
-/// Returns false (and writes nothing) if the lease is no longer held.
+/// Returns false (and writes nothing) if the lease is no longer held; true if written, now or
+/// by an earlier try whose answer was lost with its connection.
 pub async fn commit_turn(
     pool: &PgPool,
     f: Fence,
@@ -99,11 +102,12 @@ pub async fn commit_turn(
                 unpriced_calls = unpriced_calls + ($11 IS NULL)::int,
                 last_event_seq = last_event_seq + cardinality($17::text[])
             WHERE id = $1 AND lease_token = $2 AND status = 'running'
+              AND NOT EXISTS (SELECT 1 FROM llm_calls WHERE call_key = $20)
             RETURNING tenant, last_event_seq
          ), c AS (
-            INSERT INTO llm_calls (task_id, tenant, turn, attempt, try, provider, model, input_tokens,
+            INSERT INTO llm_calls (call_key, task_id, tenant, turn, attempt, try, provider, model, input_tokens,
                 output_tokens, cached_tokens, cost_usd, latency_ms, http_status, outcome, error)
-            SELECT $1, tenant, $4, $5, $6, $7, $19, $8, $9, $10, $11, $12, $13, $14, $15 FROM u
+            SELECT $20, $1, tenant, $4, $5, $6, $7, $19, $8, $9, $10, $11, $12, $13, $14, $15 FROM u
          ), m AS (
             INSERT INTO task_messages (task_id, seq, turn, message)
             SELECT $1, (SELECT coalesce(max(seq), 0) FROM task_messages WHERE task_id = $1) + x.ord, $4, x.msg
@@ -134,9 +138,17 @@ pub async fn commit_turn(
     .bind(&kinds) // 17
     .bind(&datas) // 18
     .bind(&call.model) // 19
+    .bind(call.call_key) // 20
     .fetch_one(pool)
     .await?;
-    Ok(n == 1)
+    if n == 1 {
+        return Ok(true);
+    }
+    let applied: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM llm_calls WHERE call_key = $1)")
+        .bind(call.call_key)
+        .fetch_one(pool)
+        .await?;
+    Ok(applied)
 }
 
 /// How a run ended, as written to the task.
@@ -225,4 +237,29 @@ pub async fn rescue(pool: &PgPool, max_attempts: i32) -> Result<Vec<(Uuid, Strin
     );
     let rows: Vec<(Uuid, String, String)> = sqlx::query_as(&sql).bind(max_attempts).fetch_all(pool).await?;
     Ok(rows.into_iter().map(|(id, s, _)| (id, s)).collect())
+}
+
+/// Delete the conversation and events of tasks finished more than `days` ago, a batch at a
+/// time; the tasks and the usage ledger stay. Returns how many tasks were purged.
+pub async fn purge_finished(pool: &PgPool, days: i32) -> Result<u64, StoreError> {
+    let mut total = 0;
+    loop {
+        let n: i64 = sqlx::query_scalar(
+            "WITH t AS (
+                SELECT id FROM tasks WHERE finished_at < now() - make_interval(days => $1)
+                AND (EXISTS (SELECT 1 FROM task_messages m WHERE m.task_id = tasks.id)
+                     OR EXISTS (SELECT 1 FROM task_events e WHERE e.task_id = tasks.id))
+                LIMIT 500
+             ), m AS (DELETE FROM task_messages WHERE task_id IN (SELECT id FROM t)),
+             e AS (DELETE FROM task_events WHERE task_id IN (SELECT id FROM t))
+             SELECT count(*) FROM t",
+        )
+        .bind(days)
+        .fetch_one(pool)
+        .await?;
+        total += n as u64;
+        if n < 500 {
+            return Ok(total);
+        }
+    }
 }

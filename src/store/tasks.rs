@@ -76,6 +76,10 @@ const COLS: &str = "id, tenant, status, stop_reason, subagent_type, description,
 
 /// Insert a queued task with its `created` event and wake the workers, in one statement.
 pub async fn insert(pool: &PgPool, t: &NewTask) -> Result<Inserted, StoreError> {
+    insert_once(pool, t, false).await
+}
+
+async fn insert_once(pool: &PgPool, t: &NewTask, retried: bool) -> Result<Inserted, StoreError> {
     let sql = format!(
         "WITH t AS (
             INSERT INTO tasks (id, tenant, subagent_type, description, prompt, model, options, metadata,
@@ -106,13 +110,29 @@ pub async fn insert(pool: &PgPool, t: &NewTask) -> Result<Inserted, StoreError> 
         .await?;
     match row {
         Some(r) => Ok(Inserted::New(r)),
-        None => {
-            let sql = format!("SELECT {COLS} FROM tasks WHERE tenant = $1 AND idempotency_key = $2");
-            let existing: TaskRow =
-                sqlx::query_as(&sql).bind(&t.tenant).bind(&t.idempotency_key).fetch_one(pool).await?;
-            Ok(Inserted::Existing(existing))
+        None if !retried => {
+            // A key is remembered for 24 hours: an older task gives its key up.
+            let freed = sqlx::query(
+                "UPDATE tasks SET idempotency_key = NULL
+                 WHERE tenant = $1 AND idempotency_key = $2 AND created_at < now() - interval '24 hours'",
+            )
+            .bind(&t.tenant)
+            .bind(&t.idempotency_key)
+            .execute(pool)
+            .await?;
+            if freed.rows_affected() > 0 {
+                return Box::pin(insert_once(pool, t, true)).await;
+            }
+            existing(pool, t).await
         }
+        None => existing(pool, t).await,
     }
+}
+
+async fn existing(pool: &PgPool, t: &NewTask) -> Result<Inserted, StoreError> {
+    let sql = format!("SELECT {COLS} FROM tasks WHERE tenant = $1 AND idempotency_key = $2");
+    let row: TaskRow = sqlx::query_as(&sql).bind(&t.tenant).bind(&t.idempotency_key).fetch_one(pool).await?;
+    Ok(Inserted::Existing(row))
 }
 
 pub async fn get(pool: &PgPool, tenant: &str, id: Uuid) -> Result<Option<TaskRow>, StoreError> {
@@ -154,13 +174,27 @@ pub async fn list(pool: &PgPool, tenant: &str, f: &ListFilter) -> Result<Vec<Tas
     Ok(q.build_query_as().fetch_all(pool).await?)
 }
 
-/// Cancel a task: a queued one ends at once; a running one is flagged and its worker told
-/// (on whichever replica holds it); a terminal one is left as it is. `None`: no such task.
-pub async fn cancel(pool: &PgPool, tenant: &str, id: Uuid) -> Result<Option<TaskRow>, StoreError> {
+/// Which tasks a cancel applies to (always within one tenant).
+#[derive(Debug, Clone, Default)]
+pub struct CancelFilter {
+    pub id: Option<Uuid>,
+    /// Among `queued` and `running`.
+    pub statuses: Vec<String>,
+    /// JSON the task's metadata must contain (`@>`).
+    pub metadata: Option<Value>,
+}
+
+/// Cancel matching tasks: a queued one ends at once; a running one is flagged and its worker
+/// told (on whichever replica holds it). Terminal tasks are left as they are. Returns each
+/// affected task with its status before the cancel.
+pub async fn cancel_matching(pool: &PgPool, tenant: &str, f: &CancelFilter) -> Result<Vec<(Uuid, String)>, StoreError> {
     let sql = format!(
         "WITH old AS (
-            SELECT id, status FROM tasks WHERE tenant = $1 AND id = $2 AND status IN ('queued', 'running')
-            AND NOT (status = 'running' AND cancel_requested) FOR UPDATE
+            SELECT id, status FROM tasks
+            WHERE tenant = $1 AND ($2::uuid IS NULL OR id = $2) AND status = ANY($3)
+              AND ($4::jsonb IS NULL OR metadata @> $4)
+              AND NOT (status = 'running' AND cancel_requested)
+            ORDER BY id FOR UPDATE
          ), u AS (
             UPDATE tasks t SET
                 status = CASE WHEN old.status = 'queued' THEN 'cancelled' ELSE t.status END,
@@ -175,10 +209,24 @@ pub async fn cancel(pool: &PgPool, tenant: &str, id: Uuid) -> Result<Option<Task
             SELECT id, last_event_seq, CASE WHEN old_status = 'queued' THEN 'cancelled' ELSE 'cancel_requested' END, '{{}}'
             FROM u
          )
-         SELECT pg_notify(CASE WHEN old_status = 'queued' THEN '{done}' ELSE '{cancel}' END, id::text) FROM u",
+         SELECT id, old_status, pg_notify(CASE WHEN old_status = 'queued' THEN '{done}' ELSE '{cancel}' END, id::text)::text
+         FROM u",
         done = super::CH_DONE,
         cancel = super::CH_CANCEL
     );
-    sqlx::query(&sql).bind(tenant).bind(id).execute(pool).await?;
+    let rows: Vec<(Uuid, String, String)> = sqlx::query_as(&sql)
+        .bind(tenant)
+        .bind(f.id)
+        .bind(&f.statuses)
+        .bind(&f.metadata)
+        .fetch_all(pool)
+        .await?;
+    Ok(rows.into_iter().map(|(id, s, _)| (id, s)).collect())
+}
+
+/// Cancel one task (idempotent). `None`: no such task.
+pub async fn cancel(pool: &PgPool, tenant: &str, id: Uuid) -> Result<Option<TaskRow>, StoreError> {
+    let f = CancelFilter { id: Some(id), statuses: vec!["queued".into(), "running".into()], metadata: None };
+    cancel_matching(pool, tenant, &f).await?;
     get(pool, tenant, id).await
 }

@@ -1,9 +1,11 @@
 //! One integration-test binary (each file in tests/ would link the crate again).
 
 mod fakes;
+mod faults;
 mod helpers;
 
 mod agents;
+mod chaos;
 mod health;
 mod openapi;
 mod providers;

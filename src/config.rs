@@ -71,6 +71,24 @@ pub struct Config {
     #[arg(long, env = "SUBAGENTD_MAX_BODY_BYTES", default_value_t = 1024 * 1024, global = true)]
     pub max_body_bytes: usize,
 
+    /// Where tools, MCP servers and webhooks may be: `*` (any public address), hosts
+    /// (`api.example.com`, `*.example.com`) and CIDRs (`10.0.0.0/8`, `127.0.0.1/32`).
+    /// Private, loopback and link-local addresses need a CIDR.
+    #[arg(long, env = "SUBAGENTD_TOOL_ALLOW", default_value = "*", global = true)]
+    pub tool_allow: String,
+
+    /// Tool results longer than this are cut, with a visible marker, in bytes.
+    #[arg(long, env = "SUBAGENTD_TOOL_RESULT_MAX_BYTES", default_value_t = 65536, global = true)]
+    pub tool_result_max_bytes: usize,
+
+    /// Default timeout of a tool call, in milliseconds (a tool may set its own).
+    #[arg(long, env = "SUBAGENTD_TOOL_TIMEOUT_MS", default_value_t = 30000, global = true)]
+    pub tool_timeout_ms: u64,
+
+    /// Tool calls of one turn run at once, at most this many.
+    #[arg(long, env = "SUBAGENTD_TOOL_CONCURRENCY", default_value_t = 8, global = true)]
+    pub tool_concurrency: usize,
+
     /// Longest run a task may ask for with `timeout_seconds` (and the default), in seconds.
     #[arg(long, env = "SUBAGENTD_MAX_TASK_TIMEOUT_SECONDS", default_value_t = 3600, global = true)]
     pub max_task_timeout_seconds: u64,

@@ -8,3 +8,4 @@ pub mod jobs;
 pub mod llm;
 pub mod service;
 pub mod store;
+pub mod tools;

@@ -86,7 +86,7 @@ async fn main() {
     };
     let service = match Service::start(cfg.clone(), db.pool.clone(), providers, file_agents, roles).await {
         Ok(s) => s,
-        Err(e) => fail(format!("cannot listen on {}: {e}", cfg.listen)),
+        Err(e) => fail(format!("cannot start: {e}")),
     };
     if let Some(addr) = service.addr {
         tracing::info!(%addr, workers = roles.workers, "subagentd listening");

@@ -37,6 +37,8 @@ impl Service {
         file_agents: Arc<FileAgents>,
         roles: Roles,
     ) -> std::io::Result<Service> {
+        let tool_caller = crate::tools::Caller::from_config(&cfg)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
         let shutdown = CancellationToken::new();
         let hub = Hub::new();
         // The listener outlives the drain, so that waiters and cancels keep working during it.
@@ -44,7 +46,7 @@ impl Service {
         let listen = tokio::spawn(hub.clone().listen(pool.clone(), listener_stop.clone()));
 
         let worker = roles.workers.then(|| {
-            let w = Worker::new(pool.clone(), hub.clone(), providers.clone(), cfg.clone());
+            let w = Worker::new(pool.clone(), hub.clone(), providers.clone(), tool_caller.clone(), cfg.clone());
             tokio::spawn(w.run(shutdown.clone(), cfg.drain_grace()))
         });
 
@@ -55,6 +57,7 @@ impl Service {
                 hub: hub.clone(),
                 providers,
                 file_agents,
+                tool_caller,
                 shutdown: shutdown.clone(),
             };
             let listener = tokio::net::TcpListener::bind(cfg.listen).await?;

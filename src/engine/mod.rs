@@ -35,6 +35,8 @@ pub struct RunInput {
     pub max_turns: u32,
     /// The whitelist: the only tools offered and the only tools ever executed.
     pub tools: Vec<ToolSpec>,
+    /// Tool calls of one turn run concurrently, at most this many at once (in the model's order).
+    pub tool_concurrency: usize,
     pub max_tokens: Option<u32>,
     pub retry: RetryPolicy,
     /// Agent type name, for the whitelist refusal message.
@@ -261,16 +263,23 @@ pub async fn run(
                 to_run.push(i);
             }
         }
-        let runs = to_run.iter().map(|&i| {
-            let tc = &resp.tool_calls[i];
-            async move {
-                let started = Instant::now();
-                let out = tools.run(tc).await;
-                (i, out, started.elapsed())
-            }
-        });
+        let runs: Vec<_> = to_run
+            .into_iter()
+            .map(|i| {
+                let tc = &resp.tool_calls[i];
+                async move {
+                    let started = Instant::now();
+                    let out = tools.run(tc).await;
+                    (i, out, started.elapsed())
+                }
+            })
+            .collect();
+        let bounded = futures_util::StreamExt::collect::<Vec<_>>(futures_util::StreamExt::buffered(
+            futures_util::stream::iter(runs),
+            input.tool_concurrency.max(1),
+        ));
         let ran = tokio::select! {
-            r = futures_util::future::join_all(runs) => r,
+            r = bounded => r,
             cause = stop.stopped() => return Outcome::Stopped(cause),
         };
         for (i, out, took) in ran {

@@ -24,6 +24,9 @@ pub struct TaskOptions {
     /// Wall-clock limit of the run, from its first start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_seconds: Option<f64>,
+    /// The whitelist: the tools this run is offered, resolved at submission.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<crate::tools::ToolDef>,
 }
 
 /// Clamp a requested turn budget into `1..=50`, or take the type's default.

@@ -106,6 +106,7 @@ fn input() -> RunInput {
         turns_done: 0,
         max_turns: 5,
         tools: vec![spec("list_things"), spec("get_thing")],
+        tool_concurrency: 4,
         max_tokens: None,
         retry: RetryPolicy {
             max_attempts: 3,

@@ -5,6 +5,7 @@ pub mod error;
 pub mod extract;
 pub mod health;
 pub mod tasks;
+pub mod tools;
 
 use std::sync::Arc;
 
@@ -29,6 +30,8 @@ pub struct AppState {
     pub hub: Arc<Hub>,
     pub providers: Providers,
     pub file_agents: Arc<FileAgents>,
+    /// The guarded client and limits for calls to tenant-supplied URLs.
+    pub tool_caller: crate::tools::Caller,
     /// Fired when the server drains: waiting requests answer 202 at once.
     pub shutdown: CancellationToken,
 }
@@ -49,6 +52,7 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .merge(tasks::router())
         .merge(agents::router())
+        .merge(tools::router())
         .merge(health::router())
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "route_not_found", "Not found", "no such route") })
         .method_not_allowed_fallback(|| async {

@@ -17,6 +17,7 @@ use uuid::Uuid;
 use super::agents::{self, Resolved};
 use super::error::ApiError;
 use super::extract::{ApiJson, ApiQuery, TaskId};
+use super::tools::{self, InlineTool, ToolInput};
 use super::{AppState, Tenant};
 use crate::engine::agents::AgentType;
 use crate::engine::spec::{self, TaskOptions};
@@ -60,6 +61,12 @@ pub struct CreateTask {
     /// Wall-clock limit of the run (capped by SUBAGENTD_MAX_TASK_TIMEOUT_SECONDS).
     #[serde(default)]
     timeout_seconds: Option<f64>,
+    /// Tools brought with the task (they win over catalog tools of the same name).
+    #[serde(default)]
+    tools: Option<Vec<InlineTool>>,
+    /// Narrow the tools to these names.
+    #[serde(default)]
+    allowed_tools: Option<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -98,6 +105,8 @@ pub struct TaskView {
     pub model: String,
     pub prompt: String,
     pub max_turns: Option<u32>,
+    /// The tools the run is offered (its whitelist).
+    pub tools: Vec<String>,
     pub summary: Option<String>,
     pub error: Option<Value>,
     pub turns: i32,
@@ -133,7 +142,8 @@ impl From<TaskRow> for TaskView {
             description: r.description,
             model: r.model,
             prompt: r.prompt,
-            max_turns: opts.map(|o| o.max_turns),
+            max_turns: opts.as_ref().map(|o| o.max_turns),
+            tools: opts.map(|o| o.tools.into_iter().map(|t| t.name).collect()).unwrap_or_default(),
             summary: r.summary,
             error,
             turns: r.turns,
@@ -320,6 +330,34 @@ async fn validate(st: &AppState, tenant: &str, body: &CreateTask, idem: Option<S
         Some(t) => t.min(cap),
         None => cap,
     };
+    // The whitelist: catalog and MCP tools, then inline ones, through the filter chain.
+    let mut available = tools::available(st, tenant).await?;
+    for (i, t) in body.tools.iter().flatten().enumerate() {
+        let input = ToolInput {
+            description: t.description.clone(),
+            parameters: t.parameters.clone(),
+            policy: t.policy,
+            endpoint: t.endpoint.clone(),
+            timeout_ms: t.timeout_ms,
+        };
+        let def = tools::to_def(st, &format!("tools[{i}]."), &t.name, &input)?;
+        available.retain(|a| a.name != def.name);
+        available.push(def);
+    }
+    if let Some(allowed) = &body.allowed_tools {
+        if let Some(unknown) = allowed.iter().find(|n| !available.iter().any(|a| &a.name == *n)) {
+            let names: Vec<&str> = available.iter().map(|a| a.name.as_str()).collect();
+            return Err(ApiError::invalid(
+                "allowed_tools",
+                format!(
+                    "{unknown:?} is not a tool of yours; available: {}",
+                    if names.is_empty() { "none".into() } else { names.join(", ") }
+                ),
+            ));
+        }
+    }
+    let offered =
+        crate::tools::offered(available, agent.read_only(), definition.as_ref(), body.allowed_tools.as_deref());
     let options = TaskOptions {
         max_turns: spec::max_turns(agent, turns),
         system_prompt: body.system_prompt.clone(),
@@ -327,6 +365,7 @@ async fn validate(st: &AppState, tenant: &str, body: &CreateTask, idem: Option<S
         agent: definition,
         resume_from: body.resume_from,
         timeout_seconds: Some(timeout_seconds),
+        tools: offered,
     };
     let options = serde_json::to_value(&options).map_err(|_| ApiError::internal())?;
     // The same key must come with the same request: hash what was asked, as resolved.
@@ -530,7 +569,10 @@ async fn cancel_bulk(
 ) -> Result<Response, ApiError> {
     let statuses = body.status.unwrap_or_else(|| vec!["queued".into(), "running".into()]);
     if statuses.is_empty() || statuses.iter().any(|s| s != "queued" && s != "running") {
-        return Err(ApiError::invalid("status", "must list `queued` and/or `running` (terminal tasks cannot be cancelled)"));
+        return Err(ApiError::invalid(
+            "status",
+            "must list `queued` and/or `running` (terminal tasks cannot be cancelled)",
+        ));
     }
     if body.metadata.as_ref().is_some_and(|m| !m.is_object()) {
         return Err(ApiError::invalid("metadata", "must be a JSON object"));

@@ -16,24 +16,40 @@ use super::run_store::PgRunStore;
 use crate::config::Config;
 use crate::engine::agents::{compose_system_prompt, AgentType};
 use crate::engine::spec::TaskOptions;
-use crate::engine::{self, NoTools, Outcome, RunInput, StopCause, StopSignal};
+use crate::engine::{self, Outcome, RunInput, StopCause, StopSignal};
 use crate::llm::{Message, Providers};
 use crate::store::runs::{self, Fence, Finish};
 use crate::store::tasks::TaskRow;
+use crate::tools::{Caller, Target, TaskTools};
 
 pub struct Worker {
     pool: PgPool,
     hub: Arc<Hub>,
     providers: Providers,
+    tool_caller: Caller,
     cfg: Arc<Config>,
     id: String,
     sem: Arc<Semaphore>,
 }
 
 impl Worker {
-    pub fn new(pool: PgPool, hub: Arc<Hub>, providers: Providers, cfg: Arc<Config>) -> Arc<Worker> {
+    pub fn new(
+        pool: PgPool,
+        hub: Arc<Hub>,
+        providers: Providers,
+        tool_caller: Caller,
+        cfg: Arc<Config>,
+    ) -> Arc<Worker> {
         let id = format!("{}-{}", hostname(), std::process::id());
-        Arc::new(Worker { sem: Arc::new(Semaphore::new(cfg.max_running.max(1))), pool, hub, providers, cfg, id })
+        Arc::new(Worker {
+            sem: Arc::new(Semaphore::new(cfg.max_running.max(1))),
+            pool,
+            hub,
+            providers,
+            tool_caller,
+            cfg,
+            id,
+        })
     }
 
     /// Run the claim loop, heartbeats and the rescuer until `shutdown`; then drain: stop
@@ -160,7 +176,11 @@ impl Worker {
             Outcome::Stopped(StopCause::Timeout) => Finish {
                 status: "incomplete",
                 stop_reason: Some("timeout".into()),
-                summary: Some(format!("(sub-agent {} stopped: its time limit of {} s was reached)", row.subagent_type, limit.unwrap_or(0.0))),
+                summary: Some(format!(
+                    "(sub-agent {} stopped: its time limit of {} s was reached)",
+                    row.subagent_type,
+                    limit.unwrap_or(0.0)
+                )),
                 error_code: None,
                 error_message: None,
             },
@@ -242,6 +262,10 @@ impl Worker {
             let system = compose_system_prompt(&base, opts.parent_context.as_deref());
             (vec![], engine::fresh_conversation(system, row.prompt.clone()))
         };
+        let tools = match self.task_tools(row, &opts).await {
+            Ok(t) => t,
+            Err(o) => return o,
+        };
         let input = RunInput {
             provider_name: model.provider.clone(),
             price: self.providers.price(&model),
@@ -250,13 +274,43 @@ impl Worker {
             new_messages,
             turns_done: row.turns.max(0) as u32,
             max_turns: opts.max_turns,
-            tools: vec![],
+            tools: opts.tools.iter().map(|t| t.spec()).collect(),
+            tool_concurrency: self.cfg.tool_concurrency.max(1),
             max_tokens: None,
             retry: self.providers.retry,
             agent: row.subagent_type.clone(),
         };
         let store = PgRunStore { pool: self.pool.clone(), fence, attempt: row.attempt };
-        engine::run(input, provider.as_ref(), &NoTools, &store, stop).await
+        engine::run(input, provider.as_ref(), &tools, &store, stop).await
+    }
+
+    /// The run's tools, with what calling them needs: the tenant's signing secret for HTTP
+    /// tools, the sources' headers for MCP tools.
+    async fn task_tools(&self, row: &TaskRow, opts: &TaskOptions) -> Result<TaskTools, Outcome> {
+        let mut t = TaskTools {
+            caller: self.tool_caller.clone(),
+            defs: opts.tools.clone(),
+            task_id: row.id,
+            tenant_secret: None,
+            traceparent: None,
+            mcp_headers: Default::default(),
+        };
+        if opts.tools.iter().any(|d| matches!(d.target, Target::Http { .. })) {
+            t.tenant_secret = Some(
+                retry_db(|| crate::store::tools::signing_secret(&self.pool, &row.tenant))
+                    .await
+                    .map_err(|_| Outcome::Stopped(StopCause::LeaseLost))?,
+            );
+        }
+        if opts.tools.iter().any(|d| matches!(d.target, Target::Mcp { .. })) {
+            let sources = retry_db(|| crate::store::tools::sources(&self.pool, &row.tenant))
+                .await
+                .map_err(|_| Outcome::Stopped(StopCause::LeaseLost))?;
+            for s in sources {
+                t.mcp_headers.insert(s.name, s.headers.0.into_iter().collect());
+            }
+        }
+        Ok(t)
     }
 
     async fn heartbeat_loop(self: Arc<Self>, stop: CancellationToken) {

@@ -8,7 +8,7 @@
 //! | `[mock:tool_turns=N]` | the first `N` turns answer with tool calls instead of text |
 //! | `[mock:tool=NAME]` | the tool to call (default: the first tool offered, else `lookup`) |
 //! | `[mock:parallel=K]` | tool calls per tool turn (default 1) |
-//! | `[mock:args=JSON]` | arguments of each tool call (default `{"turn": N}`) |
+//! | `[mock:args=JSON]` | arguments of each tool call (default `{"turn": N, "call": K}`) |
 //! | `[mock:loop]` | never give a final answer (every turn calls a tool with the same arguments) |
 //! | `[mock:delay_ms=N]` | wait `N` ms before answering |
 //! | `[mock:fail=KIND]` | every call fails: `429`, `500`, `529`, `400`, `timeout`, `protocol` |
@@ -160,16 +160,14 @@ impl Provider for MockProvider {
                 .clone()
                 .or_else(|| req.tools.first().map(|t| t.name.clone()))
                 .unwrap_or_else(|| "lookup".to_string());
-            let args = match (&script.args, script.looping) {
-                (Some(a), _) => a.clone(),
-                (None, true) => serde_json::json!({}),
-                (None, false) => serde_json::json!({ "turn": turn + 1 }),
-            };
             let tool_calls: Vec<ToolCall> = (0..script.parallel)
-                .map(|k| ToolCall {
-                    id: format!("call_{}_{}", turn + 1, k + 1),
-                    name: name.clone(),
-                    arguments: args.clone(),
+                .map(|k| {
+                    let arguments = match (&script.args, script.looping) {
+                        (Some(a), _) => a.clone(),
+                        (None, true) => serde_json::json!({}),
+                        (None, false) => serde_json::json!({ "turn": turn + 1, "call": k + 1 }),
+                    };
+                    ToolCall { id: format!("call_{}_{}", turn + 1, k + 1), name: name.clone(), arguments }
                 })
                 .collect();
             let out = tool_calls.iter().map(|t| t.name.len() + t.arguments.to_string().len()).sum::<usize>() as u64;

@@ -214,13 +214,8 @@ pub async fn cancel_matching(pool: &PgPool, tenant: &str, f: &CancelFilter) -> R
         done = super::CH_DONE,
         cancel = super::CH_CANCEL
     );
-    let rows: Vec<(Uuid, String, String)> = sqlx::query_as(&sql)
-        .bind(tenant)
-        .bind(f.id)
-        .bind(&f.statuses)
-        .bind(&f.metadata)
-        .fetch_all(pool)
-        .await?;
+    let rows: Vec<(Uuid, String, String)> =
+        sqlx::query_as(&sql).bind(tenant).bind(f.id).bind(&f.statuses).bind(&f.metadata).fetch_all(pool).await?;
     Ok(rows.into_iter().map(|(id, s, _)| (id, s)).collect())
 }
 

@@ -15,11 +15,12 @@ use crate::helpers::*;
 async fn all_terminal(app: &TestApp, ids: &[Uuid], within: Duration) -> bool {
     let deadline = Instant::now() + within;
     loop {
-        let open: i64 = sqlx::query_scalar("SELECT count(*) FROM tasks WHERE id = ANY($1) AND status IN ('queued', 'running')")
-            .bind(ids)
-            .fetch_one(&app.db.pool)
-            .await
-            .unwrap();
+        let open: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM tasks WHERE id = ANY($1) AND status IN ('queued', 'running')")
+                .bind(ids)
+                .fetch_one(&app.db.pool)
+                .await
+                .unwrap();
         if open == 0 {
             return true;
         }
@@ -147,11 +148,12 @@ async fn kill_dash_nine_at_random_points_loses_nothing_and_bills_nothing_twice()
         .fetch_one(&app.db.pool)
         .await
         .unwrap();
-    let repeated_calls: i64 = sqlx::query_scalar("SELECT count(*) FROM llm_calls WHERE task_id = ANY($1) AND attempt > 1")
-        .bind(&ids)
-        .fetch_one(&app.db.pool)
-        .await
-        .unwrap();
+    let repeated_calls: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM llm_calls WHERE task_id = ANY($1) AND attempt > 1")
+            .bind(&ids)
+            .fetch_one(&app.db.pool)
+            .await
+            .unwrap();
     println!(
         "RELIABILITY kill-9: tasks={} kills={} interrupted_runs={} attempts={} calls_by_later_attempts={} \
          duplicates=0 lost=0 max_kill_to_reclaim_ms={}",
@@ -194,7 +196,12 @@ async fn sigterm_drains_and_released_tasks_finish_on_the_other_process() {
     .unwrap();
     assert!(!released.is_empty(), "the drain should have released running tasks");
     assert!(released.iter().all(|r| r.1 == 1), "a release does not count an attempt: {released:?}");
-    println!("RELIABILITY sigterm: tasks={} released={} drain_ms={}", ids.len(), released.len(), drained_in.as_millis());
+    println!(
+        "RELIABILITY sigterm: tasks={} released={} drain_ms={}",
+        ids.len(),
+        released.len(),
+        drained_in.as_millis()
+    );
     app.stop().await;
 }
 
@@ -221,7 +228,12 @@ async fn cutting_the_database_connections_under_load_loses_no_task() {
     )
     .await
     .unwrap();
-    let app = TestApp { base: format!("http://{}", service.addr.unwrap()), db, client: reqwest::Client::new(), service: Some(service) };
+    let app = TestApp {
+        base: format!("http://{}", service.addr.unwrap()),
+        db,
+        client: reqwest::Client::new(),
+        service: Some(service),
+    };
     let ids = submit_many(&app, 30, "[mock:tool_turns=3] [mock:delay_ms=200]").await;
     tokio::time::sleep(Duration::from_millis(400)).await;
     proxy.cut();
@@ -296,11 +308,27 @@ async fn a_task_past_its_time_limit_ends_incomplete_with_timeout() {
 #[tokio::test]
 async fn retention_purges_old_conversations_and_events_but_keeps_tasks_and_the_ledger() {
     let app = spawn_app().await;
-    let t = app.client.post(app.url("/tasks?wait=true")).json(&json!({"prompt": "x", "model": "mock/m"})).send().await.unwrap();
+    let t = app
+        .client
+        .post(app.url("/tasks?wait=true"))
+        .json(&json!({"prompt": "x", "model": "mock/m"}))
+        .send()
+        .await
+        .unwrap();
     let t: Value = t.json().await.unwrap();
     let id: Uuid = t["id"].as_str().unwrap().parse().unwrap();
-    sqlx::query("UPDATE tasks SET finished_at = now() - interval '40 days' WHERE id = $1").bind(id).execute(&app.db.pool).await.unwrap();
-    let fresh = app.client.post(app.url("/tasks?wait=true")).json(&json!({"prompt": "y", "model": "mock/m"})).send().await.unwrap();
+    sqlx::query("UPDATE tasks SET finished_at = now() - interval '40 days' WHERE id = $1")
+        .bind(id)
+        .execute(&app.db.pool)
+        .await
+        .unwrap();
+    let fresh = app
+        .client
+        .post(app.url("/tasks?wait=true"))
+        .json(&json!({"prompt": "y", "model": "mock/m"}))
+        .send()
+        .await
+        .unwrap();
     let fresh: Value = fresh.json().await.unwrap();
     let n = subagentd::store::runs::purge_finished(&app.db.pool, 30).await.unwrap();
     assert_eq!(n, 1);

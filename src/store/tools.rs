@@ -1,0 +1,218 @@
+//! `tools`, `tool_sources` and `tenant_secrets`.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::types::Json;
+use sqlx::PgPool;
+
+use super::StoreError;
+use crate::tools::{Policy, Target, ToolDef};
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct ToolRow {
+    pub name: String,
+    pub description: String,
+    pub parameters: Value,
+    pub policy: String,
+    pub endpoint: String,
+    pub timeout_ms: i32,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+impl ToolRow {
+    pub fn def(&self) -> ToolDef {
+        ToolDef {
+            name: self.name.clone(),
+            description: self.description.clone(),
+            parameters: self.parameters.clone(),
+            policy: if self.policy == "auto" { Policy::Auto } else { Policy::Propose },
+            target: Target::Http { endpoint: self.endpoint.clone(), timeout_ms: self.timeout_ms as u64 },
+        }
+    }
+}
+
+const TOOL_COLS: &str = "name, description, parameters, policy, endpoint, timeout_ms, created_at, updated_at";
+
+pub async fn list(pool: &PgPool, tenant: &str) -> Result<Vec<ToolRow>, StoreError> {
+    Ok(sqlx::query_as(&format!("SELECT {TOOL_COLS} FROM tools WHERE tenant = $1 ORDER BY name"))
+        .bind(tenant)
+        .fetch_all(pool)
+        .await?)
+}
+
+pub async fn get(pool: &PgPool, tenant: &str, name: &str) -> Result<Option<ToolRow>, StoreError> {
+    Ok(sqlx::query_as(&format!("SELECT {TOOL_COLS} FROM tools WHERE tenant = $1 AND name = $2"))
+        .bind(tenant)
+        .bind(name)
+        .fetch_optional(pool)
+        .await?)
+}
+
+/// Insert or replace; true when created.
+pub async fn put(pool: &PgPool, tenant: &str, t: &ToolDef) -> Result<bool, StoreError> {
+    let (endpoint, timeout_ms) = match &t.target {
+        Target::Http { endpoint, timeout_ms } => (endpoint.clone(), *timeout_ms as i32),
+        Target::Mcp { .. } => return Ok(false),
+    };
+    let policy = if t.policy == Policy::Auto { "auto" } else { "propose" };
+    Ok(sqlx::query_scalar(
+        "INSERT INTO tools (tenant, name, description, parameters, policy, endpoint, timeout_ms)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)
+         ON CONFLICT (tenant, name) DO UPDATE SET description = EXCLUDED.description, parameters = EXCLUDED.parameters,
+             policy = EXCLUDED.policy, endpoint = EXCLUDED.endpoint, timeout_ms = EXCLUDED.timeout_ms, updated_at = now()
+         RETURNING (xmax = 0)",
+    )
+    .bind(tenant)
+    .bind(&t.name)
+    .bind(&t.description)
+    .bind(&t.parameters)
+    .bind(policy)
+    .bind(endpoint)
+    .bind(timeout_ms)
+    .fetch_one(pool)
+    .await?)
+}
+
+pub async fn delete(pool: &PgPool, tenant: &str, name: &str) -> Result<bool, StoreError> {
+    let r =
+        sqlx::query("DELETE FROM tools WHERE tenant = $1 AND name = $2").bind(tenant).bind(name).execute(pool).await?;
+    Ok(r.rows_affected() == 1)
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct SourceRow {
+    pub name: String,
+    pub url: String,
+    pub headers: Json<BTreeMap<String, String>>,
+    pub tools: Json<Vec<ToolDef>>,
+    pub refreshed_at: Option<DateTime<Utc>>,
+    pub last_error: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+const SOURCE_COLS: &str = "name, url, headers, tools, refreshed_at, last_error, created_at, updated_at";
+
+pub async fn sources(pool: &PgPool, tenant: &str) -> Result<Vec<SourceRow>, StoreError> {
+    Ok(sqlx::query_as(&format!("SELECT {SOURCE_COLS} FROM tool_sources WHERE tenant = $1 ORDER BY name"))
+        .bind(tenant)
+        .fetch_all(pool)
+        .await?)
+}
+
+pub async fn source(pool: &PgPool, tenant: &str, name: &str) -> Result<Option<SourceRow>, StoreError> {
+    Ok(sqlx::query_as(&format!("SELECT {SOURCE_COLS} FROM tool_sources WHERE tenant = $1 AND name = $2"))
+        .bind(tenant)
+        .bind(name)
+        .fetch_optional(pool)
+        .await?)
+}
+
+/// Insert or replace a source with its discovery result; true when created.
+pub async fn put_source(
+    pool: &PgPool,
+    tenant: &str,
+    name: &str,
+    url: &str,
+    headers: &BTreeMap<String, String>,
+    discovered: &Result<Vec<ToolDef>, String>,
+) -> Result<bool, StoreError> {
+    let (tools, error) = match discovered {
+        Ok(t) => (t.clone(), None),
+        Err(e) => (vec![], Some(e.clone())),
+    };
+    Ok(sqlx::query_scalar(
+        "INSERT INTO tool_sources (tenant, name, url, headers, tools, refreshed_at, last_error)
+         VALUES ($1, $2, $3, $4, $5, CASE WHEN $6::text IS NULL THEN now() END, $6)
+         ON CONFLICT (tenant, name) DO UPDATE SET url = EXCLUDED.url, headers = EXCLUDED.headers, tools = EXCLUDED.tools,
+             refreshed_at = EXCLUDED.refreshed_at, last_error = EXCLUDED.last_error, updated_at = now()
+         RETURNING (xmax = 0)",
+    )
+    .bind(tenant)
+    .bind(name)
+    .bind(url)
+    .bind(Json(headers))
+    .bind(Json(&tools))
+    .bind(error)
+    .fetch_one(pool)
+    .await?)
+}
+
+/// Record a refresh: new tools on success; on failure the cached tools stay.
+pub async fn refreshed(
+    pool: &PgPool,
+    tenant: &str,
+    name: &str,
+    r: &Result<Vec<ToolDef>, String>,
+) -> Result<(), StoreError> {
+    match r {
+        Ok(tools) => sqlx::query(
+            "UPDATE tool_sources SET tools = $3, refreshed_at = now(), last_error = NULL WHERE tenant = $1 AND name = $2",
+        )
+        .bind(tenant)
+        .bind(name)
+        .bind(Json(tools))
+        .execute(pool)
+        .await?,
+        Err(e) => sqlx::query("UPDATE tool_sources SET last_error = $3 WHERE tenant = $1 AND name = $2")
+            .bind(tenant)
+            .bind(name)
+            .bind(e)
+            .execute(pool)
+            .await?,
+    };
+    Ok(())
+}
+
+pub async fn delete_source(pool: &PgPool, tenant: &str, name: &str) -> Result<bool, StoreError> {
+    let r = sqlx::query("DELETE FROM tool_sources WHERE tenant = $1 AND name = $2")
+        .bind(tenant)
+        .bind(name)
+        .execute(pool)
+        .await?;
+    Ok(r.rows_affected() == 1)
+}
+
+/// The tenant's signing secret, created on first use.
+pub async fn signing_secret(pool: &PgPool, tenant: &str) -> Result<String, StoreError> {
+    if let Some(s) = sqlx::query_scalar("SELECT signing_secret FROM tenant_secrets WHERE tenant = $1")
+        .bind(tenant)
+        .fetch_optional(pool)
+        .await?
+    {
+        return Ok(s);
+    }
+    sqlx::query("INSERT INTO tenant_secrets (tenant, signing_secret) VALUES ($1, $2) ON CONFLICT DO NOTHING")
+        .bind(tenant)
+        .bind(new_secret())
+        .execute(pool)
+        .await?;
+    Ok(sqlx::query_scalar("SELECT signing_secret FROM tenant_secrets WHERE tenant = $1")
+        .bind(tenant)
+        .fetch_one(pool)
+        .await?)
+}
+
+/// Replace the tenant's signing secret; the only time a secret is returned.
+pub async fn rotate_signing_secret(pool: &PgPool, tenant: &str) -> Result<String, StoreError> {
+    let s = new_secret();
+    sqlx::query(
+        "INSERT INTO tenant_secrets (tenant, signing_secret) VALUES ($1, $2)
+         ON CONFLICT (tenant) DO UPDATE SET signing_secret = EXCLUDED.signing_secret, created_at = now()",
+    )
+    .bind(tenant)
+    .bind(&s)
+    .execute(pool)
+    .await?;
+    Ok(s)
+}
+
+fn new_secret() -> String {
+    use rand::RngCore;
+    let mut b = [0u8; 32];
+    rand::thread_rng().fill_bytes(&mut b);
+    format!("whsec_{}", hex::encode(b))
+}

@@ -1,0 +1,239 @@
+//! Tools: definitions (registered per tenant, brought inline, or discovered from MCP
+//! servers), the whitelist filter chain, and the runner that validates arguments and calls
+//! them — signed HTTP callbacks or MCP `tools/call` — behind the SSRF guard.
+
+pub mod http;
+pub mod mcp;
+pub mod ssrf;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::engine::definitions::AgentDefinition;
+use crate::engine::{ToolOutput, ToolRunner};
+use crate::llm::{ToolCall, ToolSpec};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Policy {
+    /// Read-only: safe to run unattended; offered to every agent type.
+    Auto,
+    /// Writes or side effects: offered to `general` agents only.
+    Propose,
+}
+
+/// Where a tool runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum Target {
+    Http { endpoint: String, timeout_ms: u64 },
+    Mcp { source: String, url: String, tool: String, timeout_ms: u64 },
+}
+
+/// A tool as a run knows it: what the model is offered, and where calls go.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolDef {
+    pub name: String,
+    pub description: String,
+    pub parameters: Value,
+    pub policy: Policy,
+    pub target: Target,
+}
+
+impl ToolDef {
+    pub fn spec(&self) -> ToolSpec {
+        ToolSpec { name: self.name.clone(), description: self.description.clone(), parameters: self.parameters.clone() }
+    }
+}
+
+/// Tool names the providers accept (OpenAI: `^[a-zA-Z0-9_-]{1,64}$`).
+pub fn check_tool_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > 64 || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
+        return Err("must be 1-64 characters of a-z, A-Z, 0-9, '_' and '-'".into());
+    }
+    Ok(())
+}
+
+/// Is `schema` a JSON Schema for an object of arguments?
+pub fn check_parameters(schema: &Value) -> Result<(), String> {
+    if !schema.is_object() {
+        return Err("must be a JSON Schema object".into());
+    }
+    if let Some(t) = schema.get("type") {
+        if t != "object" {
+            return Err("must describe an object (`\"type\": \"object\"`)".into());
+        }
+    }
+    jsonschema::validator_for(schema).map(|_| ()).map_err(|e| format!("is not a valid JSON Schema: {e}"))
+}
+
+/// The whitelist, in order: the agent type's policy filter (read-only types see `auto` tools
+/// only), then the definition's `tools` / `disallowed_tools`, then the request's
+/// `allowed_tools`.
+pub fn offered(
+    available: Vec<ToolDef>,
+    read_only: bool,
+    definition: Option<&AgentDefinition>,
+    allowed: Option<&[String]>,
+) -> Vec<ToolDef> {
+    available
+        .into_iter()
+        .filter(|t| !read_only || t.policy == Policy::Auto)
+        .filter(|t| definition.and_then(|d| d.tools.as_ref()).is_none_or(|allow| allow.contains(&t.name)))
+        .filter(|t| definition.is_none_or(|d| !d.disallowed_tools.contains(&t.name)))
+        .filter(|t| allowed.is_none_or(|a| a.contains(&t.name)))
+        .collect()
+}
+
+/// Cap a tool result, with a visible marker when cut.
+pub fn cap(mut s: String, max: usize) -> String {
+    if s.len() <= max {
+        return s;
+    }
+    let mut cut = max;
+    while !s.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let dropped = s.len() - cut;
+    s.truncate(cut);
+    s.push_str(&format!("\n…[truncated: {dropped} more bytes]"));
+    s
+}
+
+/// How tool calls go out.
+#[derive(Clone)]
+pub struct Caller {
+    pub client: reqwest::Client,
+    pub allow: Arc<ssrf::AllowList>,
+    pub max_result_bytes: usize,
+}
+
+impl Caller {
+    pub fn from_config(cfg: &crate::config::Config) -> Result<Caller, String> {
+        let allow =
+            Arc::new(ssrf::AllowList::parse(&cfg.tool_allow).map_err(|e| format!("SUBAGENTD_TOOL_ALLOW: {e}"))?);
+        Ok(Caller {
+            client: ssrf::guarded_client(allow.clone()),
+            allow,
+            max_result_bytes: cfg.tool_result_max_bytes.max(256),
+        })
+    }
+}
+
+/// Everything one task's tool calls need.
+pub struct TaskTools {
+    pub caller: Caller,
+    pub defs: Vec<ToolDef>,
+    pub task_id: uuid::Uuid,
+    pub tenant_secret: Option<String>,
+    pub traceparent: Option<String>,
+    /// Headers of the task's MCP sources (by source name), for `tools/call`.
+    pub mcp_headers: std::collections::HashMap<String, Vec<(String, String)>>,
+}
+
+fn tool_error(msg: impl Into<String>) -> ToolOutput {
+    ToolOutput { content: msg.into(), is_error: true }
+}
+
+#[async_trait::async_trait]
+impl ToolRunner for TaskTools {
+    async fn run(&self, call: &ToolCall) -> ToolOutput {
+        let Some(def) = self.defs.iter().find(|d| d.name == call.name) else {
+            return tool_error(format!("tool {} is not available", call.name));
+        };
+        if !call.arguments.is_object() {
+            return tool_error(format!("arguments of {} must be a JSON object; got {}", call.name, call.arguments));
+        }
+        if let Ok(v) = jsonschema::validator_for(&def.parameters) {
+            let errors: Vec<String> = v
+                .iter_errors(&call.arguments)
+                .take(5)
+                .map(|e| {
+                    let path = e.instance_path.to_string();
+                    format!("{}: {e}", if path.is_empty() { "/".to_string() } else { path })
+                })
+                .collect();
+            if !errors.is_empty() {
+                return tool_error(format!(
+                    "invalid arguments for {} (not called): {}. Fix them and call again.",
+                    call.name,
+                    errors.join("; ")
+                ));
+            }
+        }
+        let out = match &def.target {
+            Target::Http { endpoint, timeout_ms } => {
+                http::call(self, endpoint, Duration::from_millis(*timeout_ms), call).await
+            }
+            Target::Mcp { source, url, tool, timeout_ms } => {
+                let headers = self.mcp_headers.get(source).cloned().unwrap_or_default();
+                mcp::call(&self.caller, url, &headers, tool, call, Duration::from_millis(*timeout_ms)).await
+            }
+        };
+        ToolOutput { content: cap(out.content, self.caller.max_result_bytes), is_error: out.is_error }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(name: &str, policy: Policy) -> ToolDef {
+        ToolDef {
+            name: name.into(),
+            description: String::new(),
+            parameters: serde_json::json!({"type": "object"}),
+            policy,
+            target: Target::Http { endpoint: "http://x".into(), timeout_ms: 1 },
+        }
+    }
+
+    fn names(v: Vec<ToolDef>) -> Vec<String> {
+        v.into_iter().map(|t| t.name).collect()
+    }
+
+    #[test]
+    fn read_only_types_see_only_auto_tools_and_lists_narrow_further() {
+        let all = vec![
+            t("list", Policy::Auto),
+            t("get", Policy::Auto),
+            t("create", Policy::Propose),
+            t("delete", Policy::Propose),
+        ];
+        assert_eq!(names(offered(all.clone(), true, None, None)), ["list", "get"]);
+        assert_eq!(names(offered(all.clone(), false, None, None)), ["list", "get", "create", "delete"]);
+        let def = AgentDefinition {
+            name: "d".into(),
+            description: String::new(),
+            system_prompt: "p".into(),
+            tools: Some(vec!["get".into(), "create".into(), "delete".into()]),
+            disallowed_tools: vec!["delete".into()],
+            model: None,
+            max_turns: None,
+        };
+        assert_eq!(names(offered(all.clone(), false, Some(&def), None)), ["get", "create"]);
+        assert_eq!(names(offered(all, false, Some(&def), Some(&["create".to_string()]))), ["create"]);
+    }
+
+    #[test]
+    fn results_are_capped_with_a_marker_on_a_char_boundary() {
+        assert_eq!(cap("short".into(), 10), "short");
+        let c = cap("ééééé".into(), 3);
+        assert_eq!(c, "é\n…[truncated: 8 more bytes]");
+    }
+
+    #[test]
+    fn parameters_must_be_an_object_schema() {
+        assert!(
+            check_parameters(&serde_json::json!({"type": "object", "properties": {"q": {"type": "string"}}})).is_ok()
+        );
+        assert!(check_parameters(&serde_json::json!({"type": "string"})).is_err());
+        assert!(check_parameters(&serde_json::json!([1])).is_err());
+        assert!(check_parameters(&serde_json::json!({"type": "object", "properties": {"q": {"type": 5}}})).is_err());
+        assert!(check_tool_name("search_docs-2").is_ok());
+        assert!(check_tool_name("no.dots").is_err());
+    }
+}

@@ -89,6 +89,39 @@ pub struct Config {
     #[arg(long, env = "SUBAGENTD_TOOL_CONCURRENCY", default_value_t = 8, global = true)]
     pub tool_concurrency: usize,
 
+    /// How requests are authenticated: `auto` (API keys once any exist; before that single-user
+    /// mode, but only on a loopback address), `keys` (always API keys), `none` (single-user).
+    #[arg(long, env = "SUBAGENTD_AUTH", default_value = "auto", global = true)]
+    pub auth: String,
+
+    /// Bearer token of the admin API (`/admin/...`); unset: the admin API is off.
+    #[arg(long, env = "SUBAGENTD_ADMIN_TOKEN", global = true, hide_env_values = true)]
+    pub admin_token: Option<String>,
+
+    /// Default spend limit per tenant per UTC day, in USD (a tenant's own limit wins).
+    #[arg(long, env = "SUBAGENTD_DEFAULT_USD_PER_DAY", global = true)]
+    pub default_usd_per_day: Option<rust_decimal::Decimal>,
+
+    /// Default spend limit per tenant per UTC calendar month, in USD.
+    #[arg(long, env = "SUBAGENTD_DEFAULT_USD_PER_MONTH", global = true)]
+    pub default_usd_per_month: Option<rust_decimal::Decimal>,
+
+    /// Default token limit per tenant per UTC day.
+    #[arg(long, env = "SUBAGENTD_DEFAULT_TOKENS_PER_DAY", global = true)]
+    pub default_tokens_per_day: Option<i64>,
+
+    /// Default limit of running sub-agents per tenant (across replicas).
+    #[arg(long, env = "SUBAGENTD_DEFAULT_MAX_RUNNING", global = true)]
+    pub default_max_running: Option<i32>,
+
+    /// Default limit of queued tasks per tenant.
+    #[arg(long, env = "SUBAGENTD_DEFAULT_MAX_QUEUED", global = true)]
+    pub default_max_queued: Option<i32>,
+
+    /// Output tokens a provider call may produce (sent as `max_tokens`, and reserved).
+    #[arg(long, env = "SUBAGENTD_MAX_OUTPUT_TOKENS", default_value_t = 4096, global = true)]
+    pub max_output_tokens: u32,
+
     /// Longest run a task may ask for with `timeout_seconds` (and the default), in seconds.
     #[arg(long, env = "SUBAGENTD_MAX_TASK_TIMEOUT_SECONDS", default_value_t = 3600, global = true)]
     pub max_task_timeout_seconds: u64,
@@ -97,6 +130,11 @@ pub struct Config {
     /// the usage ledger stay). 0 keeps them forever.
     #[arg(long, env = "SUBAGENTD_RETENTION_DAYS", default_value_t = 30, global = true)]
     pub retention_days: u32,
+
+    /// Days the usage ledger (`llm_calls`) is kept; the daily rollups are kept forever.
+    /// 0 keeps the ledger forever.
+    #[arg(long, env = "SUBAGENTD_LEDGER_RETENTION_DAYS", default_value_t = 400, global = true)]
+    pub ledger_retention_days: u32,
 
     /// On SIGTERM/SIGINT, how long running sub-agents may finish before they are released
     /// back to the queue, in seconds.
@@ -126,6 +164,13 @@ impl Config {
     }
     pub fn heartbeat(&self) -> Duration {
         Duration::from_secs(self.heartbeat_seconds.max(1))
+    }
+    pub fn budget_defaults(&self) -> crate::store::runs::BudgetDefaults {
+        crate::store::runs::BudgetDefaults {
+            usd_per_day: self.default_usd_per_day,
+            usd_per_month: self.default_usd_per_month,
+            tokens_per_day: self.default_tokens_per_day,
+        }
     }
     pub fn drain_grace(&self) -> Duration {
         Duration::from_secs(self.drain_grace_seconds)
@@ -160,6 +205,9 @@ pub struct FileConfig {
     pub pricing: std::collections::BTreeMap<String, PriceConfig>,
     #[serde(default)]
     pub retry: Option<RetryConfig>,
+    /// Per `provider/model` (or `provider`): concurrency, requests and tokens per minute.
+    #[serde(default)]
+    pub limits: std::collections::BTreeMap<String, crate::llm::limits::LimitConfig>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]

@@ -28,6 +28,62 @@ enum Command {
     Worker,
     /// Apply database migrations and exit.
     Migrate,
+    /// Manage API keys.
+    Keys {
+        #[command(subcommand)]
+        action: KeysCmd,
+    },
+    /// Manage tenants' limits.
+    Tenants {
+        #[command(subcommand)]
+        action: TenantsCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum KeysCmd {
+    /// Create a key for a tenant and print it (the only time it is shown).
+    Create {
+        #[arg(long)]
+        tenant: String,
+        #[arg(long)]
+        name: Option<String>,
+    },
+    /// Revoke a key by id or prefix (`sk_…` before the second underscore).
+    Revoke { key: String },
+    /// List keys (never the keys themselves).
+    List {
+        #[arg(long)]
+        tenant: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum TenantsCmd {
+    /// Set a tenant's limits (omitted ones fall back to the configured defaults).
+    Set {
+        name: String,
+        #[arg(long)]
+        usd_per_day: Option<rust_decimal::Decimal>,
+        #[arg(long)]
+        usd_per_month: Option<rust_decimal::Decimal>,
+        #[arg(long)]
+        tokens_per_day: Option<i64>,
+        #[arg(long)]
+        max_running: Option<i32>,
+        #[arg(long)]
+        max_queued: Option<i32>,
+        #[arg(long)]
+        max_task_cost_usd: Option<rust_decimal::Decimal>,
+        #[arg(long)]
+        max_task_tokens: Option<i64>,
+        #[arg(long)]
+        max_task_turns: Option<i32>,
+        #[arg(long)]
+        max_task_timeout_seconds: Option<i32>,
+    },
+    /// Show a tenant's limits and current use.
+    Show { name: String },
 }
 
 fn init_tracing(format: &str) {
@@ -69,6 +125,8 @@ async fn main() {
         }
         Command::Serve { no_workers } => Roles { api: true, workers: !no_workers },
         Command::Worker => Roles { api: false, workers: true },
+        Command::Keys { action } => return admin(&cfg, Admin::Keys(action)).await,
+        Command::Tenants { action } => return admin(&cfg, Admin::Tenants(action)).await,
     };
     let file = match &cfg.config_file {
         Some(path) => FileConfig::load(path).unwrap_or_else(|e| fail(e)),
@@ -105,4 +163,67 @@ async fn main() {
 fn fail(e: impl std::fmt::Display) -> ! {
     eprintln!("subagentd: {e}");
     std::process::exit(1);
+}
+
+enum Admin {
+    Keys(KeysCmd),
+    Tenants(TenantsCmd),
+}
+
+/// The admin commands: straight to the database (the service need not run).
+async fn admin(cfg: &Config, cmd: Admin) {
+    use subagentd::store::tenants;
+    let db = Database::open(cfg).await.unwrap_or_else(|e| fail(e));
+    let out = match cmd {
+        Admin::Keys(KeysCmd::Create { tenant, name }) => {
+            let (row, key) = tenants::create_key(&db.pool, &tenant, name.as_deref()).await.unwrap_or_else(|e| fail(e));
+            eprintln!("created key {} for tenant {} (shown once; it is stored hashed):", row.id, row.tenant);
+            key
+        }
+        Admin::Keys(KeysCmd::Revoke { key }) => {
+            match tenants::revoke_key(&db.pool, &key).await.unwrap_or_else(|e| fail(e)) {
+                Some(row) => format!("revoked {} ({}) of tenant {}", row.id, row.prefix, row.tenant),
+                None => fail(format!("no key {key:?}")),
+            }
+        }
+        Admin::Keys(KeysCmd::List { tenant }) => {
+            let rows = tenants::list_keys(&db.pool, tenant.as_deref()).await.unwrap_or_else(|e| fail(e));
+            serde_json::to_string_pretty(&rows).unwrap_or_default()
+        }
+        Admin::Tenants(TenantsCmd::Set {
+            name,
+            usd_per_day,
+            usd_per_month,
+            tokens_per_day,
+            max_running,
+            max_queued,
+            max_task_cost_usd,
+            max_task_tokens,
+            max_task_turns,
+            max_task_timeout_seconds,
+        }) => {
+            let l = tenants::Limits {
+                usd_per_day,
+                usd_per_month,
+                tokens_per_day,
+                max_running,
+                max_queued,
+                max_task_cost_usd,
+                max_task_tokens,
+                max_task_turns,
+                max_task_timeout_seconds,
+            };
+            tenants::put_limits(&db.pool, &name, &l).await.unwrap_or_else(|e| fail(e));
+            format!("tenant {name}: {}", serde_json::to_string(&l).unwrap_or_default())
+        }
+        Admin::Tenants(TenantsCmd::Show { name }) => {
+            let mut conn = db.pool.acquire().await.unwrap_or_else(|e| fail(e));
+            let l = tenants::limits(&mut conn, &name, false).await.unwrap_or_else(|e| fail(e));
+            let Some(l) = l else { fail(format!("no tenant {name:?}")) };
+            let u = tenants::usage_now(&mut conn, &name).await.unwrap_or_else(|e| fail(e));
+            serde_json::to_string_pretty(&serde_json::json!({"name": name, "limits": l, "use": u})).unwrap_or_default()
+        }
+    };
+    println!("{out}");
+    db.pool.close().await;
 }

@@ -39,6 +39,8 @@ impl Service {
     ) -> std::io::Result<Service> {
         let tool_caller = crate::tools::Caller::from_config(&cfg)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+        let mode = crate::http::auth::Mode::parse(&cfg.auth)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
         let shutdown = CancellationToken::new();
         let hub = Hub::new();
         // The listener outlives the drain, so that waiters and cancels keep working during it.
@@ -51,6 +53,7 @@ impl Service {
         });
 
         let (addr, server) = if roles.api {
+            let loopback = cfg.listen.ip().is_loopback();
             let state = AppState {
                 pool: pool.clone(),
                 cfg: cfg.clone(),
@@ -58,9 +61,24 @@ impl Service {
                 providers,
                 file_agents,
                 tool_caller,
+                auth: Arc::new(crate::http::auth::Auth::new(mode, loopback)),
+                limits_cache: Arc::default(),
                 shutdown: shutdown.clone(),
             };
             let listener = tokio::net::TcpListener::bind(cfg.listen).await?;
+            if mode == crate::http::auth::Mode::Auto && !loopback {
+                tracing::warn!(
+                    "listening on a non-loopback address: every request needs an API key (SUBAGENTD_AUTH=auto)"
+                );
+            } else if mode != crate::http::auth::Mode::Keys {
+                tracing::warn!(
+                    tenant = %cfg.tenant,
+                    "single-user mode: requests without an API key act as tenant {:?} (until an API key exists{}); \
+                     do not expose this port",
+                    cfg.tenant,
+                    if mode == crate::http::auth::Mode::None { ", never: SUBAGENTD_AUTH=none" } else { "" }
+                );
+            }
             let addr = listener.local_addr()?;
             let app = http::router(state);
             let stop = shutdown.clone();

@@ -58,6 +58,9 @@ pub struct CallRecord {
     pub http_status: Option<u16>,
     pub outcome: &'static str,
     pub error: Option<String>,
+    /// What was reserved for this call before it was made.
+    pub reserved_usd: Decimal,
+    pub reserved_tokens: u64,
 }
 
 /// One completed turn: committed together, or not at all.
@@ -75,8 +78,18 @@ pub struct TurnCheckpoint {
 #[error("lease lost")]
 pub struct LeaseLost;
 
+/// Why a budget reservation did not go through.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Refusal {
+    /// The named limit would be exceeded.
+    Budget(String),
+    LeaseLost,
+}
+
 #[async_trait::async_trait]
 pub trait RunStore: Send + Sync {
+    /// Reserve the worst-case cost of the next provider call against the budgets.
+    async fn reserve(&self, usd: Decimal, tokens: u64) -> Result<(), Refusal>;
     /// Record a failed provider attempt.
     async fn record_failed_call(&self, call: &CallRecord) -> Result<(), LeaseLost>;
     /// Commit a completed turn: messages, its call's usage and its events, atomically.
@@ -105,13 +118,15 @@ impl ToolRunner for NoTools {
 }
 
 /// Why a run was told to stop from outside.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StopCause {
     Cancelled,
     LeaseLost,
     /// The process is draining: release the task for another worker.
     Drain,
     Timeout,
+    /// A budget reservation was refused (the limit's name).
+    Budget(String),
 }
 
 /// A cancellation token that remembers the first reason it was fired for.
@@ -132,7 +147,7 @@ impl StopSignal {
         self.token.cancel();
     }
     pub fn cause(&self) -> Option<StopCause> {
-        self.cause.lock().ok().and_then(|c| *c)
+        self.cause.lock().ok().and_then(|c| c.clone())
     }
     pub async fn stopped(&self) -> StopCause {
         self.token.cancelled().await;
@@ -193,6 +208,18 @@ pub async fn run(
         };
         let (resp, call) = match call_with_retries(&input, provider, store, stop, &req, turn).await {
             Ok(r) => r,
+            Err(Outcome::Stopped(StopCause::Budget(limit))) => {
+                return Outcome::Incomplete {
+                    stop_reason: "budget",
+                    summary: last_text.unwrap_or_else(|| {
+                        format!(
+                            "(sub-agent {} stopped after {} turns: the next call would exceed the {limit} budget)",
+                            input.agent,
+                            turn - 1
+                        )
+                    }),
+                }
+            }
             Err(o) => return o,
         };
         let mut events = vec![(
@@ -335,8 +362,25 @@ async fn call_with_retries(
 ) -> Result<(crate::llm::ChatResponse, CallRecord), Outcome> {
     let first = Instant::now();
     let mut try_no = 0;
+    // Worst case: the prompt (estimated generously at 3 characters a token) plus every
+    // output token the provider is allowed to produce.
+    let prompt_chars: usize = req.messages.iter().map(message_chars).sum::<usize>()
+        + req.tools.iter().map(|t| t.name.len() + t.description.len() + t.parameters.to_string().len()).sum::<usize>();
+    let est_tokens = (prompt_chars as u64).div_ceil(3) + u64::from(req.max_tokens.unwrap_or(0));
+    let est_usd = input.price.map_or(Decimal::ZERO, |p| {
+        p.cost(&Usage {
+            input_tokens: (prompt_chars as u64).div_ceil(3),
+            output_tokens: u64::from(req.max_tokens.unwrap_or(0)),
+            cached_tokens: 0,
+        })
+    });
     loop {
         try_no += 1;
+        match store.reserve(est_usd, est_tokens).await {
+            Ok(()) => {}
+            Err(Refusal::LeaseLost) => return Err(Outcome::Stopped(StopCause::LeaseLost)),
+            Err(Refusal::Budget(limit)) => return Err(Outcome::Stopped(StopCause::Budget(limit))),
+        }
         let started = Instant::now();
         let result = tokio::select! {
             r = provider.chat(req) => r,
@@ -355,6 +399,8 @@ async fn call_with_retries(
             http_status: None,
             outcome: "ok",
             error: None,
+            reserved_usd: est_usd,
+            reserved_tokens: est_tokens,
         };
         match result {
             Ok(resp) => {
@@ -384,6 +430,17 @@ async fn call_with_retries(
                 }
             }
         }
+    }
+}
+
+fn message_chars(m: &Message) -> usize {
+    match m {
+        Message::System { content } | Message::User { content } => content.len(),
+        Message::Assistant { content, tool_calls } => {
+            content.as_ref().map_or(0, String::len)
+                + tool_calls.iter().map(|t| t.name.len() + t.arguments.to_string().len()).sum::<usize>()
+        }
+        Message::Tool { content, .. } => content.len(),
     }
 }
 

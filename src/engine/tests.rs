@@ -62,10 +62,23 @@ struct Store {
     checkpoints: Mutex<Vec<TurnCheckpoint>>,
     failed: Mutex<Vec<CallRecord>>,
     lose_lease_at_turn: Option<u32>,
+    /// `None`: unlimited.
+    budget_left: Mutex<Option<Decimal>>,
 }
 
 #[async_trait::async_trait]
 impl RunStore for Store {
+    async fn reserve(&self, usd: Decimal, _tokens: u64) -> Result<(), Refusal> {
+        let mut left = self.budget_left.lock().unwrap();
+        match left.as_mut() {
+            Some(l) if *l < usd => Err(Refusal::Budget("max_cost_usd".into())),
+            Some(l) => {
+                *l -= usd;
+                Ok(())
+            }
+            None => Ok(()),
+        }
+    }
     async fn record_failed_call(&self, call: &CallRecord) -> Result<(), LeaseLost> {
         self.failed.lock().unwrap().push(call.clone());
         Ok(())
@@ -304,4 +317,22 @@ async fn a_resumed_run_continues_the_saved_conversation_without_repeating_turns(
     let cps = store.checkpoints.lock().unwrap();
     assert_eq!(cps[0].turn, 2);
     assert_eq!(cps[0].messages.len(), 1);
+}
+
+#[tokio::test]
+async fn a_refused_reservation_ends_the_run_incomplete_with_budget_and_the_partial_summary() {
+    let answers = vec![
+        Ok(ChatResponse { text: Some("halfway there".into()), ..calls(&[("get_thing", json!({"a": 1}))]) }),
+        Ok(text("never reached")),
+    ];
+    let p = Scripted::new(answers);
+    // Enough for the first call's worst case, not the second's.
+    let inp = RunInput { max_tokens: Some(1000), ..input() };
+    let s = Store { budget_left: Mutex::new(Some(Decimal::new(25, 4))), ..Default::default() };
+    let o = run(inp, &p, &Tools::default(), &s, &StopSignal::new()).await;
+    assert_eq!(o, Outcome::Incomplete { stop_reason: "budget", summary: "halfway there".into() });
+    assert_eq!(p.requests().len(), 1);
+    let cp = s.checkpoints.lock().unwrap();
+    assert!(cp[0].call.reserved_usd > Decimal::ZERO);
+    assert_eq!(cp[0].call.reserved_tokens, 1000 + (cp[0].call.reserved_tokens - 1000));
 }

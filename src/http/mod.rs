@@ -1,16 +1,18 @@
 //! The HTTP API: one module per resource, merged here with the tower layers.
 
+pub mod admin;
 pub mod agents;
+pub mod auth;
 pub mod error;
 pub mod extract;
 pub mod health;
 pub mod tasks;
 pub mod tools;
+pub mod usage;
 
 use std::sync::Arc;
 
-use axum::extract::{DefaultBodyLimit, FromRequestParts};
-use axum::http::request::Parts;
+use axum::extract::DefaultBodyLimit;
 use axum::http::StatusCode;
 use axum::Router;
 use sqlx::PgPool;
@@ -30,22 +32,17 @@ pub struct AppState {
     pub hub: Arc<Hub>,
     pub providers: Providers,
     pub file_agents: Arc<FileAgents>,
+    pub auth: Arc<auth::Auth>,
+    /// Tenants' limits as last read (a tenant row exists for each entry), for admission.
+    pub limits_cache:
+        Arc<std::sync::Mutex<std::collections::HashMap<String, (crate::store::tenants::Limits, std::time::Instant)>>>,
     /// The guarded client and limits for calls to tenant-supplied URLs.
     pub tool_caller: crate::tools::Caller,
     /// Fired when the server drains: waiting requests answer 202 at once.
     pub shutdown: CancellationToken,
 }
 
-/// The caller's tenant. Single-user mode: every request belongs to the configured tenant.
-pub struct Tenant(pub String);
-
-impl FromRequestParts<AppState> for Tenant {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(_parts: &mut Parts, st: &AppState) -> Result<Self, ApiError> {
-        Ok(Tenant(st.cfg.tenant.clone()))
-    }
-}
+pub use auth::Tenant;
 
 pub fn router(state: AppState) -> Router {
     let limit = state.cfg.max_body_bytes;
@@ -53,6 +50,8 @@ pub fn router(state: AppState) -> Router {
         .merge(tasks::router())
         .merge(agents::router())
         .merge(tools::router())
+        .merge(usage::router())
+        .merge(admin::router())
         .merge(health::router())
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "route_not_found", "Not found", "no such route") })
         .method_not_allowed_fallback(|| async {

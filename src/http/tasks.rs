@@ -23,6 +23,7 @@ use crate::engine::agents::AgentType;
 use crate::engine::spec::{self, TaskOptions};
 use crate::llm::{ModelRef, ResolveError};
 use crate::store::tasks::{self, Inserted, ListFilter, NewTask, TaskRow};
+use crate::store::tenants::{self, Limits};
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -67,6 +68,12 @@ pub struct CreateTask {
     /// Narrow the tools to these names.
     #[serde(default)]
     allowed_tools: Option<Vec<String>>,
+    /// Spend limit of this task in USD (capped by the tenant's `max_task_cost_usd`).
+    #[serde(default)]
+    max_cost_usd: Option<f64>,
+    /// Token limit (input + output) of this task (capped by the tenant's `max_task_tokens`).
+    #[serde(default)]
+    max_tokens: Option<i64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -237,7 +244,13 @@ fn resolve_model(st: &AppState, requested: Option<&str>, from_definition: Option
     })
 }
 
-async fn validate(st: &AppState, tenant: &str, body: &CreateTask, idem: Option<String>) -> Result<NewTask, ApiError> {
+async fn validate(
+    st: &AppState,
+    tenant: &str,
+    limits: &Limits,
+    body: &CreateTask,
+    idem: Option<String>,
+) -> Result<NewTask, ApiError> {
     let prompt = body.prompt.trim();
     if prompt.is_empty() {
         return Err(ApiError::invalid("prompt", "must not be empty"));
@@ -322,7 +335,29 @@ async fn validate(st: &AppState, tenant: &str, body: &CreateTask, idem: Option<S
         definition.as_ref().and_then(|d| d.model.as_deref()),
     )?;
     let turns = max_turns.or(definition.as_ref().and_then(|d| d.max_turns));
-    let cap = st.cfg.max_task_timeout_seconds as f64;
+    let turns = match (turns, limits.max_task_turns) {
+        (t, Some(cap)) => Some(t.unwrap_or(agent.default_max_turns()).min(cap.max(1) as u32)),
+        (t, None) => t,
+    };
+    let mut cap = st.cfg.max_task_timeout_seconds as f64;
+    if let Some(t) = limits.max_task_timeout_seconds {
+        cap = cap.min(f64::from(t.max(1)));
+    }
+    let max_cost_usd = match body.max_cost_usd {
+        Some(v) if !v.is_finite() || v < 0.0 => {
+            return Err(ApiError::invalid("max_cost_usd", "must be a non-negative number"))
+        }
+        Some(v) => {
+            let d = Decimal::try_from(v).map_err(|_| ApiError::invalid("max_cost_usd", "is out of range"))?;
+            Some(limits.max_task_cost_usd.map_or(d, |cap| d.min(cap)))
+        }
+        None => limits.max_task_cost_usd,
+    };
+    let max_tokens = match body.max_tokens {
+        Some(v) if v < 1 => return Err(ApiError::invalid("max_tokens", "must be at least 1")),
+        Some(v) => Some(limits.max_task_tokens.map_or(v, |cap| v.min(cap))),
+        None => limits.max_task_tokens,
+    };
     let timeout_seconds = match body.timeout_seconds {
         Some(t) if !t.is_finite() || t <= 0.0 => {
             return Err(ApiError::invalid("timeout_seconds", "must be a positive number of seconds"))
@@ -385,7 +420,118 @@ async fn validate(st: &AppState, tenant: &str, body: &CreateTask, idem: Option<S
         idempotency_key: idem,
         request_hash,
         parent_task_id: body.resume_from,
+        max_cost_usd,
+        max_tokens,
     })
+}
+
+/// The tenant's limits with the configured defaults filled in (cached for a few seconds; the
+/// row is created on first sight).
+async fn effective_limits(st: &AppState, tenant: &str) -> Result<Limits, ApiError> {
+    if let Some((l, at)) = st.limits_cache.lock().unwrap_or_else(|e| e.into_inner()).get(tenant) {
+        if at.elapsed() < std::time::Duration::from_secs(5) {
+            return Ok(l.clone());
+        }
+    }
+    let mut conn = st.pool.acquire().await.map_err(crate::store::StoreError::from)?;
+    let own = match tenants::limits(&mut conn, tenant, false).await? {
+        Some(l) => l,
+        None => {
+            tenants::ensure(&st.pool, tenant).await?;
+            Limits::default()
+        }
+    };
+    let c = &st.cfg;
+    let l = Limits {
+        usd_per_day: own.usd_per_day.or(c.default_usd_per_day),
+        usd_per_month: own.usd_per_month.or(c.default_usd_per_month),
+        tokens_per_day: own.tokens_per_day.or(c.default_tokens_per_day),
+        max_running: own.max_running.or(c.default_max_running),
+        max_queued: own.max_queued.or(c.default_max_queued),
+        ..own
+    };
+    st.limits_cache
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(tenant.to_string(), (l.clone(), std::time::Instant::now()));
+    Ok(l)
+}
+
+fn over(code: &'static str, status: StatusCode, limit: &str, value: Value, current: Value, detail: String) -> ApiError {
+    let mut e = ApiError::new(
+        status,
+        code,
+        if status == StatusCode::PAYMENT_REQUIRED { "Budget exhausted" } else { "Limit reached" },
+        detail,
+    )
+    .with(json!({"limit": limit, "value": value, "current": current}));
+    if status == StatusCode::TOO_MANY_REQUESTS {
+        e = e.header(header::RETRY_AFTER, HeaderValue::from_static("5"));
+    }
+    e
+}
+
+/// Insert the task, unless a queue or spend limit refuses it (429 / 402, nothing written).
+/// With such limits, the tenant row is locked so that concurrent submissions cannot both
+/// take the last place.
+async fn admit(st: &AppState, limits: &Limits, new: &NewTask) -> Result<Inserted, ApiError> {
+    let guarded = limits.max_queued.is_some()
+        || limits.usd_per_day.is_some()
+        || limits.usd_per_month.is_some()
+        || limits.tokens_per_day.is_some();
+    if !guarded {
+        let mut conn = st.pool.acquire().await.map_err(crate::store::StoreError::from)?;
+        return Ok(tasks::insert(&mut conn, new).await?);
+    }
+    let mut tx = st.pool.begin().await.map_err(crate::store::StoreError::from)?;
+    tenants::limits(&mut tx, &new.tenant, true).await?;
+    let used = tenants::usage_now(&mut tx, &new.tenant).await?;
+    if let Some(max) = limits.max_queued {
+        if used.queued >= i64::from(max) {
+            return Err(over(
+                "queue_limit_reached",
+                StatusCode::TOO_MANY_REQUESTS,
+                "max_queued",
+                json!(max),
+                json!(used.queued),
+                format!("{} tasks are queued; the limit is {max}: retry when some have started", used.queued),
+            ));
+        }
+    }
+    let spend = [
+        ("usd_per_day", limits.usd_per_day, used.usd_today + used.reserved_usd),
+        ("usd_per_month", limits.usd_per_month, used.usd_this_month + used.reserved_usd),
+    ];
+    for (name, limit, current) in spend {
+        if let Some(limit) = limit {
+            if current >= limit {
+                return Err(over(
+                    "budget_exhausted",
+                    StatusCode::PAYMENT_REQUIRED,
+                    name,
+                    json!(limit),
+                    json!(current.normalize()),
+                    format!("{name}: {} USD used (including calls in flight) of {limit}", current.normalize()),
+                ));
+            }
+        }
+    }
+    if let Some(limit) = limits.tokens_per_day {
+        let current = used.tokens_today + used.reserved_tokens;
+        if current >= limit {
+            return Err(over(
+                "budget_exhausted",
+                StatusCode::PAYMENT_REQUIRED,
+                "tokens_per_day",
+                json!(limit),
+                json!(current),
+                format!("tokens_per_day: {current} tokens used (including calls in flight) of {limit}"),
+            ));
+        }
+    }
+    let r = tasks::insert(&mut tx, new).await?;
+    tx.commit().await.map_err(crate::store::StoreError::from)?;
+    Ok(r)
 }
 
 fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
@@ -409,8 +555,9 @@ async fn create(
     check_depth(&headers)?;
     let wait = q.wait_for(&st)?;
     let idem = idempotency_key(&headers)?;
-    let new = validate(&st, &tenant, &body, idem).await?;
-    let (row, created) = match tasks::insert(&st.pool, &new).await? {
+    let limits = effective_limits(&st, &tenant).await?;
+    let new = validate(&st, &tenant, &limits, &body, idem).await?;
+    let (row, created) = match admit(&st, &limits, &new).await? {
         Inserted::New(r) => (r, true),
         Inserted::Existing(r) => {
             if r.request_hash != new.request_hash {

@@ -4,13 +4,16 @@ use serde_json::Value;
 use sqlx::PgPool;
 
 use super::worker::retry_db;
-use crate::engine::{CallRecord, LeaseLost, RunStore, TurnCheckpoint};
+use rust_decimal::Decimal;
+
+use crate::engine::{CallRecord, LeaseLost, Refusal, RunStore, TurnCheckpoint};
 use crate::store::runs::{self, CallRow, Fence};
 
 pub struct PgRunStore {
     pub pool: PgPool,
     pub fence: Fence,
     pub attempt: i32,
+    pub budgets: runs::BudgetDefaults,
 }
 
 impl PgRunStore {
@@ -30,6 +33,8 @@ impl PgRunStore {
             http_status: c.http_status.map(i32::from),
             outcome: c.outcome.to_string(),
             error: c.error.clone(),
+            reserved_usd: c.reserved_usd,
+            reserved_tokens: c.reserved_tokens as i64,
         }
     }
 
@@ -53,6 +58,18 @@ impl PgRunStore {
 
 #[async_trait::async_trait]
 impl RunStore for PgRunStore {
+    async fn reserve(&self, usd: Decimal, tokens: u64) -> Result<(), Refusal> {
+        match retry_db(|| runs::reserve(&self.pool, self.fence, usd, tokens as i64, self.budgets)).await {
+            Ok(None) => Ok(()),
+            Ok(Some(limit)) if limit == "lease_lost" => Err(Refusal::LeaseLost),
+            Ok(Some(limit)) => Err(Refusal::Budget(limit)),
+            Err(e) => {
+                tracing::error!(error = %e, "budget reservation failed; stopping this attempt");
+                Err(Refusal::LeaseLost)
+            }
+        }
+    }
+
     async fn record_failed_call(&self, call: &CallRecord) -> Result<(), LeaseLost> {
         let row = self.row(call);
         let ev = serde_json::json!({"turn": call.turn, "try": call.try_no, "http_status": call.http_status,

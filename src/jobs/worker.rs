@@ -77,7 +77,14 @@ impl Worker {
             let woken = self.hub.queued.notified();
             tokio::pin!(woken);
             woken.as_mut().enable();
-            let claimed = runs::claim(&self.pool, permits.len() as i64, self.cfg.lease().as_secs_f64(), &self.id).await;
+            let claimed = runs::claim(
+                &self.pool,
+                permits.len() as i64,
+                self.cfg.lease().as_secs_f64(),
+                &self.id,
+                self.cfg.default_max_running,
+            )
+            .await;
             let n = match claimed {
                 Ok(rows) => {
                     let n = rows.len();
@@ -184,6 +191,13 @@ impl Worker {
                 error_code: None,
                 error_message: None,
             },
+            Outcome::Stopped(StopCause::Budget(limit)) => Finish {
+                status: "incomplete",
+                stop_reason: Some("budget".into()),
+                summary: Some(format!("(sub-agent stopped: the {limit} budget would be exceeded)")),
+                error_code: None,
+                error_message: None,
+            },
             Outcome::Stopped(StopCause::Drain) => {
                 if let Err(e) = retry_db(|| runs::release(&self.pool, fence)).await {
                     tracing::warn!(error = %e, "release failed; the lease will expire and the task be rescued");
@@ -219,7 +233,7 @@ impl Worker {
                 }
             }
         };
-        let Some(provider) = self.providers.get(&model.provider) else {
+        let Some(provider) = self.providers.for_model(&model) else {
             return internal("provider vanished".into());
         };
         let agent = AgentType::parse(&row.subagent_type).unwrap_or(AgentType::General);
@@ -276,11 +290,12 @@ impl Worker {
             max_turns: opts.max_turns,
             tools: opts.tools.iter().map(|t| t.spec()).collect(),
             tool_concurrency: self.cfg.tool_concurrency.max(1),
-            max_tokens: None,
+            max_tokens: Some(self.cfg.max_output_tokens.max(1)),
             retry: self.providers.retry,
             agent: row.subagent_type.clone(),
         };
-        let store = PgRunStore { pool: self.pool.clone(), fence, attempt: row.attempt };
+        let store =
+            PgRunStore { pool: self.pool.clone(), fence, attempt: row.attempt, budgets: self.cfg.budget_defaults() };
         engine::run(input, provider.as_ref(), &tools, &store, stop).await
     }
 
@@ -345,6 +360,7 @@ impl Worker {
     async fn rescue_loop(self: Arc<Self>, stop: CancellationToken) {
         let every = (self.cfg.lease() / 3).max(Duration::from_millis(200));
         let mut next_purge = tokio::time::Instant::now();
+        let mut next_ledger_purge = tokio::time::Instant::now();
         loop {
             tokio::select! { _ = tokio::time::sleep(every) => {}, _ = stop.cancelled() => return }
             if self.cfg.retention_days > 0 && tokio::time::Instant::now() >= next_purge {
@@ -353,6 +369,14 @@ impl Worker {
                     Ok(0) => {}
                     Ok(n) => tracing::info!(tasks = n, "purged conversations and events past retention"),
                     Err(e) => tracing::warn!(error = %e, "retention purge failed"),
+                }
+            }
+            if self.cfg.ledger_retention_days > 0 && tokio::time::Instant::now() >= next_ledger_purge {
+                next_ledger_purge = tokio::time::Instant::now() + Duration::from_secs(3600);
+                match runs::purge_ledger(&self.pool, self.cfg.ledger_retention_days as i32).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(calls = n, "purged ledger rows past retention (rollups keep them)"),
+                    Err(e) => tracing::warn!(error = %e, "ledger purge failed"),
                 }
             }
             match runs::rescue(&self.pool, self.cfg.max_attempts).await {

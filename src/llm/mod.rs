@@ -1,6 +1,7 @@
 //! LLM providers behind one trait with neutral request, response and usage types.
 
 pub mod anthropic;
+pub mod limits;
 pub mod mock;
 pub mod openai;
 pub mod pricing;
@@ -211,6 +212,8 @@ pub struct Providers {
     pub retry: retry::RetryPolicy,
     /// From the config file; `SUBAGENTD_DEFAULT_MODEL` wins over it.
     pub default_model: Option<String>,
+    /// Providers wrapped in their `[limits]`, by `provider/model` or `provider`.
+    limited: HashMap<String, Arc<dyn Provider>>,
 }
 
 /// Aliases every installation has (the config file may add or replace them).
@@ -320,6 +323,13 @@ impl Providers {
             };
         }
         p.default_model = file.default_model.clone();
+        for (key, lc) in &file.limits {
+            let provider = key.split_once('/').map_or(key.as_str(), |(p, _)| p);
+            let inner = p
+                .get(provider)
+                .ok_or_else(|| ConfigError::Invalid(format!("limits.{key:?}: no provider {provider:?}")))?;
+            p.limited.insert(key.clone(), Arc::new(limits::Limited::new(inner, lc)));
+        }
         Ok(p)
     }
 
@@ -345,6 +355,11 @@ impl Providers {
             return Err(ResolveError::UnknownProvider { provider: m.provider, model: full.to_string() });
         }
         Ok(m)
+    }
+
+    /// The provider to call for `m`: behind the model's limits, else the provider's, else bare.
+    pub fn for_model(&self, m: &ModelRef) -> Option<Arc<dyn Provider>> {
+        self.limited.get(&m.full()).or_else(|| self.limited.get(&m.provider)).cloned().or_else(|| self.get(&m.provider))
     }
 
     pub fn price(&self, m: &ModelRef) -> Option<pricing::Price> {

@@ -3,6 +3,7 @@
 pub mod agents;
 pub mod runs;
 pub mod tasks;
+pub mod tenants;
 pub mod tools;
 
 pub use sqlx::PgPool;

@@ -16,22 +16,86 @@ pub struct Fence {
     pub lease: Uuid,
 }
 
-/// Claim up to `limit` queued tasks, oldest first, skipping rows other workers hold.
-pub async fn claim(pool: &PgPool, limit: i64, lease_secs: f64, worker: &str) -> Result<Vec<TaskRow>, StoreError> {
-    let sql = "WITH c AS (
-            SELECT id FROM tasks WHERE status = 'queued' ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED
+/// Claim up to `limit` queued tasks, fairly across tenants and within each tenant's running
+/// limit: each slot goes to the tenant that would then have the fewest tasks running (each
+/// tenant's oldest first), a tenant at its limit is skipped, and
+/// a tenant another claimer is serving right now is skipped too (its row is the lock that
+/// keeps the running limit exact across replicas).
+pub async fn claim(
+    pool: &PgPool,
+    limit: i64,
+    lease_secs: f64,
+    worker: &str,
+    default_max_running: Option<i32>,
+) -> Result<Vec<TaskRow>, StoreError> {
+    let sql = "WITH RECURSIVE qt AS (
+            (SELECT tenant FROM tasks WHERE status = 'queued' ORDER BY tenant LIMIT 1)
+            UNION ALL
+            SELECT (SELECT t.tenant FROM tasks t WHERE t.status = 'queued' AND t.tenant > qt.tenant ORDER BY t.tenant LIMIT 1)
+            FROM qt WHERE qt.tenant IS NOT NULL
+         ), lim AS (
+            SELECT tn.name AS tenant, coalesce(tn.max_running, $4) AS max_running
+            FROM tenants tn WHERE tn.name IN (SELECT tenant FROM qt WHERE tenant IS NOT NULL)
+            FOR UPDATE OF tn SKIP LOCKED
+         ), busy AS (
+            SELECT tenant, max_running,
+                (SELECT count(*) FROM tasks r WHERE r.tenant = lim.tenant AND r.status = 'running') AS running
+            FROM lim
+         ), room AS (
+            SELECT tenant, running,
+                CASE WHEN max_running IS NULL THEN $1 ELSE greatest(max_running - running, 0) END AS free
+            FROM busy
+         ), pick AS (
+            SELECT c.id, room.running + row_number() OVER (PARTITION BY room.tenant ORDER BY c.id) AS load
+            FROM room, LATERAL (
+                SELECT id FROM tasks q WHERE q.status = 'queued' AND q.tenant = room.tenant
+                ORDER BY q.id LIMIT least(room.free, $1) FOR UPDATE SKIP LOCKED
+            ) c
+         ), chosen AS (
+            -- The least busy tenant first: each pick goes to whoever would then run the fewest.
+            SELECT id FROM pick ORDER BY load, id LIMIT $1
          ), u AS (
             UPDATE tasks t SET status = 'running', attempt = t.attempt + 1, lease_token = gen_random_uuid(),
                 lease_expires_at = now() + make_interval(secs => $2), started_at = coalesce(t.started_at, now()),
                 worker_id = $3, last_event_seq = t.last_event_seq + 1
-            FROM c WHERE t.id = c.id
+            FROM chosen WHERE t.id = chosen.id
             RETURNING t.*
          ), e AS (
             INSERT INTO task_events (task_id, seq, kind, data)
             SELECT id, last_event_seq, 'claimed', jsonb_build_object('attempt', attempt, 'worker', worker_id) FROM u
          )
          SELECT * FROM u ORDER BY id";
-    Ok(sqlx::query_as(sql).bind(limit).bind(lease_secs).bind(worker).fetch_all(pool).await?)
+    Ok(sqlx::query_as(sql).bind(limit).bind(lease_secs).bind(worker).bind(default_max_running).fetch_all(pool).await?)
+}
+
+/// Budget defaults from the config, for tenants that set none.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BudgetDefaults {
+    pub usd_per_day: Option<Decimal>,
+    pub usd_per_month: Option<Decimal>,
+    pub tokens_per_day: Option<i64>,
+}
+
+/// Reserve a call's worst case against the task's and tenant's budgets: `Ok(None)` when
+/// reserved, `Ok(Some(limit))` when a limit refuses it (`lease_lost` if the lease is gone).
+pub async fn reserve(
+    pool: &PgPool,
+    f: Fence,
+    usd: Decimal,
+    tokens: i64,
+    d: BudgetDefaults,
+) -> Result<Option<String>, StoreError> {
+    let r: String = sqlx::query_scalar("SELECT budget_reserve($1, $2, $3, $4, $5, $6, $7)")
+        .bind(f.id)
+        .bind(f.lease)
+        .bind(usd)
+        .bind(tokens)
+        .bind(d.usd_per_day)
+        .bind(d.usd_per_month)
+        .bind(d.tokens_per_day)
+        .fetch_one(pool)
+        .await?;
+    Ok((r != "ok").then_some(r))
 }
 
 /// Renew the leases this worker holds. Returns, per task still held, whether a cancel was
@@ -78,6 +142,9 @@ pub struct CallRow {
     pub http_status: Option<i32>,
     pub outcome: String,
     pub error: Option<String>,
+    /// The reservation made for this call, released as the real cost is settled.
+    pub reserved_usd: Decimal,
+    pub reserved_tokens: i64,
 }
 
 /// Commit one turn in one statement: the task's totals, the call's ledger row, the turn's
@@ -99,15 +166,25 @@ pub async fn commit_turn(
             UPDATE tasks SET turns = coalesce($3, turns),
                 input_tokens = input_tokens + $8, output_tokens = output_tokens + $9,
                 cached_tokens = cached_tokens + $10, cost_usd = cost_usd + coalesce($11, 0),
-                unpriced_calls = unpriced_calls + ($11 IS NULL)::int,
+                unpriced_calls = unpriced_calls + ($11 IS NULL AND $14 = 'ok')::int,
+                reserved_usd = greatest(reserved_usd - $21, 0), reserved_tokens = greatest(reserved_tokens - $22, 0),
                 last_event_seq = last_event_seq + cardinality($17::text[])
             WHERE id = $1 AND lease_token = $2 AND status = 'running'
               AND NOT EXISTS (SELECT 1 FROM llm_calls WHERE call_key = $20)
-            RETURNING tenant, last_event_seq
+            RETURNING tenant, subagent_type, last_event_seq
          ), c AS (
             INSERT INTO llm_calls (call_key, task_id, tenant, turn, attempt, try, provider, model, input_tokens,
                 output_tokens, cached_tokens, cost_usd, latency_ms, http_status, outcome, error)
             SELECT $20, $1, tenant, $4, $5, $6, $7, $19, $8, $9, $10, $11, $12, $13, $14, $15 FROM u
+         ), r AS (
+            INSERT INTO usage_daily AS d (day, tenant, model, agent_type, calls, ok, failed, input_tokens, output_tokens,
+                cached_tokens, cost_usd)
+            SELECT (now() AT TIME ZONE 'UTC')::date, tenant, $7 || '/' || $19, subagent_type, 1, ($14 = 'ok')::int,
+                ($14 <> 'ok')::int, $8, $9, $10, coalesce($11, 0) FROM u
+            ON CONFLICT (tenant, day, model, agent_type) DO UPDATE SET calls = d.calls + 1, ok = d.ok + EXCLUDED.ok,
+                failed = d.failed + EXCLUDED.failed, input_tokens = d.input_tokens + EXCLUDED.input_tokens,
+                output_tokens = d.output_tokens + EXCLUDED.output_tokens,
+                cached_tokens = d.cached_tokens + EXCLUDED.cached_tokens, cost_usd = d.cost_usd + EXCLUDED.cost_usd
          ), m AS (
             INSERT INTO task_messages (task_id, seq, turn, message)
             SELECT $1, (SELECT coalesce(max(seq), 0) FROM task_messages WHERE task_id = $1) + x.ord, $4, x.msg
@@ -139,6 +216,8 @@ pub async fn commit_turn(
     .bind(&datas) // 18
     .bind(&call.model) // 19
     .bind(call.call_key) // 20
+    .bind(call.reserved_usd) // 21
+    .bind(call.reserved_tokens) // 22
     .fetch_one(pool)
     .await?;
     if n == 1 {
@@ -168,7 +247,7 @@ pub async fn finish(pool: &PgPool, f: Fence, fin: &Finish) -> Result<bool, Store
         "WITH u AS (
             UPDATE tasks SET status = $3, stop_reason = $4, summary = $5, error_code = $6, error_message = $7,
                 finished_at = now(), lease_token = NULL, lease_expires_at = NULL,
-                last_event_seq = last_event_seq + 1
+                reserved_usd = 0, reserved_tokens = 0, last_event_seq = last_event_seq + 1
             WHERE id = $1 AND lease_token = $2 AND status = 'running'
             RETURNING id, last_event_seq
          ), e AS (
@@ -195,7 +274,7 @@ pub async fn release(pool: &PgPool, f: Fence) -> Result<bool, StoreError> {
     let sql = format!(
         "WITH u AS (
             UPDATE tasks SET status = 'queued', attempt = attempt - 1, lease_token = NULL, lease_expires_at = NULL,
-                worker_id = NULL, last_event_seq = last_event_seq + 1
+                worker_id = NULL, reserved_usd = 0, reserved_tokens = 0, last_event_seq = last_event_seq + 1
             WHERE id = $1 AND lease_token = $2 AND status = 'running'
             RETURNING id, last_event_seq
          ), e AS (
@@ -225,7 +304,7 @@ pub async fn rescue(pool: &PgPool, max_attempts: i32) -> Result<Vec<(Uuid, Strin
                     ELSE t.error_message END,
                 finished_at = CASE WHEN t.cancel_requested OR t.attempt >= $1 THEN now() ELSE NULL END,
                 lease_token = NULL, lease_expires_at = NULL, worker_id = NULL,
-                last_event_seq = t.last_event_seq + 1
+                reserved_usd = 0, reserved_tokens = 0, last_event_seq = t.last_event_seq + 1
             FROM x WHERE t.id = x.id
             RETURNING t.id, t.status, t.last_event_seq, t.attempt
          ), e AS (
@@ -259,6 +338,58 @@ pub async fn purge_finished(pool: &PgPool, days: i32) -> Result<u64, StoreError>
         .await?;
         total += n as u64;
         if n < 500 {
+            return Ok(total);
+        }
+    }
+}
+
+/// One ledger row as `GET /tasks/{id}/calls` shows it.
+#[derive(Debug, sqlx::FromRow, serde::Serialize)]
+pub struct CallView {
+    pub turn: i32,
+    pub attempt: i32,
+    #[sqlx(rename = "try")]
+    #[serde(rename = "try")]
+    pub try_no: i32,
+    pub provider: String,
+    pub model: String,
+    pub input_tokens: i64,
+    pub output_tokens: i64,
+    pub cached_tokens: i64,
+    pub cost_usd: Option<Decimal>,
+    pub latency_ms: i32,
+    pub http_status: Option<i32>,
+    pub outcome: String,
+    pub error: Option<String>,
+    pub created_at: chrono::DateTime<chrono::Utc>,
+}
+
+/// A task's ledger, in order.
+pub async fn calls_of(pool: &PgPool, task: Uuid) -> Result<Vec<CallView>, StoreError> {
+    Ok(sqlx::query_as(
+        "SELECT turn, attempt, try, provider, model, input_tokens, output_tokens, cached_tokens, cost_usd, latency_ms,
+                http_status, outcome, error, created_at
+         FROM llm_calls WHERE task_id = $1 ORDER BY id",
+    )
+    .bind(task)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// Delete ledger rows older than `days`, a batch at a time (the rollups keep their sums).
+pub async fn purge_ledger(pool: &PgPool, days: i32) -> Result<u64, StoreError> {
+    let mut total = 0;
+    loop {
+        let n = sqlx::query(
+            "DELETE FROM llm_calls WHERE id IN (
+                SELECT id FROM llm_calls WHERE created_at < now() - make_interval(days => $1) ORDER BY id LIMIT 5000)",
+        )
+        .bind(days)
+        .execute(pool)
+        .await?
+        .rows_affected();
+        total += n;
+        if n < 5000 {
             return Ok(total);
         }
     }

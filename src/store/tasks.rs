@@ -3,7 +3,7 @@
 use chrono::{DateTime, Utc};
 use rust_decimal::Decimal;
 use serde_json::Value;
-use sqlx::{PgPool, Postgres, QueryBuilder};
+use sqlx::{PgConnection, PgPool, Postgres, QueryBuilder};
 use uuid::Uuid;
 
 use super::StoreError;
@@ -40,6 +40,8 @@ pub struct TaskRow {
     pub started_at: Option<DateTime<Utc>>,
     pub finished_at: Option<DateTime<Utc>>,
     pub parent_task_id: Option<Uuid>,
+    pub max_cost_usd: Option<Decimal>,
+    pub max_tokens: Option<i64>,
 }
 
 impl TaskRow {
@@ -61,6 +63,8 @@ pub struct NewTask {
     pub idempotency_key: Option<String>,
     pub request_hash: Option<String>,
     pub parent_task_id: Option<Uuid>,
+    pub max_cost_usd: Option<Decimal>,
+    pub max_tokens: Option<i64>,
 }
 
 pub enum Inserted {
@@ -72,19 +76,19 @@ pub enum Inserted {
 const COLS: &str = "id, tenant, status, stop_reason, subagent_type, description, prompt, model, options, summary, \
     error_code, error_message, turns, input_tokens, output_tokens, cached_tokens, cost_usd, unpriced_calls, attempt, \
     lease_token, lease_expires_at, worker_id, cancel_requested, idempotency_key, request_hash, metadata, created_at, \
-    started_at, finished_at, parent_task_id";
+    started_at, finished_at, parent_task_id, max_cost_usd, max_tokens";
 
 /// Insert a queued task with its `created` event and wake the workers, in one statement.
-pub async fn insert(pool: &PgPool, t: &NewTask) -> Result<Inserted, StoreError> {
-    insert_once(pool, t, false).await
+pub async fn insert(conn: &mut PgConnection, t: &NewTask) -> Result<Inserted, StoreError> {
+    insert_once(conn, t, false).await
 }
 
-async fn insert_once(pool: &PgPool, t: &NewTask, retried: bool) -> Result<Inserted, StoreError> {
+async fn insert_once(conn: &mut PgConnection, t: &NewTask, retried: bool) -> Result<Inserted, StoreError> {
     let sql = format!(
         "WITH t AS (
             INSERT INTO tasks (id, tenant, subagent_type, description, prompt, model, options, metadata,
-                               idempotency_key, request_hash, parent_task_id, last_event_seq)
-            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, 1)
+                               idempotency_key, request_hash, parent_task_id, max_cost_usd, max_tokens, last_event_seq)
+            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, 1)
             ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
             RETURNING {COLS}
          ), e AS (
@@ -106,7 +110,9 @@ async fn insert_once(pool: &PgPool, t: &NewTask, retried: bool) -> Result<Insert
         .bind(&t.idempotency_key)
         .bind(&t.request_hash)
         .bind(t.parent_task_id)
-        .fetch_optional(pool)
+        .bind(t.max_cost_usd)
+        .bind(t.max_tokens)
+        .fetch_optional(&mut *conn)
         .await?;
     match row {
         Some(r) => Ok(Inserted::New(r)),
@@ -118,20 +124,20 @@ async fn insert_once(pool: &PgPool, t: &NewTask, retried: bool) -> Result<Insert
             )
             .bind(&t.tenant)
             .bind(&t.idempotency_key)
-            .execute(pool)
+            .execute(&mut *conn)
             .await?;
             if freed.rows_affected() > 0 {
-                return Box::pin(insert_once(pool, t, true)).await;
+                return Box::pin(insert_once(conn, t, true)).await;
             }
-            existing(pool, t).await
+            existing(conn, t).await
         }
-        None => existing(pool, t).await,
+        None => existing(conn, t).await,
     }
 }
 
-async fn existing(pool: &PgPool, t: &NewTask) -> Result<Inserted, StoreError> {
+async fn existing(conn: &mut PgConnection, t: &NewTask) -> Result<Inserted, StoreError> {
     let sql = format!("SELECT {COLS} FROM tasks WHERE tenant = $1 AND idempotency_key = $2");
-    let row: TaskRow = sqlx::query_as(&sql).bind(&t.tenant).bind(&t.idempotency_key).fetch_one(pool).await?;
+    let row: TaskRow = sqlx::query_as(&sql).bind(&t.tenant).bind(&t.idempotency_key).fetch_one(conn).await?;
     Ok(Inserted::Existing(row))
 }
 

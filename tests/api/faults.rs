@@ -342,5 +342,19 @@ async fn retention_purges_old_conversations_and_events_but_keeps_tasks_and_the_l
     assert_eq!(count("SELECT count(*) FROM tasks WHERE id = $1", id).await, 1);
     let fresh_id: Uuid = fresh["id"].as_str().unwrap().parse().unwrap();
     assert!(count("SELECT count(*) FROM task_messages WHERE task_id = $1", fresh_id).await > 0);
+
+    // The ledger has its own, longer retention; the rollups keep its sums.
+    let rollup_before: i64 =
+        sqlx::query_scalar("SELECT sum(calls)::bigint FROM usage_daily").fetch_one(&app.db.pool).await.unwrap();
+    sqlx::query("UPDATE llm_calls SET created_at = now() - interval '500 days' WHERE task_id = $1")
+        .bind(id)
+        .execute(&app.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(subagentd::store::runs::purge_ledger(&app.db.pool, 400).await.unwrap(), 1);
+    assert_eq!(count("SELECT count(*) FROM llm_calls WHERE task_id = $1", id).await, 0);
+    let rollup_after: i64 =
+        sqlx::query_scalar("SELECT sum(calls)::bigint FROM usage_daily").fetch_one(&app.db.pool).await.unwrap();
+    assert_eq!(rollup_before, rollup_after);
     app.stop().await;
 }

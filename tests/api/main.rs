@@ -10,6 +10,7 @@ mod health;
 mod openapi;
 mod providers;
 mod tasks;
+mod tenants;
 mod tools;
 mod validation;
 mod wait;

@@ -1,0 +1,230 @@
+//! `tenants` (limits), `api_keys`, and the usage figures budgets and dashboards read.
+
+use chrono::{DateTime, NaiveDate, Utc};
+use rust_decimal::Decimal;
+use serde::{Deserialize, Serialize};
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+use super::StoreError;
+
+/// A tenant's own limits; `None` means the configured default (and no default: unlimited).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, sqlx::FromRow)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    pub usd_per_day: Option<Decimal>,
+    pub usd_per_month: Option<Decimal>,
+    pub tokens_per_day: Option<i64>,
+    pub max_running: Option<i32>,
+    pub max_queued: Option<i32>,
+    pub max_task_cost_usd: Option<Decimal>,
+    pub max_task_tokens: Option<i64>,
+    pub max_task_turns: Option<i32>,
+    pub max_task_timeout_seconds: Option<i32>,
+}
+
+const LIMIT_COLS: &str = "usd_per_day, usd_per_month, tokens_per_day, max_running, max_queued, max_task_cost_usd, \
+    max_task_tokens, max_task_turns, max_task_timeout_seconds";
+
+pub async fn ensure(pool: &PgPool, tenant: &str) -> Result<(), StoreError> {
+    sqlx::query("INSERT INTO tenants (name) VALUES ($1) ON CONFLICT DO NOTHING").bind(tenant).execute(pool).await?;
+    Ok(())
+}
+
+pub async fn limits(conn: &mut PgConnection, tenant: &str, lock: bool) -> Result<Option<Limits>, StoreError> {
+    let sql = format!("SELECT {LIMIT_COLS} FROM tenants WHERE name = $1{}", if lock { " FOR UPDATE" } else { "" });
+    Ok(sqlx::query_as(&sql).bind(tenant).fetch_optional(conn).await?)
+}
+
+/// Set a tenant's limits (creating it); true when created.
+pub async fn put_limits(pool: &PgPool, tenant: &str, l: &Limits) -> Result<bool, StoreError> {
+    Ok(sqlx::query_scalar(
+        "INSERT INTO tenants (name, usd_per_day, usd_per_month, tokens_per_day, max_running, max_queued,
+             max_task_cost_usd, max_task_tokens, max_task_turns, max_task_timeout_seconds)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+         ON CONFLICT (name) DO UPDATE SET usd_per_day = EXCLUDED.usd_per_day, usd_per_month = EXCLUDED.usd_per_month,
+             tokens_per_day = EXCLUDED.tokens_per_day, max_running = EXCLUDED.max_running,
+             max_queued = EXCLUDED.max_queued, max_task_cost_usd = EXCLUDED.max_task_cost_usd,
+             max_task_tokens = EXCLUDED.max_task_tokens, max_task_turns = EXCLUDED.max_task_turns,
+             max_task_timeout_seconds = EXCLUDED.max_task_timeout_seconds, updated_at = now()
+         RETURNING (xmax = 0)",
+    )
+    .bind(tenant)
+    .bind(l.usd_per_day)
+    .bind(l.usd_per_month)
+    .bind(l.tokens_per_day)
+    .bind(l.max_running)
+    .bind(l.max_queued)
+    .bind(l.max_task_cost_usd)
+    .bind(l.max_task_tokens)
+    .bind(l.max_task_turns)
+    .bind(l.max_task_timeout_seconds)
+    .fetch_one(pool)
+    .await?)
+}
+
+pub async fn names(pool: &PgPool) -> Result<Vec<String>, StoreError> {
+    Ok(sqlx::query_scalar("SELECT name FROM tenants ORDER BY name").fetch_all(pool).await?)
+}
+
+/// What a tenant uses now, against its limits.
+#[derive(Debug, Clone, Default, Serialize, sqlx::FromRow)]
+pub struct Use {
+    pub usd_today: Decimal,
+    pub usd_this_month: Decimal,
+    pub tokens_today: i64,
+    /// Worst-case cost reserved by provider calls in flight.
+    pub reserved_usd: Decimal,
+    pub reserved_tokens: i64,
+    pub running: i64,
+    pub queued: i64,
+}
+
+pub async fn usage_now(conn: &mut PgConnection, tenant: &str) -> Result<Use, StoreError> {
+    Ok(sqlx::query_as(
+        "WITH d AS (SELECT (now() AT TIME ZONE 'UTC')::date AS today)
+         SELECT
+           coalesce((SELECT sum(cost_usd) FROM usage_daily, d WHERE tenant = $1 AND day = d.today), 0) AS usd_today,
+           coalesce((SELECT sum(cost_usd) FROM usage_daily, d WHERE tenant = $1 AND day >= date_trunc('month', d.today)::date), 0) AS usd_this_month,
+           coalesce((SELECT sum(input_tokens + output_tokens) FROM usage_daily, d WHERE tenant = $1 AND day = d.today), 0)::bigint AS tokens_today,
+           coalesce((SELECT sum(reserved_usd) FROM tasks WHERE tenant = $1 AND status = 'running'), 0) AS reserved_usd,
+           coalesce((SELECT sum(reserved_tokens) FROM tasks WHERE tenant = $1 AND status = 'running'), 0)::bigint AS reserved_tokens,
+           (SELECT count(*) FROM tasks WHERE tenant = $1 AND status = 'running') AS running,
+           (SELECT count(*) FROM tasks WHERE tenant = $1 AND status = 'queued') AS queued",
+    )
+    .bind(tenant)
+    .fetch_one(conn)
+    .await?)
+}
+
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct KeyRow {
+    pub id: Uuid,
+    pub tenant: String,
+    pub prefix: String,
+    pub name: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub revoked_at: Option<DateTime<Utc>>,
+}
+
+/// A new key for `tenant`: returns the row and the key itself (shown once, stored hashed).
+pub async fn create_key(pool: &PgPool, tenant: &str, name: Option<&str>) -> Result<(KeyRow, String), StoreError> {
+    use rand::RngCore;
+    use sha2::{Digest, Sha256};
+    let mut b = [0u8; 24];
+    rand::thread_rng().fill_bytes(&mut b);
+    let secret = hex::encode(b);
+    let prefix = format!("sk_{}", &secret[..8]);
+    let key = format!("{prefix}_{}", &secret[8..]);
+    let hash = hex::encode(Sha256::digest(key.as_bytes()));
+    ensure(pool, tenant).await?;
+    let row: KeyRow = sqlx::query_as(
+        "INSERT INTO api_keys (id, tenant, prefix, key_hash, name) VALUES ($1, $2, $3, $4, $5)
+         RETURNING id, tenant, prefix, name, created_at, revoked_at",
+    )
+    .bind(Uuid::now_v7())
+    .bind(tenant)
+    .bind(&prefix)
+    .bind(&hash)
+    .bind(name)
+    .fetch_one(pool)
+    .await?;
+    Ok((row, key))
+}
+
+pub async fn list_keys(pool: &PgPool, tenant: Option<&str>) -> Result<Vec<KeyRow>, StoreError> {
+    Ok(sqlx::query_as(
+        "SELECT id, tenant, prefix, name, created_at, revoked_at FROM api_keys
+         WHERE $1::text IS NULL OR tenant = $1 ORDER BY created_at",
+    )
+    .bind(tenant)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// Revoke by id or prefix; the revoked key, if it existed.
+pub async fn revoke_key(pool: &PgPool, id_or_prefix: &str) -> Result<Option<KeyRow>, StoreError> {
+    let id: Option<Uuid> = id_or_prefix.parse().ok();
+    Ok(sqlx::query_as(
+        "UPDATE api_keys SET revoked_at = coalesce(revoked_at, now()) WHERE id = $1 OR prefix = $2
+         RETURNING id, tenant, prefix, name, created_at, revoked_at",
+    )
+    .bind(id)
+    .bind(id_or_prefix)
+    .fetch_optional(pool)
+    .await?)
+}
+
+/// The tenant of an active key, found by its prefix and checked against its hash.
+pub async fn tenant_of_key(pool: &PgPool, key: &str) -> Result<Option<String>, StoreError> {
+    use sha2::{Digest, Sha256};
+    let Some(prefix) = key.rsplit_once('_').map(|(p, _)| p) else { return Ok(None) };
+    let row: Option<(String, String)> =
+        sqlx::query_as("SELECT tenant, key_hash FROM api_keys WHERE prefix = $1 AND revoked_at IS NULL")
+            .bind(prefix)
+            .fetch_optional(pool)
+            .await?;
+    let hash = hex::encode(Sha256::digest(key.as_bytes()));
+    Ok(row.filter(|(_, h)| constant_time_eq(h.as_bytes(), hash.as_bytes())).map(|(t, _)| t))
+}
+
+pub async fn any_active_key(pool: &PgPool) -> Result<bool, StoreError> {
+    Ok(sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM api_keys WHERE revoked_at IS NULL)").fetch_one(pool).await?)
+}
+
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// One row of `GET /usage`.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct UsageRow {
+    pub day: Option<NaiveDate>,
+    pub tenant: Option<String>,
+    pub model: Option<String>,
+    pub agent_type: Option<String>,
+    pub calls: i64,
+    pub ok: i64,
+    pub failed: i64,
+    pub input_tokens: i64,
+    pub output_tokens: i64,
+    pub cached_tokens: i64,
+    pub cost_usd: Decimal,
+}
+
+/// Aggregates of the daily rollup over `[from, to]`, grouped by the named columns
+/// (`day`, `tenant`, `model`, `agent_type`). `tenant = None`: every tenant.
+pub async fn usage(
+    pool: &PgPool,
+    tenant: Option<&str>,
+    from: NaiveDate,
+    to: NaiveDate,
+    group_by: &[&str],
+) -> Result<Vec<UsageRow>, StoreError> {
+    let col = |c: &str, ty: &str| {
+        if group_by.contains(&c) {
+            c.to_string()
+        } else {
+            format!("NULL::{ty} AS {c}")
+        }
+    };
+    let groups: Vec<&str> =
+        ["day", "tenant", "model", "agent_type"].into_iter().filter(|c| group_by.contains(c)).collect();
+    let sql = format!(
+        "SELECT {}, {}, {}, {}, coalesce(sum(calls), 0)::bigint AS calls, coalesce(sum(ok), 0)::bigint AS ok,
+                coalesce(sum(failed), 0)::bigint AS failed, coalesce(sum(input_tokens), 0)::bigint AS input_tokens,
+                coalesce(sum(output_tokens), 0)::bigint AS output_tokens,
+                coalesce(sum(cached_tokens), 0)::bigint AS cached_tokens, coalesce(sum(cost_usd), 0) AS cost_usd
+         FROM usage_daily WHERE ($1::text IS NULL OR tenant = $1) AND day BETWEEN $2 AND $3
+         {} {}",
+        col("day", "date"),
+        col("tenant", "text"),
+        col("model", "text"),
+        col("agent_type", "text"),
+        if groups.is_empty() { String::new() } else { format!("GROUP BY {}", groups.join(", ")) },
+        if groups.is_empty() { String::new() } else { format!("ORDER BY {}", groups.join(", ")) },
+    );
+    let rows: Vec<UsageRow> = sqlx::query_as(&sql).bind(tenant).bind(from).bind(to).fetch_all(pool).await?;
+    // With no grouping and no data, sum() gives one row of NULLs: report nothing instead.
+    Ok(rows.into_iter().filter(|r| r.calls > 0 || !groups.is_empty()).collect())
+}

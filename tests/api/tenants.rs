@@ -1,0 +1,468 @@
+//! Tenants, API keys, admission limits, budgets under concurrency, fair claiming, rollups.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::helpers::*;
+
+const ADMIN: &str = "admin-secret-token";
+
+async fn new_key(app: &TestApp, tenant: &str) -> String {
+    let r = app
+        .client
+        .post(app.url("/admin/keys"))
+        .bearer_auth(ADMIN)
+        .json(&json!({"tenant": tenant}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let v: Value = r.json().await.unwrap();
+    assert!(v["prefix"].as_str().unwrap().starts_with("sk_"));
+    v["key"].as_str().unwrap().to_string()
+}
+
+async fn set_limits(app: &TestApp, tenant: &str, limits: Value) {
+    let r = app
+        .client
+        .put(app.url(&format!("/admin/tenants/{tenant}")))
+        .bearer_auth(ADMIN)
+        .json(&limits)
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+}
+
+fn with_admin(c: &mut subagentd::config::Config) {
+    c.admin_token = Some(ADMIN.into());
+}
+
+#[tokio::test]
+async fn every_endpoint_is_scoped_to_the_callers_tenant_and_others_see_404() {
+    let app = spawn_app_with(
+        |c| {
+            with_admin(c);
+            c.tool_allow = "*, 127.0.0.1/32".into();
+        },
+        false,
+    )
+    .await;
+    let a = new_key(&app, "acme").await;
+    let b = new_key(&app, "globex").await;
+    let c = &app.client;
+    // Keys exist now: a request without one is refused.
+    let r = c.post(app.url("/tasks")).json(&json!({"prompt": "x", "model": "mock/m"})).send().await.unwrap();
+    assert_eq!(assert_problem(r, 401, "unauthorized").await["status"], 401);
+    let r = c.get(app.url("/tasks")).bearer_auth("sk_00000000_nope").send().await.unwrap();
+    assert_problem(r, 401, "unauthorized").await;
+
+    let t: Value = c
+        .post(app.url("/tasks"))
+        .bearer_auth(&a)
+        .json(&json!({"prompt": "x", "model": "mock/m"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = t["id"].as_str().unwrap();
+    c.put(app.url("/tools/lookup"))
+        .bearer_auth(&a)
+        .json(&json!({"parameters": {"type": "object"}, "policy": "auto", "endpoint": "http://127.0.0.1:9/x"}))
+        .send()
+        .await
+        .unwrap();
+    c.put(app.url("/agents/triager")).bearer_auth(&a).json(&json!({"system_prompt": "p"})).send().await.unwrap();
+    c.put(app.url("/tool-sources/docs"))
+        .bearer_auth(&a)
+        .json(&json!({"url": "http://127.0.0.1:9/mcp"}))
+        .send()
+        .await
+        .unwrap();
+
+    for (method, path) in [
+        ("GET", format!("/tasks/{id}")),
+        ("GET", format!("/tasks/{id}/calls")),
+        ("POST", format!("/tasks/{id}/cancel")),
+        ("GET", "/tools/lookup".to_string()),
+        ("DELETE", "/tools/lookup".to_string()),
+        ("GET", "/agents/triager".to_string()),
+        ("DELETE", "/agents/triager".to_string()),
+        ("GET", "/tool-sources/docs".to_string()),
+        ("POST", "/tool-sources/docs/refresh".to_string()),
+        ("DELETE", "/tool-sources/docs".to_string()),
+    ] {
+        let m = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        let r = c.request(m.clone(), app.url(&path)).bearer_auth(&b).send().await.unwrap();
+        assert_problem(r, 404, "not_found").await;
+        let r = c.request(m, app.url(&path)).bearer_auth(&a).send().await.unwrap();
+        assert!(r.status().is_success(), "{method} {path} as the owner: {}", r.status());
+    }
+    let listed: Value = c.get(app.url("/tasks")).bearer_auth(&b).send().await.unwrap().json().await.unwrap();
+    assert_eq!(listed["tasks"], json!([]));
+    let r = c
+        .post(app.url("/tasks"))
+        .bearer_auth(&b)
+        .json(&json!({"prompt": "x", "resume_from": id}))
+        .send()
+        .await
+        .unwrap();
+    assert_problem(r, 422, "validation_failed").await;
+    let cancel: Value =
+        c.post(app.url("/tasks/cancel")).bearer_auth(&b).json(&json!({})).send().await.unwrap().json().await.unwrap();
+    assert_eq!(cancel["cancelled"], json!([]));
+
+    // A revoked key stops working.
+    let keys: Value =
+        c.get(app.url("/admin/keys?tenant=acme")).bearer_auth(ADMIN).send().await.unwrap().json().await.unwrap();
+    let key_id = keys["keys"][0]["id"].as_str().unwrap();
+    assert!(!keys.to_string().contains(&a), "keys are never listed");
+    assert_eq!(
+        c.delete(app.url(&format!("/admin/keys/{key_id}"))).bearer_auth(ADMIN).send().await.unwrap().status(),
+        204
+    );
+    let r = c.get(app.url("/tasks")).bearer_auth(&a).send().await.unwrap();
+    assert_problem(r, 401, "unauthorized").await;
+    // The admin API needs the admin token.
+    let r = c.post(app.url("/admin/keys")).bearer_auth(&b).json(&json!({"tenant": "x"})).send().await.unwrap();
+    assert_problem(r, 401, "unauthorized").await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_non_loopback_address_never_defaults_to_single_user_mode() {
+    let app = spawn_app_with(|c| c.listen = "0.0.0.0:0".parse().unwrap(), false).await;
+    let r = app.client.get(app.url("/tasks")).send().await.unwrap();
+    assert_problem(r, 401, "unauthorized").await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn the_cli_creates_keys_that_the_api_accepts_and_revokes_them() {
+    let app = spawn_app_with(|_| {}, false).await;
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_subagentd"))
+        .args(["keys", "create", "--tenant", "initech"])
+        .env("DATABASE_URL", &app.db.url)
+        .env("RUST_LOG", "error")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let key = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    assert!(key.starts_with("sk_"));
+    let r = app
+        .client
+        .post(app.url("/tasks"))
+        .bearer_auth(&key)
+        .json(&json!({"prompt": "x", "model": "mock/m"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let tenant: String = sqlx::query_scalar("SELECT tenant FROM tasks").fetch_one(&app.db.pool).await.unwrap();
+    assert_eq!(tenant, "initech");
+    let stored: String = sqlx::query_scalar("SELECT key_hash FROM api_keys").fetch_one(&app.db.pool).await.unwrap();
+    assert!(!stored.contains(&key[12..]), "the key is stored hashed");
+    let prefix = key.rsplit_once('_').unwrap().0.to_string();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_subagentd"))
+        .args(["keys", "revoke", &prefix])
+        .env("DATABASE_URL", &app.db.url)
+        .env("RUST_LOG", "error")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let revoked: bool =
+        sqlx::query_scalar("SELECT revoked_at IS NOT NULL FROM api_keys").fetch_one(&app.db.pool).await.unwrap();
+    assert!(revoked);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn admission_over_the_queue_limit_is_429_with_retry_after_and_writes_nothing() {
+    let app = spawn_app_with(with_admin, false).await;
+    set_limits(&app, "default", json!({"max_queued": 2})).await;
+    app.submit(json!({"prompt": "1", "model": "mock/m"})).await;
+    app.submit(json!({"prompt": "2", "model": "mock/m"})).await;
+    let r = app.post_task(json!({"prompt": "3", "model": "mock/m"})).await;
+    assert_eq!(r.headers()["retry-after"], "5");
+    let p = assert_problem(r, 429, "queue_limit_reached").await;
+    assert_eq!(p["limit"], "max_queued");
+    assert_eq!(p["value"], 2);
+    assert_eq!(p["current"], 2);
+    assert_eq!(app.task_count().await, 2);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn admission_with_the_daily_spend_used_up_is_402_naming_the_limit() {
+    let app = spawn_app_with(with_admin, false).await;
+    set_limits(&app, "default", json!({"usd_per_day": 1.5})).await;
+    sqlx::query(
+        "INSERT INTO usage_daily (day, tenant, model, agent_type, calls, ok, cost_usd)
+         VALUES ((now() AT TIME ZONE 'UTC')::date, 'default', 'mock/m', 'general', 3, 3, 1.5)",
+    )
+    .execute(&app.db.pool)
+    .await
+    .unwrap();
+    let r = app.post_task(json!({"prompt": "x", "model": "mock/m"})).await;
+    let p = assert_problem(r, 402, "budget_exhausted").await;
+    assert_eq!(p["limit"], "usd_per_day");
+    assert_eq!(p["value"], 1.5);
+    assert_eq!(p["current"], 1.5);
+    assert_eq!(app.task_count().await, 0);
+    // The month limit is named the same way.
+    set_limits(&app, "default", json!({"usd_per_month": 1.0})).await;
+    tokio::time::sleep(Duration::from_millis(5100)).await; // the admission cache of limits
+    let p =
+        assert_problem(app.post_task(json!({"prompt": "x", "model": "mock/m"})).await, 402, "budget_exhausted").await;
+    assert_eq!(p["limit"], "usd_per_month");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn per_task_limits_are_capped_by_the_tenants() {
+    let app = spawn_app_with(with_admin, false).await;
+    set_limits(&app, "default", json!({"max_task_turns": 3, "max_task_cost_usd": 0.5, "max_task_tokens": 1000})).await;
+    let t = app
+        .submit(json!({"prompt": "x", "model": "mock/m", "max_turns": 40, "max_cost_usd": 9.0, "max_tokens": 5000}))
+        .await;
+    assert_eq!(t["max_turns"], 3);
+    let row: (Option<rust_decimal::Decimal>, Option<i64>) =
+        sqlx::query_as("SELECT max_cost_usd, max_tokens FROM tasks").fetch_one(&app.db.pool).await.unwrap();
+    assert_eq!(row, (Some(rust_decimal::Decimal::new(5, 1)), Some(1000)));
+    let r = app.post_task(json!({"prompt": "x", "model": "mock/m", "max_cost_usd": -1})).await;
+    assert_problem(r, 422, "validation_failed").await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_task_stops_incomplete_with_budget_when_its_own_limit_would_be_passed() {
+    let app = spawn_app_with(|c| c.max_output_tokens = 16, true).await;
+    let t = app
+        .client
+        .post(app.url("/tasks?wait=true&timeout=30"))
+        .json(&json!({"prompt": "dig [mock:tool_turns=20]", "model": "mock/m", "max_turns": 20, "max_cost_usd": 0.001}))
+        .send()
+        .await
+        .unwrap();
+    let t: Value = t.json().await.unwrap();
+    assert_eq!(t["status"], "incomplete");
+    assert_eq!(t["stop_reason"], "budget");
+    assert!(t["cost_usd"].as_f64().unwrap() <= 0.001, "{t}");
+    assert!(t["turns"].as_i64().unwrap() >= 1);
+    assert!(t["summary"].as_str().unwrap().contains("max_cost_usd"), "{t}");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn fifty_concurrent_runs_of_one_tenant_cannot_overrun_its_daily_budget() {
+    let limit = 0.004_f64;
+    let app = spawn_app_with(
+        |c| {
+            with_admin(c);
+            c.max_output_tokens = 16;
+            c.max_running = 64;
+        },
+        true,
+    )
+    .await;
+    set_limits(&app, "default", json!({"usd_per_day": limit})).await;
+    let mut ids = vec![];
+    for i in 0..50 {
+        let t = app.submit(json!({"prompt": format!("job {i} [mock:tool_turns=4] [mock:delay_ms=20]"), "model": "mock/m", "max_turns": 10})).await;
+        ids.push(t["id"].as_str().unwrap().to_string());
+    }
+    let mut budget_stops = 0;
+    for id in &ids {
+        let t = app.poll_until_terminal(id, Duration::from_secs(60)).await;
+        if t["stop_reason"] == "budget" {
+            budget_stops += 1;
+        }
+    }
+    let spent: f64 =
+        sqlx::query_scalar("SELECT sum(cost_usd)::float8 FROM llm_calls").fetch_one(&app.db.pool).await.unwrap();
+    let rollup: f64 =
+        sqlx::query_scalar("SELECT sum(cost_usd)::float8 FROM usage_daily").fetch_one(&app.db.pool).await.unwrap();
+    let reserved: f64 =
+        sqlx::query_scalar("SELECT sum(reserved_usd)::float8 FROM tasks").fetch_one(&app.db.pool).await.unwrap();
+    println!("BUDGET limit={limit} spent={spent:.6} budget_stops={budget_stops}");
+    assert!(spent <= limit + 1e-12, "spent {spent} over the limit {limit}");
+    assert!(budget_stops > 0, "the budget should have stopped some runs");
+    assert!(spent > limit * 0.8, "most of the budget is usable: {spent}");
+    assert!((spent - rollup).abs() < 1e-9);
+    assert_eq!(reserved, 0.0, "no reservation outlives its run");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn claiming_is_fair_when_one_tenant_floods_the_queue() {
+    let app = spawn_app_with(with_admin, false).await;
+    let flood = new_key(&app, "flood").await;
+    let small = new_key(&app, "small").await;
+    for i in 0..60 {
+        let r = app
+            .client
+            .post(app.url("/tasks"))
+            .bearer_auth(&flood)
+            .json(&json!({"prompt": format!("f{i} [mock:delay_ms=40]"), "model": "mock/m"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201);
+    }
+    let mut small_ids = vec![];
+    for i in 0..4 {
+        let t: Value = app
+            .client
+            .post(app.url("/tasks"))
+            .bearer_auth(&small)
+            .json(&json!({"prompt": format!("s{i} [mock:delay_ms=40]"), "model": "mock/m"}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        small_ids.push(t["id"].as_str().unwrap().to_string());
+    }
+    // One worker process, two at a time: a FIFO queue would run all 60 flood tasks first.
+    let _w = spawn_binary(&["worker"], &app.db.url, &[("SUBAGENTD_MAX_RUNNING", "2"), ("SUBAGENTD_CLAIM_BATCH", "2")]);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let done: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM tasks WHERE tenant = 'small' AND status = 'completed'")
+                .fetch_one(&app.db.pool)
+                .await
+                .unwrap();
+        if done == 4 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let flood_started_before: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM tasks WHERE tenant = 'flood' AND started_at <
+           (SELECT max(started_at) FROM tasks WHERE tenant = 'small')",
+    )
+    .fetch_one(&app.db.pool)
+    .await
+    .unwrap();
+    println!("FAIRNESS flood tasks started before the small tenant's last: {flood_started_before} of 60");
+    assert!(flood_started_before <= 8, "the small tenant waited behind {flood_started_before} flood tasks");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_tenants_running_limit_is_enforced_in_the_claim_across_processes() {
+    let app = spawn_app_with(with_admin, false).await;
+    set_limits(&app, "default", json!({"max_running": 2})).await;
+    let mut ids = vec![];
+    for i in 0..8 {
+        ids.push(
+            app.submit(json!({"prompt": format!("{i} [mock:delay_ms=300]"), "model": "mock/m"})).await["id"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+        );
+    }
+    let _a = spawn_binary(&["worker"], &app.db.url, &[]);
+    let _b = spawn_binary(&["worker"], &app.db.url, &[]);
+    let mut peak = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let (running, open): (i64, i64) = sqlx::query_as(
+            "SELECT count(*) FILTER (WHERE status = 'running'), count(*) FILTER (WHERE status IN ('queued', 'running')) FROM tasks",
+        )
+        .fetch_one(&app.db.pool)
+        .await
+        .unwrap();
+        peak = peak.max(running);
+        if open == 0 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(peak, 2, "at most 2 running at once, and the limit is used");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn rollups_equal_the_ledger_after_a_mixed_load_and_usage_reports_them() {
+    let app = spawn_app_with(with_admin, true).await;
+    let bodies = [
+        json!({"prompt": "a [mock:tool_turns=2]", "model": "mock/small", "subagent_type": "research"}),
+        json!({"prompt": "b", "model": "mock/big", "subagent_type": "plan"}),
+        json!({"prompt": "c [mock:fail=400]", "model": "mock/small"}),
+        json!({"prompt": "d [mock:tool_turns=1]", "model": "mock/big"}),
+        json!({"prompt": "e", "model": "mock/small", "subagent_type": "research"}),
+    ];
+    for b in bodies {
+        app.client.post(app.url("/tasks?wait=true")).json(&b).send().await.unwrap();
+    }
+    let mismatch: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM (
+            SELECT c.tenant, c.provider || '/' || c.model AS model, t.subagent_type AS agent_type, count(*) AS calls,
+                   count(*) FILTER (WHERE c.outcome = 'ok') AS ok, sum(c.input_tokens) AS i, sum(c.output_tokens) AS o,
+                   coalesce(sum(c.cost_usd), 0) AS cost
+            FROM llm_calls c JOIN tasks t ON t.id = c.task_id GROUP BY 1, 2, 3
+         ) l FULL JOIN (
+            SELECT tenant, model, agent_type, sum(calls) calls, sum(ok) ok, sum(input_tokens) i, sum(output_tokens) o, sum(cost_usd) cost
+            FROM usage_daily GROUP BY 1, 2, 3
+         ) r USING (tenant, model, agent_type)
+         WHERE l.calls IS DISTINCT FROM r.calls OR l.ok IS DISTINCT FROM r.ok OR l.i IS DISTINCT FROM r.i
+            OR l.o IS DISTINCT FROM r.o OR l.cost IS DISTINCT FROM r.cost",
+    )
+    .fetch_one(&app.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(mismatch, 0, "rollups differ from the ledger");
+
+    let u: Value =
+        app.client.get(app.url("/usage?group_by=model,agent_type")).send().await.unwrap().json().await.unwrap();
+    let rows = u["rows"].as_array().unwrap();
+    let small_research = rows.iter().find(|r| r["model"] == "mock/small" && r["agent_type"] == "research").unwrap();
+    assert_eq!(small_research["calls"], 4);
+    let failed: i64 = rows.iter().map(|r| r["failed"].as_i64().unwrap()).sum();
+    assert_eq!(failed, 1);
+    let total: Value = app.client.get(app.url("/usage?group_by=")).send().await.unwrap().json().await.unwrap();
+    let ledger_calls: i64 = sqlx::query_scalar("SELECT count(*) FROM llm_calls").fetch_one(&app.db.pool).await.unwrap();
+    assert_eq!(total["rows"][0]["calls"], ledger_calls);
+    let r = app.client.get(app.url("/usage?group_by=tenant")).send().await.unwrap();
+    assert_problem(r, 400, "invalid_parameter").await;
+    let admin: Value = app
+        .client
+        .get(app.url("/usage?group_by=tenant"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(admin["rows"][0]["tenant"], "default");
+    let r = app.client.get(app.url("/usage?from=yesterday")).send().await.unwrap();
+    assert_problem(r, 400, "invalid_parameter").await;
+
+    // The views dashboards read.
+    let outcomes: Vec<(String, i64)> =
+        sqlx::query_as("SELECT status, sum(tasks)::bigint FROM v_task_outcomes GROUP BY 1 ORDER BY 1")
+            .fetch_all(&app.db.pool)
+            .await
+            .unwrap();
+    assert_eq!(outcomes, [("completed".to_string(), 4), ("failed".to_string(), 1)]);
+    let lat: Option<f64> =
+        sqlx::query_scalar("SELECT run_p95_ms FROM v_task_latency").fetch_one(&app.db.pool).await.unwrap();
+    assert!(lat.is_some());
+
+    // One task's calls.
+    let id: String =
+        sqlx::query_scalar("SELECT id::text FROM tasks WHERE prompt LIKE 'a %'").fetch_one(&app.db.pool).await.unwrap();
+    let calls: Value =
+        app.client.get(app.url(&format!("/tasks/{id}/calls"))).send().await.unwrap().json().await.unwrap();
+    assert_eq!(calls["calls"].as_array().unwrap().len(), 3);
+    assert_eq!(calls["calls"][0]["outcome"], "ok");
+    app.stop().await;
+}

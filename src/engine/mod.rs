@@ -90,6 +90,8 @@ pub enum Refusal {
 pub trait RunStore: Send + Sync {
     /// Reserve the worst-case cost of the next provider call against the budgets.
     async fn reserve(&self, usd: Decimal, tokens: u64) -> Result<(), Refusal>;
+    /// Append a progress event (turn and tool-call starts) that is not part of a checkpoint.
+    async fn event(&self, kind: &'static str, data: Value) -> Result<(), LeaseLost>;
     /// Record a failed provider attempt.
     async fn record_failed_call(&self, call: &CallRecord) -> Result<(), LeaseLost>;
     /// Commit a completed turn: messages, its call's usage and its events, atomically.
@@ -206,6 +208,11 @@ pub async fn run(
             tools: input.tools.clone(),
             max_tokens: input.max_tokens,
         };
+        let started = json!({"turn": turn, "model": format!("{}/{}", input.provider_name, input.model),
+                             "messages": req.messages.len(), "tools": req.tools.len()});
+        if store.event("llm_call_started", started).await.is_err() {
+            return Outcome::Stopped(StopCause::LeaseLost);
+        }
         let (resp, call) = match call_with_retries(&input, provider, store, stop, &req, turn).await {
             Ok(r) => r,
             Err(Outcome::Stopped(StopCause::Budget(limit))) => {
@@ -223,7 +230,7 @@ pub async fn run(
             Err(o) => return o,
         };
         let mut events = vec![(
-            "llm_call",
+            "llm_call_finished",
             json!({"turn": turn, "model": format!("{}/{}", input.provider_name, input.model),
                    "input_tokens": call.usage.input_tokens, "output_tokens": call.usage.output_tokens,
                    "cached_tokens": call.usage.cached_tokens, "latency_ms": call.latency_ms, "try": call.try_no}),
@@ -290,6 +297,15 @@ pub async fn run(
                 to_run.push(i);
             }
         }
+        if !to_run.is_empty() {
+            let calls: Vec<Value> = to_run
+                .iter()
+                .map(|&i| json!({"tool_call_id": resp.tool_calls[i].id, "name": resp.tool_calls[i].name}))
+                .collect();
+            if store.event("tool_calls_started", json!({"turn": turn, "calls": calls})).await.is_err() {
+                return Outcome::Stopped(StopCause::LeaseLost);
+            }
+        }
         let runs: Vec<_> = to_run
             .into_iter()
             .map(|i| {
@@ -312,7 +328,7 @@ pub async fn run(
         for (i, out, took) in ran {
             let tc = &resp.tool_calls[i];
             events.push((
-                "tool_call",
+                "tool_call_finished",
                 json!({"turn": turn, "tool_call_id": tc.id, "name": tc.name, "is_error": out.is_error,
                        "duration_ms": took.as_millis() as u64}),
             ));

@@ -64,10 +64,15 @@ struct Store {
     lose_lease_at_turn: Option<u32>,
     /// `None`: unlimited.
     budget_left: Mutex<Option<Decimal>>,
+    events: Mutex<Vec<&'static str>>,
 }
 
 #[async_trait::async_trait]
 impl RunStore for Store {
+    async fn event(&self, kind: &'static str, _data: Value) -> Result<(), LeaseLost> {
+        self.events.lock().unwrap().push(kind);
+        Ok(())
+    }
     async fn reserve(&self, usd: Decimal, _tokens: u64) -> Result<(), Refusal> {
         let mut left = self.budget_left.lock().unwrap();
         match left.as_mut() {
@@ -182,6 +187,7 @@ async fn tool_call_then_result_then_summary() {
     let (o, store, tools) = go(&p, input()).await;
     assert_eq!(o, Outcome::Completed { summary: "thing 7 is blue".into() });
     assert_eq!(*tools.ran.lock().unwrap(), ["get_thing"]);
+    assert_eq!(*store.events.lock().unwrap(), ["llm_call_started", "tool_calls_started", "llm_call_started"]);
     let cps = store.checkpoints.lock().unwrap();
     assert_eq!(cps.len(), 2);
     // Turn 1 checkpoints system, user, assistant(tool call), tool result; turn 2 the answer.

@@ -13,11 +13,14 @@ use uuid::Uuid;
 
 use crate::engine::{StopCause, StopSignal};
 use crate::store::runs::Fence;
-use crate::store::{CH_CANCEL, CH_DONE, CH_QUEUED};
+use crate::store::{CH_CANCEL, CH_DONE, CH_EVENT, CH_QUEUED};
 
 #[derive(Default)]
 pub struct Hub {
+    /// Woken when the task finishes.
     waiters: Mutex<HashMap<Uuid, Vec<Arc<Notify>>>>,
+    /// Woken on every new event of the task (and when it finishes).
+    streams: Mutex<HashMap<Uuid, Vec<Arc<Notify>>>>,
     runs: Mutex<HashMap<Uuid, (Fence, StopSignal)>>,
     /// New work may be queued.
     pub queued: Notify,
@@ -25,11 +28,12 @@ pub struct Hub {
     connected: std::sync::atomic::AtomicBool,
 }
 
-/// A registered interest in one task's completion; unregisters on drop.
+/// A registered interest in one task's completion (or its events); unregisters on drop.
 pub struct Waiter<'a> {
     hub: &'a Hub,
     id: Uuid,
     notify: Arc<Notify>,
+    events: bool,
 }
 
 impl Waiter<'_> {
@@ -40,7 +44,8 @@ impl Waiter<'_> {
 
 impl Drop for Waiter<'_> {
     fn drop(&mut self) {
-        let mut w = self.hub.waiters.lock().unwrap_or_else(|e| e.into_inner());
+        let map = if self.events { &self.hub.streams } else { &self.hub.waiters };
+        let mut w = map.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(list) = w.get_mut(&self.id) {
             list.retain(|n| !Arc::ptr_eq(n, &self.notify));
             if list.is_empty() {
@@ -60,7 +65,20 @@ impl Hub {
     pub fn waiter(&self, id: Uuid) -> Waiter<'_> {
         let notify = Arc::new(Notify::new());
         self.waiters.lock().unwrap_or_else(|e| e.into_inner()).entry(id).or_default().push(notify.clone());
-        Waiter { hub: self, id, notify }
+        Waiter { hub: self, id, notify, events: false }
+    }
+
+    /// Like `waiter`, but also woken by every new event of the task.
+    pub fn event_waiter(&self, id: Uuid) -> Waiter<'_> {
+        let notify = Arc::new(Notify::new());
+        self.streams.lock().unwrap_or_else(|e| e.into_inner()).entry(id).or_default().push(notify.clone());
+        Waiter { hub: self, id, notify, events: true }
+    }
+
+    fn wake_streams(&self, id: Uuid) {
+        if let Some(list) = self.streams.lock().unwrap_or_else(|e| e.into_inner()).get(&id) {
+            list.iter().for_each(|n| n.notify_one());
+        }
     }
 
     pub fn waiter_count(&self) -> usize {
@@ -71,12 +89,15 @@ impl Hub {
         if let Some(list) = self.waiters.lock().unwrap_or_else(|e| e.into_inner()).get(&id) {
             list.iter().for_each(|n| n.notify_one());
         }
+        self.wake_streams(id);
     }
 
     /// Wake everyone: used after a reconnect, when notifications may have been missed.
     pub fn wake_all(&self) {
-        for list in self.waiters.lock().unwrap_or_else(|e| e.into_inner()).values() {
-            list.iter().for_each(|n| n.notify_one());
+        for map in [&self.waiters, &self.streams] {
+            for list in map.lock().unwrap_or_else(|e| e.into_inner()).values() {
+                list.iter().for_each(|n| n.notify_one());
+            }
         }
         self.queued.notify_waiters();
     }
@@ -119,6 +140,11 @@ impl Hub {
                     self.done(id);
                 }
             }
+            CH_EVENT => {
+                if let Ok(id) = payload.parse() {
+                    self.wake_streams(id);
+                }
+            }
             CH_CANCEL => {
                 if let Ok(id) = payload.parse() {
                     self.stop_run(id, StopCause::Cancelled);
@@ -141,7 +167,7 @@ impl Hub {
                     continue;
                 }
             };
-            if let Err(e) = listener.listen_all([CH_QUEUED, CH_DONE, CH_CANCEL]).await {
+            if let Err(e) = listener.listen_all([CH_QUEUED, CH_DONE, CH_CANCEL, CH_EVENT]).await {
                 tracing::warn!(error = %e, "LISTEN failed; retrying");
                 tokio::select! { _ = tokio::time::sleep(backoff) => {}, _ = shutdown.cancelled() => return }
                 continue;

@@ -70,6 +70,17 @@ impl RunStore for PgRunStore {
         }
     }
 
+    async fn event(&self, kind: &'static str, data: Value) -> Result<(), LeaseLost> {
+        match retry_db(|| crate::store::events::append(&self.pool, self.fence, kind, &data)).await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(LeaseLost),
+            Err(e) => {
+                tracing::error!(error = %e, "event write failed; stopping this attempt");
+                Err(LeaseLost)
+            }
+        }
+    }
+
     async fn record_failed_call(&self, call: &CallRecord) -> Result<(), LeaseLost> {
         let row = self.row(call);
         let ev = serde_json::json!({"turn": call.turn, "try": call.try_no, "http_status": call.http_status,

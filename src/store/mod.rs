@@ -1,6 +1,7 @@
 //! Every SQL statement of the service, one file per table family, typed rows out.
 
 pub mod agents;
+pub mod events;
 pub mod runs;
 pub mod tasks;
 pub mod tenants;
@@ -12,6 +13,8 @@ pub use sqlx::PgPool;
 pub const CH_QUEUED: &str = "subagentd_queued";
 pub const CH_DONE: &str = "subagentd_done";
 pub const CH_CANCEL: &str = "subagentd_cancel";
+/// A task has new events (payload: its id).
+pub const CH_EVENT: &str = "subagentd_event";
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {

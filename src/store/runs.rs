@@ -63,8 +63,10 @@ pub async fn claim(
          ), e AS (
             INSERT INTO task_events (task_id, seq, kind, data)
             SELECT id, last_event_seq, 'claimed', jsonb_build_object('attempt', attempt, 'worker', worker_id) FROM u
+         ), n AS (
+            SELECT count(pg_notify('subagentd_event', id::text)) FROM u
          )
-         SELECT * FROM u ORDER BY id";
+         SELECT u.* FROM u, n ORDER BY id";
     Ok(sqlx::query_as(sql).bind(limit).bind(lease_secs).bind(worker).bind(default_max_running).fetch_all(pool).await?)
 }
 
@@ -194,7 +196,7 @@ pub async fn commit_turn(
             SELECT $1, u.last_event_seq - cardinality($17::text[]) + x.ord, x.kind, x.data
             FROM u, unnest($17::text[], $18::jsonb[]) WITH ORDINALITY AS x(kind, data, ord)
          )
-         SELECT count(*)::int FROM u",
+         SELECT count(pg_notify('subagentd_event', $1::text))::int FROM u",
     )
     .bind(f.id) // 1
     .bind(f.lease) // 2

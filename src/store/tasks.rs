@@ -216,6 +216,7 @@ pub async fn cancel_matching(pool: &PgPool, tenant: &str, f: &CancelFilter) -> R
             FROM u
          )
          SELECT id, old_status, pg_notify(CASE WHEN old_status = 'queued' THEN '{done}' ELSE '{cancel}' END, id::text)::text
+                || pg_notify('subagentd_event', id::text)::text
          FROM u",
         done = super::CH_DONE,
         cancel = super::CH_CANCEL

@@ -104,6 +104,11 @@ pub struct TestDb {
 }
 
 pub async fn test_db() -> TestDb {
+    // Service warnings (a failing claim, say) show in the output of a failing test.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+        .with_test_writer()
+        .try_init();
     let c = cluster();
     let name = format!("sat_{}", uuid::Uuid::new_v4().simple());
     let mut admin = PgConnection::connect(&(c.url_for)("postgres")).await.expect("admin connect");

@@ -1,0 +1,46 @@
+//! `task_events`: the per-task, ordered, append-only log.
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use super::runs::Fence;
+use super::{StoreError, CH_EVENT};
+
+#[derive(Debug, Clone, serde::Serialize, sqlx::FromRow)]
+pub struct EventRow {
+    pub seq: i32,
+    pub kind: String,
+    pub data: Value,
+    pub created_at: DateTime<Utc>,
+}
+
+/// Events of a task after `after`, in order.
+pub async fn after(pool: &PgPool, task: Uuid, after: i32, limit: i64) -> Result<Vec<EventRow>, StoreError> {
+    Ok(sqlx::query_as(
+        "SELECT seq, kind, data, created_at FROM task_events WHERE task_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+    )
+    .bind(task)
+    .bind(after)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// Append an event from the worker holding the lease, and wake streams on every replica.
+/// Returns false (writing nothing) if the lease is gone.
+pub async fn append(pool: &PgPool, f: Fence, kind: &str, data: &Value) -> Result<bool, StoreError> {
+    let sql = format!(
+        "WITH u AS (
+            UPDATE tasks SET last_event_seq = last_event_seq + 1
+            WHERE id = $1 AND lease_token = $2 AND status = 'running'
+            RETURNING id, last_event_seq
+         ), e AS (
+            INSERT INTO task_events (task_id, seq, kind, data) SELECT id, last_event_seq, $3, $4 FROM u
+         )
+         SELECT count(pg_notify('{CH_EVENT}', id::text))::int FROM u"
+    );
+    let n: i32 = sqlx::query_scalar(&sql).bind(f.id).bind(f.lease).bind(kind).bind(data).fetch_one(pool).await?;
+    Ok(n == 1)
+}

@@ -8,4 +8,6 @@ pub mod jobs;
 pub mod llm;
 pub mod service;
 pub mod store;
+pub mod telemetry;
 pub mod tools;
+pub mod view;

@@ -91,7 +91,8 @@ fn init_tracing(format: &str) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn,tower_http=warn"));
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     if format == "json" {
-        builder.json().init();
+        // Every line carries the fields of the span it is in: task_id, attempt, trace_id.
+        builder.json().with_current_span(true).with_span_list(false).init();
     } else {
         builder.init();
     }

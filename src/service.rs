@@ -41,6 +41,7 @@ impl Service {
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
         let mode = crate::http::auth::Mode::parse(&cfg.auth)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+        crate::telemetry::prometheus();
         let shutdown = CancellationToken::new();
         let hub = Hub::new();
         // The listener outlives the drain, so that waiters and cancels keep working during it.

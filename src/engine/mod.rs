@@ -38,6 +38,8 @@ pub struct RunInput {
     /// Tool calls of one turn run concurrently, at most this many at once (in the model's order).
     pub tool_concurrency: usize,
     pub max_tokens: Option<u32>,
+    /// The task's W3C trace context; each provider call carries a child of it.
+    pub traceparent: Option<String>,
     pub retry: RetryPolicy,
     /// Agent type name, for the whitelist refusal message.
     pub agent: String,
@@ -207,6 +209,7 @@ pub async fn run(
             messages: messages.clone(),
             tools: input.tools.clone(),
             max_tokens: input.max_tokens,
+            traceparent: input.traceparent.as_deref().map(crate::telemetry::child),
         };
         let started = json!({"turn": turn, "model": format!("{}/{}", input.provider_name, input.model),
                              "messages": req.messages.len(), "tools": req.tools.len()});

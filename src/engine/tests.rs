@@ -126,6 +126,7 @@ fn input() -> RunInput {
         tools: vec![spec("list_things"), spec("get_thing")],
         tool_concurrency: 4,
         max_tokens: None,
+        traceparent: None,
         retry: RetryPolicy {
             max_attempts: 3,
             base: Duration::from_millis(1),

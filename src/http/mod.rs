@@ -4,8 +4,10 @@ pub mod admin;
 pub mod agents;
 pub mod auth;
 pub mod error;
+pub mod events;
 pub mod extract;
 pub mod health;
+pub mod metrics;
 pub mod tasks;
 pub mod tools;
 pub mod usage;
@@ -51,6 +53,8 @@ pub fn router(state: AppState) -> Router {
         .merge(agents::router())
         .merge(tools::router())
         .merge(usage::router())
+        .merge(events::router())
+        .merge(metrics::router())
         .merge(admin::router())
         .merge(health::router())
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "route_not_found", "Not found", "no such route") })
@@ -62,6 +66,7 @@ pub fn router(state: AppState) -> Router {
                 "this route does not accept that method",
             )
         })
+        .layer(axum::middleware::from_fn(metrics::track))
         .layer(DefaultBodyLimit::max(limit))
         .layer(TraceLayer::new_for_http())
         .with_state(state)

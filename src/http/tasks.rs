@@ -24,6 +24,7 @@ use crate::engine::spec::{self, TaskOptions};
 use crate::llm::{ModelRef, ResolveError};
 use crate::store::tasks::{self, Inserted, ListFilter, NewTask, TaskRow};
 use crate::store::tenants::{self, Limits};
+pub use crate::view::TaskView;
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -74,6 +75,9 @@ pub struct CreateTask {
     /// Token limit (input + output) of this task (capped by the tenant's `max_task_tokens`).
     #[serde(default)]
     max_tokens: Option<i64>,
+    /// Where to POST the task when it finishes (signed; same allow-list as tools).
+    #[serde(default)]
+    webhook_url: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -98,79 +102,6 @@ impl WaitQuery {
         }
         let secs = self.timeout.unwrap_or(st.cfg.wait_default_seconds as f64).min(st.cfg.wait_max_seconds as f64);
         Ok(Some(Duration::from_secs_f64(secs)))
-    }
-}
-
-/// The task as the API shows it.
-#[derive(Debug, Serialize)]
-pub struct TaskView {
-    pub id: Uuid,
-    pub status: String,
-    pub stop_reason: Option<String>,
-    pub subagent_type: String,
-    pub description: Option<String>,
-    pub model: String,
-    pub prompt: String,
-    pub max_turns: Option<u32>,
-    /// The tools the run is offered (its whitelist).
-    pub tools: Vec<String>,
-    pub summary: Option<String>,
-    pub error: Option<Value>,
-    pub turns: i32,
-    pub usage: Value,
-    pub cost_usd: Decimal,
-    /// False when some call's model had no price: `cost_usd` is then a lower bound.
-    pub cost_complete: bool,
-    pub attempt: i32,
-    pub metadata: Value,
-    pub created_at: DateTime<Utc>,
-    pub started_at: Option<DateTime<Utc>>,
-    pub finished_at: Option<DateTime<Utc>>,
-    pub queue_ms: Option<i64>,
-    pub run_ms: Option<i64>,
-    /// The task this one resumed.
-    pub parent_task_id: Option<Uuid>,
-}
-
-impl From<TaskRow> for TaskView {
-    fn from(r: TaskRow) -> Self {
-        let opts: Option<TaskOptions> = serde_json::from_value(r.options.clone()).ok();
-        let error = r.error_code.as_ref().map(|c| json!({"code": c, "message": r.error_message}));
-        let queue_ms = r.started_at.map(|s| (s - r.created_at).num_milliseconds());
-        let run_ms = match (r.started_at, r.finished_at) {
-            (Some(s), Some(f)) => Some((f - s).num_milliseconds()),
-            _ => None,
-        };
-        TaskView {
-            id: r.id,
-            status: r.status,
-            stop_reason: r.stop_reason,
-            subagent_type: r.subagent_type,
-            description: r.description,
-            model: r.model,
-            prompt: r.prompt,
-            max_turns: opts.as_ref().map(|o| o.max_turns),
-            tools: opts.map(|o| o.tools.into_iter().map(|t| t.name).collect()).unwrap_or_default(),
-            summary: r.summary,
-            error,
-            turns: r.turns,
-            usage: json!({
-                "input_tokens": r.input_tokens,
-                "output_tokens": r.output_tokens,
-                "cached_tokens": r.cached_tokens,
-                "total_tokens": r.input_tokens + r.output_tokens,
-            }),
-            cost_usd: r.cost_usd.normalize(),
-            cost_complete: r.unpriced_calls == 0,
-            attempt: r.attempt,
-            metadata: r.metadata,
-            created_at: r.created_at,
-            started_at: r.started_at,
-            finished_at: r.finished_at,
-            queue_ms,
-            run_ms,
-            parent_task_id: r.parent_task_id,
-        }
     }
 }
 
@@ -250,7 +181,11 @@ async fn validate(
     limits: &Limits,
     body: &CreateTask,
     idem: Option<String>,
+    traceparent: Option<String>,
 ) -> Result<NewTask, ApiError> {
+    if let Some(u) = &body.webhook_url {
+        st.tool_caller.allow.check_url(u).map_err(|e| ApiError::invalid("webhook_url", e.0))?;
+    }
     let prompt = body.prompt.trim();
     if prompt.is_empty() {
         return Err(ApiError::invalid("prompt", "must not be empty"));
@@ -422,6 +357,8 @@ async fn validate(
         parent_task_id: body.resume_from,
         max_cost_usd,
         max_tokens,
+        traceparent,
+        webhook_url: body.webhook_url.clone(),
     })
 }
 
@@ -458,6 +395,8 @@ async fn effective_limits(st: &AppState, tenant: &str) -> Result<Limits, ApiErro
 }
 
 fn over(code: &'static str, status: StatusCode, limit: &str, value: Value, current: Value, detail: String) -> ApiError {
+    metrics::counter!("subagentd_budget_refusals_total", "limit" => limit.to_string(), "stage" => "admission")
+        .increment(1);
     let mut e = ApiError::new(
         status,
         code,
@@ -556,7 +495,10 @@ async fn create(
     let wait = q.wait_for(&st)?;
     let idem = idempotency_key(&headers)?;
     let limits = effective_limits(&st, &tenant).await?;
-    let new = validate(&st, &tenant, &limits, &body, idem).await?;
+    // W3C: an invalid traceparent is ignored, not an error.
+    let traceparent =
+        headers.get("traceparent").and_then(|v| v.to_str().ok()).and_then(crate::telemetry::parse_traceparent);
+    let new = validate(&st, &tenant, &limits, &body, idem, traceparent).await?;
     let (row, created) = match admit(&st, &limits, &new).await? {
         Inserted::New(r) => (r, true),
         Inserted::Existing(r) => {

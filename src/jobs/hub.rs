@@ -24,6 +24,8 @@ pub struct Hub {
     runs: Mutex<HashMap<Uuid, (Fence, StopSignal)>>,
     /// New work may be queued.
     pub queued: Notify,
+    /// Some task finished (webhooks may be due).
+    pub finished: Notify,
     /// Set while the listener is connected.
     connected: std::sync::atomic::AtomicBool,
 }
@@ -139,6 +141,7 @@ impl Hub {
                 if let Ok(id) = payload.parse() {
                     self.done(id);
                 }
+                self.finished.notify_waiters();
             }
             CH_EVENT => {
                 if let Ok(id) = payload.parse() {

@@ -2,4 +2,5 @@
 
 pub mod hub;
 pub mod run_store;
+pub mod webhooks;
 pub mod worker;

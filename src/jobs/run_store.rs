@@ -62,7 +62,11 @@ impl RunStore for PgRunStore {
         match retry_db(|| runs::reserve(&self.pool, self.fence, usd, tokens as i64, self.budgets)).await {
             Ok(None) => Ok(()),
             Ok(Some(limit)) if limit == "lease_lost" => Err(Refusal::LeaseLost),
-            Ok(Some(limit)) => Err(Refusal::Budget(limit)),
+            Ok(Some(limit)) => {
+                metrics::counter!("subagentd_budget_refusals_total", "limit" => limit.clone(), "stage" => "in_flight")
+                    .increment(1);
+                Err(Refusal::Budget(limit))
+            }
             Err(e) => {
                 tracing::error!(error = %e, "budget reservation failed; stopping this attempt");
                 Err(Refusal::LeaseLost)
@@ -82,6 +86,7 @@ impl RunStore for PgRunStore {
     }
 
     async fn record_failed_call(&self, call: &CallRecord) -> Result<(), LeaseLost> {
+        observe(call);
         let row = self.row(call);
         let ev = serde_json::json!({"turn": call.turn, "try": call.try_no, "http_status": call.http_status,
                                     "error": call.error, "latency_ms": call.latency_ms});
@@ -89,10 +94,38 @@ impl RunStore for PgRunStore {
     }
 
     async fn checkpoint(&self, cp: &TurnCheckpoint) -> Result<(), LeaseLost> {
+        observe(&cp.call);
         let row = self.row(&cp.call);
         let msgs: Vec<Value> = cp.messages.iter().map(|m| serde_json::to_value(m).unwrap_or(Value::Null)).collect();
         let mut events: Vec<(&str, Value)> = cp.events.iter().map(|(k, v)| (*k, v.clone())).collect();
         events.push(("checkpoint", serde_json::json!({"turn": cp.turn, "messages": msgs.len()})));
         self.commit(Some(cp.turn as i32), &row, &msgs, &events).await
+    }
+}
+
+/// Provider-call metrics, by provider and model.
+fn observe(c: &CallRecord) {
+    let model = format!("{}/{}", c.provider, c.model);
+    let labels = [("provider", c.provider.clone()), ("model", model.clone()), ("outcome", c.outcome.to_string())];
+    metrics::histogram!("subagentd_llm_call_duration_seconds", &labels).record(f64::from(c.latency_ms) / 1000.0);
+    metrics::counter!("subagentd_llm_calls_total", &labels).increment(1);
+    if c.try_no > 1 {
+        metrics::counter!("subagentd_llm_retries_total", "provider" => c.provider.clone(), "model" => model.clone())
+            .increment(1);
+    }
+    if c.outcome != "ok" {
+        let status = c.http_status.map(|s| s.to_string()).unwrap_or_else(|| "none".into());
+        metrics::counter!("subagentd_llm_errors_total", "provider" => c.provider.clone(), "model" => model.clone(), "http_status" => status)
+            .increment(1);
+    }
+    for (kind, n) in
+        [("input", c.usage.input_tokens), ("output", c.usage.output_tokens), ("cached", c.usage.cached_tokens)]
+    {
+        metrics::counter!("subagentd_tokens_total", "model" => model.clone(), "kind" => kind).increment(n);
+    }
+    if let Some(cost) = c.cost_usd {
+        let micro = (cost * rust_decimal::Decimal::from(1_000_000)).trunc();
+        metrics::counter!("subagentd_cost_microusd_total", "model" => model)
+            .increment(u64::try_from(micro).unwrap_or(0));
     }
 }

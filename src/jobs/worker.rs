@@ -59,6 +59,12 @@ impl Worker {
         let background = CancellationToken::new();
         let hb = tokio::spawn(self.clone().heartbeat_loop(background.clone()));
         let rescuer = tokio::spawn(self.clone().rescue_loop(background.clone()));
+        let webhooks = tokio::spawn(super::webhooks::run(
+            self.pool.clone(),
+            self.hub.clone(),
+            self.tool_caller.clone(),
+            background.clone(),
+        ));
         loop {
             let Some(permit) = (tokio::select! {
                 p = self.sem.clone().acquire_owned() => p.ok(),
@@ -91,7 +97,10 @@ impl Worker {
                     for row in rows {
                         let Some(p) = permits.pop() else { break };
                         let this = self.clone();
-                        let span = tracing::info_span!("run", task_id = %row.id, attempt = row.attempt);
+                        let trace_id =
+                            row.traceparent.as_deref().map(crate::telemetry::trace_id).unwrap_or("").to_string();
+                        let span =
+                            tracing::info_span!("run", task_id = %row.id, attempt = row.attempt, trace_id = %trace_id);
                         runs.spawn(async move { this.run_task(row, p).await }.instrument(span));
                     }
                     n
@@ -124,11 +133,19 @@ impl Worker {
         background.cancel();
         let _ = hb.await;
         let _ = rescuer.await;
+        let _ = webhooks.await;
     }
 
     async fn run_task(self: Arc<Self>, row: TaskRow, _permit: OwnedSemaphorePermit) {
         let Some(lease) = row.lease_token else { return };
         let fence = Fence { id: row.id, lease };
+        metrics::counter!("subagentd_claims_total").increment(1);
+        if row.attempt == 1 {
+            let wait = (chrono::Utc::now() - row.created_at).to_std().unwrap_or_default();
+            metrics::histogram!("subagentd_queue_wait_seconds").record(wait.as_secs_f64());
+        }
+        metrics::gauge!("subagentd_active_runs").increment(1.0);
+        let _active = ActiveRun;
         let stop = StopSignal::new();
         self.hub.register_run(fence, stop.clone());
         if row.cancel_requested {
@@ -210,7 +227,14 @@ impl Worker {
             }
         };
         match retry_db(|| runs::finish(&self.pool, fence, &fin)).await {
-            Ok(true) => tracing::info!(status = fin.status, "task finished"),
+            Ok(true) => {
+                metrics::counter!("subagentd_tasks_finished_total", "status" => fin.status).increment(1);
+                if let Some(started) = row.started_at {
+                    let took = (chrono::Utc::now() - started).to_std().unwrap_or_default();
+                    metrics::histogram!("subagentd_run_duration_seconds").record(took.as_secs_f64());
+                }
+                tracing::info!(status = fin.status, "task finished")
+            }
             Ok(false) => tracing::warn!("lease lost before finish; another attempt owns the task"),
             Err(e) => {
                 tracing::error!(error = %e, "finish failed; the lease will expire and the task be rescued")
@@ -291,6 +315,7 @@ impl Worker {
             tools: opts.tools.iter().map(|t| t.spec()).collect(),
             tool_concurrency: self.cfg.tool_concurrency.max(1),
             max_tokens: Some(self.cfg.max_output_tokens.max(1)),
+            traceparent: row.traceparent.clone(),
             retry: self.providers.retry,
             agent: row.subagent_type.clone(),
         };
@@ -307,7 +332,7 @@ impl Worker {
             defs: opts.tools.clone(),
             task_id: row.id,
             tenant_secret: None,
-            traceparent: None,
+            traceparent: row.traceparent.as_deref().map(crate::telemetry::child),
             mcp_headers: Default::default(),
         };
         if opts.tools.iter().any(|d| matches!(d.target, Target::Http { .. })) {
@@ -381,6 +406,9 @@ impl Worker {
             }
             match runs::rescue(&self.pool, self.cfg.max_attempts).await {
                 Ok(rescued) if !rescued.is_empty() => {
+                    for (_, status) in &rescued {
+                        metrics::counter!("subagentd_rescued_total", "to" => status.clone()).increment(1);
+                    }
                     tracing::warn!(count = rescued.len(), "rescued tasks with expired leases");
                 }
                 Ok(_) => {}
@@ -414,4 +442,13 @@ where
 
 fn hostname() -> String {
     std::fs::read_to_string("/etc/hostname").map(|s| s.trim().to_string()).unwrap_or_else(|_| "host".into())
+}
+
+/// Keeps `subagentd_active_runs` right however a run ends.
+struct ActiveRun;
+
+impl Drop for ActiveRun {
+    fn drop(&mut self) {
+        metrics::gauge!("subagentd_active_runs").decrement(1.0);
+    }
 }

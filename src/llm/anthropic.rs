@@ -133,6 +133,9 @@ impl Provider for Anthropic {
         if let Some(k) = &self.api_key {
             r = r.header("x-api-key", k.expose());
         }
+        if let Some(tp) = &req.traceparent {
+            r = r.header("traceparent", tp);
+        }
         let (status, v) = post_json(r, &body).await?;
         parse_response(status, &v)
     }

@@ -91,6 +91,7 @@ mod tests {
             messages: vec![Message::User { content: prompt.into() }],
             tools: vec![],
             max_tokens: None,
+            traceparent: None,
         }
     }
 

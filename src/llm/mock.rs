@@ -201,6 +201,7 @@ mod tests {
             messages: vec![Message::System { content: "s".into() }, Message::User { content: prompt.into() }],
             tools: vec![],
             max_tokens: None,
+            traceparent: None,
         }
     }
 

@@ -122,6 +122,9 @@ impl Provider for OpenAi {
                 r.header(self.auth_header.as_str(), k.expose())
             };
         }
+        if let Some(tp) = &req.traceparent {
+            r = r.header("traceparent", tp);
+        }
         let (status, v) = post_json(r, &body).await?;
         parse_response(status, &v)
     }

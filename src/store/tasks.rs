@@ -42,6 +42,12 @@ pub struct TaskRow {
     pub parent_task_id: Option<Uuid>,
     pub max_cost_usd: Option<Decimal>,
     pub max_tokens: Option<i64>,
+    pub traceparent: Option<String>,
+    pub webhook_url: Option<String>,
+    pub webhook_status: Option<String>,
+    pub webhook_attempts: i32,
+    pub webhook_last_error: Option<String>,
+    pub webhook_delivered_at: Option<DateTime<Utc>>,
 }
 
 impl TaskRow {
@@ -65,6 +71,8 @@ pub struct NewTask {
     pub parent_task_id: Option<Uuid>,
     pub max_cost_usd: Option<Decimal>,
     pub max_tokens: Option<i64>,
+    pub traceparent: Option<String>,
+    pub webhook_url: Option<String>,
 }
 
 pub enum Inserted {
@@ -76,7 +84,8 @@ pub enum Inserted {
 const COLS: &str = "id, tenant, status, stop_reason, subagent_type, description, prompt, model, options, summary, \
     error_code, error_message, turns, input_tokens, output_tokens, cached_tokens, cost_usd, unpriced_calls, attempt, \
     lease_token, lease_expires_at, worker_id, cancel_requested, idempotency_key, request_hash, metadata, created_at, \
-    started_at, finished_at, parent_task_id, max_cost_usd, max_tokens";
+    started_at, finished_at, parent_task_id, max_cost_usd, max_tokens, traceparent, webhook_url, webhook_status, \
+    webhook_attempts, webhook_last_error, webhook_delivered_at";
 
 /// Insert a queued task with its `created` event and wake the workers, in one statement.
 pub async fn insert(conn: &mut PgConnection, t: &NewTask) -> Result<Inserted, StoreError> {
@@ -87,8 +96,11 @@ async fn insert_once(conn: &mut PgConnection, t: &NewTask, retried: bool) -> Res
     let sql = format!(
         "WITH t AS (
             INSERT INTO tasks (id, tenant, subagent_type, description, prompt, model, options, metadata,
-                               idempotency_key, request_hash, parent_task_id, max_cost_usd, max_tokens, last_event_seq)
-            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, 1)
+                               idempotency_key, request_hash, parent_task_id, max_cost_usd, max_tokens, traceparent,
+                               webhook_url, webhook_status, webhook_next_at, last_event_seq)
+            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
+                    CASE WHEN $15::text IS NULL THEN NULL ELSE 'pending' END,
+                    CASE WHEN $15::text IS NULL THEN NULL ELSE now() END, 1)
             ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
             RETURNING {COLS}
          ), e AS (
@@ -112,6 +124,8 @@ async fn insert_once(conn: &mut PgConnection, t: &NewTask, retried: bool) -> Res
         .bind(t.parent_task_id)
         .bind(t.max_cost_usd)
         .bind(t.max_tokens)
+        .bind(&t.traceparent)
+        .bind(&t.webhook_url)
         .fetch_optional(&mut *conn)
         .await?;
     match row {
@@ -231,4 +245,63 @@ pub async fn cancel(pool: &PgPool, tenant: &str, id: Uuid) -> Result<Option<Task
     let f = CancelFilter { id: Some(id), statuses: vec!["queued".into(), "running".into()], metadata: None };
     cancel_matching(pool, tenant, &f).await?;
     get(pool, tenant, id).await
+}
+
+/// Tasks queued and running, across tenants (partial-index scans).
+pub async fn open_counts(pool: &PgPool) -> Result<Vec<(String, i64)>, StoreError> {
+    Ok(sqlx::query_as(
+        "SELECT 'queued', count(*) FROM tasks WHERE status = 'queued'
+         UNION ALL SELECT 'running', count(*) FROM tasks WHERE status = 'running'",
+    )
+    .fetch_all(pool)
+    .await?)
+}
+
+/// Finished tasks whose webhook is due, taken for delivery: their next attempt is pushed out
+/// by `lease_secs`, so another replica does not deliver them at the same time.
+pub async fn take_due_webhooks(pool: &PgPool, limit: i64, lease_secs: f64) -> Result<Vec<TaskRow>, StoreError> {
+    let sql = format!(
+        "WITH due AS (
+            SELECT id FROM tasks WHERE webhook_status = 'pending' AND webhook_next_at <= now() AND finished_at IS NOT NULL
+            ORDER BY webhook_next_at LIMIT $1 FOR UPDATE SKIP LOCKED
+         )
+         UPDATE tasks t SET webhook_next_at = now() + make_interval(secs => $2) FROM due WHERE t.id = due.id
+         RETURNING {}",
+        COLS.split(", ").map(|c| format!("t.{}", c.trim())).collect::<Vec<_>>().join(", ")
+    );
+    Ok(sqlx::query_as(&sql).bind(limit).bind(lease_secs).fetch_all(pool).await?)
+}
+
+/// Record a delivery attempt: delivered, retried after `retry_in`, or given up.
+pub async fn webhook_attempted(
+    pool: &PgPool,
+    id: Uuid,
+    outcome: Result<(), String>,
+    retry_in: Option<std::time::Duration>,
+) -> Result<(), StoreError> {
+    match outcome {
+        Ok(()) => {
+            sqlx::query(
+                "UPDATE tasks SET webhook_status = 'delivered', webhook_attempts = webhook_attempts + 1,
+                 webhook_delivered_at = now(), webhook_next_at = NULL, webhook_last_error = NULL WHERE id = $1",
+            )
+            .bind(id)
+            .execute(pool)
+            .await?
+        }
+        Err(e) => {
+            sqlx::query(
+                "UPDATE tasks SET webhook_attempts = webhook_attempts + 1, webhook_last_error = $2,
+                 webhook_status = CASE WHEN $3::float8 IS NULL THEN 'failed' ELSE 'pending' END,
+                 webhook_next_at = CASE WHEN $3::float8 IS NULL THEN NULL ELSE now() + make_interval(secs => $3) END
+             WHERE id = $1",
+            )
+            .bind(id)
+            .bind(e)
+            .bind(retry_in.map(|d| d.as_secs_f64()))
+            .execute(pool)
+            .await?
+        }
+    };
+    Ok(())
 }

@@ -7,6 +7,7 @@ mod helpers;
 mod agents;
 mod chaos;
 mod health;
+mod observe;
 mod openapi;
 mod providers;
 mod tasks;

@@ -277,6 +277,7 @@ async fn offered_tools_use_each_providers_schema() {
             parameters: json!({"type": "object"}),
         }],
         max_tokens: Some(64),
+        traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
     };
     oai.push(Answer::json(openai_text("ok", 1, 1, 0)));
     p.get("oai").unwrap().chat(&req).await.unwrap();
@@ -285,6 +286,7 @@ async fn offered_tools_use_each_providers_schema() {
         json!([{"type": "function", "function": {"name": "get", "description": "reads", "parameters": {"type": "object"}}}])
     );
     assert_eq!(oai.seen()[0].body["max_tokens"], 64);
+    assert_eq!(oai.seen()[0].headers["traceparent"], "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
     ant.push(Answer::json(anthropic_text("ok", 1, 1, 0)));
     p.get("ant").unwrap().chat(&req).await.unwrap();
     assert_eq!(

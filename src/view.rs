@@ -1,0 +1,91 @@
+//! The task as the API (and webhooks) show it.
+
+use chrono::{DateTime, Utc};
+use rust_decimal::Decimal;
+use serde::Serialize;
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+use crate::engine::spec::TaskOptions;
+use crate::store::tasks::TaskRow;
+
+/// The task as the API shows it.
+#[derive(Debug, Serialize)]
+pub struct TaskView {
+    pub id: Uuid,
+    pub status: String,
+    pub stop_reason: Option<String>,
+    pub subagent_type: String,
+    pub description: Option<String>,
+    pub model: String,
+    pub prompt: String,
+    pub max_turns: Option<u32>,
+    /// The tools the run is offered (its whitelist).
+    pub tools: Vec<String>,
+    pub summary: Option<String>,
+    pub error: Option<Value>,
+    pub turns: i32,
+    pub usage: Value,
+    pub cost_usd: Decimal,
+    /// False when some call's model had no price: `cost_usd` is then a lower bound.
+    pub cost_complete: bool,
+    pub attempt: i32,
+    pub metadata: Value,
+    pub created_at: DateTime<Utc>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub finished_at: Option<DateTime<Utc>>,
+    pub queue_ms: Option<i64>,
+    pub run_ms: Option<i64>,
+    /// The task this one resumed.
+    pub parent_task_id: Option<Uuid>,
+    pub trace_id: Option<String>,
+    /// Completion webhook: url, delivery status, attempts, last error.
+    pub webhook: Option<Value>,
+}
+
+impl From<TaskRow> for TaskView {
+    fn from(r: TaskRow) -> Self {
+        let opts: Option<TaskOptions> = serde_json::from_value(r.options.clone()).ok();
+        let error = r.error_code.as_ref().map(|c| json!({"code": c, "message": r.error_message}));
+        let queue_ms = r.started_at.map(|s| (s - r.created_at).num_milliseconds());
+        let run_ms = match (r.started_at, r.finished_at) {
+            (Some(s), Some(f)) => Some((f - s).num_milliseconds()),
+            _ => None,
+        };
+        TaskView {
+            id: r.id,
+            status: r.status,
+            stop_reason: r.stop_reason,
+            subagent_type: r.subagent_type,
+            description: r.description,
+            model: r.model,
+            prompt: r.prompt,
+            max_turns: opts.as_ref().map(|o| o.max_turns),
+            tools: opts.map(|o| o.tools.into_iter().map(|t| t.name).collect()).unwrap_or_default(),
+            summary: r.summary,
+            error,
+            turns: r.turns,
+            usage: json!({
+                "input_tokens": r.input_tokens,
+                "output_tokens": r.output_tokens,
+                "cached_tokens": r.cached_tokens,
+                "total_tokens": r.input_tokens + r.output_tokens,
+            }),
+            cost_usd: r.cost_usd.normalize(),
+            cost_complete: r.unpriced_calls == 0,
+            attempt: r.attempt,
+            metadata: r.metadata,
+            created_at: r.created_at,
+            started_at: r.started_at,
+            finished_at: r.finished_at,
+            queue_ms,
+            run_ms,
+            parent_task_id: r.parent_task_id,
+            trace_id: r.traceparent.as_deref().map(|t| crate::telemetry::trace_id(t).to_string()),
+            webhook: r.webhook_url.as_ref().map(|u| {
+                json!({"url": u, "status": r.webhook_status, "attempts": r.webhook_attempts,
+                       "last_error": r.webhook_last_error, "delivered_at": r.webhook_delivered_at})
+            }),
+        }
+    }
+}

@@ -1,0 +1,198 @@
+//! Events (JSON pages and Server-Sent Events), completion webhooks, metrics, trace context.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use axum::Router;
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+
+use crate::helpers::*;
+
+/// Read an SSE stream until `stop` says so; returns (id, event kind) pairs.
+async fn read_sse(resp: reqwest::Response, stop: impl Fn(&[(i64, String)]) -> bool) -> Vec<(i64, String)> {
+    let mut out = vec![];
+    let mut buf = String::new();
+    let mut body = resp.bytes_stream();
+    while let Ok(Some(chunk)) = tokio::time::timeout(Duration::from_secs(20), body.next()).await {
+        buf.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
+        while let Some(i) = buf.find("\n\n") {
+            let frame: String = buf.drain(..i + 2).collect();
+            let id = frame.lines().find_map(|l| l.strip_prefix("id:")).map(|v| v.trim().parse::<i64>().unwrap());
+            let kind = frame.lines().find_map(|l| l.strip_prefix("event:")).map(|v| v.trim().to_string());
+            if let (Some(id), Some(kind)) = (id, kind) {
+                out.push((id, kind));
+            }
+            if stop(&out) {
+                return out;
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn events_page_as_json_and_stream_live_with_resume_and_no_gaps() {
+    let app = spawn_app().await;
+    let t = app.submit(json!({"prompt": "x [mock:tool_turns=2] [mock:delay_ms=150]", "model": "mock/m"})).await;
+    let id = t["id"].as_str().unwrap().to_string();
+    let url = app.url(&format!("/tasks/{id}/events"));
+
+    // Live: read the first three events, then disconnect.
+    let r = app.client.get(&url).header("accept", "text/event-stream").send().await.unwrap();
+    assert_eq!(r.headers()["content-type"], "text/event-stream");
+    let first = read_sse(r, |e| e.len() >= 3).await;
+    assert_eq!(first.iter().map(|e| e.0).collect::<Vec<_>>(), [1, 2, 3]);
+    // Resume from Last-Event-ID: the rest, to the end, no gap and no repeat.
+    let r =
+        app.client.get(&url).header("accept", "text/event-stream").header("last-event-id", "3").send().await.unwrap();
+    let rest = read_sse(r, |e| e.last().is_some_and(|l| l.1 == "finished")).await;
+    let all: Vec<i64> = first.iter().chain(rest.iter()).map(|e| e.0).collect();
+    assert_eq!(all, (1..=all.len() as i64).collect::<Vec<_>>(), "contiguous sequence");
+    let kinds: Vec<&str> = first.iter().chain(rest.iter()).map(|e| e.1.as_str()).collect();
+    for k in
+        ["created", "claimed", "llm_call_started", "llm_call_finished", "tool_call_refused", "checkpoint", "finished"]
+    {
+        assert!(kinds.contains(&k), "missing {k}: {kinds:?}");
+    }
+
+    // JSON pages.
+    let page: Value = app.client.get(format!("{url}?after=2&limit=3")).send().await.unwrap().json().await.unwrap();
+    let seqs: Vec<i64> = page["events"].as_array().unwrap().iter().map(|e| e["seq"].as_i64().unwrap()).collect();
+    assert_eq!(seqs, [3, 4, 5]);
+    assert_eq!(page["next_after"], 5);
+    let r = app.client.get(format!("{url}?after=-1")).send().await.unwrap();
+    assert_problem(r, 400, "invalid_parameter").await;
+    let r =
+        app.client.get(&url).header("accept", "text/event-stream").header("last-event-id", "x").send().await.unwrap();
+    assert_problem(r, 400, "invalid_parameter").await;
+    app.stop().await;
+}
+
+#[derive(Clone, Default)]
+struct Receiver {
+    got: Arc<Mutex<Vec<(HeaderMap, String)>>>,
+    fail_first: Arc<Mutex<u32>>,
+}
+
+async fn receive(axum::extract::State(r): axum::extract::State<Receiver>, h: HeaderMap, body: String) -> StatusCode {
+    r.got.lock().unwrap().push((h, body));
+    let mut f = r.fail_first.lock().unwrap();
+    if *f > 0 {
+        *f -= 1;
+        return StatusCode::SERVICE_UNAVAILABLE;
+    }
+    StatusCode::OK
+}
+
+async fn receiver(fail_first: u32) -> (Receiver, String) {
+    let r = Receiver { fail_first: Arc::new(Mutex::new(fail_first)), ..Default::default() };
+    let app = Router::new().route("/hook", post(receive)).with_state(r.clone());
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", l.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+    (r, url)
+}
+
+#[tokio::test]
+async fn a_finished_task_is_posted_to_its_webhook_signed_and_retried() {
+    let (rcv, url) = receiver(1).await;
+    let app = spawn_app_with(|c| c.tool_allow = "*, 127.0.0.1/32".into(), true).await;
+    let secret: Value = app.client.post(app.url("/signing-secret")).send().await.unwrap().json().await.unwrap();
+    let t = app.submit(json!({"prompt": "x", "model": "mock/m", "webhook_url": url})).await;
+    let id = t["id"].as_str().unwrap().to_string();
+    assert_eq!(t["webhook"]["status"], "pending");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let task = loop {
+        let t = app.get_task(&id).await;
+        if t["webhook"]["status"] == "delivered" {
+            break t;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "not delivered: {t}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(task["webhook"]["attempts"], 2, "the first attempt got a 503 and was retried");
+    let got = rcv.got.lock().unwrap().clone();
+    let (h, body) = got.last().unwrap();
+    let v: Value = serde_json::from_str(body).unwrap();
+    assert_eq!(v["event"], "task.finished");
+    assert_eq!(v["task"]["id"], id.as_str());
+    assert_eq!(v["task"]["status"], "completed");
+    let ts: i64 = h["subagent-timestamp"].to_str().unwrap().parse().unwrap();
+    let want = subagentd::tools::http::signature(secret["secret"].as_str().unwrap(), ts, body.as_bytes());
+    assert_eq!(h["subagent-signature"].to_str().unwrap(), want);
+    let r = app.post_task(json!({"prompt": "x", "model": "mock/m", "webhook_url": "http://10.0.0.1/hook"})).await;
+    assert_eq!(assert_problem(r, 422, "validation_failed").await["errors"][0]["field"], "webhook_url");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn metrics_are_exposed_in_prometheus_format() {
+    let app = spawn_app().await;
+    app.client
+        .post(app.url("/tasks?wait=true"))
+        .json(&json!({"prompt": "x [mock:tool_turns=1]", "model": "mock/m"}))
+        .send()
+        .await
+        .unwrap();
+    app.submit(json!({"prompt": "y", "model": "mock/nope", "max_turns": 1})).await;
+    let r = app.client.get(app.url("/metrics")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.unwrap();
+    for name in [
+        "subagentd_tasks{status=\"queued\"}",
+        "subagentd_http_requests_total",
+        "subagentd_http_request_duration_seconds_bucket",
+        "subagentd_llm_calls_total",
+        "subagentd_llm_call_duration_seconds_bucket",
+        "subagentd_tokens_total",
+        "subagentd_claims_total",
+        "subagentd_queue_wait_seconds_bucket",
+        "subagentd_run_duration_seconds_bucket",
+        "subagentd_tasks_finished_total",
+    ] {
+        assert!(text.contains(name), "missing {name}");
+    }
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_traceparent_is_kept_and_continued_on_outbound_tool_calls() {
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let s2 = seen.clone();
+    let tool = Router::new().route(
+        "/t",
+        post(move |h: HeaderMap| {
+            let s2 = s2.clone();
+            async move {
+                s2.lock()
+                    .unwrap()
+                    .push(h.get("traceparent").map(|v| v.to_str().unwrap().to_string()).unwrap_or_default());
+                axum::Json(json!({"content": "ok"}))
+            }
+        }),
+    );
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", l.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(l, tool).await.unwrap() });
+    let app = spawn_app_with(|c| c.tool_allow = "*, 127.0.0.1/32".into(), true).await;
+    let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let r = app
+        .client
+        .post(app.url("/tasks?wait=true"))
+        .header("traceparent", tp)
+        .json(&json!({"prompt": "[mock:tool_turns=1]", "model": "mock/m",
+                      "tools": [{"name": "t", "parameters": {"type": "object"}, "policy": "auto", "endpoint": format!("{base}/t")}]}))
+        .send()
+        .await
+        .unwrap();
+    let t: Value = r.json().await.unwrap();
+    assert_eq!(t["trace_id"], "4bf92f3577b34da6a3ce929d0e0e4736");
+    let got = seen.lock().unwrap().clone();
+    assert_eq!(got.len(), 1);
+    assert!(got[0].starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-"), "{got:?}");
+    assert_ne!(got[0], tp, "a new span id");
+    app.stop().await;
+}

@@ -80,10 +80,12 @@ FROM tasks WHERE finished_at IS NOT NULL AND started_at IS NOT NULL
 GROUP BY 1, 2;
 
 -- Reserve the worst-case cost of one provider call against the task's and the tenant's
--- limits, atomically: the tenant row is the lock, so concurrent runs of one tenant (on any
--- replica) reserve one at a time. Returns 'ok', 'lease_lost', or the name of the limit hit.
+-- limits, atomically, and append the call's start event. A tenant with spend limits is locked
+-- (its row) while its spend is checked, so concurrent runs of one tenant (on any replica)
+-- reserve one at a time; a tenant without them takes no lock. Returns 'ok', 'lease_lost', or
+-- the name of the limit that refused the call.
 CREATE FUNCTION budget_reserve(p_task uuid, p_lease uuid, p_usd numeric, p_tokens bigint,
-                               d_usd_day numeric, d_usd_month numeric, d_tokens_day bigint)
+                               d_usd_day numeric, d_usd_month numeric, d_tokens_day bigint, p_event jsonb)
 RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
     t record;
@@ -94,6 +96,7 @@ DECLARE
     tokens_day bigint;
     held_usd numeric;
     held_tokens bigint;
+    s integer;
 BEGIN
     SELECT id, tenant, cost_usd, reserved_usd, input_tokens, output_tokens, reserved_tokens, max_cost_usd, max_tokens
       INTO t FROM tasks WHERE id = p_task AND lease_token = p_lease AND status = 'running';
@@ -106,8 +109,9 @@ BEGIN
     END IF;
     SELECT coalesce(usd_per_day, d_usd_day) AS usd_day, coalesce(usd_per_month, d_usd_month) AS usd_month,
            coalesce(tokens_per_day, d_tokens_day) AS tok_day
-      INTO l FROM tenants WHERE name = t.tenant FOR UPDATE;
+      INTO l FROM tenants WHERE name = t.tenant;
     IF FOUND AND (l.usd_day IS NOT NULL OR l.usd_month IS NOT NULL OR l.tok_day IS NOT NULL) THEN
+        PERFORM 1 FROM tenants WHERE name = t.tenant FOR UPDATE;
         SELECT coalesce(sum(cost_usd) FILTER (WHERE day = today), 0), coalesce(sum(cost_usd), 0),
                coalesce(sum(input_tokens + output_tokens) FILTER (WHERE day = today), 0)
           INTO spent_day, spent_month, tokens_day
@@ -118,6 +122,11 @@ BEGIN
         IF l.usd_month IS NOT NULL AND spent_month + held_usd + p_usd > l.usd_month THEN RETURN 'usd_per_month'; END IF;
         IF l.tok_day IS NOT NULL AND tokens_day + held_tokens + p_tokens > l.tok_day THEN RETURN 'tokens_per_day'; END IF;
     END IF;
-    UPDATE tasks SET reserved_usd = reserved_usd + p_usd, reserved_tokens = reserved_tokens + p_tokens WHERE id = p_task;
+    UPDATE tasks SET reserved_usd = reserved_usd + p_usd, reserved_tokens = reserved_tokens + p_tokens,
+                     last_event_seq = last_event_seq + (p_event IS NOT NULL)::int
+     WHERE id = p_task RETURNING last_event_seq INTO s;
+    IF p_event IS NOT NULL THEN
+        INSERT INTO task_events (task_id, seq, kind, data) VALUES (p_task, s, 'llm_call_started', p_event);
+    END IF;
     RETURN 'ok';
 END $$;

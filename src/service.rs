@@ -47,6 +47,7 @@ impl Service {
         // The listener outlives the drain, so that waiters and cancels keep working during it.
         let listener_stop = CancellationToken::new();
         let listen = tokio::spawn(hub.clone().listen(pool.clone(), listener_stop.clone()));
+        let publish = hub.start_publishing(pool.clone(), listener_stop.clone()).await;
 
         let worker = roles.workers.then(|| {
             let w = Worker::new(pool.clone(), hub.clone(), providers.clone(), tool_caller.clone(), cfg.clone());
@@ -103,6 +104,7 @@ impl Service {
             }
             listener_stop.cancel();
             let _ = listen.await;
+            let _ = publish.await;
         });
         Ok(Service { addr, shutdown, hub, done })
     }

@@ -90,8 +90,9 @@ pub enum Refusal {
 
 #[async_trait::async_trait]
 pub trait RunStore: Send + Sync {
-    /// Reserve the worst-case cost of the next provider call against the budgets.
-    async fn reserve(&self, usd: Decimal, tokens: u64) -> Result<(), Refusal>;
+    /// Reserve the worst-case cost of the next provider call against the budgets, and record
+    /// its start (`started`: the `llm_call_started` event) in the same write.
+    async fn reserve(&self, usd: Decimal, tokens: u64, started: Value) -> Result<(), Refusal>;
     /// Append a progress event (turn and tool-call starts) that is not part of a checkpoint.
     async fn event(&self, kind: &'static str, data: Value) -> Result<(), LeaseLost>;
     /// Record a failed provider attempt.
@@ -211,11 +212,6 @@ pub async fn run(
             max_tokens: input.max_tokens,
             traceparent: input.traceparent.as_deref().map(crate::telemetry::child),
         };
-        let started = json!({"turn": turn, "model": format!("{}/{}", input.provider_name, input.model),
-                             "messages": req.messages.len(), "tools": req.tools.len()});
-        if store.event("llm_call_started", started).await.is_err() {
-            return Outcome::Stopped(StopCause::LeaseLost);
-        }
         let (resp, call) = match call_with_retries(&input, provider, store, stop, &req, turn).await {
             Ok(r) => r,
             Err(Outcome::Stopped(StopCause::Budget(limit))) => {
@@ -395,7 +391,10 @@ async fn call_with_retries(
     });
     loop {
         try_no += 1;
-        match store.reserve(est_usd, est_tokens).await {
+        let started = json!({"turn": turn, "try": try_no, "model": format!("{}/{}", input.provider_name, input.model),
+                             "messages": req.messages.len(), "tools": req.tools.len(),
+                             "reserved_usd": est_usd, "reserved_tokens": est_tokens});
+        match store.reserve(est_usd, est_tokens, started).await {
             Ok(()) => {}
             Err(Refusal::LeaseLost) => return Err(Outcome::Stopped(StopCause::LeaseLost)),
             Err(Refusal::Budget(limit)) => return Err(Outcome::Stopped(StopCause::Budget(limit))),

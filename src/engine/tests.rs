@@ -73,7 +73,8 @@ impl RunStore for Store {
         self.events.lock().unwrap().push(kind);
         Ok(())
     }
-    async fn reserve(&self, usd: Decimal, _tokens: u64) -> Result<(), Refusal> {
+    async fn reserve(&self, usd: Decimal, _tokens: u64, _started: Value) -> Result<(), Refusal> {
+        self.events.lock().unwrap().push("llm_call_started");
         let mut left = self.budget_left.lock().unwrap();
         match left.as_mut() {
             Some(l) if *l < usd => Err(Refusal::Budget("max_cost_usd".into())),

@@ -500,7 +500,10 @@ async fn create(
         headers.get("traceparent").and_then(|v| v.to_str().ok()).and_then(crate::telemetry::parse_traceparent);
     let new = validate(&st, &tenant, &limits, &body, idem, traceparent).await?;
     let (row, created) = match admit(&st, &limits, &new).await? {
-        Inserted::New(r) => (r, true),
+        Inserted::New(r) => {
+            st.hub.publish(crate::store::CH_QUEUED, String::new());
+            (r, true)
+        }
         Inserted::Existing(r) => {
             if r.request_hash != new.request_hash {
                 return Err(ApiError::new(
@@ -541,6 +544,8 @@ async fn waited(st: &AppState, tenant: &str, row: TaskRow, d: Duration) -> Resul
             _ = waiter.notified() => {}
             _ = tokio::time::sleep_until(deadline) => {}
             _ = st.shutdown.cancelled() => {}
+            // A notification lost with a dropped connection costs at most this long.
+            _ = tokio::time::sleep(std::time::Duration::from_secs(5)) => {}
         }
     }
 }

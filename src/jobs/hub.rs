@@ -28,6 +28,9 @@ pub struct Hub {
     pub finished: Notify,
     /// Set while the listener is connected.
     connected: std::sync::atomic::AtomicBool,
+    /// Notifications to send to every replica, batched by `publish_loop`.
+    outbox: Mutex<Option<tokio::sync::mpsc::UnboundedSender<(&'static str, String)>>>,
+    outbox_ready: Notify,
 }
 
 /// A registered interest in one task's completion (or its events); unregisters on drop.
@@ -134,7 +137,89 @@ impl Hub {
         self.connected.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Start `publish_loop` and return once it accepts notifications.
+    pub async fn start_publishing(
+        self: &Arc<Self>,
+        pool: PgPool,
+        shutdown: CancellationToken,
+    ) -> tokio::task::JoinHandle<()> {
+        let ready = self.outbox_ready.notified();
+        tokio::pin!(ready);
+        ready.as_mut().enable();
+        let h = tokio::spawn(self.clone().publish_loop(pool, shutdown));
+        ready.await;
+        h
+    }
+
+    /// Tell every replica (this one at once, the others through NOTIFY).
+    pub fn publish(&self, channel: &'static str, payload: String) {
+        self.dispatch(channel, &payload);
+        if let Some(tx) = self.outbox.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            let _ = tx.send((channel, payload));
+        }
+    }
+
+    /// Send published notifications to Postgres in batches: whatever accumulates while one
+    /// batch is being sent goes in the next, in one statement — group commit for NOTIFY, which
+    /// otherwise serialises every notifying transaction's commit.
+    pub async fn publish_loop(self: Arc<Self>, pool: PgPool, shutdown: CancellationToken) {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(&'static str, String)>();
+        *self.outbox.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
+        self.outbox_ready.notify_waiters();
+        loop {
+            let first = tokio::select! {
+                m = rx.recv() => m,
+                _ = shutdown.cancelled() => None,
+            };
+            let Some(first) = first else { return };
+            let mut by_channel: HashMap<&'static str, Vec<String>> = HashMap::new();
+            by_channel.entry(first.0).or_default().push(first.1);
+            while let Ok((c, p)) = rx.try_recv() {
+                by_channel.entry(c).or_default().push(p);
+            }
+            let (mut chans, mut payloads) = (vec![], vec![]);
+            for (c, mut ps) in by_channel {
+                ps.sort();
+                ps.dedup();
+                // NOTIFY payloads must stay under 8000 bytes.
+                let mut cur = String::new();
+                for p in ps {
+                    if !cur.is_empty() && cur.len() + p.len() + 1 > 7000 {
+                        chans.push(c.to_string());
+                        payloads.push(std::mem::take(&mut cur));
+                    }
+                    if !cur.is_empty() {
+                        cur.push(',');
+                    }
+                    cur.push_str(&p);
+                }
+                chans.push(c.to_string());
+                payloads.push(cur);
+            }
+            for attempt in 0..5 {
+                let r = sqlx::query("SELECT count(pg_notify(c, p)) FROM unnest($1::text[], $2::text[]) AS x(c, p)")
+                    .bind(&chans)
+                    .bind(&payloads)
+                    .execute(&pool)
+                    .await;
+                match r {
+                    Ok(_) => break,
+                    Err(e) => {
+                        tracing::warn!(error = %e, attempt, "NOTIFY failed; retrying");
+                        tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
+                    }
+                }
+            }
+        }
+    }
+
     fn dispatch(&self, channel: &str, payload: &str) {
+        if payload.contains(',') {
+            for p in payload.split(',') {
+                self.dispatch(channel, p);
+            }
+            return;
+        }
         match channel {
             CH_QUEUED => self.queued.notify_waiters(),
             CH_DONE => {

@@ -14,6 +14,8 @@ pub struct PgRunStore {
     pub fence: Fence,
     pub attempt: i32,
     pub budgets: runs::BudgetDefaults,
+    /// Tells event streams on every replica that the task has new events.
+    pub hub: std::sync::Arc<super::hub::Hub>,
 }
 
 impl PgRunStore {
@@ -46,7 +48,10 @@ impl PgRunStore {
         events: &[(&str, Value)],
     ) -> Result<(), LeaseLost> {
         match retry_db(|| runs::commit_turn(&self.pool, self.fence, turn, call, msgs, events)).await {
-            Ok(true) => Ok(()),
+            Ok(true) => {
+                self.hub.publish(crate::store::CH_EVENT, self.fence.id.to_string());
+                Ok(())
+            }
             Ok(false) => Err(LeaseLost),
             Err(e) => {
                 tracing::error!(error = %e, "checkpoint failed; stopping this attempt");
@@ -58,9 +63,13 @@ impl PgRunStore {
 
 #[async_trait::async_trait]
 impl RunStore for PgRunStore {
-    async fn reserve(&self, usd: Decimal, tokens: u64) -> Result<(), Refusal> {
-        match retry_db(|| runs::reserve(&self.pool, self.fence, usd, tokens as i64, self.budgets)).await {
-            Ok(None) => Ok(()),
+    async fn reserve(&self, usd: Decimal, tokens: u64, started: Value) -> Result<(), Refusal> {
+        match retry_db(|| runs::reserve(&self.pool, self.fence, usd, tokens as i64, self.budgets, Some(&started))).await
+        {
+            Ok(None) => {
+                self.hub.publish(crate::store::CH_EVENT, self.fence.id.to_string());
+                Ok(())
+            }
             Ok(Some(limit)) if limit == "lease_lost" => Err(Refusal::LeaseLost),
             Ok(Some(limit)) => {
                 metrics::counter!("subagentd_budget_refusals_total", "limit" => limit.clone(), "stage" => "in_flight")
@@ -76,7 +85,10 @@ impl RunStore for PgRunStore {
 
     async fn event(&self, kind: &'static str, data: Value) -> Result<(), LeaseLost> {
         match retry_db(|| crate::store::events::append(&self.pool, self.fence, kind, &data)).await {
-            Ok(true) => Ok(()),
+            Ok(true) => {
+                self.hub.publish(crate::store::CH_EVENT, self.fence.id.to_string());
+                Ok(())
+            }
             Ok(false) => Err(LeaseLost),
             Err(e) => {
                 tracing::error!(error = %e, "event write failed; stopping this attempt");

@@ -95,6 +95,7 @@ impl Worker {
                 Ok(rows) => {
                     let n = rows.len();
                     for row in rows {
+                        self.hub.publish(crate::store::CH_EVENT, row.id.to_string());
                         let Some(p) = permits.pop() else { break };
                         let this = self.clone();
                         let trace_id =
@@ -216,8 +217,12 @@ impl Worker {
                 error_message: None,
             },
             Outcome::Stopped(StopCause::Drain) => {
-                if let Err(e) = retry_db(|| runs::release(&self.pool, fence)).await {
-                    tracing::warn!(error = %e, "release failed; the lease will expire and the task be rescued");
+                match retry_db(|| runs::release(&self.pool, fence)).await {
+                    Ok(true) => self.hub.publish(crate::store::CH_QUEUED, String::new()),
+                    Ok(false) => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, "release failed; the lease will expire and the task be rescued")
+                    }
                 }
                 return;
             }
@@ -228,6 +233,7 @@ impl Worker {
         };
         match retry_db(|| runs::finish(&self.pool, fence, &fin)).await {
             Ok(true) => {
+                self.hub.publish(crate::store::CH_DONE, row.id.to_string());
                 metrics::counter!("subagentd_tasks_finished_total", "status" => fin.status).increment(1);
                 if let Some(started) = row.started_at {
                     let took = (chrono::Utc::now() - started).to_std().unwrap_or_default();
@@ -319,8 +325,13 @@ impl Worker {
             retry: self.providers.retry,
             agent: row.subagent_type.clone(),
         };
-        let store =
-            PgRunStore { pool: self.pool.clone(), fence, attempt: row.attempt, budgets: self.cfg.budget_defaults() };
+        let store = PgRunStore {
+            pool: self.pool.clone(),
+            fence,
+            attempt: row.attempt,
+            budgets: self.cfg.budget_defaults(),
+            hub: self.hub.clone(),
+        };
         engine::run(input, provider.as_ref(), &tools, &store, stop).await
     }
 

@@ -6,7 +6,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::runs::Fence;
-use super::{StoreError, CH_EVENT};
+use super::StoreError;
 
 #[derive(Debug, Clone, serde::Serialize, sqlx::FromRow)]
 pub struct EventRow {
@@ -28,7 +28,7 @@ pub async fn after(pool: &PgPool, task: Uuid, after: i32, limit: i64) -> Result<
     .await?)
 }
 
-/// Append an event from the worker holding the lease, and wake streams on every replica.
+/// Append an event from the worker holding the lease (the caller publishes `CH_EVENT`).
 /// Returns false (writing nothing) if the lease is gone.
 pub async fn append(pool: &PgPool, f: Fence, kind: &str, data: &Value) -> Result<bool, StoreError> {
     let sql = format!(
@@ -39,7 +39,7 @@ pub async fn append(pool: &PgPool, f: Fence, kind: &str, data: &Value) -> Result
          ), e AS (
             INSERT INTO task_events (task_id, seq, kind, data) SELECT id, last_event_seq, $3, $4 FROM u
          )
-         SELECT count(pg_notify('{CH_EVENT}', id::text))::int FROM u"
+         SELECT count(*)::int FROM u"
     );
     let n: i32 = sqlx::query_scalar(&sql).bind(f.id).bind(f.lease).bind(kind).bind(data).fetch_one(pool).await?;
     Ok(n == 1)

@@ -63,10 +63,8 @@ pub async fn claim(
          ), e AS (
             INSERT INTO task_events (task_id, seq, kind, data)
             SELECT id, last_event_seq, 'claimed', jsonb_build_object('attempt', attempt, 'worker', worker_id) FROM u
-         ), n AS (
-            SELECT count(pg_notify('subagentd_event', id::text)) FROM u
          )
-         SELECT u.* FROM u, n ORDER BY id";
+         SELECT * FROM u ORDER BY id";
     Ok(sqlx::query_as(sql).bind(limit).bind(lease_secs).bind(worker).bind(default_max_running).fetch_all(pool).await?)
 }
 
@@ -80,14 +78,16 @@ pub struct BudgetDefaults {
 
 /// Reserve a call's worst case against the task's and tenant's budgets: `Ok(None)` when
 /// reserved, `Ok(Some(limit))` when a limit refuses it (`lease_lost` if the lease is gone).
+/// `event`, if given, is the call's `llm_call_started` event, appended in the same statement.
 pub async fn reserve(
     pool: &PgPool,
     f: Fence,
     usd: Decimal,
     tokens: i64,
     d: BudgetDefaults,
+    event: Option<&Value>,
 ) -> Result<Option<String>, StoreError> {
-    let r: String = sqlx::query_scalar("SELECT budget_reserve($1, $2, $3, $4, $5, $6, $7)")
+    let r: String = sqlx::query_scalar("SELECT budget_reserve($1, $2, $3, $4, $5, $6, $7, $8)")
         .bind(f.id)
         .bind(f.lease)
         .bind(usd)
@@ -95,6 +95,7 @@ pub async fn reserve(
         .bind(d.usd_per_day)
         .bind(d.usd_per_month)
         .bind(d.tokens_per_day)
+        .bind(event)
         .fetch_one(pool)
         .await?;
     Ok((r != "ok").then_some(r))
@@ -196,7 +197,7 @@ pub async fn commit_turn(
             SELECT $1, u.last_event_seq - cardinality($17::text[]) + x.ord, x.kind, x.data
             FROM u, unnest($17::text[], $18::jsonb[]) WITH ORDINALITY AS x(kind, data, ord)
          )
-         SELECT count(pg_notify('subagentd_event', $1::text))::int FROM u",
+         SELECT count(*)::int FROM u",
     )
     .bind(f.id) // 1
     .bind(f.lease) // 2
@@ -256,7 +257,7 @@ pub async fn finish(pool: &PgPool, f: Fence, fin: &Finish) -> Result<bool, Store
             INSERT INTO task_events (task_id, seq, kind, data)
             SELECT id, last_event_seq, 'finished', jsonb_build_object('status', $3::text, 'stop_reason', $4::text) FROM u
          )
-         SELECT count(pg_notify('{CH_DONE}', id::text))::int FROM u"
+         SELECT count(*)::int FROM u"
     );
     let n: i32 = sqlx::query_scalar(&sql)
         .bind(f.id)
@@ -282,7 +283,7 @@ pub async fn release(pool: &PgPool, f: Fence) -> Result<bool, StoreError> {
          ), e AS (
             INSERT INTO task_events (task_id, seq, kind, data) SELECT id, last_event_seq, 'released', '{{}}' FROM u
          )
-         SELECT count(pg_notify('{CH_QUEUED}', ''))::int FROM u"
+         SELECT count(*)::int FROM u"
     );
     let n: i32 = sqlx::query_scalar(&sql).bind(f.id).bind(f.lease).fetch_one(pool).await?;
     Ok(n == 1)

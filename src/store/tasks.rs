@@ -106,9 +106,8 @@ async fn insert_once(conn: &mut PgConnection, t: &NewTask, retried: bool) -> Res
          ), e AS (
             INSERT INTO task_events (task_id, seq, kind, data)
             SELECT id, 1, 'created', jsonb_build_object('subagent_type', subagent_type, 'model', model) FROM t
-         ), n AS (SELECT pg_notify('{}', '') FROM t)
-         SELECT t.* FROM t, n",
-        super::CH_QUEUED
+         )
+         SELECT t.* FROM t"
     );
     let row: Option<TaskRow> = sqlx::query_as(&sql)
         .bind(t.id)

@@ -1,0 +1,463 @@
+//! The load harness: starts its own PostgreSQL, a fake OpenAI-compatible provider and a tool
+//! server on loopback, runs the real `subagentd` binary against them, measures, and writes
+//! BENCHMARKS.md.
+//!
+//! cargo bench --bench load                 # every scenario, then BENCHMARKS.md
+//! cargo bench --bench load -- throughput   # one scenario: throughput, concurrency, wait, admission, pgbench
+
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::routing::post;
+use axum::{Json, Router};
+use serde_json::{json, Value};
+use subagentd::db::embedded::{EmbeddedOptions, EmbeddedPostgres};
+
+/// The fake provider: a tool call first (unless the prompt says `no-tools`), then an answer.
+async fn fake_chat(latency: Arc<AtomicU64>, Json(req): Json<Value>) -> Json<Value> {
+    let ms = latency.load(Ordering::Relaxed);
+    if ms > 0 {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+    let msgs = req["messages"].as_array().cloned().unwrap_or_default();
+    let last = msgs.last().cloned().unwrap_or(Value::Null);
+    let user = msgs.iter().find(|m| m["role"] == "user").map(|m| m["content"].to_string()).unwrap_or_default();
+    let usage = json!({"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110});
+    if last["role"] == "user" && !user.contains("no-tools") {
+        return Json(
+            json!({"choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "content": null,
+            "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "echo", "arguments": "{\"q\":\"x\"}"}}]}}],
+            "usage": usage}),
+        );
+    }
+    Json(
+        json!({"choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "done"}}], "usage": usage}),
+    )
+}
+
+async fn serve(app: Router) -> String {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+    format!("http://{addr}")
+}
+
+struct Env {
+    pg: EmbeddedPostgres,
+    latency: Arc<AtomicU64>,
+    provider: String,
+    tools: String,
+    dir: std::path::PathBuf,
+}
+
+struct Svc {
+    child: Child,
+    base: String,
+    db_url: String,
+}
+
+impl Drop for Svc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+impl Env {
+    async fn start() -> Env {
+        let dir = std::env::temp_dir().join(format!("subagentd-bench-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let opts =
+            EmbeddedOptions { data_dir: dir.join("pg"), bin_dir: None, fast_unsafe: false, max_connections: 300 };
+        let pg = tokio::task::spawn_blocking(move || EmbeddedPostgres::start(&opts)).await.unwrap().unwrap();
+        let latency = Arc::new(AtomicU64::new(0));
+        let l2 = latency.clone();
+        let provider =
+            serve(Router::new().route("/v1/chat/completions", post(move |b| fake_chat(l2.clone(), b)))).await;
+        let tools = serve(Router::new().route("/echo", post(|| async { Json(json!({"content": "ok"})) }))).await;
+        Env { pg, latency, provider, tools, dir }
+    }
+
+    /// A fresh database and the real binary serving it.
+    async fn service(&self, name: &str, args: &[&str], env: &[(&str, String)]) -> Svc {
+        let admin = subagentd::db::connect(&self.pg.url("postgres"), 1).await.unwrap();
+        sqlx::query(&format!("DROP DATABASE IF EXISTS {name}")).execute(&admin).await.unwrap();
+        sqlx::query(&format!("CREATE DATABASE {name}")).execute(&admin).await.unwrap();
+        admin.close().await;
+        let db_url = self.pg.url(name);
+        let cfg = self.dir.join(format!("{name}.toml"));
+        std::fs::write(
+            &cfg,
+            format!(
+                "[providers.fake]\nkind = \"openai\"\nbase_url = \"{}/v1\"\ntimeout_seconds = 600\n",
+                self.provider
+            ),
+        )
+        .unwrap();
+        let port = free_port();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_subagentd"));
+        cmd.args(args)
+            .env("DATABASE_URL", &db_url)
+            .env("SUBAGENTD_CONFIG", &cfg)
+            .env("SUBAGENTD_LISTEN", format!("127.0.0.1:{port}"))
+            .env("SUBAGENTD_TOOL_ALLOW", "*, 127.0.0.1/32")
+            .env("SUBAGENTD_POLL_INTERVAL_MS", "200")
+            .env("RUST_LOG", "error")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().unwrap();
+        let base = format!("http://127.0.0.1:{port}");
+        let c = reqwest::Client::new();
+        for _ in 0..200 {
+            if c.get(format!("{base}/readyz")).send().await.is_ok_and(|r| r.status().is_success()) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let r = c
+            .put(format!("{base}/tools/echo"))
+            .json(&json!({"parameters": {"type": "object"}, "policy": "auto", "endpoint": format!("{}/echo", self.tools)}))
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "tool registration failed");
+        Svc { child, base, db_url }
+    }
+}
+
+fn pct(v: &mut [f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[((v.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn rss_peak_mib(pid: u32) -> f64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    s.lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|k| k.parse::<f64>().ok())
+        .map_or(f64::NAN, |k| k / 1024.0)
+}
+
+async fn counts(pool: &sqlx::PgPool) -> (i64, i64, i64) {
+    sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE status = 'completed'), count(*) FILTER (WHERE status IN ('queued','running')),
+                count(*) FILTER (WHERE status IN ('failed','incomplete','cancelled')) FROM tasks",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+async fn commits(pool: &sqlx::PgPool) -> i64 {
+    sqlx::query_scalar("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+type Report = Arc<Mutex<Vec<String>>>;
+
+/// 1. Tasks/s completed end to end, background mode, one tool call then an answer, 0 ms provider.
+async fn throughput(env: &Env, report: &Report, secs: u64) {
+    env.latency.store(0, Ordering::Relaxed);
+    let svc = env
+        .service(
+            "bench_tp",
+            &["serve"],
+            &[("SUBAGENTD_MAX_RUNNING", "256".into()), ("SUBAGENTD_DB_MAX_CONNECTIONS", "40".into())],
+        )
+        .await;
+    let pool = subagentd::db::connect(&svc.db_url, 2).await.unwrap();
+    let client = reqwest::Client::new();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let submitted = Arc::new(AtomicU64::new(0));
+    let mut subs = vec![];
+    for _ in 0..32 {
+        let (c, base, stop, n, pool) =
+            (client.clone(), svc.base.clone(), stop.clone(), submitted.clone(), pool.clone());
+        subs.push(tokio::spawn(async move {
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                i += 1;
+                // Keep a backlog, not a flood: the workers, not the queue, are measured.
+                if i % 50 == 0 {
+                    let open: i64 = sqlx::query_scalar("SELECT count(*) FROM tasks WHERE status = 'queued'")
+                        .fetch_one(&pool)
+                        .await
+                        .unwrap_or(0);
+                    if open > 3000 {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                }
+                let r =
+                    c.post(format!("{base}/tasks")).json(&json!({"prompt": "go", "model": "fake/gpt-4o"})).send().await;
+                if r.is_ok_and(|r| r.status() == 201) {
+                    n.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await; // warm-up
+    let (c0, _, _) = counts(&pool).await;
+    let x0 = commits(&pool).await;
+    let t0 = Instant::now();
+    tokio::time::sleep(Duration::from_secs(secs)).await;
+    let (c1, open, bad) = counts(&pool).await;
+    let x1 = commits(&pool).await;
+    let el = t0.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    for s in subs {
+        let _ = s.await;
+    }
+    let rate = (c1 - c0) as f64 / el;
+    let per_task = (x1 - x0) as f64 / (c1 - c0).max(1) as f64;
+    let line = format!(
+        "| 1. Throughput (background, 1 tool call + answer, provider 0 ms) | ≥ 500 tasks/s for 60 s | **{rate:.0} tasks/s** over {el:.0} s ({} completed; {open} open at the end, {bad} not completed) | {} |",
+        c1 - c0,
+        if rate >= 500.0 { "met" } else { "not met" }
+    );
+    println!("{line}\nDB transactions per completed task (incl. submission): {per_task:.1}");
+    report.lock().unwrap().push(line);
+    report.lock().unwrap().push(format!("@per_task {per_task:.1}"));
+}
+
+/// 2. 10,000 sub-agents in flight at once, 2 s provider: all complete, peak RSS.
+async fn concurrency(env: &Env, report: &Report, n: usize) {
+    env.latency.store(2000, Ordering::Relaxed);
+    let svc = env
+        .service(
+            "bench_cc",
+            &["serve"],
+            &[
+                ("SUBAGENTD_MAX_RUNNING", n.to_string()),
+                ("SUBAGENTD_CLAIM_BATCH", "500".into()),
+                ("SUBAGENTD_DB_MAX_CONNECTIONS", "60".into()),
+                ("SUBAGENTD_LEASE_SECONDS", "120".into()),
+                ("SUBAGENTD_HEARTBEAT_SECONDS", "30".into()),
+            ],
+        )
+        .await;
+    let pool = subagentd::db::connect(&svc.db_url, 2).await.unwrap();
+    let client = reqwest::Client::new();
+    let t0 = Instant::now();
+    let mut posts = vec![];
+    for _ in 0..16 {
+        let (c, base) = (client.clone(), svc.base.clone());
+        let per = n / 16;
+        posts.push(tokio::spawn(async move {
+            for _ in 0..per {
+                c.post(format!("{base}/tasks"))
+                    .json(&json!({"prompt": "no-tools", "model": "fake/gpt-4o"}))
+                    .send()
+                    .await
+                    .unwrap();
+            }
+        }));
+    }
+    for p in posts {
+        p.await.unwrap();
+    }
+    let mut peak_running = 0;
+    let (done, bad) = loop {
+        let running: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM tasks WHERE status = 'running'").fetch_one(&pool).await.unwrap();
+        peak_running = peak_running.max(running);
+        let (c, open, bad) = counts(&pool).await;
+        if open == 0 || t0.elapsed() > Duration::from_secs(300) {
+            break (c, bad);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let rss = rss_peak_mib(svc.child.id());
+    let el = t0.elapsed().as_secs_f64();
+    let ok = done as usize == n && bad == 0 && rss < 512.0;
+    let line = format!(
+        "| 2. Concurrency ({n} sub-agents, provider 2 s per call, one process) | all complete, peak RSS < 512 MiB, no errors | **{done}/{n} completed, {bad} errors, peak {peak_running} running at once, peak RSS {rss:.0} MiB** ({:.1} KiB per run), all done in {el:.1} s | {} |",
+        rss * 1024.0 / n as f64,
+        if ok { "met" } else { "not met" }
+    );
+    println!("{line}");
+    report.lock().unwrap().push(line);
+}
+
+/// 3. Overhead of `POST /tasks?wait=true` over the provider's latency, 200 waiters.
+async fn wait_mode(env: &Env, report: &Report, secs: u64) {
+    let provider_ms = 100u64;
+    env.latency.store(provider_ms, Ordering::Relaxed);
+    let svc = env
+        .service(
+            "bench_wait",
+            &["serve"],
+            &[("SUBAGENTD_MAX_RUNNING", "400".into()), ("SUBAGENTD_DB_MAX_CONNECTIONS", "40".into())],
+        )
+        .await;
+    let client = reqwest::Client::builder().pool_max_idle_per_host(300).build().unwrap();
+    let lat: Arc<Mutex<Vec<f64>>> = Arc::default();
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let mut ws = vec![];
+    for _ in 0..200 {
+        let (c, base, lat) = (client.clone(), svc.base.clone(), lat.clone());
+        ws.push(tokio::spawn(async move {
+            while Instant::now() < deadline {
+                let t = Instant::now();
+                let r = c
+                    .post(format!("{base}/tasks?wait=true&timeout=60"))
+                    .json(&json!({"prompt": "no-tools", "model": "fake/gpt-4o"}))
+                    .send()
+                    .await;
+                if r.is_ok_and(|r| r.status() == 200) {
+                    lat.lock().unwrap().push(t.elapsed().as_secs_f64() * 1000.0 - provider_ms as f64);
+                }
+            }
+        }));
+    }
+    for w in ws {
+        w.await.unwrap();
+    }
+    let mut v = lat.lock().unwrap().clone();
+    let (p50, p99) = (pct(&mut v, 0.5), pct(&mut v, 0.99));
+    let line = format!(
+        "| 3. Wait mode (200 concurrent `POST ?wait=true`, provider {provider_ms} ms) | overhead p50 < 5 ms, p99 < 25 ms | **overhead p50 {p50:.1} ms, p99 {p99:.1} ms** over {} requests | {} |",
+        v.len(),
+        if p50 < 5.0 && p99 < 25.0 { "met" } else { "not met" }
+    );
+    println!("{line}");
+    report.lock().unwrap().push(line);
+}
+
+/// 4. `POST /tasks` at 1,000 requests/s for 30 s (API only: admission is measured).
+async fn admission(env: &Env, report: &Report, secs: u64, rate: u64) {
+    let svc =
+        env.service("bench_adm", &["serve", "--no-workers"], &[("SUBAGENTD_DB_MAX_CONNECTIONS", "40".into())]).await;
+    let client = reqwest::Client::builder().pool_max_idle_per_host(500).build().unwrap();
+    let lat: Arc<Mutex<Vec<f64>>> = Arc::default();
+    let refused = Arc::new(AtomicU64::new(0));
+    let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / rate));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let mut hs = vec![];
+    let t0 = Instant::now();
+    for _ in 0..secs * rate {
+        tick.tick().await;
+        let (c, base, lat, refused) = (client.clone(), svc.base.clone(), lat.clone(), refused.clone());
+        hs.push(tokio::spawn(async move {
+            let t = Instant::now();
+            let r = c
+                .post(format!("{base}/tasks"))
+                .json(&json!({"prompt": "queued work", "model": "fake/gpt-4o"}))
+                .send()
+                .await;
+            match r {
+                Ok(r) if r.status() == 201 => lat.lock().unwrap().push(t.elapsed().as_secs_f64() * 1000.0),
+                _ => {
+                    refused.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+    for h in hs {
+        let _ = h.await;
+    }
+    let el = t0.elapsed().as_secs_f64();
+    let mut v = lat.lock().unwrap().clone();
+    let n = v.len();
+    let (p50, p99) = (pct(&mut v, 0.5), pct(&mut v, 0.99));
+    let bad = refused.load(Ordering::Relaxed);
+    let line = format!(
+        "| 4. Admission (`POST /tasks` at {rate}/s for {secs} s) | p99 < 20 ms, none refused | **p50 {p50:.1} ms, p99 {p99:.1} ms; {n} accepted, {bad} refused or failed** ({:.0} req/s achieved) | {} |",
+        n as f64 / el,
+        if p99 < 20.0 && bad == 0 { "met" } else { "not met" }
+    );
+    println!("{line}");
+    report.lock().unwrap().push(line);
+}
+
+/// 5. The same machine's pgbench simple-update TPS.
+async fn pgbench(env: &Env, report: &Report) {
+    let bin = subagentd::db::embedded::find_bin_dir(None).unwrap();
+    let url = env.pg.url("postgres");
+    let run = |args: &[&str]| Command::new(bin.join("pgbench")).args(args).arg(&url).output().unwrap();
+    let init = run(&["-i", "-q", "-s", "10"]);
+    assert!(init.status.success(), "{}", String::from_utf8_lossy(&init.stderr));
+    let out = run(&["-N", "-c", "8", "-j", "2", "-T", "20", "-n"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let tps = text.lines().find(|l| l.starts_with("tps")).unwrap_or("tps = ?").to_string();
+    let line = format!("| 5. PostgreSQL ceiling (`pgbench -N -c 8 -j 2 -T 20`, scale 10, same machine, fsync on) | a reference | **{}** | — |", tps.trim());
+    println!("{line}");
+    report.lock().unwrap().push(line);
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpu
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split(':').nth(1))
+        .unwrap_or("?")
+        .trim()
+        .to_string();
+    let cores = cpu.lines().filter(|l| l.starts_with("processor")).count();
+    let mem = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let kb: f64 =
+        mem.lines().next().and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+    format!("{cores} cores ({model}), {:.0} GiB RAM, Linux", kb / 1024.0 / 1024.0)
+}
+
+#[tokio::main(flavor = "multi_thread")]
+async fn main() {
+    let which: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
+    let all = which.is_empty() || which.iter().any(|w| w == "all");
+    let want = |s: &str| all || which.iter().any(|w| w == s);
+    let env = Env::start().await;
+    let report: Report = Arc::default();
+    if want("throughput") {
+        throughput(&env, &report, 60).await;
+    }
+    if want("concurrency") {
+        concurrency(&env, &report, 10_000).await;
+    }
+    if want("wait") {
+        wait_mode(&env, &report, 20).await;
+    }
+    if want("admission") {
+        admission(&env, &report, 30, 1000).await;
+    }
+    if want("pgbench") {
+        pgbench(&env, &report).await;
+    }
+    if all {
+        let commit = Command::new("git")
+            .args(["rev-parse", "--short", "HEAD"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_default();
+        let lines = report.lock().unwrap().clone();
+        let per_task = lines.iter().find_map(|l| l.strip_prefix("@per_task ")).unwrap_or("?").to_string();
+        let rows: Vec<String> = lines.into_iter().filter(|l| !l.starts_with('@')).collect();
+        let date = chrono::Utc::now().format("%Y-%m-%d");
+        let md = format!(
+            "# Benchmarks\n\nMeasured {date} on {}, commit `{commit}`, with `cargo bench --bench load` (release build). The harness starts its own PostgreSQL 15 (durable defaults: fsync on, synchronous commit), a fake OpenAI-compatible provider and a tool server on loopback, and the real `subagentd` binary; the load generator, the fakes, the service and PostgreSQL share the 2 cores.\n\n| scenario | target | measured | |\n| --- | --- | --- | --- |\n{}\n\nDatabase transactions per completed task in scenario 1 (submission included): **{per_task}**.\n",
+            machine(),
+            rows.join("\n")
+        );
+        std::fs::write(concat!(env!("CARGO_MANIFEST_DIR"), "/BENCHMARKS.md.new"), md).unwrap();
+        println!("wrote BENCHMARKS.md.new");
+    }
+    drop(env.pg);
+    let _ = std::fs::remove_dir_all(&env.dir);
+}

@@ -195,7 +195,7 @@ async fn throughput(env: &Env, report: &Report, secs: u64) {
             while !stop.load(Ordering::Relaxed) {
                 i += 1;
                 // Keep a backlog, not a flood: the workers, not the queue, are measured.
-                if i % 50 == 0 {
+                if i.is_multiple_of(50) {
                     let open: i64 = sqlx::query_scalar("SELECT count(*) FROM tasks WHERE status = 'queued'")
                         .fetch_one(&pool)
                         .await

@@ -31,16 +31,14 @@ pub async fn after(pool: &PgPool, task: Uuid, after: i32, limit: i64) -> Result<
 /// Append an event from the worker holding the lease (the caller publishes `CH_EVENT`).
 /// Returns false (writing nothing) if the lease is gone.
 pub async fn append(pool: &PgPool, f: Fence, kind: &str, data: &Value) -> Result<bool, StoreError> {
-    let sql = format!(
-        "WITH u AS (
+    let sql = "WITH u AS (
             UPDATE tasks SET last_event_seq = last_event_seq + 1
             WHERE id = $1 AND lease_token = $2 AND status = 'running'
             RETURNING id, last_event_seq
          ), e AS (
             INSERT INTO task_events (task_id, seq, kind, data) SELECT id, last_event_seq, $3, $4 FROM u
          )
-         SELECT count(*)::int FROM u"
-    );
-    let n: i32 = sqlx::query_scalar(&sql).bind(f.id).bind(f.lease).bind(kind).bind(data).fetch_one(pool).await?;
+         SELECT count(*)::int FROM u";
+    let n: i32 = sqlx::query_scalar(sql).bind(f.id).bind(f.lease).bind(kind).bind(data).fetch_one(pool).await?;
     Ok(n == 1)
 }

@@ -246,8 +246,7 @@ pub struct Finish {
 /// Write the terminal state, its `finished` event, and wake every waiter on any replica.
 /// Returns false if the lease is no longer held (nothing is written).
 pub async fn finish(pool: &PgPool, f: Fence, fin: &Finish) -> Result<bool, StoreError> {
-    let sql = format!(
-        "WITH u AS (
+    let sql = "WITH u AS (
             UPDATE tasks SET status = $3, stop_reason = $4, summary = $5, error_code = $6, error_message = $7,
                 finished_at = now(), lease_token = NULL, lease_expires_at = NULL,
                 reserved_usd = 0, reserved_tokens = 0, last_event_seq = last_event_seq + 1
@@ -257,9 +256,8 @@ pub async fn finish(pool: &PgPool, f: Fence, fin: &Finish) -> Result<bool, Store
             INSERT INTO task_events (task_id, seq, kind, data)
             SELECT id, last_event_seq, 'finished', jsonb_build_object('status', $3::text, 'stop_reason', $4::text) FROM u
          )
-         SELECT count(*)::int FROM u"
-    );
-    let n: i32 = sqlx::query_scalar(&sql)
+         SELECT count(*)::int FROM u";
+    let n: i32 = sqlx::query_scalar(sql)
         .bind(f.id)
         .bind(f.lease)
         .bind(fin.status)
@@ -274,18 +272,16 @@ pub async fn finish(pool: &PgPool, f: Fence, fin: &Finish) -> Result<bool, Store
 
 /// Give a task back to the queue without counting the attempt (graceful drain).
 pub async fn release(pool: &PgPool, f: Fence) -> Result<bool, StoreError> {
-    let sql = format!(
-        "WITH u AS (
+    let sql = "WITH u AS (
             UPDATE tasks SET status = 'queued', attempt = attempt - 1, lease_token = NULL, lease_expires_at = NULL,
                 worker_id = NULL, reserved_usd = 0, reserved_tokens = 0, last_event_seq = last_event_seq + 1
             WHERE id = $1 AND lease_token = $2 AND status = 'running'
             RETURNING id, last_event_seq
          ), e AS (
-            INSERT INTO task_events (task_id, seq, kind, data) SELECT id, last_event_seq, 'released', '{{}}' FROM u
+            INSERT INTO task_events (task_id, seq, kind, data) SELECT id, last_event_seq, 'released', '{}' FROM u
          )
-         SELECT count(*)::int FROM u"
-    );
-    let n: i32 = sqlx::query_scalar(&sql).bind(f.id).bind(f.lease).fetch_one(pool).await?;
+         SELECT count(*)::int FROM u";
+    let n: i32 = sqlx::query_scalar(sql).bind(f.id).bind(f.lease).fetch_one(pool).await?;
     Ok(n == 1)
 }
 

@@ -5,6 +5,7 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
 COPY migrations ./migrations
+COPY benches ./benches
 RUN cargo build --release --locked --bin subagentd
 
 FROM debian:bookworm-slim

@@ -124,7 +124,9 @@ BEGIN
     END IF;
     UPDATE tasks SET reserved_usd = reserved_usd + p_usd, reserved_tokens = reserved_tokens + p_tokens,
                      last_event_seq = last_event_seq + (p_event IS NOT NULL)::int
-     WHERE id = p_task RETURNING last_event_seq INTO s;
+     WHERE id = p_task AND lease_token = p_lease AND status = 'running' RETURNING last_event_seq INTO s;
+    -- Fenced again: the lease may have changed hands while this waited for the tenant lock.
+    IF NOT FOUND THEN RETURN 'lease_lost'; END IF;
     IF p_event IS NOT NULL THEN
         INSERT INTO task_events (task_id, seq, kind, data) VALUES (p_task, s, 'llm_call_started', p_event);
     END IF;

@@ -95,7 +95,7 @@ pub trait RunStore: Send + Sync {
     async fn reserve(&self, usd: Decimal, tokens: u64, started: Value) -> Result<(), Refusal>;
     /// Append a progress event (turn and tool-call starts) that is not part of a checkpoint.
     async fn event(&self, kind: &'static str, data: Value) -> Result<(), LeaseLost>;
-    /// Record a failed provider attempt.
+    /// Record a provider attempt that completes no turn (failed, or interrupted by a stop).
     async fn record_failed_call(&self, call: &CallRecord) -> Result<(), LeaseLost>;
     /// Commit a completed turn: messages, its call's usage and its events, atomically.
     async fn checkpoint(&self, turn: &TurnCheckpoint) -> Result<(), LeaseLost>;
@@ -311,7 +311,10 @@ pub async fn run(
                 let tc = &resp.tool_calls[i];
                 async move {
                     let started = Instant::now();
-                    let out = tools.run(tc).await;
+                    let span =
+                        tracing::info_span!("tool_call", tool = %tc.name, tool_call_id = %tc.id, is_error = tracing::field::Empty);
+                    let out = tracing::Instrument::instrument(tools.run(tc), span.clone()).await;
+                    span.record("is_error", out.is_error);
                     (i, out, started.elapsed())
                 }
             })
@@ -322,7 +325,14 @@ pub async fn run(
         ));
         let ran = tokio::select! {
             r = bounded => r,
-            cause = stop.stopped() => return Outcome::Stopped(cause),
+            cause = stop.stopped() => {
+                // The provider billed this call: keep it in the ledger even though the turn
+                // will not be checkpointed (outcome `interrupted`; a resumed attempt redoes the turn).
+                let mut interrupted = call.clone();
+                interrupted.outcome = "interrupted";
+                let _ = store.record_failed_call(&interrupted).await;
+                return Outcome::Stopped(cause);
+            }
         };
         for (i, out, took) in ran {
             let tc = &resp.tool_calls[i];
@@ -400,10 +410,31 @@ async fn call_with_retries(
             Err(Refusal::Budget(limit)) => return Err(Outcome::Stopped(StopCause::Budget(limit))),
         }
         let started = Instant::now();
+        // OpenTelemetry GenAI semantic conventions, as span fields.
+        let span = tracing::info_span!(
+            "llm_call",
+            gen_ai.system = %input.provider_name,
+            gen_ai.request.model = %input.model,
+            gen_ai.request.max_tokens = req.max_tokens.unwrap_or(0),
+            turn,
+            try_no,
+            gen_ai.usage.input_tokens = tracing::field::Empty,
+            gen_ai.usage.output_tokens = tracing::field::Empty,
+            error = tracing::field::Empty,
+        );
         let result = tokio::select! {
-            r = provider.chat(req) => r,
+            r = tracing::Instrument::instrument(provider.chat(req), span.clone()) => r,
             cause = stop.stopped() => return Err(Outcome::Stopped(cause)),
         };
+        match &result {
+            Ok(r) => {
+                span.record("gen_ai.usage.input_tokens", r.usage.input_tokens);
+                span.record("gen_ai.usage.output_tokens", r.usage.output_tokens);
+            }
+            Err(e) => {
+                span.record("error", tracing::field::display(&e.message));
+            }
+        }
         let latency_ms = started.elapsed().as_millis().min(u32::MAX as u128) as u32;
         let mut rec = CallRecord {
             key: uuid::Uuid::now_v7(),

@@ -83,6 +83,17 @@ impl From<StoreError> for ApiError {
                 tracing::warn!(error = %e, "database unavailable");
                 ApiError::unavailable("the database is unavailable; retry shortly")
             }
+            // Class 22 (data exception): a value the database cannot store, i.e. bad input that
+            // validation did not catch.
+            StoreError::Db(sqlx::Error::Database(d)) if d.code().is_some_and(|c| c.starts_with("22")) => {
+                tracing::warn!(error = %e, "input rejected by the database");
+                ApiError::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "validation_failed",
+                    "The request is not valid",
+                    "a value in the request cannot be stored (out of range or malformed)",
+                )
+            }
             _ => {
                 tracing::error!(error = %e, "store error");
                 ApiError::internal()

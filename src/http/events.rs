@@ -84,18 +84,21 @@ async fn list(
             };
             if !rows.is_empty() {
                 seq = rows.last().map(|e| e.seq).unwrap_or(seq);
-                let batch: Vec<Result<Event, Infallible>> = rows
-                    .into_iter()
-                    .map(|e| {
-                        let data = json!({"seq": e.seq, "kind": e.kind, "data": e.data, "created_at": e.created_at});
-                        Ok(Event::default().id(e.seq.to_string()).event(e.kind).data(data.to_string()))
-                    })
-                    .collect();
+                let batch: Vec<Result<Event, Infallible>> = rows.into_iter().map(to_sse).collect();
                 return Some((futures_util::stream::iter(batch), (st, tenant, seq, false)));
             }
-            // Nothing new: a finished task has written its last event.
+            // Nothing new: a finished task has written its last event — but it may have
+            // finished between the read above and this check, so read once more before ending.
             match tasks::get(&st.pool, &tenant, id).await {
-                Ok(Some(t)) if t.is_terminal() => return None,
+                Ok(Some(t)) if t.is_terminal() => {
+                    let tail = events::after(&st.pool, id, seq, 1000).await.unwrap_or_default();
+                    if tail.is_empty() {
+                        return None;
+                    }
+                    seq = tail.last().map(|e| e.seq).unwrap_or(seq);
+                    let batch: Vec<Result<Event, Infallible>> = tail.into_iter().map(to_sse).collect();
+                    return Some((futures_util::stream::iter(batch), (st, tenant, seq, true)));
+                }
                 Ok(None) => return None,
                 _ => {}
             }
@@ -108,4 +111,9 @@ async fn list(
     });
     let flat = futures_util::StreamExt::flatten(stream);
     Ok(Sse::new(flat).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))).into_response())
+}
+
+fn to_sse(e: events::EventRow) -> Result<Event, Infallible> {
+    let data = json!({"seq": e.seq, "kind": e.kind, "data": e.data, "created_at": e.created_at});
+    Ok(Event::default().id(e.seq.to_string()).event(e.kind).data(data.to_string()))
 }

@@ -190,6 +190,21 @@ async fn validate(
     if prompt.is_empty() {
         return Err(ApiError::invalid("prompt", "must not be empty"));
     }
+    // PostgreSQL text cannot hold NUL characters.
+    let texts = [
+        ("prompt", Some(&body.prompt)),
+        ("description", body.description.as_ref()),
+        ("system_prompt", body.system_prompt.as_ref()),
+        ("parent_context", body.parent_context.as_ref()),
+    ];
+    for (field, v) in texts {
+        if v.is_some_and(|v| v.contains('\0')) {
+            return Err(ApiError::invalid(field, "must not contain NUL characters"));
+        }
+    }
+    if body.metadata.as_ref().is_some_and(|m| m.to_string().contains("\\u0000")) {
+        return Err(ApiError::invalid("metadata", "must not contain NUL characters"));
+    }
     if body.prompt.chars().count() > MAX_PROMPT_CHARS {
         return Err(ApiError::invalid("prompt", format!("must be at most {MAX_PROMPT_CHARS} characters")));
     }
@@ -279,8 +294,8 @@ async fn validate(
         cap = cap.min(f64::from(t.max(1)));
     }
     let max_cost_usd = match body.max_cost_usd {
-        Some(v) if !v.is_finite() || v < 0.0 => {
-            return Err(ApiError::invalid("max_cost_usd", "must be a non-negative number"))
+        Some(v) if !v.is_finite() || !(0.0..1e9).contains(&v) => {
+            return Err(ApiError::invalid("max_cost_usd", "must be a number from 0 to 1e9"))
         }
         Some(v) => {
             let d = Decimal::try_from(v).map_err(|_| ApiError::invalid("max_cost_usd", "is out of range"))?;
@@ -499,6 +514,18 @@ async fn create(
     let traceparent =
         headers.get("traceparent").and_then(|v| v.to_str().ok()).and_then(crate::telemetry::parse_traceparent);
     let new = validate(&st, &tenant, &limits, &body, idem, traceparent).await?;
+    // A repeated request is answered before the limits are checked: it adds nothing.
+    if let Some(key) = &new.idempotency_key {
+        if let Some(r) = tasks::by_idempotency_key(&st.pool, &tenant, key).await? {
+            if r.request_hash != new.request_hash {
+                return Err(idempotency_conflict(&r));
+            }
+            return match wait {
+                None => Ok(respond(StatusCode::OK, r)),
+                Some(d) => waited(&st, &tenant, r, d).await,
+            };
+        }
+    }
     let (row, created) = match admit(&st, &limits, &new).await? {
         Inserted::New(r) => {
             st.hub.publish(crate::store::CH_QUEUED, String::new());
@@ -506,13 +533,7 @@ async fn create(
         }
         Inserted::Existing(r) => {
             if r.request_hash != new.request_hash {
-                return Err(ApiError::new(
-                    StatusCode::CONFLICT,
-                    "idempotency_conflict",
-                    "Idempotency key reused",
-                    "this Idempotency-Key was used with a different request",
-                )
-                .with(json!({"task_id": r.id})));
+                return Err(idempotency_conflict(&r));
             }
             (r, false)
         }
@@ -522,6 +543,16 @@ async fn create(
         None => Ok(respond(ok, row)),
         Some(d) => waited(&st, &tenant, row, d).await,
     }
+}
+
+fn idempotency_conflict(r: &TaskRow) -> ApiError {
+    ApiError::new(
+        StatusCode::CONFLICT,
+        "idempotency_conflict",
+        "Idempotency key reused",
+        "this Idempotency-Key was used with a different request",
+    )
+    .with(json!({"task_id": r.id}))
 }
 
 /// Wait for a task to become terminal: 200 with the finished task, or 202 with the task as

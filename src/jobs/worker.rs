@@ -149,6 +149,9 @@ impl Worker {
         let _active = ActiveRun;
         let stop = StopSignal::new();
         self.hub.register_run(fence, stop.clone());
+        // Unregistered however the run ends, a panic included: the lease then lapses and the
+        // rescuer takes the task, instead of a heartbeat keeping it `running` forever.
+        let _registered = Registered(&self.hub, row.id);
         if row.cancel_requested {
             stop.stop(StopCause::Cancelled);
         }
@@ -156,7 +159,9 @@ impl Worker {
         let limit = serde_json::from_value::<TaskOptions>(row.options.clone()).ok().and_then(|o| o.timeout_seconds);
         let timer = limit.map(|secs| {
             let started = row.started_at.unwrap_or_else(chrono::Utc::now);
-            let left = (started + chrono::Duration::milliseconds((secs * 1000.0) as i64)) - chrono::Utc::now();
+            let limit = chrono::Duration::milliseconds((secs * 1000.0).min(1e12) as i64);
+            let left =
+                started.checked_add_signed(limit).map_or(chrono::Duration::days(365), |end| end - chrono::Utc::now());
             let left = left.to_std().unwrap_or(Duration::ZERO);
             let stop = stop.clone();
             tokio::spawn(async move {
@@ -168,7 +173,6 @@ impl Worker {
         if let Some(t) = timer {
             t.abort();
         }
-        self.hub.unregister_run(row.id);
         let fin = match outcome {
             Outcome::Completed { summary } => Finish {
                 status: "completed",
@@ -461,5 +465,13 @@ struct ActiveRun;
 impl Drop for ActiveRun {
     fn drop(&mut self) {
         metrics::gauge!("subagentd_active_runs").decrement(1.0);
+    }
+}
+
+struct Registered<'a>(&'a Hub, Uuid);
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        self.0.unregister_run(self.1);
     }
 }

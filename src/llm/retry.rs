@@ -33,7 +33,7 @@ impl RetryPolicy {
         let exp = self.base.saturating_mul(1u32 << (attempt - 1).min(16)).min(self.cap);
         let jitter = Duration::from_millis(rand::thread_rng().gen_range(0..=exp.as_millis() as u64));
         let delay = retry_after.map_or(jitter, |ra| ra.max(jitter));
-        (elapsed + delay <= self.deadline).then_some(delay)
+        (elapsed.saturating_add(delay) <= self.deadline).then_some(delay)
     }
 }
 

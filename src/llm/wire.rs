@@ -8,20 +8,28 @@ use serde_json::Value;
 
 use super::{LlmError, LlmErrorKind};
 
+/// A provider asking for longer than this is asked again after this long (the retry deadline
+/// then decides).
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
+
+fn capped_secs(v: f64) -> Option<Duration> {
+    (v.is_finite() && v >= 0.0).then(|| Duration::try_from_secs_f64(v).unwrap_or(MAX_RETRY_AFTER).min(MAX_RETRY_AFTER))
+}
+
 /// `Retry-After` (seconds or an HTTP date) or `retry-after-ms`.
 pub fn retry_after(h: &HeaderMap) -> Option<Duration> {
     if let Some(ms) = h.get("retry-after-ms").and_then(|v| v.to_str().ok()).and_then(|s| s.trim().parse::<f64>().ok()) {
-        if ms.is_finite() && ms >= 0.0 {
-            return Some(Duration::from_secs_f64(ms / 1000.0));
+        if let Some(d) = capped_secs(ms / 1000.0) {
+            return Some(d);
         }
     }
     let v = h.get("retry-after")?.to_str().ok()?.trim();
     if let Ok(secs) = v.parse::<f64>() {
-        return (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs));
+        return capped_secs(secs);
     }
     let when = chrono::DateTime::parse_from_rfc2822(v).ok()?;
     let delta = when.with_timezone(&chrono::Utc) - chrono::Utc::now();
-    Some(delta.to_std().unwrap_or(Duration::ZERO))
+    Some(delta.to_std().unwrap_or(Duration::ZERO).min(MAX_RETRY_AFTER))
 }
 
 pub fn transport_error(e: reqwest::Error) -> LlmError {
@@ -88,5 +96,7 @@ mod tests {
         assert_eq!(retry_after(&h), Some(Duration::ZERO));
         h.insert("retry-after", "soon".parse().unwrap());
         assert_eq!(retry_after(&h), None);
+        h.insert("retry-after", "1e20".parse().unwrap());
+        assert_eq!(retry_after(&h), Some(MAX_RETRY_AFTER), "absurd values are capped, not a panic");
     }
 }

@@ -28,15 +28,33 @@ pub async fn claim(
     worker: &str,
     default_max_running: Option<i32>,
 ) -> Result<Vec<TaskRow>, StoreError> {
-    let sql = "WITH RECURSIVE qt AS (
+    let mut tx = pool.begin().await?;
+    // First lock the tenants to serve (skipping those another claimer holds) …
+    let served: Vec<(String, Option<i32>)> = sqlx::query_as(
+        "WITH RECURSIVE qt AS (
             (SELECT tenant FROM tasks WHERE status = 'queued' ORDER BY tenant LIMIT 1)
             UNION ALL
             SELECT (SELECT t.tenant FROM tasks t WHERE t.status = 'queued' AND t.tenant > qt.tenant ORDER BY t.tenant LIMIT 1)
             FROM qt WHERE qt.tenant IS NOT NULL
-         ), lim AS (
-            SELECT tn.name AS tenant, coalesce(tn.max_running, $4) AS max_running
-            FROM tenants tn WHERE tn.name IN (SELECT tenant FROM qt WHERE tenant IS NOT NULL)
-            FOR UPDATE OF tn SKIP LOCKED
+         )
+         SELECT tn.name, coalesce(tn.max_running, $1) FROM tenants tn
+         WHERE tn.name IN (SELECT tenant FROM qt WHERE tenant IS NOT NULL)
+         FOR UPDATE OF tn SKIP LOCKED",
+    )
+    .bind(default_max_running)
+    .fetch_all(&mut *tx)
+    .await?;
+    if served.is_empty() {
+        tx.commit().await?;
+        return Ok(vec![]);
+    }
+    // … then count and claim in a second statement, whose snapshot sees every claim committed
+    // before the locks were ours: the running limit holds exactly, across replicas.
+    let names: Vec<String> = served.iter().map(|s| s.0.clone()).collect();
+    let limits: Vec<Option<i32>> = served.iter().map(|s| s.1).collect();
+    let rows: Vec<TaskRow> = sqlx::query_as(
+        "WITH lim AS (
+            SELECT * FROM unnest($4::text[], $5::int[]) AS l(tenant, max_running)
          ), busy AS (
             SELECT tenant, max_running,
                 (SELECT count(*) FROM tasks r WHERE r.tenant = lim.tenant AND r.status = 'running') AS running
@@ -64,8 +82,17 @@ pub async fn claim(
             INSERT INTO task_events (task_id, seq, kind, data)
             SELECT id, last_event_seq, 'claimed', jsonb_build_object('attempt', attempt, 'worker', worker_id) FROM u
          )
-         SELECT * FROM u ORDER BY id";
-    Ok(sqlx::query_as(sql).bind(limit).bind(lease_secs).bind(worker).bind(default_max_running).fetch_all(pool).await?)
+         SELECT * FROM u ORDER BY id",
+    )
+    .bind(limit)
+    .bind(lease_secs)
+    .bind(worker)
+    .bind(&names)
+    .bind(&limits)
+    .fetch_all(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(rows)
 }
 
 /// Budget defaults from the config, for tenants that set none.

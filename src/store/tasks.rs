@@ -154,6 +154,14 @@ async fn existing(conn: &mut PgConnection, t: &NewTask) -> Result<Inserted, Stor
     Ok(Inserted::Existing(row))
 }
 
+/// The task an idempotency key (still within its 24 hours) belongs to.
+pub async fn by_idempotency_key(pool: &PgPool, tenant: &str, key: &str) -> Result<Option<TaskRow>, StoreError> {
+    let sql = format!(
+        "SELECT {COLS} FROM tasks WHERE tenant = $1 AND idempotency_key = $2 AND created_at >= now() - interval '24 hours'"
+    );
+    Ok(sqlx::query_as(&sql).bind(tenant).bind(key).fetch_optional(pool).await?)
+}
+
 pub async fn get(pool: &PgPool, tenant: &str, id: Uuid) -> Result<Option<TaskRow>, StoreError> {
     let sql = format!("SELECT {COLS} FROM tasks WHERE tenant = $1 AND id = $2");
     Ok(sqlx::query_as(&sql).bind(tenant).bind(id).fetch_optional(pool).await?)

@@ -116,7 +116,7 @@ impl Caller {
         let allow =
             Arc::new(ssrf::AllowList::parse(&cfg.tool_allow).map_err(|e| format!("SUBAGENTD_TOOL_ALLOW: {e}"))?);
         Ok(Caller {
-            client: ssrf::guarded_client(allow.clone()),
+            client: ssrf::guarded_client(allow.clone())?,
             allow,
             max_result_bytes: cfg.tool_result_max_bytes.max(256),
         })

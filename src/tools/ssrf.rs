@@ -135,6 +135,15 @@ pub fn is_special(ip: IpAddr) -> bool {
                 return is_special(IpAddr::V4(v4));
             }
             let s = v.segments();
+            // NAT64 (64:ff9b::/96) and 6to4 (2002::/16) carry an IPv4 address: judge that one.
+            if s[0] == 0x64 && s[1] == 0xff9b && s[2..6] == [0, 0, 0, 0] {
+                let o = v.octets();
+                return is_special(IpAddr::V4(std::net::Ipv4Addr::new(o[12], o[13], o[14], o[15])));
+            }
+            if s[0] == 0x2002 {
+                let o = v.octets();
+                return is_special(IpAddr::V4(std::net::Ipv4Addr::new(o[2], o[3], o[4], o[5])));
+            }
             v.is_loopback()
                 || v.is_unspecified()
                 || v.is_multicast()
@@ -174,14 +183,16 @@ impl reqwest::dns::Resolve for GuardedResolver {
     }
 }
 
-/// A client for outbound calls to tenant-supplied URLs: guarded DNS, no redirects.
-pub fn guarded_client(allow: Arc<AllowList>) -> reqwest::Client {
+/// A client for outbound calls to tenant-supplied URLs: guarded DNS, no redirects, and no
+/// proxy (a proxy would resolve the name itself, past the guard).
+pub fn guarded_client(allow: Arc<AllowList>) -> Result<reqwest::Client, String> {
     reqwest::Client::builder()
         .dns_resolver(Arc::new(GuardedResolver { allow }))
         .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
         .connect_timeout(std::time::Duration::from_secs(10))
         .build()
-        .unwrap_or_else(|_| reqwest::Client::new())
+        .map_err(|e| format!("cannot build the tool HTTP client: {e}"))
 }
 
 #[cfg(test)]
@@ -197,6 +208,8 @@ mod tests {
         assert!(a.check_url("http://169.254.169.254/latest/meta-data").is_err());
         assert!(a.check_url("http://[::1]/x").is_err());
         assert!(a.check_url("http://[::ffff:127.0.0.1]/x").is_err());
+        assert!(a.check_url("http://[64:ff9b::a9fe:a9fe]/x").is_err(), "NAT64 of 169.254.169.254");
+        assert!(a.check_url("http://[2002:0a00:0001::1]/x").is_err(), "6to4 of 10.0.0.1");
         assert!(a.check_ip("evil.example", "192.168.1.1".parse().unwrap()).is_err());
         let b = AllowList::parse("*, 127.0.0.0/8").unwrap();
         assert!(b.check_url("http://127.0.0.1:8080/x").is_ok());

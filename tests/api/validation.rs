@@ -60,6 +60,9 @@ fn cases() -> Vec<Case> {
             Some("colour"),
         ),
         post("empty prompt", json!({"prompt": "   ", "model": "mock/m"}), 422, "validation_failed", Some("prompt")),
+        post("NUL in the prompt", json!({"prompt": "a\u{0}b", "model": "mock/m"}), 422, "validation_failed", Some("prompt")),
+        post("NUL in metadata", json!({"prompt": "x", "model": "mock/m", "metadata": {"k": "a\u{0}"}}), 422, "validation_failed", Some("metadata")),
+        post("absurd max_cost_usd", json!({"prompt": "x", "model": "mock/m", "max_cost_usd": 1e12}), 422, "validation_failed", Some("max_cost_usd")),
         post(
             "max_turns zero",
             json!({"prompt": "x", "model": "mock/m", "max_turns": 0}),

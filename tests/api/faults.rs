@@ -2,6 +2,7 @@
 //! mid-call. Figures they print go to RELIABILITY.md.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rand::Rng;
@@ -93,12 +94,46 @@ const FAST_LEASE: &[(&str, &str)] = &[
     ("SUBAGENTD_CLAIM_BATCH", "8"),
 ];
 
+/// A slow tool on loopback that counts the idempotency keys it sees.
+async fn slow_tool() -> (Arc<Mutex<HashMap<String, u32>>>, String) {
+    let seen: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
+    let s2 = seen.clone();
+    let app = axum::Router::new().route(
+        "/slow",
+        axum::routing::post(move |h: axum::http::HeaderMap| {
+            let s2 = s2.clone();
+            async move {
+                let key = h.get("idempotency-key").map(|v| v.to_str().unwrap().to_string()).unwrap_or_default();
+                // Counted on arrival: a call whose worker died mid-call still counts.
+                *s2.lock().unwrap().entry(key).or_default() += 1;
+                tokio::time::sleep(Duration::from_millis(150)).await;
+                axum::Json(json!({"content": "ok"}))
+            }
+        }),
+    );
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/slow", l.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+    (seen, url)
+}
+
 #[tokio::test]
 async fn kill_dash_nine_at_random_points_loses_nothing_and_bills_nothing_twice() {
-    let app = spawn_app_with(|_| {}, false).await; // the API; workers are real processes
-    let mut workers: Vec<Proc> = (0..3).map(|_| spawn_binary(&["worker"], &app.db.url, FAST_LEASE)).collect();
+    let (tool_calls, tool_url) = slow_tool().await;
+    let app = spawn_app_with(|c| c.tool_allow = "*, 127.0.0.1/32".into(), false).await; // the API; workers are real processes
+    let env: Vec<(&str, &str)> = [FAST_LEASE, &[("SUBAGENTD_TOOL_ALLOW", "*, 127.0.0.1/32")]].concat();
+    let mut workers: Vec<Proc> = (0..3).map(|_| spawn_binary(&["worker"], &app.db.url, &env)).collect();
     tokio::time::sleep(Duration::from_millis(800)).await;
-    let ids = submit_many(&app, 60, "[mock:tool_turns=4] [mock:delay_ms=200]").await;
+    // Each task: 4 turns with a 150 ms tool call each (kills land mid-LLM-call, mid-tool-call,
+    // between turns and during finish), then an answer.
+    let mut ids = vec![];
+    for i in 0..60 {
+        let t = app
+            .submit(json!({"prompt": format!("job {i} [mock:tool_turns=4] [mock:tool=slow] [mock:delay_ms=120]"), "model": "mock/m",
+                           "max_turns": 20, "tools": [{"name": "slow", "parameters": {"type": "object"}, "policy": "auto", "endpoint": tool_url}]}))
+            .await;
+        ids.push(t["id"].as_str().unwrap().parse::<Uuid>().unwrap());
+    }
 
     let mut kills: Vec<(Instant, chrono::DateTime<chrono::Utc>, String)> = vec![];
     for _ in 0..24 {
@@ -111,7 +146,7 @@ async fn kill_dash_nine_at_random_points_loses_nothing_and_bills_nothing_twice()
         unsafe { libc::kill(victim.child.id() as i32, libc::SIGKILL) };
         let _ = victim.child.wait();
         kills.push((Instant::now(), chrono::Utc::now(), id));
-        workers[i] = spawn_binary(&["worker"], &app.db.url, FAST_LEASE);
+        workers[i] = spawn_binary(&["worker"], &app.db.url, &env);
     }
     assert!(all_terminal(&app, &ids, Duration::from_secs(120)).await, "tasks left unfinished after the kills");
     assert_invariants(&app, &ids).await;
@@ -154,9 +189,13 @@ async fn kill_dash_nine_at_random_points_loses_nothing_and_bills_nothing_twice()
             .fetch_one(&app.db.pool)
             .await
             .unwrap();
+    let (tool_total, tool_repeated) = {
+        let seen = tool_calls.lock().unwrap();
+        (seen.values().sum::<u32>(), seen.values().filter(|n| **n > 1).count())
+    };
     println!(
         "RELIABILITY kill-9: tasks={} kills={} interrupted_runs={} attempts={} calls_by_later_attempts={} \
-         duplicates=0 lost=0 max_kill_to_reclaim_ms={}",
+         tool_calls={tool_total} tool_calls_repeated_with_same_key={tool_repeated} duplicates=0 lost=0 max_kill_to_reclaim_ms={}",
         ids.len(),
         kills.len(),
         interrupted,

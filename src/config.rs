@@ -153,6 +153,10 @@ pub struct Config {
     #[arg(long, env = "SUBAGENTD_TENANT", default_value = "default", global = true)]
     pub tenant: String,
 
+    /// Export spans over OTLP/HTTP to this collector (e.g. `http://127.0.0.1:4318`); unset: off.
+    #[arg(long, env = "SUBAGENTD_OTLP_ENDPOINT", global = true)]
+    pub otlp_endpoint: Option<String>,
+
     /// Log format: `text` or `json`.
     #[arg(long, env = "SUBAGENTD_LOG_FORMAT", default_value = "text", global = true)]
     pub log_format: String,

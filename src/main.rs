@@ -86,18 +86,6 @@ enum TenantsCmd {
     Show { name: String },
 }
 
-fn init_tracing(format: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn,tower_http=warn"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    if format == "json" {
-        // Every line carries the fields of the span it is in: task_id, attempt, trace_id.
-        builder.json().with_current_span(true).with_span_list(false).init();
-    } else {
-        builder.init();
-    }
-}
-
 async fn shutdown_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).expect("install SIGTERM handler");
@@ -110,7 +98,8 @@ async fn shutdown_signal() {
 #[tokio::main]
 async fn main() {
     let cli = Cli::parse();
-    init_tracing(&cli.config.log_format);
+    let otel = subagentd::telemetry::init_tracing(&cli.config.log_format, cli.config.otlp_endpoint.as_deref())
+        .unwrap_or_else(|e| fail(e));
     let cfg = Arc::new(cli.config);
     let roles = match cli.command {
         Command::Migrate => {
@@ -159,6 +148,9 @@ async fn main() {
     db.pool.close().await;
     drop(db);
     tracing::info!("stopped");
+    if let Some(p) = otel {
+        let _ = p.shutdown();
+    }
 }
 
 fn fail(e: impl std::fmt::Display) -> ! {

@@ -1,5 +1,5 @@
-//! Prometheus metrics (the `metrics` facade with its Prometheus exporter) and W3C trace
-//! context helpers.
+//! Logging and tracing setup (text or JSON logs, optional OTLP export of spans), Prometheus
+//! metrics (the `metrics` facade with its Prometheus exporter) and W3C trace context helpers.
 
 use std::sync::OnceLock;
 
@@ -17,6 +17,76 @@ pub fn prometheus() -> &'static PrometheusHandle {
             Err(_) => PrometheusBuilder::new().build_recorder().handle(),
         }
     })
+}
+
+/// Install the tracing subscriber: logs to stderr (`text` or `json`; JSON lines carry the
+/// fields of their span — task_id, attempt, trace_id), and, when `otlp` is set, an OpenTelemetry
+/// layer exporting spans over OTLP/HTTP to `<otlp>/v1/traces`. Returns the provider to flush
+/// at exit.
+pub fn init_tracing(
+    format: &str,
+    otlp: Option<&str>,
+) -> Result<Option<opentelemetry_sdk::trace::SdkTracerProvider>, String> {
+    use opentelemetry::trace::TracerProvider as _;
+    use opentelemetry_otlp::WithExportConfig;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
+
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn,tower_http=warn"));
+    // RUST_LOG filters the logs; exported spans are the service's own, at info and above.
+    let fmt: Box<dyn Layer<tracing_subscriber::Registry> + Send + Sync> = if format == "json" {
+        tracing_subscriber::fmt::layer()
+            .json()
+            .with_current_span(true)
+            .with_span_list(false)
+            .with_writer(std::io::stderr)
+            .with_filter(filter)
+            .boxed()
+    } else {
+        tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_filter(filter).boxed()
+    };
+    let (otel, provider) = match otlp {
+        Some(base) => {
+            let endpoint = if base.ends_with("/v1/traces") {
+                base.to_string()
+            } else {
+                format!("{}/v1/traces", base.trim_end_matches('/'))
+            };
+            let exporter = opentelemetry_otlp::SpanExporter::builder()
+                .with_http()
+                .with_endpoint(endpoint)
+                .build()
+                .map_err(|e| format!("OTLP exporter: {e}"))?;
+            let resource = opentelemetry_sdk::Resource::builder().with_service_name("subagentd").build();
+            let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+                .with_batch_exporter(exporter)
+                .with_resource(resource)
+                .build();
+            let tracer = provider.tracer("subagentd");
+            opentelemetry::global::set_text_map_propagator(
+                opentelemetry_sdk::propagation::TraceContextPropagator::new(),
+            );
+            let layer = tracing_opentelemetry::layer()
+                .with_tracer(tracer)
+                .with_filter(tracing_subscriber::EnvFilter::new("subagentd=info"));
+            (Some(layer), Some(provider))
+        }
+        None => (None, None),
+    };
+    tracing_subscriber::registry().with(fmt).with(otel).try_init().map_err(|e| e.to_string())?;
+    Ok(provider)
+}
+
+/// Make `span` a child of the W3C trace context `traceparent` (for OTLP export).
+pub fn continue_trace(span: &tracing::Span, traceparent: &str) {
+    use opentelemetry::propagation::TextMapPropagator;
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+    let carrier: std::collections::HashMap<String, String> =
+        [("traceparent".to_string(), traceparent.to_string())].into();
+    let cx = opentelemetry_sdk::propagation::TraceContextPropagator::new().extract(&carrier);
+    let _ = span.set_parent(cx);
 }
 
 /// A valid `traceparent` (`00-<32 hex trace id>-<16 hex span id>-<2 hex flags>`), lower-cased.

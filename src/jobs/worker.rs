@@ -102,6 +102,9 @@ impl Worker {
                             row.traceparent.as_deref().map(crate::telemetry::trace_id).unwrap_or("").to_string();
                         let span =
                             tracing::info_span!("run", task_id = %row.id, attempt = row.attempt, trace_id = %trace_id);
+                        if let Some(tp) = &row.traceparent {
+                            crate::telemetry::continue_trace(&span, tp);
+                        }
                         runs.spawn(async move { this.run_task(row, p).await }.instrument(span));
                     }
                     n

@@ -196,3 +196,76 @@ async fn a_traceparent_is_kept_and_continued_on_outbound_tool_calls() {
     assert_ne!(got[0], tp, "a new span id");
     app.stop().await;
 }
+
+/// What the fake collector received: content type and body of each export.
+type Exports = Arc<Mutex<Vec<(String, Vec<u8>)>>>;
+
+#[tokio::test]
+async fn spans_are_exported_over_otlp_and_continue_the_callers_trace() {
+    let bodies: Exports = Arc::default();
+    let b2 = bodies.clone();
+    let collector = Router::new().route(
+        "/v1/traces",
+        post(move |h: HeaderMap, body: axum::body::Bytes| {
+            let b2 = b2.clone();
+            async move {
+                let ct = h.get("content-type").map(|v| v.to_str().unwrap().to_string()).unwrap_or_default();
+                b2.lock().unwrap().push((ct, body.to_vec()));
+                StatusCode::OK
+            }
+        }),
+    );
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let otlp = format!("http://{}", l.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(l, collector).await.unwrap() });
+
+    let db = test_db().await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut svc = spawn_binary(
+        &["serve"],
+        &db.url,
+        &[
+            ("SUBAGENTD_OTLP_ENDPOINT", otlp.as_str()),
+            ("SUBAGENTD_LISTEN", &format!("127.0.0.1:{port}")),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ],
+    );
+    let client = reqwest::Client::new();
+    let base = format!("http://127.0.0.1:{port}");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while client.get(format!("{base}/readyz")).send().await.map(|r| r.status() != 200).unwrap_or(true) {
+        assert!(tokio::time::Instant::now() < deadline, "service did not start");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let r = client
+        .post(format!("{base}/tasks?wait=true"))
+        .header("traceparent", format!("00-{trace}-00f067aa0ba902b7-01"))
+        .json(&json!({"prompt": "x", "model": "mock/m"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    // SIGTERM: the service drains and flushes its spans.
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(svc.child.id() as i32, libc::SIGTERM) };
+    // Wait without blocking the runtime: the collector runs on it.
+    let status = loop {
+        if let Some(s) = svc.child.try_wait().unwrap() {
+            break s;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(status.success(), "{status}");
+    let got = bodies.lock().unwrap().clone();
+    assert!(!got.is_empty(), "no OTLP export arrived");
+    assert!(
+        got.iter().all(|(ct, _)| ct == "application/x-protobuf"),
+        "{:?}",
+        got.iter().map(|g| &g.0).collect::<Vec<_>>()
+    );
+    let raw: Vec<u8> = (0..16).map(|i| u8::from_str_radix(&trace[i * 2..i * 2 + 2], 16).unwrap()).collect();
+    let all: Vec<u8> = got.iter().flat_map(|g| g.1.clone()).collect();
+    assert!(all.windows(16).any(|w| w == raw.as_slice()), "the run's spans continue the caller's trace id");
+    assert!(all.windows(8).any(|w| w == b"llm_call"), "an llm_call span was exported");
+}

@@ -71,6 +71,9 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, sqlx::Er
         match PgPoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(Duration::from_secs(10))
+            // No ping before every acquire (a round trip per statement); a dead connection
+            // fails its statement instead, and writers retry.
+            .test_before_acquire(false)
             .connect_with(opts.clone())
             .await
         {

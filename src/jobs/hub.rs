@@ -172,6 +172,9 @@ impl Hub {
                 _ = shutdown.cancelled() => None,
             };
             let Some(first) = first else { return };
+            // A moment for more to arrive: one NOTIFY transaction then carries a burst (local
+            // waiters were already woken by `publish`; only other replicas wait these 2 ms).
+            tokio::time::sleep(Duration::from_millis(2)).await;
             let mut by_channel: HashMap<&'static str, Vec<String>> = HashMap::new();
             by_channel.entry(first.0).or_default().push(first.1);
             while let Ok((c, p)) = rx.try_recv() {

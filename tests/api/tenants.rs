@@ -259,21 +259,19 @@ async fn a_task_stops_incomplete_with_budget_when_its_own_limit_would_be_passed(
 #[tokio::test]
 async fn fifty_concurrent_runs_of_one_tenant_cannot_overrun_its_daily_budget() {
     let limit = 0.004_f64;
-    let app = spawn_app_with(
-        |c| {
-            with_admin(c);
-            c.max_output_tokens = 16;
-            c.max_running = 64;
-        },
-        true,
-    )
-    .await;
-    set_limits(&app, "default", json!({"usd_per_day": limit})).await;
+    // Queue all 50 first, then set the budget, then let one worker process run them at once.
+    let app = spawn_app_with(with_admin, false).await;
     let mut ids = vec![];
     for i in 0..50 {
         let t = app.submit(json!({"prompt": format!("job {i} [mock:tool_turns=4] [mock:delay_ms=20]"), "model": "mock/m", "max_turns": 10})).await;
         ids.push(t["id"].as_str().unwrap().to_string());
     }
+    set_limits(&app, "default", json!({"usd_per_day": limit})).await;
+    let _worker = spawn_binary(
+        &["worker"],
+        &app.db.url,
+        &[("SUBAGENTD_MAX_OUTPUT_TOKENS", "16"), ("SUBAGENTD_MAX_RUNNING", "64")],
+    );
     let mut budget_stops = 0;
     for id in &ids {
         let t = app.poll_until_terminal(id, Duration::from_secs(60)).await;

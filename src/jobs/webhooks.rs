@@ -42,6 +42,11 @@ pub async fn run(pool: PgPool, hub: Arc<Hub>, caller: Caller, stop: Cancellation
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
             _ = stop.cancelled() => return,
         }
+        // Every finish wakes this loop; scan at most four times a second, not once per task.
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+            _ = stop.cancelled() => return,
+        }
     }
 }
 

@@ -1,5 +1,6 @@
 //! subagentd: LLM sub-agents as durable jobs.
 
+pub mod cache;
 pub mod config;
 pub mod db;
 pub mod engine;

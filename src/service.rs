@@ -64,7 +64,8 @@ impl Service {
                 file_agents,
                 tool_caller,
                 auth: Arc::new(crate::http::auth::Auth::new(mode, loopback)),
-                limits_cache: Arc::default(),
+                limits_cache: Arc::new(crate::cache::TtlCache::new(std::time::Duration::from_secs(5))),
+                tools_cache: Arc::new(crate::cache::TtlCache::new(std::time::Duration::from_secs(5))),
                 shutdown: shutdown.clone(),
             };
             let listener = tokio::net::TcpListener::bind(cfg.listen).await?;

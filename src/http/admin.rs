@@ -129,7 +129,7 @@ async fn put_tenant(
     check_tenant_name(&name)?;
     check_limits(&b)?;
     let created = tenants::put_limits(&st.pool, &name, &b).await?;
-    st.limits_cache.lock().unwrap_or_else(|e| e.into_inner()).remove(&name);
+    st.limits_cache.remove(&name);
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(json!({"name": name, "limits": b}))).into_response())
 }

@@ -36,8 +36,9 @@ pub struct AppState {
     pub file_agents: Arc<FileAgents>,
     pub auth: Arc<auth::Auth>,
     /// Tenants' limits as last read (a tenant row exists for each entry), for admission.
-    pub limits_cache:
-        Arc<std::sync::Mutex<std::collections::HashMap<String, (crate::store::tenants::Limits, std::time::Instant)>>>,
+    pub limits_cache: Arc<crate::cache::TtlCache<crate::store::tenants::Limits>>,
+    /// Tenants' available tools (catalog and MCP), for admission.
+    pub tools_cache: Arc<crate::cache::TtlCache<Vec<crate::tools::ToolDef>>>,
     /// The guarded client and limits for calls to tenant-supplied URLs.
     pub tool_caller: crate::tools::Caller,
     /// Fired when the server drains: waiting requests answer 202 at once.

@@ -380,10 +380,8 @@ async fn validate(
 /// The tenant's limits with the configured defaults filled in (cached for a few seconds; the
 /// row is created on first sight).
 async fn effective_limits(st: &AppState, tenant: &str) -> Result<Limits, ApiError> {
-    if let Some((l, at)) = st.limits_cache.lock().unwrap_or_else(|e| e.into_inner()).get(tenant) {
-        if at.elapsed() < std::time::Duration::from_secs(5) {
-            return Ok(l.clone());
-        }
+    if let Some(l) = st.limits_cache.get(tenant) {
+        return Ok(l);
     }
     let mut conn = st.pool.acquire().await.map_err(crate::store::StoreError::from)?;
     let own = match tenants::limits(&mut conn, tenant, false).await? {
@@ -402,10 +400,7 @@ async fn effective_limits(st: &AppState, tenant: &str) -> Result<Limits, ApiErro
         max_queued: own.max_queued.or(c.default_max_queued),
         ..own
     };
-    st.limits_cache
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(tenant.to_string(), (l.clone(), std::time::Instant::now()));
+    st.limits_cache.put(tenant, l.clone());
     Ok(l)
 }
 

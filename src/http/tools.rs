@@ -97,11 +97,16 @@ fn view(d: &ToolDef, source: &str) -> Value {
 }
 
 /// Every tool the tenant could offer a run: the catalog, then each MCP source's cached tools.
+/// (Cached for a few seconds; this replica's own changes take effect at once.)
 pub async fn available(st: &AppState, tenant: &str) -> Result<Vec<ToolDef>, ApiError> {
+    if let Some(v) = st.tools_cache.get(tenant) {
+        return Ok(v);
+    }
     let mut out: Vec<ToolDef> = store::list(&st.pool, tenant).await?.iter().map(|r| r.def()).collect();
     for s in store::sources(&st.pool, tenant).await? {
         out.extend(s.tools.0);
     }
+    st.tools_cache.put(tenant, out.clone());
     Ok(out)
 }
 
@@ -130,6 +135,7 @@ async fn put(
 ) -> Result<Response, ApiError> {
     let def = to_def(&st, "", &name, &body)?;
     let created = store::put(&st.pool, &tenant, &def).await?;
+    st.tools_cache.remove(&tenant);
     Ok((if created { StatusCode::CREATED } else { StatusCode::OK }, Json(view(&def, "catalog"))).into_response())
 }
 
@@ -139,6 +145,7 @@ async fn delete(
     Path(name): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     if store::delete(&st.pool, &tenant, &name).await? {
+        st.tools_cache.remove(&tenant);
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(ApiError::not_found("tool"))
@@ -201,6 +208,7 @@ async fn put_source(
     let headers: Vec<(String, String)> = body.headers.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
     let found = mcp::discover(&st.tool_caller, &name, &body.url, &headers, discovery_timeout(&st)).await;
     let created = store::put_source(&st.pool, &tenant, &name, &body.url, &body.headers, &found).await?;
+    st.tools_cache.remove(&tenant);
     let row = store::source(&st.pool, &tenant, &name).await?.ok_or_else(ApiError::internal)?;
     Ok((if created { StatusCode::CREATED } else { StatusCode::OK }, Json(source_view(&row))).into_response())
 }
@@ -214,6 +222,7 @@ async fn refresh_source(
     let headers: Vec<(String, String)> = s.headers.0.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
     let found = mcp::discover(&st.tool_caller, &name, &s.url, &headers, discovery_timeout(&st)).await;
     store::refreshed(&st.pool, &tenant, &name, &found).await?;
+    st.tools_cache.remove(&tenant);
     let row = store::source(&st.pool, &tenant, &name).await?.ok_or_else(ApiError::internal)?;
     Ok(Json(source_view(&row)))
 }
@@ -224,6 +233,7 @@ async fn delete_source(
     Path(name): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     if store::delete_source(&st.pool, &tenant, &name).await? {
+        st.tools_cache.remove(&tenant);
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(ApiError::not_found("tool source"))

@@ -30,6 +30,8 @@ pub struct Worker {
     cfg: Arc<Config>,
     id: String,
     sem: Arc<Semaphore>,
+    /// Tenants' signing secrets, cached a minute.
+    secrets: crate::cache::TtlCache<String>,
 }
 
 impl Worker {
@@ -49,6 +51,7 @@ impl Worker {
             tool_caller,
             cfg,
             id,
+            secrets: crate::cache::TtlCache::new(Duration::from_secs(60)),
         })
     }
 
@@ -354,11 +357,18 @@ impl Worker {
             mcp_headers: Default::default(),
         };
         if opts.tools.iter().any(|d| matches!(d.target, Target::Http { .. })) {
-            t.tenant_secret = Some(
-                retry_db(|| crate::store::tools::signing_secret(&self.pool, &row.tenant))
-                    .await
-                    .map_err(|_| Outcome::Stopped(StopCause::LeaseLost))?,
-            );
+            // Cached a minute: a rotated secret signs calls within that time.
+            let secret = match self.secrets.get(&row.tenant) {
+                Some(s) => s,
+                None => {
+                    let s = retry_db(|| crate::store::tools::signing_secret(&self.pool, &row.tenant))
+                        .await
+                        .map_err(|_| Outcome::Stopped(StopCause::LeaseLost))?;
+                    self.secrets.put(&row.tenant, s.clone());
+                    s
+                }
+            };
+            t.tenant_secret = Some(secret);
         }
         if opts.tools.iter().any(|d| matches!(d.target, Target::Mcp { .. })) {
             let sources = retry_db(|| crate::store::tools::sources(&self.pool, &row.tenant))

@@ -112,16 +112,6 @@ pub trait ToolRunner: Send + Sync {
     async fn run(&self, call: &ToolCall) -> ToolOutput;
 }
 
-/// A runner for runs that have no tools: never reached, because the whitelist is empty.
-pub struct NoTools;
-
-#[async_trait::async_trait]
-impl ToolRunner for NoTools {
-    async fn run(&self, call: &ToolCall) -> ToolOutput {
-        ToolOutput { content: format!("tool {} is not available", call.name), is_error: true }
-    }
-}
-
 /// Why a run was told to stop from outside.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StopCause {
@@ -389,7 +379,7 @@ async fn call_with_retries(
     let mut try_no = 0;
     // Worst case: the prompt (estimated generously at 3 characters a token) plus every
     // output token the provider is allowed to produce.
-    let prompt_chars: usize = req.messages.iter().map(message_chars).sum::<usize>()
+    let prompt_chars: usize = req.messages.iter().map(Message::chars).sum::<usize>()
         + req.tools.iter().map(|t| t.name.len() + t.description.len() + t.parameters.to_string().len()).sum::<usize>();
     let est_tokens = (prompt_chars as u64).div_ceil(3) + u64::from(req.max_tokens.unwrap_or(0));
     let est_usd = input.price.map_or(Decimal::ZERO, |p| {
@@ -479,17 +469,6 @@ async fn call_with_retries(
                 }
             }
         }
-    }
-}
-
-fn message_chars(m: &Message) -> usize {
-    match m {
-        Message::System { content } | Message::User { content } => content.len(),
-        Message::Assistant { content, tool_calls } => {
-            content.as_ref().map_or(0, String::len)
-                + tool_calls.iter().map(|t| t.name.len() + t.arguments.to_string().len()).sum::<usize>()
-        }
-        Message::Tool { content, .. } => content.len(),
     }
 }
 

@@ -39,17 +39,7 @@ impl Limited {
 }
 
 fn estimate_tokens(req: &ChatRequest) -> u32 {
-    let chars: usize = req
-        .messages
-        .iter()
-        .map(|m| match m {
-            Message::System { content } | Message::User { content } | Message::Tool { content, .. } => content.len(),
-            Message::Assistant { content, tool_calls } => {
-                content.as_ref().map_or(0, String::len)
-                    + tool_calls.iter().map(|t| t.arguments.to_string().len()).sum::<usize>()
-            }
-        })
-        .sum();
+    let chars: usize = req.messages.iter().map(Message::chars).sum();
     (chars / 4) as u32 + req.max_tokens.unwrap_or(0)
 }
 

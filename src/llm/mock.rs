@@ -112,17 +112,6 @@ impl Script {
     }
 }
 
-fn chars(m: &Message) -> usize {
-    match m {
-        Message::System { content } | Message::User { content } => content.len(),
-        Message::Assistant { content, tool_calls } => {
-            content.as_ref().map_or(0, |c| c.len())
-                + tool_calls.iter().map(|t| t.name.len() + t.arguments.to_string().len()).sum::<usize>()
-        }
-        Message::Tool { content, .. } => content.len(),
-    }
-}
-
 #[async_trait::async_trait]
 impl Provider for MockProvider {
     fn name(&self) -> &str {
@@ -153,7 +142,7 @@ impl Provider for MockProvider {
                 }
             });
         }
-        let input_tokens = (req.messages.iter().map(chars).sum::<usize>() as u64).div_ceil(4);
+        let input_tokens = (req.messages.iter().map(Message::chars).sum::<usize>() as u64).div_ceil(4);
         if script.looping || turn < script.tool_turns {
             let name = script
                 .tool

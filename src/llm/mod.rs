@@ -68,6 +68,21 @@ pub enum Message {
     },
 }
 
+impl Message {
+    /// Characters of text the model reads in this message (tool calls as name + arguments):
+    /// the basis of every token estimate.
+    pub fn chars(&self) -> usize {
+        match self {
+            Message::System { content } | Message::User { content } => content.len(),
+            Message::Assistant { content, tool_calls } => {
+                content.as_ref().map_or(0, String::len)
+                    + tool_calls.iter().map(|t| t.name.len() + t.arguments.to_string().len()).sum::<usize>()
+            }
+            Message::Tool { content, .. } => content.len(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolCall {
     pub id: String,

@@ -75,8 +75,14 @@ impl Env {
         std::fs::create_dir_all(&dir).unwrap();
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let opts =
-            EmbeddedOptions { data_dir: dir.join("pg"), bin_dir: None, fast_unsafe: false, max_connections: 300 };
+        // pg_stat_statements: the report names the statements that cost the most.
+        let opts = EmbeddedOptions {
+            data_dir: dir.join("pg"),
+            bin_dir: None,
+            fast_unsafe: false,
+            max_connections: 300,
+            settings: vec!["shared_preload_libraries=pg_stat_statements".into()],
+        };
         let pg = tokio::task::spawn_blocking(move || EmbeddedPostgres::start(&opts)).await.unwrap().unwrap();
         let latency = Arc::new(AtomicU64::new(0));
         let l2 = latency.clone();
@@ -172,6 +178,43 @@ async fn commits(pool: &sqlx::PgPool) -> i64 {
 
 type Report = Arc<Mutex<Vec<String>>>;
 
+/// CPU seconds used so far by PostgreSQL (every `postgres` process) and by the process `pid`.
+fn cpu_seconds(pid: u32) -> (f64, f64) {
+    let hz = 100.0; // USER_HZ on Linux
+    let (mut pg, mut svc) = (0.0, 0.0);
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        let Ok(p) = name.parse::<u32>() else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else { continue };
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else { continue };
+        let f: Vec<&str> = stat[close + 2..].split_whitespace().collect();
+        let ticks = f.get(11).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0)
+            + f.get(12).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+        if &stat[open + 1..close] == "postgres" {
+            pg += ticks / hz;
+        } else if p == pid {
+            svc += ticks / hz;
+        }
+    }
+    (pg, svc)
+}
+
+/// The statements that took the most server time, per completed task.
+async fn print_top_statements(pool: &sqlx::PgPool, tasks: i64) {
+    let rows: Vec<(String, i64, f64, f64)> = sqlx::query_as(
+        "SELECT regexp_replace(left(query, 90), '\\s+', ' ', 'g'), calls, total_exec_time, mean_exec_time
+         FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT 15",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap_or_default();
+    println!("statement | calls per task | server ms per task | mean ms");
+    for (q, calls, total, mean) in rows {
+        let n = tasks.max(1) as f64;
+        println!("{q} | {:.2} | {:.3} | {mean:.3}", calls as f64 / n, total / n);
+    }
+}
+
 /// 1. Tasks/s completed end to end, background mode, one tool call then an answer, 0 ms provider.
 async fn throughput(env: &Env, report: &Report, secs: u64) {
     env.latency.store(0, Ordering::Relaxed);
@@ -214,19 +257,31 @@ async fn throughput(env: &Env, report: &Report, secs: u64) {
         }));
     }
     tokio::time::sleep(Duration::from_secs(5)).await; // warm-up
+    let _ = sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements").execute(&pool).await;
+    let _ = sqlx::query("SELECT pg_stat_statements_reset()").execute(&pool).await;
     let (c0, _, _) = counts(&pool).await;
     let x0 = commits(&pool).await;
+    let cpu0 = cpu_seconds(svc.child.id());
     let t0 = Instant::now();
     tokio::time::sleep(Duration::from_secs(secs)).await;
     let (c1, open, bad) = counts(&pool).await;
     let x1 = commits(&pool).await;
+    let cpu1 = cpu_seconds(svc.child.id());
     let el = t0.elapsed().as_secs_f64();
     stop.store(true, Ordering::Relaxed);
     for s in subs {
         let _ = s.await;
     }
     let rate = (c1 - c0) as f64 / el;
+    print_top_statements(&pool, c1 - c0).await;
     let per_task = (x1 - x0) as f64 / (c1 - c0).max(1) as f64;
+    let n = (c1 - c0).max(1) as f64;
+    let (pg_ms, svc_ms) = ((cpu1.0 - cpu0.0) * 1000.0 / n, (cpu1.1 - cpu0.1) * 1000.0 / n);
+    println!(
+        "CPU per completed task: PostgreSQL {pg_ms:.2} ms, service {svc_ms:.2} ms (PostgreSQL {:.0}%, service {:.0}% of one core)",
+        (cpu1.0 - cpu0.0) / el * 100.0,
+        (cpu1.1 - cpu0.1) / el * 100.0
+    );
     let line = format!(
         "| 1. Throughput (background, 1 tool call + answer, provider 0 ms) | ≥ 500 tasks/s for 60 s | **{rate:.0} tasks/s** over {el:.0} s ({} completed; {open} open at the end, {bad} not completed) | {} |",
         c1 - c0,
@@ -305,7 +360,7 @@ async fn concurrency(env: &Env, report: &Report, n: usize) {
 }
 
 /// 3. Overhead of `POST /tasks?wait=true` over the provider's latency, 200 waiters.
-async fn wait_mode(env: &Env, report: &Report, secs: u64, provider_ms: u64) {
+async fn wait_mode(env: &Env, report: &Report, secs: u64, provider_ms: u64, waiters: usize) {
     env.latency.store(provider_ms, Ordering::Relaxed);
     let svc = env
         .service(
@@ -318,7 +373,7 @@ async fn wait_mode(env: &Env, report: &Report, secs: u64, provider_ms: u64) {
     let lat: Arc<Mutex<Vec<f64>>> = Arc::default();
     let deadline = Instant::now() + Duration::from_secs(secs);
     let mut ws = vec![];
-    for _ in 0..200 {
+    for _ in 0..waiters {
         let (c, base, lat) = (client.clone(), svc.base.clone(), lat.clone());
         ws.push(tokio::spawn(async move {
             while Instant::now() < deadline {
@@ -337,10 +392,22 @@ async fn wait_mode(env: &Env, report: &Report, secs: u64, provider_ms: u64) {
     for w in ws {
         w.await.unwrap();
     }
+    // Where a task's time goes: each event's median offset from the task's creation.
+    let pool = subagentd::db::connect(&svc.db_url, 1).await.unwrap();
+    let phases: Vec<(String, f64)> = sqlx::query_as(
+        "SELECT e.kind || '#' || e.seq, (percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM e.created_at - t.created_at)) * 1000)::float8
+         FROM task_events e JOIN tasks t ON t.id = e.task_id WHERE t.status = 'completed'
+         GROUP BY e.kind, e.seq ORDER BY e.seq",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let phases: Vec<String> = phases.iter().map(|(k, ms)| format!("{k} +{ms:.1} ms")).collect();
+    println!("median event offsets from creation: {}", phases.join(", "));
     let mut v = lat.lock().unwrap().clone();
     let (p50, p99) = (pct(&mut v, 0.5), pct(&mut v, 0.99));
     let line = format!(
-        "| 3. Wait mode (200 concurrent `POST ?wait=true`, provider {provider_ms} ms) | overhead p50 < 5 ms, p99 < 25 ms | **overhead p50 {p50:.1} ms, p99 {p99:.1} ms** over {} requests | {} |",
+        "| 3. Wait mode ({waiters} concurrent `POST ?wait=true`, provider {provider_ms} ms) | overhead p50 < 5 ms, p99 < 25 ms | **overhead p50 {p50:.1} ms, p99 {p99:.1} ms** over {} requests | {} |",
         v.len(),
         if p50 < 5.0 && p99 < 25.0 { "met" } else { "not met" }
     );
@@ -438,14 +505,17 @@ async fn main() {
     let env = Env::start().await;
     let report: Report = Arc::default();
     if want("throughput") {
-        throughput(&env, &report, 60).await;
+        throughput(&env, &report, std::env::var("BENCH_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(60)).await;
     }
     if want("concurrency") {
         concurrency(&env, &report, 10_000).await;
     }
     if want("wait") {
-        wait_mode(&env, &report, 20, 1000).await;
-        wait_mode(&env, &report, 20, 100).await;
+        wait_mode(&env, &report, 20, 1000, 200).await;
+        wait_mode(&env, &report, 20, 100, 200).await;
+    }
+    if which.iter().any(|w| w == "wait1") {
+        wait_mode(&env, &report, 10, 100, 1).await;
     }
     if want("admission") {
         admission(&env, &report, 30, 1000).await;

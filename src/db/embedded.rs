@@ -40,6 +40,8 @@ pub struct EmbeddedOptions {
     /// Trade durability for speed (fsync off): for throwaway test clusters only.
     pub fast_unsafe: bool,
     pub max_connections: u32,
+    /// More server settings (`name=value`), passed as `-c` flags.
+    pub settings: Vec<String>,
 }
 
 /// A running private cluster. Dropping it stops the server.
@@ -90,6 +92,9 @@ impl EmbeddedPostgres {
             .args(["-c", &format!("max_connections={}", opts.max_connections)]);
         if opts.fast_unsafe {
             cmd.args(["-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off"]);
+        }
+        for s in &opts.settings {
+            cmd.args(["-c", s]);
         }
         cmd.stdin(Stdio::null()).stdout(log).stderr(log_err);
         as_owner(&mut cmd, owner);

@@ -42,6 +42,7 @@ impl Database {
                     bin_dir: cfg.pg_bin_dir.clone(),
                     fast_unsafe: false,
                     max_connections: 200,
+                    settings: vec![],
                 };
                 let pg = tokio::task::spawn_blocking(move || EmbeddedPostgres::start(&opts))
                     .await

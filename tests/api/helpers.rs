@@ -52,6 +52,7 @@ fn start_cluster() -> Cluster {
                 bin_dir: std::env::var_os("SUBAGENTD_PG_BIN_DIR").map(Into::into),
                 fast_unsafe: true,
                 max_connections: 400,
+                settings: vec![],
             };
             std::fs::create_dir_all(opts.data_dir.parent().unwrap()).unwrap();
             open_dirs(&root);

@@ -99,6 +99,11 @@ pub trait RunStore: Send + Sync {
     async fn record_failed_call(&self, call: &CallRecord) -> Result<(), LeaseLost>;
     /// Commit a completed turn: messages, its call's usage and its events, atomically.
     async fn checkpoint(&self, turn: &TurnCheckpoint) -> Result<(), LeaseLost>;
+    /// Commit the run's last turn together with how the run ended (`outcome`), when the store
+    /// can do both in one write. By default, only the turn: the run's end is written later.
+    async fn final_checkpoint(&self, turn: &TurnCheckpoint, _outcome: &Outcome) -> Result<(), LeaseLost> {
+        self.checkpoint(turn).await
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -232,17 +237,18 @@ pub async fn run(
         pending.push(assistant);
 
         if resp.tool_calls.is_empty() {
-            let cp = TurnCheckpoint { turn, messages: std::mem::take(&mut pending), call, events };
-            if store.checkpoint(&cp).await.is_err() {
-                return Outcome::Stopped(StopCause::LeaseLost);
-            }
-            return match last_text {
+            let outcome = match last_text {
                 Some(summary) => Outcome::Completed { summary },
                 None => Outcome::Incomplete {
                     stop_reason: "final_answer_empty",
                     summary: format!("(sub-agent {} ended turn {turn} with an empty answer)", input.agent),
                 },
             };
+            let cp = TurnCheckpoint { turn, messages: std::mem::take(&mut pending), call, events };
+            if store.final_checkpoint(&cp, &outcome).await.is_err() {
+                return Outcome::Stopped(StopCause::LeaseLost);
+            }
+            return outcome;
         }
 
         // Tool calls: whitelist, loop detection, then concurrent execution in the model's order.

@@ -6,7 +6,7 @@ use sqlx::PgPool;
 use super::worker::retry_db;
 use rust_decimal::Decimal;
 
-use crate::engine::{CallRecord, LeaseLost, Refusal, RunStore, TurnCheckpoint};
+use crate::engine::{CallRecord, LeaseLost, Outcome, Refusal, RunStore, TurnCheckpoint};
 use crate::store::runs::{self, CallRow, Fence};
 
 pub struct PgRunStore {
@@ -16,9 +16,20 @@ pub struct PgRunStore {
     pub budgets: runs::BudgetDefaults,
     /// Tells event streams on every replica that the task has new events.
     pub hub: std::sync::Arc<super::hub::Hub>,
+    /// Set once the last checkpoint has also ended the task.
+    pub finished: std::sync::atomic::AtomicBool,
 }
 
 impl PgRunStore {
+    async fn write_checkpoint(&self, cp: &TurnCheckpoint, fin: Option<&runs::Finish>) -> Result<(), LeaseLost> {
+        observe(&cp.call);
+        let row = self.row(&cp.call);
+        let msgs: Vec<Value> = cp.messages.iter().map(|m| serde_json::to_value(m).unwrap_or(Value::Null)).collect();
+        let mut events: Vec<(&str, Value)> = cp.events.iter().map(|(k, v)| (*k, v.clone())).collect();
+        events.push(("checkpoint", serde_json::json!({"turn": cp.turn, "messages": msgs.len()})));
+        self.commit(Some(cp.turn as i32), &row, &msgs, &events, fin).await
+    }
+
     fn row(&self, c: &CallRecord) -> CallRow {
         CallRow {
             call_key: c.key,
@@ -46,8 +57,9 @@ impl PgRunStore {
         call: &CallRow,
         msgs: &[Value],
         events: &[(&str, Value)],
+        fin: Option<&runs::Finish>,
     ) -> Result<(), LeaseLost> {
-        match retry_db(|| runs::commit_turn(&self.pool, self.fence, turn, call, msgs, events)).await {
+        match retry_db(|| runs::commit_turn(&self.pool, self.fence, turn, call, msgs, events, fin)).await {
             Ok(true) => {
                 self.hub.publish(crate::store::CH_EVENT, self.fence.id.to_string());
                 Ok(())
@@ -102,16 +114,20 @@ impl RunStore for PgRunStore {
         let row = self.row(call);
         let ev = serde_json::json!({"turn": call.turn, "try": call.try_no, "http_status": call.http_status,
                                     "error": call.error, "latency_ms": call.latency_ms});
-        self.commit(None, &row, &[], &[("llm_call_failed", ev)]).await
+        self.commit(None, &row, &[], &[("llm_call_failed", ev)], None).await
     }
 
     async fn checkpoint(&self, cp: &TurnCheckpoint) -> Result<(), LeaseLost> {
-        observe(&cp.call);
-        let row = self.row(&cp.call);
-        let msgs: Vec<Value> = cp.messages.iter().map(|m| serde_json::to_value(m).unwrap_or(Value::Null)).collect();
-        let mut events: Vec<(&str, Value)> = cp.events.iter().map(|(k, v)| (*k, v.clone())).collect();
-        events.push(("checkpoint", serde_json::json!({"turn": cp.turn, "messages": msgs.len()})));
-        self.commit(Some(cp.turn as i32), &row, &msgs, &events).await
+        self.write_checkpoint(cp, None).await
+    }
+
+    async fn final_checkpoint(&self, cp: &TurnCheckpoint, outcome: &Outcome) -> Result<(), LeaseLost> {
+        let fin = super::worker::finish_for(outcome, "", None);
+        self.write_checkpoint(cp, fin.as_ref()).await?;
+        if fin.is_some() {
+            self.finished.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(())
     }
 }
 

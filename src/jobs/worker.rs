@@ -22,6 +22,38 @@ use crate::store::runs::{self, Fence, Finish};
 use crate::store::tasks::TaskRow;
 use crate::tools::{Caller, Target, TaskTools};
 
+/// How a run's outcome is written to its task; `None` when the run ends without a terminal
+/// state (drained back to the queue, or its lease lost). `agent` and `limit` (the time limit)
+/// only word the summary of a timeout.
+pub fn finish_for(outcome: &Outcome, agent: &str, limit: Option<f64>) -> Option<Finish> {
+    let fin = |status, stop_reason: Option<&str>, summary: Option<String>| Finish {
+        status,
+        stop_reason: stop_reason.map(Into::into),
+        summary,
+        error_code: None,
+        error_message: None,
+    };
+    Some(match outcome {
+        Outcome::Completed { summary } => fin("completed", Some("final_answer"), Some(summary.clone())),
+        Outcome::Incomplete { stop_reason, summary } => fin("incomplete", Some(stop_reason), Some(summary.clone())),
+        Outcome::Failed { code, message } => {
+            Finish { error_code: Some(code.clone()), error_message: Some(message.clone()), ..fin("failed", None, None) }
+        }
+        Outcome::Stopped(StopCause::Cancelled) => fin("cancelled", Some("cancelled"), None),
+        Outcome::Stopped(StopCause::Timeout) => fin(
+            "incomplete",
+            Some("timeout"),
+            Some(format!("(sub-agent {agent} stopped: its time limit of {} s was reached)", limit.unwrap_or(0.0))),
+        ),
+        Outcome::Stopped(StopCause::Budget(limit)) => fin(
+            "incomplete",
+            Some("budget"),
+            Some(format!("(sub-agent stopped: the {limit} budget would be exceeded)")),
+        ),
+        Outcome::Stopped(StopCause::Drain | StopCause::LeaseLost) => return None,
+    })
+}
+
 pub struct Worker {
     pool: PgPool,
     hub: Arc<Hub>,
@@ -175,73 +207,26 @@ impl Worker {
                 stop.stop(StopCause::Timeout);
             })
         });
-        let outcome = self.execute(&row, fence, &stop).await;
+        let (outcome, finished) = self.execute(&row, fence, &stop).await;
         if let Some(t) = timer {
             t.abort();
         }
-        let fin = match outcome {
-            Outcome::Completed { summary } => Finish {
-                status: "completed",
-                stop_reason: Some("final_answer".into()),
-                summary: Some(summary),
-                error_code: None,
-                error_message: None,
-            },
-            Outcome::Incomplete { stop_reason, summary } => Finish {
-                status: "incomplete",
-                stop_reason: Some(stop_reason.into()),
-                summary: Some(summary),
-                error_code: None,
-                error_message: None,
-            },
-            Outcome::Failed { code, message } => Finish {
-                status: "failed",
-                stop_reason: None,
-                summary: None,
-                error_code: Some(code),
-                error_message: Some(message),
-            },
-            Outcome::Stopped(StopCause::Cancelled) => Finish {
-                status: "cancelled",
-                stop_reason: Some("cancelled".into()),
-                summary: None,
-                error_code: None,
-                error_message: None,
-            },
-            Outcome::Stopped(StopCause::Timeout) => Finish {
-                status: "incomplete",
-                stop_reason: Some("timeout".into()),
-                summary: Some(format!(
-                    "(sub-agent {} stopped: its time limit of {} s was reached)",
-                    row.subagent_type,
-                    limit.unwrap_or(0.0)
-                )),
-                error_code: None,
-                error_message: None,
-            },
-            Outcome::Stopped(StopCause::Budget(limit)) => Finish {
-                status: "incomplete",
-                stop_reason: Some("budget".into()),
-                summary: Some(format!("(sub-agent stopped: the {limit} budget would be exceeded)")),
-                error_code: None,
-                error_message: None,
-            },
-            Outcome::Stopped(StopCause::Drain) => {
-                match retry_db(|| runs::release(&self.pool, fence)).await {
+        let Some(fin) = finish_for(&outcome, &row.subagent_type, limit) else {
+            match outcome {
+                Outcome::Stopped(StopCause::Drain) => match retry_db(|| runs::release(&self.pool, fence)).await {
                     Ok(true) => self.hub.publish(crate::store::CH_QUEUED, String::new()),
                     Ok(false) => {}
                     Err(e) => {
                         tracing::warn!(error = %e, "release failed; the lease will expire and the task be rescued")
                     }
-                }
-                return;
+                },
+                _ => tracing::warn!("lease lost: this worker writes nothing more for the task"),
             }
-            Outcome::Stopped(StopCause::LeaseLost) => {
-                tracing::warn!("lease lost: this worker writes nothing more for the task");
-                return;
-            }
+            return;
         };
-        match retry_db(|| runs::finish(&self.pool, fence, &fin)).await {
+        // The last checkpoint may already have ended the task, in the same commit.
+        let written = if finished { Ok(true) } else { retry_db(|| runs::finish(&self.pool, fence, &fin)).await };
+        match written {
             Ok(true) => {
                 self.hub.publish(crate::store::CH_DONE, row.id.to_string());
                 metrics::counter!("subagentd_tasks_finished_total", "status" => fin.status).increment(1);
@@ -258,7 +243,21 @@ impl Worker {
         }
     }
 
-    async fn execute(&self, row: &TaskRow, fence: Fence, stop: &StopSignal) -> Outcome {
+    /// Run the sub-agent; also says whether its last checkpoint already ended the task.
+    async fn execute(&self, row: &TaskRow, fence: Fence, stop: &StopSignal) -> (Outcome, bool) {
+        let store = PgRunStore {
+            pool: self.pool.clone(),
+            fence,
+            attempt: row.attempt,
+            budgets: self.cfg.budget_defaults(),
+            hub: self.hub.clone(),
+            finished: false.into(),
+        };
+        let outcome = self.prepare_and_run(row, &store, stop).await;
+        (outcome, store.finished.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    async fn prepare_and_run(&self, row: &TaskRow, store: &PgRunStore, stop: &StopSignal) -> Outcome {
         let internal = |m: String| Outcome::Failed { code: "internal".into(), message: m };
         let opts: TaskOptions = match serde_json::from_value(row.options.clone()) {
             Ok(o) => o,
@@ -335,14 +334,7 @@ impl Worker {
             retry: self.providers.retry,
             agent: row.subagent_type.clone(),
         };
-        let store = PgRunStore {
-            pool: self.pool.clone(),
-            fence,
-            attempt: row.attempt,
-            budgets: self.cfg.budget_defaults(),
-            hub: self.hub.clone(),
-        };
-        engine::run(input, provider.as_ref(), &tools, &store, stop).await
+        engine::run(input, provider.as_ref(), &tools, store, stop).await
     }
 
     /// The run's tools, with what calling them needs: the tenant's signing secret for HTTP

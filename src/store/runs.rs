@@ -178,7 +178,8 @@ pub struct CallRow {
 }
 
 /// Commit one turn in one statement: the task's totals, the call's ledger row, the turn's
-/// messages and events. `turn` is `None` for a failed call that completes no turn.
+/// messages and events. `turn` is `None` for a failed call that completes no turn. With
+/// `fin`, the same statement also ends the task (the run's last turn): one commit, not two.
 /// Returns false (and writes nothing) if the lease is no longer held; true if written, now or
 /// by an earlier try whose answer was lost with its connection.
 pub async fn commit_turn(
@@ -188,17 +189,31 @@ pub async fn commit_turn(
     call: &CallRow,
     messages: &[Value],
     events: &[(&str, Value)],
+    fin: Option<&Finish>,
 ) -> Result<bool, StoreError> {
-    let kinds: Vec<&str> = events.iter().map(|e| e.0).collect();
-    let datas: Vec<Value> = events.iter().map(|e| e.1.clone()).collect();
+    let mut kinds: Vec<&str> = events.iter().map(|e| e.0).collect();
+    let mut datas: Vec<Value> = events.iter().map(|e| e.1.clone()).collect();
+    if let Some(fin) = fin {
+        kinds.push("finished");
+        datas.push(serde_json::json!({"status": fin.status, "stop_reason": fin.stop_reason}));
+    }
     let n: i32 = sqlx::query_scalar(
         "WITH u AS (
             UPDATE tasks SET turns = coalesce($3, turns),
                 input_tokens = input_tokens + $8, output_tokens = output_tokens + $9,
                 cached_tokens = cached_tokens + $10, cost_usd = cost_usd + coalesce($11, 0),
                 unpriced_calls = unpriced_calls + ($11 IS NULL AND $14 = 'ok')::int,
-                reserved_usd = greatest(reserved_usd - $21, 0), reserved_tokens = greatest(reserved_tokens - $22, 0),
-                last_event_seq = last_event_seq + cardinality($17::text[])
+                reserved_usd = CASE WHEN $23::text IS NULL THEN greatest(reserved_usd - $21, 0) ELSE 0 END,
+                reserved_tokens = CASE WHEN $23::text IS NULL THEN greatest(reserved_tokens - $22, 0) ELSE 0 END,
+                last_event_seq = last_event_seq + cardinality($17::text[]),
+                status = coalesce($23, status),
+                stop_reason = CASE WHEN $23::text IS NULL THEN stop_reason ELSE $24 END,
+                summary = CASE WHEN $23::text IS NULL THEN summary ELSE $25 END,
+                error_code = CASE WHEN $23::text IS NULL THEN error_code ELSE $26 END,
+                error_message = CASE WHEN $23::text IS NULL THEN error_message ELSE $27 END,
+                finished_at = CASE WHEN $23::text IS NULL THEN finished_at ELSE now() END,
+                lease_token = CASE WHEN $23::text IS NULL THEN lease_token END,
+                lease_expires_at = CASE WHEN $23::text IS NULL THEN lease_expires_at END
             WHERE id = $1 AND lease_token = $2 AND status = 'running'
               AND NOT EXISTS (SELECT 1 FROM llm_calls WHERE call_key = $20)
             RETURNING tenant, subagent_type, last_event_seq
@@ -207,11 +222,11 @@ pub async fn commit_turn(
                 output_tokens, cached_tokens, cost_usd, latency_ms, http_status, outcome, error)
             SELECT $20, $1, tenant, $4, $5, $6, $7, $19, $8, $9, $10, $11, $12, $13, $14, $15 FROM u
          ), r AS (
-            INSERT INTO usage_daily AS d (day, tenant, model, agent_type, calls, ok, failed, input_tokens, output_tokens,
-                cached_tokens, cost_usd)
-            SELECT (now() AT TIME ZONE 'UTC')::date, tenant, $7 || '/' || $19, subagent_type, 1, ($14 = 'ok')::int,
-                ($14 <> 'ok')::int, $8, $9, $10, coalesce($11, 0) FROM u
-            ON CONFLICT (tenant, day, model, agent_type) DO UPDATE SET calls = d.calls + 1, ok = d.ok + EXCLUDED.ok,
+            INSERT INTO usage_daily AS d (day, tenant, model, agent_type, shard, calls, ok, failed, input_tokens,
+                output_tokens, cached_tokens, cost_usd)
+            SELECT (now() AT TIME ZONE 'UTC')::date, tenant, $7 || '/' || $19, subagent_type, pg_backend_pid() % 16, 1,
+                ($14 = 'ok')::int, ($14 <> 'ok')::int, $8, $9, $10, coalesce($11, 0) FROM u
+            ON CONFLICT (tenant, day, model, agent_type, shard) DO UPDATE SET calls = d.calls + 1, ok = d.ok + EXCLUDED.ok,
                 failed = d.failed + EXCLUDED.failed, input_tokens = d.input_tokens + EXCLUDED.input_tokens,
                 output_tokens = d.output_tokens + EXCLUDED.output_tokens,
                 cached_tokens = d.cached_tokens + EXCLUDED.cached_tokens, cost_usd = d.cost_usd + EXCLUDED.cost_usd
@@ -248,6 +263,11 @@ pub async fn commit_turn(
     .bind(call.call_key) // 20
     .bind(call.reserved_usd) // 21
     .bind(call.reserved_tokens) // 22
+    .bind(fin.map(|f| f.status)) // 23
+    .bind(fin.and_then(|f| f.stop_reason.as_deref())) // 24
+    .bind(fin.and_then(|f| f.summary.as_deref())) // 25
+    .bind(fin.and_then(|f| f.error_code.as_deref())) // 26
+    .bind(fin.and_then(|f| f.error_message.as_deref())) // 27
     .fetch_one(pool)
     .await?;
     if n == 1 {

@@ -71,6 +71,36 @@ async fn events_page_as_json_and_stream_live_with_resume_and_no_gaps() {
     app.stop().await;
 }
 
+/// The run's last turn and its end are one commit: its `checkpoint` and `finished` events, and
+/// the task's `finished_at`, carry one transaction's timestamp; earlier turns commit apart.
+#[tokio::test]
+async fn the_last_turn_and_the_tasks_end_are_committed_together() {
+    let app = spawn_app().await;
+    let t = app.submit(json!({"prompt": "x [mock:tool_turns=1]", "model": "mock/m"})).await;
+    let id = t["id"].as_str().unwrap().to_string();
+    let done = app.poll_until_terminal(&id, Duration::from_secs(10)).await;
+    assert_eq!(done["status"], "completed");
+    assert_eq!(done["turns"], 2);
+    let at: Vec<(String, chrono::DateTime<chrono::Utc>)> = sqlx::query_as(
+        "SELECT kind, created_at FROM task_events WHERE task_id = $1 AND kind IN ('checkpoint', 'finished') ORDER BY seq",
+    )
+    .bind(uuid::Uuid::parse_str(&id).unwrap())
+    .fetch_all(&app.db.pool)
+    .await
+    .unwrap();
+    let kinds: Vec<&str> = at.iter().map(|e| e.0.as_str()).collect();
+    assert_eq!(kinds, ["checkpoint", "checkpoint", "finished"]);
+    assert_ne!(at[0].1, at[1].1, "the first turn commits on its own");
+    assert_eq!(at[1].1, at[2].1, "the last checkpoint and the finish share one transaction");
+    let finished_at: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT finished_at FROM tasks WHERE id = $1")
+        .bind(uuid::Uuid::parse_str(&id).unwrap())
+        .fetch_one(&app.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(finished_at, at[2].1);
+    app.stop().await;
+}
+
 #[derive(Clone, Default)]
 struct Receiver {
     got: Arc<Mutex<Vec<(HeaderMap, String)>>>,

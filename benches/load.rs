@@ -122,6 +122,12 @@ impl Env {
         for (k, v) in env {
             cmd.env(k, v);
         }
+        // BENCH_SVC_X=v runs the service with X=v: for trying settings without editing.
+        for (k, v) in std::env::vars() {
+            if let Some(k) = k.strip_prefix("BENCH_SVC_") {
+                cmd.env(k, v);
+            }
+        }
         let child = cmd.spawn().unwrap();
         let base = format!("http://127.0.0.1:{port}");
         let c = reqwest::Client::new();
@@ -370,6 +376,9 @@ async fn wait_mode(env: &Env, report: &Report, secs: u64, provider_ms: u64, wait
         )
         .await;
     let client = reqwest::Client::builder().pool_max_idle_per_host(300).build().unwrap();
+    let pool = subagentd::db::connect(&svc.db_url, 1).await.unwrap();
+    let _ = sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements").execute(&pool).await;
+    let _ = sqlx::query("SELECT pg_stat_statements_reset()").execute(&pool).await;
     let lat: Arc<Mutex<Vec<f64>>> = Arc::default();
     let deadline = Instant::now() + Duration::from_secs(secs);
     let mut ws = vec![];
@@ -392,18 +401,25 @@ async fn wait_mode(env: &Env, report: &Report, secs: u64, provider_ms: u64, wait
     for w in ws {
         w.await.unwrap();
     }
-    // Where a task's time goes: each event's median offset from the task's creation.
-    let pool = subagentd::db::connect(&svc.db_url, 1).await.unwrap();
-    let phases: Vec<(String, f64)> = sqlx::query_as(
-        "SELECT e.kind || '#' || e.seq, (percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM e.created_at - t.created_at)) * 1000)::float8
+    print_top_statements(&pool, counts(&pool).await.0).await;
+    // Where a task's time goes: each event's offset from the task's creation.
+    let phases: Vec<(String, f64, f64)> = sqlx::query_as(
+        "SELECT e.kind || '#' || e.seq,
+                (percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM e.created_at - t.created_at)) * 1000)::float8,
+                (percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM e.created_at - t.created_at)) * 1000)::float8
          FROM task_events e JOIN tasks t ON t.id = e.task_id WHERE t.status = 'completed'
          GROUP BY e.kind, e.seq ORDER BY e.seq",
     )
     .fetch_all(&pool)
     .await
     .unwrap();
-    let phases: Vec<String> = phases.iter().map(|(k, ms)| format!("{k} +{ms:.1} ms")).collect();
-    println!("median event offsets from creation: {}", phases.join(", "));
+    let phases: Vec<String> = phases.iter().map(|(k, p50, p99)| format!("{k} +{p50:.1}/{p99:.1} ms")).collect();
+    println!("event offsets from creation (p50/p99): {}", phases.join(", "));
+    // The service's own view of the same requests.
+    let m = client.get(format!("{}/metrics", svc.base)).send().await.unwrap().text().await.unwrap_or_default();
+    for l in m.lines().filter(|l| l.starts_with("subagentd_http_request_duration_seconds") && l.contains("POST")) {
+        println!("{l}");
+    }
     let mut v = lat.lock().unwrap().clone();
     let (p50, p99) = (pct(&mut v, 0.5), pct(&mut v, 0.99));
     let line = format!(
@@ -510,8 +526,11 @@ async fn main() {
     if want("concurrency") {
         concurrency(&env, &report, 10_000).await;
     }
+    if want("wait") || which.iter().any(|w| w == "wait1000") {
+        let waiters = std::env::var("BENCH_WAITERS").ok().and_then(|s| s.parse().ok()).unwrap_or(200);
+        wait_mode(&env, &report, 20, 1000, waiters).await;
+    }
     if want("wait") {
-        wait_mode(&env, &report, 20, 1000, 200).await;
         wait_mode(&env, &report, 20, 100, 200).await;
     }
     if which.iter().any(|w| w == "wait1") {

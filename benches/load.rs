@@ -40,6 +40,10 @@ async fn fake_chat(latency: Arc<AtomicU64>, Json(req): Json<Value>) -> Json<Valu
 async fn serve(app: Router) -> String {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
+    // As a real provider's server would: no Nagle delay on small responses.
+    let l = axum::serve::ListenerExt::tap_io(l, |s: &mut tokio::net::TcpStream| {
+        let _ = s.set_nodelay(true);
+    });
     tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
     format!("http://{addr}")
 }

@@ -55,7 +55,9 @@ pub async fn claim(
     let rows: Vec<TaskRow> = sqlx::query_as(
         "WITH lim AS (
             SELECT * FROM unnest($4::text[], $5::int[]) AS l(tenant, max_running)
-         ), busy AS (
+         ), busy AS MATERIALIZED (
+            -- Materialized: counted once per tenant, not once per candidate row (inlined, this
+            -- count ran for each of a batch's rows: 1.2 s for 1,000 claims with 4,000 running).
             SELECT tenant, max_running,
                 (SELECT count(*) FROM tasks r WHERE r.tenant = lim.tenant AND r.status = 'running') AS running
             FROM lim

@@ -102,7 +102,7 @@ impl Env {
         sqlx::query(&format!("DROP DATABASE IF EXISTS {name}")).execute(&admin).await.unwrap();
         sqlx::query(&format!("CREATE DATABASE {name}")).execute(&admin).await.unwrap();
         admin.close().await;
-        let db_url = self.pg.url(name);
+        let db_url = self.pg.local_url(name);
         let cfg = self.dir.join(format!("{name}.toml"));
         std::fs::write(
             &cfg,
@@ -218,6 +218,13 @@ async fn print_top_statements(pool: &sqlx::PgPool, tasks: i64) {
     .fetch_all(pool)
     .await
     .unwrap_or_default();
+    let hot: Vec<(String, i64, i64, i64)> = sqlx::query_as(
+        "SELECT relname::text, n_tup_ins, n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables ORDER BY n_tup_ins + n_tup_upd DESC LIMIT 6",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap_or_default();
+    println!("table: inserts, updates (HOT) {hot:?}");
     println!("statement | calls per task | server ms per task | mean ms");
     for (q, calls, total, mean) in rows {
         let n = tasks.max(1) as f64;
@@ -328,6 +335,8 @@ async fn concurrency(env: &Env, report: &Report, n: usize) {
     for p in posts {
         p.await.unwrap();
     }
+    let _ = sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements").execute(&pool).await;
+    let _ = sqlx::query("SELECT pg_stat_statements_reset()").execute(&pool).await;
     let cfg = env.dir.join("bench_cc.toml");
     let mut worker = Command::new(env!("CARGO_BIN_EXE_subagentd"))
         .arg("worker")
@@ -345,10 +354,12 @@ async fn concurrency(env: &Env, report: &Report, n: usize) {
         .unwrap();
     let t0 = Instant::now();
     let mut peak_running = 0;
+    let mut timeline = vec![];
     let (done, bad) = loop {
         let running: i64 =
             sqlx::query_scalar("SELECT count(*) FROM tasks WHERE status = 'running'").fetch_one(&pool).await.unwrap();
         peak_running = peak_running.max(running);
+        timeline.push(format!("{:.1}s:{running}", t0.elapsed().as_secs_f64()));
         let (c, open, bad) = counts(&pool).await;
         if open == 0 || t0.elapsed() > Duration::from_secs(300) {
             break (c, bad);
@@ -357,6 +368,8 @@ async fn concurrency(env: &Env, report: &Report, n: usize) {
     };
     let rss = rss_peak_mib(worker.id());
     let el = t0.elapsed().as_secs_f64();
+    println!("running over time: {}", timeline.iter().step_by(5).cloned().collect::<Vec<_>>().join(" "));
+    print_top_statements(&pool, n as i64).await;
     let _ = worker.kill();
     let _ = worker.wait();
     let ok = done as usize == n && bad == 0 && rss < 512.0 && peak_running as usize >= n * 9 / 10;

@@ -50,12 +50,29 @@ pub struct EmbeddedPostgres {
     pub port: u16,
     password: String,
     pub data_dir: PathBuf,
+    /// The directory of the server's Unix socket, when it has one.
+    socket_dir: Option<PathBuf>,
 }
 
 impl EmbeddedPostgres {
-    /// URL of `database` on this cluster.
+    /// URL of `database` on this cluster, over TCP on loopback.
     pub fn url(&self, database: &str) -> String {
         format!("postgres://postgres:{}@127.0.0.1:{}/{}", self.password, self.port, database)
+    }
+
+    /// URL of `database` over the server's Unix socket when it has one (cheaper per statement
+    /// than loopback TCP, for both sides), else over TCP.
+    pub fn local_url(&self, database: &str) -> String {
+        match self.socket_dir.as_ref().and_then(|d| d.to_str()) {
+            Some(dir) => format!(
+                "postgres://postgres:{}@localhost:{}/{}?host={}",
+                self.password,
+                self.port,
+                database,
+                encode_path(dir)
+            ),
+            None => self.url(database),
+        }
     }
 
     pub fn start(opts: &EmbeddedOptions) -> Result<Self, BootstrapError> {
@@ -83,12 +100,19 @@ impl EmbeddedPostgres {
             .map_err(|e| failed(format!("open {}: {e}", log_path.display())))?;
         let log_err = log.try_clone().map_err(failed)?;
 
+        // The socket lives in the data directory (private to the server's user, and to root), if
+        // its path fits a socket address; otherwise the cluster is reached over TCP only.
+        let socket_dir = data_dir
+            .to_str()
+            .filter(|d| d.len() + "/.s.PGSQL.65535".len() < 100 && !d.contains(','))
+            .map(|_| data_dir.clone());
+        let sockets = socket_dir.as_ref().map_or(String::new(), |d| d.display().to_string());
         let mut cmd = Command::new(bin.join("postgres"));
         cmd.arg("-D")
             .arg(&data_dir)
             .args(["-p", &port.to_string()])
             .args(["-c", "listen_addresses=127.0.0.1"])
-            .args(["-c", "unix_socket_directories="])
+            .args(["-c", &format!("unix_socket_directories={sockets}")])
             .args(["-c", &format!("max_connections={}", opts.max_connections)]);
         if opts.fast_unsafe {
             cmd.args(["-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off"]);
@@ -109,7 +133,7 @@ impl EmbeddedPostgres {
             });
         }
         let child = spawn_from_long_lived_thread(cmd)?;
-        let mut pg = EmbeddedPostgres { child: Some(child), port, password, data_dir: data_dir.clone() };
+        let mut pg = EmbeddedPostgres { child: Some(child), port, password, data_dir: data_dir.clone(), socket_dir };
         pg.wait_ready(&log_path)?;
         Ok(pg)
     }
@@ -302,4 +326,17 @@ fn tail(path: &Path) -> String {
     let start = s.len().saturating_sub(2000);
     let start = (start..s.len()).find(|&i| s.is_char_boundary(i)).unwrap_or(s.len());
     s[start..].to_string()
+}
+
+/// Percent-encode a filesystem path for a URL's query string.
+fn encode_path(p: &str) -> String {
+    let mut out = String::with_capacity(p.len());
+    for b in p.bytes() {
+        if b.is_ascii_alphanumeric() || b"/-_.~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }

@@ -48,10 +48,10 @@ impl Database {
                     .await
                     .map_err(|e| embedded::BootstrapError::Failed(e.to_string()))??;
                 tracing::info!(port = pg.port, data_dir = %pg.data_dir.display(), "embedded postgres started");
-                let admin = connect(&pg.url("postgres"), 1).await?;
+                let admin = connect(&pg.local_url("postgres"), 1).await?;
                 ensure_database(&admin, "subagentd").await?;
                 admin.close().await;
-                (pg.url("subagentd"), Some(pg))
+                (pg.local_url("subagentd"), Some(pg))
             }
         };
         let pool = connect(&url, cfg.db_max_connections).await?;

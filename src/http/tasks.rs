@@ -384,7 +384,11 @@ async fn effective_limits(st: &AppState, tenant: &str) -> Result<Limits, ApiErro
         return Ok(l);
     }
     let mut conn = st.pool.acquire().await.map_err(crate::store::StoreError::from)?;
-    let own = match tenants::limits(&mut conn, tenant, false).await? {
+    let found = tenants::limits(&mut conn, tenant, false).await?;
+    // Back to the pool before `ensure` takes one: holding one connection while waiting for
+    // another deadlocks the pool when a burst of first requests for a new tenant fills it.
+    drop(conn);
+    let own = match found {
         Some(l) => l,
         None => {
             tenants::ensure(&st.pool, tenant).await?;

@@ -464,3 +464,16 @@ async fn rollups_equal_the_ledger_after_a_mixed_load_and_usage_reports_them() {
     assert_eq!(calls["calls"][0]["outcome"], "ok");
     app.stop().await;
 }
+
+/// A burst of first requests for a tenant never seen before, larger than the connection pool,
+/// is admitted: creating the tenant's row must not hold one connection while waiting for
+/// another (which deadlocked the pool until its acquire timeout, then failed the requests).
+#[tokio::test]
+async fn a_burst_of_first_requests_for_a_new_tenant_does_not_starve_the_pool() {
+    let app = spawn_app_with(|c| c.db_max_connections = 2, false).await;
+    let posts = (0..16).map(|i| app.post_task(json!({"prompt": format!("burst {i}"), "model": "mock/m"})));
+    let statuses: Vec<u16> = futures_util::future::join_all(posts).await.iter().map(|r| r.status().as_u16()).collect();
+    assert_eq!(statuses, vec![201; 16]);
+    assert_eq!(app.task_count().await, 16);
+    app.stop().await;
+}

@@ -397,10 +397,13 @@ async fn wait_mode(env: &Env, report: &Report, secs: u64, provider_ms: u64, wait
     let _ = sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements").execute(&pool).await;
     let _ = sqlx::query("SELECT pg_stat_statements_reset()").execute(&pool).await;
     let lat: Arc<Mutex<Vec<f64>>> = Arc::default();
-    let deadline = Instant::now() + Duration::from_secs(secs);
+    // The first 3 s warm up (connections opened, caches filled) and are not counted.
+    let warm = Instant::now() + Duration::from_secs(3);
+    let deadline = warm + Duration::from_secs(secs);
+    let failed = Arc::new(AtomicU64::new(0));
     let mut ws = vec![];
     for _ in 0..waiters {
-        let (c, base, lat) = (client.clone(), svc.base.clone(), lat.clone());
+        let (c, base, lat, failed) = (client.clone(), svc.base.clone(), lat.clone(), failed.clone());
         ws.push(tokio::spawn(async move {
             while Instant::now() < deadline {
                 let t = Instant::now();
@@ -409,7 +412,9 @@ async fn wait_mode(env: &Env, report: &Report, secs: u64, provider_ms: u64, wait
                     .json(&json!({"prompt": "no-tools", "model": "fake/gpt-4o"}))
                     .send()
                     .await;
-                if r.is_ok_and(|r| r.status() == 200) {
+                if !r.is_ok_and(|r| r.status() == 200) {
+                    failed.fetch_add(1, Ordering::Relaxed);
+                } else if t >= warm {
                     lat.lock().unwrap().push(t.elapsed().as_secs_f64() * 1000.0 - provider_ms as f64);
                 }
             }
@@ -424,7 +429,8 @@ async fn wait_mode(env: &Env, report: &Report, secs: u64, provider_ms: u64, wait
         "SELECT e.kind || '#' || e.seq,
                 (percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM e.created_at - t.created_at)) * 1000)::float8,
                 (percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM e.created_at - t.created_at)) * 1000)::float8
-         FROM task_events e JOIN tasks t ON t.id = e.task_id WHERE t.status = 'completed'
+         FROM task_events e JOIN tasks t ON t.id = e.task_id
+         WHERE t.status = 'completed' AND t.created_at > (SELECT min(created_at) FROM tasks) + interval '3 seconds'
          GROUP BY e.kind, e.seq ORDER BY e.seq",
     )
     .fetch_all(&pool)
@@ -440,9 +446,10 @@ async fn wait_mode(env: &Env, report: &Report, secs: u64, provider_ms: u64, wait
     let mut v = lat.lock().unwrap().clone();
     let (p50, p99) = (pct(&mut v, 0.5), pct(&mut v, 0.99));
     let line = format!(
-        "| 3. Wait mode ({waiters} concurrent `POST ?wait=true`, provider {provider_ms} ms) | overhead p50 < 5 ms, p99 < 25 ms | **overhead p50 {p50:.1} ms, p99 {p99:.1} ms** over {} requests | {} |",
+        "| 3. Wait mode ({waiters} concurrent `POST ?wait=true`, provider {provider_ms} ms) | overhead p50 < 5 ms, p99 < 25 ms | **overhead p50 {p50:.1} ms, p99 {p99:.1} ms** over {} requests after a 3 s warm-up; {} failed | {} |",
         v.len(),
-        if p50 < 5.0 && p99 < 25.0 { "met" } else { "not met" }
+        failed.load(Ordering::Relaxed),
+        if p50 < 5.0 && p99 < 25.0 && failed.load(Ordering::Relaxed) == 0 { "met" } else { "not met" }
     );
     println!("{line}");
     report.lock().unwrap().push(line);

@@ -43,7 +43,7 @@ pub struct Config {
     #[arg(long, env = "SUBAGENTD_MAX_RUNNING", default_value_t = 64, global = true)]
     pub max_running: usize,
 
-    /// Tasks claimed per claim statement.
+    /// Most tasks claimed per claim statement; claims start at 4 and double while each comes back full.
     #[arg(long, env = "SUBAGENTD_CLAIM_BATCH", default_value_t = 32, global = true)]
     pub claim_batch: usize,
 

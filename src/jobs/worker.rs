@@ -54,6 +54,9 @@ pub fn finish_for(outcome: &Outcome, agent: &str, limit: Option<f64>) -> Option<
     })
 }
 
+/// The first claim's size after the queue ran dry (see `Worker::run`).
+const SMALL_CLAIM: usize = 4;
+
 pub struct Worker {
     pool: PgPool,
     hub: Arc<Hub>,
@@ -100,6 +103,10 @@ impl Worker {
             self.tool_caller.clone(),
             background.clone(),
         ));
+        // Claims start small and double while each comes back full (a backlog), up to
+        // `claim_batch`: one large claim delays every task in it until all are written, which
+        // costs latency when the queue is short; a backlog is still taken in large batches.
+        let mut batch = SMALL_CLAIM.min(self.cfg.claim_batch.max(1));
         loop {
             let Some(permit) = (tokio::select! {
                 p = self.sem.clone().acquire_owned() => p.ok(),
@@ -108,7 +115,7 @@ impl Worker {
                 break;
             };
             let mut permits = vec![permit];
-            while permits.len() < self.cfg.claim_batch.max(1) {
+            while permits.len() < batch {
                 match self.sem.clone().try_acquire_owned() {
                     Ok(p) => permits.push(p),
                     Err(_) => break,
@@ -118,9 +125,10 @@ impl Worker {
             let woken = self.hub.queued.notified();
             tokio::pin!(woken);
             woken.as_mut().enable();
+            let asked = permits.len();
             let claimed = runs::claim(
                 &self.pool,
-                permits.len() as i64,
+                asked as i64,
                 self.cfg.lease().as_secs_f64(),
                 &self.id,
                 self.cfg.default_max_running,
@@ -148,6 +156,11 @@ impl Worker {
                     tracing::warn!(error = %e, "claim failed");
                     0
                 }
+            };
+            batch = if n > 0 && n == asked {
+                (batch * 2).min(self.cfg.claim_batch.max(1))
+            } else {
+                SMALL_CLAIM.min(self.cfg.claim_batch.max(1))
             };
             drop(permits);
             while runs.try_join_next().is_some() {}

@@ -525,6 +525,8 @@ async fn create(
             };
         }
     }
+    // Registered before the insert: the inserted row then needs no second read before waiting.
+    let early = wait.map(|_| st.hub.waiter(new.id));
     let (row, created) = match admit(&st, &limits, &new).await? {
         Inserted::New(r) => {
             st.hub.publish(crate::store::CH_QUEUED, String::new());
@@ -538,9 +540,10 @@ async fn create(
         }
     };
     let ok = if created { StatusCode::CREATED } else { StatusCode::OK };
-    match wait {
-        None => Ok(respond(ok, row)),
-        Some(d) => waited(&st, &tenant, row, d).await,
+    match (wait, early) {
+        (None, _) => Ok(respond(ok, row)),
+        (Some(d), Some(waiter)) if created => wait_on(&st, &tenant, row, d, waiter).await,
+        (Some(d), _) => waited(&st, &tenant, row, d).await,
     }
 }
 
@@ -560,10 +563,22 @@ async fn waited(st: &AppState, tenant: &str, row: TaskRow, d: Duration) -> Resul
     if row.is_terminal() {
         return Ok(respond(StatusCode::OK, row));
     }
-    let deadline = tokio::time::Instant::now() + d;
     let waiter = st.hub.waiter(row.id);
+    // Read again: the task may have finished before the waiter was registered.
+    let row = tasks::get(&st.pool, tenant, row.id).await?.ok_or_else(|| ApiError::not_found("task"))?;
+    wait_on(st, tenant, row, d, waiter).await
+}
+
+/// `waited`, for a `row` read after `waiter` was registered (so no completion is missed).
+async fn wait_on(
+    st: &AppState,
+    tenant: &str,
+    mut row: TaskRow,
+    d: Duration,
+    waiter: crate::jobs::hub::Waiter<'_>,
+) -> Result<Response, ApiError> {
+    let deadline = tokio::time::Instant::now() + d;
     loop {
-        let row = tasks::get(&st.pool, tenant, row.id).await?.ok_or_else(|| ApiError::not_found("task"))?;
         if row.is_terminal() {
             return Ok(respond(StatusCode::OK, row));
         }
@@ -577,6 +592,7 @@ async fn waited(st: &AppState, tenant: &str, row: TaskRow, d: Duration) -> Resul
             // A notification lost with a dropped connection costs at most this long.
             _ = tokio::time::sleep(std::time::Duration::from_secs(5)) => {}
         }
+        row = tasks::get(&st.pool, tenant, row.id).await?.ok_or_else(|| ApiError::not_found("task"))?;
     }
 }
 

@@ -96,10 +96,19 @@ impl Env {
         Env { pg, latency, provider, tools, dir }
     }
 
-    /// A fresh database and the real binary serving it.
+    /// A fresh database and the real binary serving it. Earlier scenarios' databases are
+    /// dropped and a checkpoint taken first, so that their leftovers (autovacuum, dirty pages
+    /// flushed by a checkpoint) do not land in this scenario's measurement.
     async fn service(&self, name: &str, args: &[&str], env: &[(&str, String)]) -> Svc {
         let admin = subagentd::db::connect(&self.pg.url("postgres"), 1).await.unwrap();
-        sqlx::query(&format!("DROP DATABASE IF EXISTS {name}")).execute(&admin).await.unwrap();
+        let old: Vec<String> = sqlx::query_scalar("SELECT datname::text FROM pg_database WHERE datname LIKE 'bench%'")
+            .fetch_all(&admin)
+            .await
+            .unwrap();
+        for db in old {
+            sqlx::query(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)")).execute(&admin).await.unwrap();
+        }
+        sqlx::query("CHECKPOINT").execute(&admin).await.unwrap();
         sqlx::query(&format!("CREATE DATABASE {name}")).execute(&admin).await.unwrap();
         admin.close().await;
         let db_url = self.pg.local_url(name);

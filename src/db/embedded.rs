@@ -60,10 +60,14 @@ impl EmbeddedPostgres {
         format!("postgres://postgres:{}@127.0.0.1:{}/{}", self.password, self.port, database)
     }
 
-    /// URL of `database` over the server's Unix socket when it has one (cheaper per statement
-    /// than loopback TCP, for both sides), else over TCP.
+    /// URL of `database` over the server's Unix socket when it has one and this process can
+    /// reach it (cheaper per statement than loopback TCP, for both sides), else over TCP.
     pub fn local_url(&self, database: &str) -> String {
-        match self.socket_dir.as_ref().and_then(|d| d.to_str()) {
+        let reachable = self
+            .socket_dir
+            .as_ref()
+            .filter(|d| std::os::unix::net::UnixStream::connect(d.join(format!(".s.PGSQL.{}", self.port))).is_ok());
+        match reachable.and_then(|d| d.to_str()) {
             Some(dir) => format!(
                 "postgres://postgres:{}@localhost:{}/{}?host={}",
                 self.password,
@@ -91,6 +95,30 @@ impl EmbeddedPostgres {
             .trim()
             .to_string();
 
+        // The socket lives in the data directory (private to the server's user, and to root), if
+        // its path fits a socket address. Should the server fail to start with it (a filesystem
+        // without Unix sockets), it starts again on TCP only.
+        let socket_dir = data_dir
+            .to_str()
+            .filter(|d| d.len() + "/.s.PGSQL.65535".len() < 100 && !d.contains(','))
+            .map(|_| data_dir.clone());
+        match Self::spawn(opts, &bin, owner, &data_dir, &password, socket_dir.clone()) {
+            Err(e) if socket_dir.is_some() => {
+                tracing::warn!(error = %e, "embedded postgres did not start with a Unix socket; retrying on TCP only");
+                Self::spawn(opts, &bin, owner, &data_dir, &password, None)
+            }
+            r => r,
+        }
+    }
+
+    fn spawn(
+        opts: &EmbeddedOptions,
+        bin: &Path,
+        owner: Option<(u32, u32)>,
+        data_dir: &Path,
+        password: &str,
+        socket_dir: Option<PathBuf>,
+    ) -> Result<Self, BootstrapError> {
         let port = free_port()?;
         let log_path = data_dir.with_extension("log");
         let log = fs::OpenOptions::new()
@@ -99,17 +127,10 @@ impl EmbeddedPostgres {
             .open(&log_path)
             .map_err(|e| failed(format!("open {}: {e}", log_path.display())))?;
         let log_err = log.try_clone().map_err(failed)?;
-
-        // The socket lives in the data directory (private to the server's user, and to root), if
-        // its path fits a socket address; otherwise the cluster is reached over TCP only.
-        let socket_dir = data_dir
-            .to_str()
-            .filter(|d| d.len() + "/.s.PGSQL.65535".len() < 100 && !d.contains(','))
-            .map(|_| data_dir.clone());
         let sockets = socket_dir.as_ref().map_or(String::new(), |d| d.display().to_string());
         let mut cmd = Command::new(bin.join("postgres"));
         cmd.arg("-D")
-            .arg(&data_dir)
+            .arg(data_dir)
             .args(["-p", &port.to_string()])
             .args(["-c", "listen_addresses=127.0.0.1"])
             .args(["-c", &format!("unix_socket_directories={sockets}")])
@@ -133,7 +154,13 @@ impl EmbeddedPostgres {
             });
         }
         let child = spawn_from_long_lived_thread(cmd)?;
-        let mut pg = EmbeddedPostgres { child: Some(child), port, password, data_dir: data_dir.clone(), socket_dir };
+        let mut pg = EmbeddedPostgres {
+            child: Some(child),
+            port,
+            password: password.to_string(),
+            data_dir: data_dir.to_path_buf(),
+            socket_dir,
+        };
         pg.wait_ready(&log_path)?;
         Ok(pg)
     }

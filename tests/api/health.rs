@@ -83,19 +83,19 @@ async fn without_database_url_the_binary_runs_its_own_postgres_over_a_unix_socke
         let t: Value = r.json().await.unwrap();
         assert_eq!(t["status"], "completed");
         // The cluster's socket sits in its data directory.
-        let socket = std::fs::read_dir(data.join("pg"))
-            .unwrap()
-            .flatten()
-            .map(|e| e.file_name().to_string_lossy().to_string())
-            .find(|n| n.starts_with(".s.PGSQL.") && !n.ends_with(".lock"));
-        let port = socket.as_deref().and_then(|n| n.strip_prefix(".s.PGSQL."));
-        assert!(port.is_some(), "round {round}: no Unix socket in the data directory");
+        // This start's port is line 4 of postmaster.pid; its socket must be there.
+        let pid_file = std::fs::read_to_string(data.join("pg").join("postmaster.pid")).unwrap();
+        let port = pid_file.lines().nth(3).unwrap().trim().to_string();
+        assert!(
+            data.join("pg").join(format!(".s.PGSQL.{port}")).exists(),
+            "round {round}: no Unix socket in the data directory"
+        );
         // … and the service's connections come over it (no client address), none over TCP.
         let pw = std::fs::read_to_string(data.join("pg.password")).unwrap();
         let url = format!(
             "postgres://postgres:{}@localhost:{}/subagentd?host={}",
             pw.trim(),
-            port.unwrap(),
+            port,
             data.join("pg").display()
         );
         let pool = subagentd::db::connect(&url, 1).await.unwrap();
@@ -111,7 +111,13 @@ async fn without_database_url_the_binary_runs_its_own_postgres_over_a_unix_socke
         let listed: Value = client.get(format!("{base}/tasks")).send().await.unwrap().json().await.unwrap();
         assert_eq!(listed["tasks"].as_array().map(Vec::len), Some(round + 1), "round {round}: the cluster is reused");
         unsafe { libc::kill(proc.child.id() as i32, libc::SIGTERM) };
-        let _ = tokio::task::spawn_blocking(move || proc.child.wait()).await;
+        let pid = proc.child.id();
+        let waited =
+            tokio::time::timeout(Duration::from_secs(30), tokio::task::spawn_blocking(move || proc.child.wait())).await;
+        if waited.is_err() {
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        }
+        assert!(waited.is_ok(), "round {round}: the service (pid {pid}) did not stop on SIGTERM");
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -190,10 +190,17 @@ pub async fn spawn_app_with(tweak: impl FnOnce(&mut Config), workers: bool) -> T
 pub async fn spawn_app_opts(tweak: impl FnOnce(&mut Config), opts: AppOptions) -> TestApp {
     let db = test_db().await;
     let mut cfg = test_config(&db.url);
+    let default_size = cfg.db_max_connections;
     tweak(&mut cfg);
+    // A test that sizes the pool gets a pool of that size (the shared one has 5 connections).
+    let pool = if cfg.db_max_connections == default_size {
+        db.pool.clone()
+    } else {
+        subagentd::db::connect(&db.url, cfg.db_max_connections).await.expect("connect")
+    };
     let service = Service::start(
         Arc::new(cfg),
-        db.pool.clone(),
+        pool,
         opts.providers,
         Arc::new(opts.file_agents),
         Roles { api: true, workers: opts.workers },

@@ -59,6 +59,9 @@ const SMALL_CLAIM: usize = 4;
 
 pub struct Worker {
     pool: PgPool,
+    /// The claim loop's own connection: claims never queue behind the runs' writes for a
+    /// pooled connection (a backlog's claims otherwise waited behind each batch's reservations).
+    claim_pool: PgPool,
     hub: Arc<Hub>,
     providers: Providers,
     tool_caller: Caller,
@@ -78,8 +81,14 @@ impl Worker {
         cfg: Arc<Config>,
     ) -> Arc<Worker> {
         let id = format!("{}-{}", hostname(), std::process::id());
+        let claim_pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(Duration::from_secs(10))
+            .test_before_acquire(false)
+            .connect_lazy_with((*pool.connect_options()).clone());
         Arc::new(Worker {
             sem: Arc::new(Semaphore::new(cfg.max_running.max(1))),
+            claim_pool,
             pool,
             hub,
             providers,
@@ -127,7 +136,7 @@ impl Worker {
             woken.as_mut().enable();
             let asked = permits.len();
             let claimed = runs::claim(
-                &self.pool,
+                &self.claim_pool,
                 asked as i64,
                 self.cfg.lease().as_secs_f64(),
                 &self.id,

@@ -156,12 +156,7 @@ impl Env {
         for (k, v) in env {
             cmd.env(k, v);
         }
-        // BENCH_SVC_X=v runs the service with X=v: for trying settings without editing.
-        for (k, v) in std::env::vars() {
-            if let Some(k) = k.strip_prefix("BENCH_SVC_") {
-                cmd.env(k, v);
-            }
-        }
+        pass_service_settings(&mut cmd);
         let child = cmd.spawn().unwrap();
         let base = format!("http://127.0.0.1:{port}");
         let c = reqwest::Client::new();
@@ -217,6 +212,22 @@ async fn commits(pool: &sqlx::PgPool) -> i64 {
 }
 
 type Report = Arc<Mutex<Vec<String>>>;
+
+/// BENCH_SVC_X=v runs the service (or worker) under test with X=v: for trying settings without
+/// editing.
+fn pass_service_settings(cmd: &mut Command) {
+    for (k, v) in std::env::vars() {
+        if let Some(k) = k.strip_prefix("BENCH_SVC_") {
+            cmd.env(k, v);
+        }
+    }
+}
+
+/// Start counting statements afresh (`print_top_statements` reads them).
+async fn reset_statement_stats(pool: &sqlx::PgPool) {
+    let _ = sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements").execute(pool).await;
+    let _ = sqlx::query("SELECT pg_stat_statements_reset()").execute(pool).await;
+}
 
 /// CPU seconds used so far by PostgreSQL (every `postgres` process) and by the process `pid`.
 fn cpu_seconds(pid: u32) -> (f64, f64) {
@@ -304,8 +315,7 @@ async fn throughput(env: &Env, report: &Report, secs: u64) {
         }));
     }
     tokio::time::sleep(Duration::from_secs(5)).await; // warm-up
-    let _ = sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements").execute(&pool).await;
-    let _ = sqlx::query("SELECT pg_stat_statements_reset()").execute(&pool).await;
+    reset_statement_stats(&pool).await;
     let (c0, _, _) = counts(&pool).await;
     let x0 = commits(&pool).await;
     let cpu0 = cpu_seconds(svc.child.id());
@@ -365,16 +375,11 @@ async fn concurrency(env: &Env, report: &Report, n: usize) {
     for p in posts {
         p.await.unwrap();
     }
-    let _ = sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements").execute(&pool).await;
-    let _ = sqlx::query("SELECT pg_stat_statements_reset()").execute(&pool).await;
+    reset_statement_stats(&pool).await;
     CALLS_PEAK.store(0, Ordering::Relaxed);
     let cfg = env.dir.join("bench_cc.toml");
     let mut worker = Command::new(env!("CARGO_BIN_EXE_subagentd"));
-    for (k, v) in std::env::vars() {
-        if let Some(k) = k.strip_prefix("BENCH_SVC_") {
-            worker.env(k, v);
-        }
-    }
+    pass_service_settings(&mut worker);
     let mut worker = worker
         .arg("worker")
         .env("DATABASE_URL", &api.db_url)
@@ -435,8 +440,7 @@ async fn wait_mode(env: &Env, report: &Report, secs: u64, provider_ms: u64, wait
         .await;
     let client = reqwest::Client::builder().pool_max_idle_per_host(300).build().unwrap();
     let pool = subagentd::db::connect(&svc.db_url, 1).await.unwrap();
-    let _ = sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements").execute(&pool).await;
-    let _ = sqlx::query("SELECT pg_stat_statements_reset()").execute(&pool).await;
+    reset_statement_stats(&pool).await;
     let lat: Arc<Mutex<Vec<f64>>> = Arc::default();
     // The first 3 s warm up (connections opened, caches filled) and are not counted.
     let warm = Instant::now() + Duration::from_secs(3);

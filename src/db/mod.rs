@@ -62,6 +62,16 @@ impl Database {
     }
 }
 
+/// The settings of every pool the service opens.
+pub fn pool_options(max_connections: u32) -> PgPoolOptions {
+    PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(10))
+        // No ping before every acquire (a round trip per statement); a dead connection fails
+        // its statement instead, and writers retry.
+        .test_before_acquire(false)
+}
+
 /// A pool whose first connection is retried for a while: a database that is still starting
 /// (or restarting) is waited for, not reported as a failure.
 pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, sqlx::Error> {
@@ -69,15 +79,7 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, sqlx::Er
     let mut delay = Duration::from_millis(50);
     let mut tries = 0;
     loop {
-        match PgPoolOptions::new()
-            .max_connections(max_connections)
-            .acquire_timeout(Duration::from_secs(10))
-            // No ping before every acquire (a round trip per statement); a dead connection
-            // fails its statement instead, and writers retry.
-            .test_before_acquire(false)
-            .connect_with(opts.clone())
-            .await
-        {
+        match pool_options(max_connections).connect_with(opts.clone()).await {
             Ok(pool) => return Ok(pool),
             Err(e) if tries < 40 && is_transient(&e) => {
                 tries += 1;

@@ -81,11 +81,7 @@ impl Worker {
         cfg: Arc<Config>,
     ) -> Arc<Worker> {
         let id = format!("{}-{}", hostname(), std::process::id());
-        let claim_pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(1)
-            .acquire_timeout(Duration::from_secs(10))
-            .test_before_acquire(false)
-            .connect_lazy_with((*pool.connect_options()).clone());
+        let claim_pool = crate::db::pool_options(1).connect_lazy_with((*pool.connect_options()).clone());
         Arc::new(Worker {
             sem: Arc::new(Semaphore::new(cfg.max_running.max(1))),
             claim_pool,
@@ -115,7 +111,8 @@ impl Worker {
         // Claims start small and double while each comes back full (a backlog), up to
         // `claim_batch`: one large claim delays every task in it until all are written, which
         // costs latency when the queue is short; a backlog is still taken in large batches.
-        let mut batch = SMALL_CLAIM.min(self.cfg.claim_batch.max(1));
+        let (small, most) = (SMALL_CLAIM.min(self.cfg.claim_batch.max(1)), self.cfg.claim_batch.max(1));
+        let mut batch = small;
         loop {
             let Some(permit) = (tokio::select! {
                 p = self.sem.clone().acquire_owned() => p.ok(),
@@ -166,11 +163,7 @@ impl Worker {
                     0
                 }
             };
-            batch = if n > 0 && n == asked {
-                (batch * 2).min(self.cfg.claim_batch.max(1))
-            } else {
-                SMALL_CLAIM.min(self.cfg.claim_batch.max(1))
-            };
+            batch = if n > 0 && n == asked { (batch * 2).min(most) } else { small };
             drop(permits);
             while runs.try_join_next().is_some() {}
             if n == 0 {

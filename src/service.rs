@@ -49,10 +49,10 @@ impl Service {
         let listen = tokio::spawn(hub.clone().listen(pool.clone(), listener_stop.clone()));
         let publish = hub.start_publishing(pool.clone(), listener_stop.clone()).await;
 
-        let worker = roles.workers.then(|| {
-            let w = Worker::new(pool.clone(), hub.clone(), providers.clone(), tool_caller.clone(), cfg.clone());
-            tokio::spawn(w.run(shutdown.clone(), cfg.drain_grace()))
-        });
+        let local_worker = roles
+            .workers
+            .then(|| Worker::new(pool.clone(), hub.clone(), providers.clone(), tool_caller.clone(), cfg.clone()));
+        let worker = local_worker.clone().map(|w| tokio::spawn(w.run(shutdown.clone(), cfg.drain_grace())));
 
         let (addr, server) = if roles.api {
             let loopback = cfg.listen.ip().is_loopback();
@@ -67,6 +67,7 @@ impl Service {
                 limits_cache: Arc::new(crate::cache::TtlCache::new(std::time::Duration::from_secs(5))),
                 tools_cache: Arc::new(crate::cache::TtlCache::new(std::time::Duration::from_secs(5))),
                 shutdown: shutdown.clone(),
+                worker: local_worker,
             };
             let listener = tokio::net::TcpListener::bind(cfg.listen).await?;
             if mode == crate::http::auth::Mode::Auto && !loopback {

@@ -43,6 +43,8 @@ pub struct AppState {
     pub tool_caller: crate::tools::Caller,
     /// Fired when the server drains: waiting requests answer 202 at once.
     pub shutdown: CancellationToken,
+    /// This process's worker, when it runs one: a waiting request's task may start in it.
+    pub worker: Option<Arc<crate::jobs::worker::Worker>>,
 }
 
 pub use auth::Tenant;

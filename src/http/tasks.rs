@@ -374,6 +374,7 @@ async fn validate(
         max_tokens,
         traceparent,
         webhook_url: body.webhook_url.clone(),
+        start: None,
     })
 }
 
@@ -512,7 +513,7 @@ async fn create(
     // W3C: an invalid traceparent is ignored, not an error.
     let traceparent =
         headers.get("traceparent").and_then(|v| v.to_str().ok()).and_then(crate::telemetry::parse_traceparent);
-    let new = validate(&st, &tenant, &limits, &body, idem, traceparent).await?;
+    let mut new = validate(&st, &tenant, &limits, &body, idem, traceparent).await?;
     // A repeated request is answered before the limits are checked: it adds nothing.
     if let Some(key) = &new.idempotency_key {
         if let Some(r) = tasks::by_idempotency_key(&st.pool, &tenant, key).await? {
@@ -527,9 +528,22 @@ async fn create(
     }
     // Registered before the insert: the inserted row then needs no second read before waiting.
     let early = wait.map(|_| st.hub.waiter(new.id));
+    // A waiting request's task starts in this process when it has room, skipping the queue's
+    // claim round trip (not for tenants with a running limit: only the claim keeps it exact).
+    let slot = match (&wait, &st.worker) {
+        (Some(_), Some(w)) if limits.max_running.is_none() => w.take_slot(),
+        _ => None,
+    };
+    new.start = slot.as_ref().map(|s| s.start.clone());
     let (row, created) = match admit(&st, &limits, &new).await? {
         Inserted::New(r) => {
-            st.hub.publish(crate::store::CH_QUEUED, String::new());
+            match (slot, &st.worker) {
+                (Some(slot), Some(w)) => {
+                    st.hub.publish(crate::store::CH_EVENT, r.id.to_string());
+                    w.start(r.clone(), slot);
+                }
+                _ => st.hub.publish(crate::store::CH_QUEUED, String::new()),
+            }
             (r, true)
         }
         Inserted::Existing(r) => {

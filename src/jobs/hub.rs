@@ -24,6 +24,8 @@ pub struct Hub {
     runs: Mutex<HashMap<Uuid, (Fence, StopSignal)>>,
     /// New work may be queued.
     pub queued: Notify,
+    /// Counts the times new work may have been queued (`queued` notifications, reconnects).
+    queued_generation: std::sync::atomic::AtomicU64,
     /// Some task finished (webhooks may be due).
     pub finished: Notify,
     /// Set while the listener is connected.
@@ -104,7 +106,17 @@ impl Hub {
                 list.iter().for_each(|n| n.notify_one());
             }
         }
+        self.new_work();
+    }
+
+    fn new_work(&self) {
+        self.queued_generation.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         self.queued.notify_waiters();
+    }
+
+    /// Changes whenever work may have been queued since it was last read.
+    pub fn queued_generation(&self) -> u64 {
+        self.queued_generation.load(std::sync::atomic::Ordering::Acquire)
     }
 
     pub fn register_run(&self, fence: Fence, stop: StopSignal) {
@@ -224,7 +236,7 @@ impl Hub {
             return;
         }
         match channel {
-            CH_QUEUED => self.queued.notify_waiters(),
+            CH_QUEUED => self.new_work(),
             CH_DONE => {
                 if let Ok(id) = payload.parse() {
                     self.done(id);

@@ -1,13 +1,15 @@
 //! The worker pool: claims tasks, runs each sub-agent under a semaphore, keeps leases alive,
 //! rescues tasks of dead workers, and drains on shutdown.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::PgPool;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::task_tracker::TaskTrackerToken;
+use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 use uuid::Uuid;
 
@@ -70,6 +72,20 @@ pub struct Worker {
     sem: Arc<Semaphore>,
     /// Tenants' signing secrets, cached a minute.
     secrets: crate::cache::TtlCache<String>,
+    /// Every run of this worker, claimed or started here; closed when the drain begins.
+    runs: TaskTracker,
+    /// `Hub::queued_generation` as it was before the last claim that left the queue empty
+    /// (`u64::MAX` until one has): while it is still current, nothing is known to be queued.
+    empty_at: AtomicU64,
+}
+
+/// A place in this worker, taken for a waiting request's task so that it starts here at once
+/// instead of going through the queue (see `Worker::take_slot`).
+pub struct Slot {
+    permit: OwnedSemaphorePermit,
+    /// Holds the drain until the run is started (or the slot dropped).
+    _tracked: TaskTrackerToken,
+    pub start: crate::store::tasks::StartHere,
 }
 
 impl Worker {
@@ -92,13 +108,51 @@ impl Worker {
             cfg,
             id,
             secrets: crate::cache::TtlCache::new(Duration::from_secs(60)),
+            runs: TaskTracker::new(),
+            empty_at: AtomicU64::new(u64::MAX),
         })
+    }
+
+    /// A free place for a task submitted with `wait=true`, to be inserted already running
+    /// under this worker's lease and started by `start`, which saves the claim's round trip and
+    /// its transaction. `None` while draining, when every place is taken, or when tasks may be
+    /// queued: a task started here never overtakes one waiting in the queue. The caller also
+    /// leaves out tenants with a running limit, which only the claim keeps exact.
+    pub fn take_slot(&self) -> Option<Slot> {
+        if self.runs.is_closed() || self.empty_at.load(Ordering::Acquire) != self.hub.queued_generation() {
+            return None;
+        }
+        let permit = self.sem.clone().try_acquire_owned().ok()?;
+        Some(Slot {
+            permit,
+            _tracked: self.runs.token(),
+            start: crate::store::tasks::StartHere {
+                lease: Uuid::new_v4(),
+                worker: self.id.clone(),
+                lease_secs: self.cfg.lease().as_secs_f64(),
+            },
+        })
+    }
+
+    /// Run a task inserted with `slot`'s lease (`row` as the insert returned it).
+    pub fn start(self: &Arc<Self>, row: TaskRow, slot: Slot) {
+        metrics::counter!("subagentd_direct_starts_total").increment(1);
+        self.spawn_run(row, slot.permit);
+    }
+
+    fn spawn_run(self: &Arc<Self>, row: TaskRow, permit: OwnedSemaphorePermit) {
+        let this = self.clone();
+        let trace_id = row.traceparent.as_deref().map(crate::telemetry::trace_id).unwrap_or("").to_string();
+        let span = tracing::info_span!("run", task_id = %row.id, attempt = row.attempt, trace_id = %trace_id);
+        if let Some(tp) = &row.traceparent {
+            crate::telemetry::continue_trace(&span, tp);
+        }
+        self.runs.spawn(async move { this.run_task(row, permit).await }.instrument(span));
     }
 
     /// Run the claim loop, heartbeats and the rescuer until `shutdown`; then drain: stop
     /// claiming, give running sub-agents `grace` to finish, release the rest to the queue.
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken, grace: Duration) {
-        let mut runs = JoinSet::new();
         let background = CancellationToken::new();
         let hb = tokio::spawn(self.clone().heartbeat_loop(background.clone()));
         let rescuer = tokio::spawn(self.clone().rescue_loop(background.clone()));
@@ -132,6 +186,7 @@ impl Worker {
             tokio::pin!(woken);
             woken.as_mut().enable();
             let asked = permits.len();
+            let generation = self.hub.queued_generation();
             let claimed = runs::claim(
                 &self.claim_pool,
                 asked as i64,
@@ -143,18 +198,13 @@ impl Worker {
             let n = match claimed {
                 Ok(rows) => {
                     let n = rows.len();
+                    if n < asked {
+                        self.empty_at.store(generation, Ordering::Release);
+                    }
                     for row in rows {
                         self.hub.publish(crate::store::CH_EVENT, row.id.to_string());
                         let Some(p) = permits.pop() else { break };
-                        let this = self.clone();
-                        let trace_id =
-                            row.traceparent.as_deref().map(crate::telemetry::trace_id).unwrap_or("").to_string();
-                        let span =
-                            tracing::info_span!("run", task_id = %row.id, attempt = row.attempt, trace_id = %trace_id);
-                        if let Some(tp) = &row.traceparent {
-                            crate::telemetry::continue_trace(&span, tp);
-                        }
-                        runs.spawn(async move { this.run_task(row, p).await }.instrument(span));
+                        self.spawn_run(row, p);
                     }
                     n
                 }
@@ -165,7 +215,6 @@ impl Worker {
             };
             batch = if n > 0 && n == asked { (batch * 2).min(most) } else { small };
             drop(permits);
-            while runs.try_join_next().is_some() {}
             if n == 0 {
                 tokio::select! {
                     _ = &mut woken => {}
@@ -175,13 +224,14 @@ impl Worker {
             }
         }
         // Drain.
-        if !runs.is_empty() {
-            tracing::info!(running = runs.len(), grace_ms = grace.as_millis() as u64, "draining");
-            if tokio::time::timeout(grace, async { while runs.join_next().await.is_some() {} }).await.is_err() {
+        self.runs.close();
+        if !self.runs.is_empty() {
+            tracing::info!(running = self.runs.len(), grace_ms = grace.as_millis() as u64, "draining");
+            if tokio::time::timeout(grace, self.runs.wait()).await.is_err() {
                 for id in self.hub.running_ids() {
                     self.hub.stop_run(id, StopCause::Drain);
                 }
-                while runs.join_next().await.is_some() {}
+                self.runs.wait().await;
             }
         }
         background.cancel();

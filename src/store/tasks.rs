@@ -73,6 +73,16 @@ pub struct NewTask {
     pub max_tokens: Option<i64>,
     pub traceparent: Option<String>,
     pub webhook_url: Option<String>,
+    /// Insert the task already claimed, to run in this process (wait mode's fast path).
+    pub start: Option<StartHere>,
+}
+
+/// The lease under which a task is inserted `running` instead of `queued`.
+#[derive(Debug, Clone)]
+pub struct StartHere {
+    pub lease: Uuid,
+    pub worker: String,
+    pub lease_secs: f64,
 }
 
 pub enum Inserted {
@@ -87,7 +97,8 @@ const COLS: &str = "id, tenant, status, stop_reason, subagent_type, description,
     started_at, finished_at, parent_task_id, max_cost_usd, max_tokens, traceparent, webhook_url, webhook_status, \
     webhook_attempts, webhook_last_error, webhook_delivered_at";
 
-/// Insert a queued task with its `created` event and wake the workers, in one statement.
+/// Insert a task with its `created` event, in one statement: queued, or with `t.start`
+/// already claimed (attempt 1, with its `claimed` event).
 pub async fn insert(conn: &mut PgConnection, t: &NewTask) -> Result<Inserted, StoreError> {
     insert_once(conn, t, false).await
 }
@@ -97,15 +108,26 @@ async fn insert_once(conn: &mut PgConnection, t: &NewTask, retried: bool) -> Res
         "WITH t AS (
             INSERT INTO tasks (id, tenant, subagent_type, description, prompt, model, options, metadata,
                                idempotency_key, request_hash, parent_task_id, max_cost_usd, max_tokens, traceparent,
-                               webhook_url, webhook_status, webhook_next_at, last_event_seq)
+                               webhook_url, webhook_status, webhook_next_at, last_event_seq,
+                               status, attempt, lease_token, lease_expires_at, started_at, worker_id)
             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
                     CASE WHEN $15::text IS NULL THEN NULL ELSE 'pending' END,
-                    CASE WHEN $15::text IS NULL THEN NULL ELSE now() END, 1)
+                    CASE WHEN $15::text IS NULL THEN NULL ELSE now() END,
+                    CASE WHEN $16::uuid IS NULL THEN 1 ELSE 2 END,
+                    CASE WHEN $16::uuid IS NULL THEN 'queued' ELSE 'running' END,
+                    CASE WHEN $16::uuid IS NULL THEN 0 ELSE 1 END,
+                    $16,
+                    CASE WHEN $16::uuid IS NULL THEN NULL ELSE now() + make_interval(secs => $18) END,
+                    CASE WHEN $16::uuid IS NULL THEN NULL ELSE now() END,
+                    $17)
             ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
             RETURNING {COLS}
          ), e AS (
             INSERT INTO task_events (task_id, seq, kind, data)
             SELECT id, 1, 'created', jsonb_build_object('subagent_type', subagent_type, 'model', model) FROM t
+            UNION ALL
+            SELECT id, 2, 'claimed', jsonb_build_object('attempt', attempt, 'worker', worker_id) FROM t
+            WHERE lease_token IS NOT NULL
          )
          SELECT t.* FROM t"
     );
@@ -125,6 +147,9 @@ async fn insert_once(conn: &mut PgConnection, t: &NewTask, retried: bool) -> Res
         .bind(t.max_tokens)
         .bind(&t.traceparent)
         .bind(&t.webhook_url)
+        .bind(t.start.as_ref().map(|s| s.lease))
+        .bind(t.start.as_ref().map(|s| &s.worker))
+        .bind(t.start.as_ref().map(|s| s.lease_secs))
         .fetch_optional(&mut *conn)
         .await?;
     match row {

@@ -477,3 +477,29 @@ async fn a_burst_of_first_requests_for_a_new_tenant_does_not_starve_the_pool() {
     assert_eq!(app.task_count().await, 16);
     app.stop().await;
 }
+
+#[tokio::test]
+async fn a_tenants_running_limit_holds_for_waiting_requests_too() {
+    let app = spawn_app_with(with_admin, true).await;
+    set_limits(&app, "default", json!({"max_running": 1})).await;
+    let waits = (0..2).map(|i| {
+        let (client, url) = (app.client.clone(), app.url("/tasks?wait=true&timeout=30"));
+        tokio::spawn(async move {
+            let body = json!({"prompt": format!("{i} [mock:delay_ms=400]"), "model": "mock/m"});
+            client.post(url).json(&body).send().await.unwrap().json::<Value>().await.unwrap()
+        })
+    });
+    for w in waits.collect::<Vec<_>>() {
+        assert_eq!(w.await.unwrap()["status"], "completed");
+    }
+    // A waiting request's task may skip the queue, but not a tenant's running limit: the two
+    // ran one after the other.
+    let spans: Vec<(chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>)> =
+        sqlx::query_as("SELECT started_at, finished_at FROM tasks ORDER BY started_at")
+            .fetch_all(&app.db.pool)
+            .await
+            .unwrap();
+    assert_eq!(spans.len(), 2);
+    assert!(spans[1].0 >= spans[0].1, "they overlapped: {spans:?}");
+    app.stop().await;
+}

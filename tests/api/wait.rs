@@ -89,3 +89,78 @@ async fn a_waiter_on_one_replica_is_woken_by_a_worker_on_another() {
     assert_eq!(v["summary"], "from the other process");
     app.stop().await;
 }
+
+#[tokio::test]
+async fn a_waiting_requests_task_starts_where_it_was_accepted_without_being_queued() {
+    let app = spawn_app().await;
+    let r = app
+        .client
+        .post(app.url("/tasks?wait=true&timeout=30"))
+        .json(&json!({"prompt": "here [mock:reply=started here]", "model": "mock/m"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let t: Value = r.json().await.unwrap();
+    assert_eq!(t["summary"], "started here");
+    let id: uuid::Uuid = t["id"].as_str().unwrap().parse().unwrap();
+    // Claimed by the insert itself: it started in the transaction that created it (a claim is
+    // a later transaction, with a later `now()`).
+    let (same_moment, attempt): (bool, i32) =
+        sqlx::query_as("SELECT started_at = created_at, attempt FROM tasks WHERE id = $1")
+            .bind(id)
+            .fetch_one(&app.db.pool)
+            .await
+            .unwrap();
+    assert!(same_moment, "the task should start in the transaction that created it");
+    assert_eq!(attempt, 1);
+    let kinds: Vec<(i32, String)> = sqlx::query_as("SELECT seq, kind FROM task_events WHERE task_id = $1 ORDER BY seq")
+        .bind(id)
+        .fetch_all(&app.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(kinds[0], (1, "created".to_string()));
+    assert_eq!(kinds[1], (2, "claimed".to_string()));
+    assert!(kinds.iter().enumerate().all(|(i, (seq, _))| *seq == i as i32 + 1), "no gaps: {kinds:?}");
+    assert_eq!(kinds.last().unwrap().1, "finished");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_drain_gives_a_waiting_requests_task_back_to_the_queue_and_answers_202() {
+    let mut app = spawn_app().await;
+    let (client, url) = (app.client.clone(), app.url("/tasks?wait=true&timeout=30"));
+    let waiting = tokio::spawn(async move {
+        client.post(url).json(&json!({"prompt": "long [mock:delay_ms=20000]", "model": "mock/m"})).send().await
+    });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let id: uuid::Uuid = loop {
+        let running: Option<uuid::Uuid> = sqlx::query_scalar("SELECT id FROM tasks WHERE status = 'running'")
+            .fetch_optional(&app.db.pool)
+            .await
+            .unwrap();
+        if let Some(id) = running {
+            break id;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the task never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    // The drain waits its grace (2 s), then stops the run and releases the task: a run started
+    // by a request is the worker's like a claimed one.
+    app.service.take().unwrap().stop().await;
+    let r = waiting.await.unwrap().unwrap();
+    assert_eq!(r.status(), 202);
+    let (status, attempt): (String, i32) = sqlx::query_as("SELECT status, attempt FROM tasks WHERE id = $1")
+        .bind(id)
+        .fetch_one(&app.db.pool)
+        .await
+        .unwrap();
+    assert_eq!((status.as_str(), attempt), ("queued", 0), "released, its attempt not counted");
+    let last: String = sqlx::query_scalar("SELECT kind FROM task_events WHERE task_id = $1 ORDER BY seq DESC LIMIT 1")
+        .bind(id)
+        .fetch_one(&app.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(last, "released");
+    app.stop().await;
+}

@@ -200,13 +200,7 @@ pub async fn run(
     let mut turn = input.turns_done;
     while turn < input.max_turns {
         turn += 1;
-        let req = ChatRequest {
-            model: input.model.clone(),
-            messages: messages.clone(),
-            tools: input.tools.clone(),
-            max_tokens: input.max_tokens,
-            traceparent: input.traceparent.as_deref().map(crate::telemetry::child),
-        };
+        let req = request(&input, &messages);
         let (resp, call) = match call_with_retries(&input, provider, store, stop, &req, turn).await {
             Ok(r) => r,
             Err(Outcome::Stopped(StopCause::Budget(limit))) => {
@@ -373,18 +367,9 @@ pub async fn run(
     }
 }
 
-async fn call_with_retries(
-    input: &RunInput,
-    provider: &dyn Provider,
-    store: &dyn RunStore,
-    stop: &StopSignal,
-    req: &ChatRequest,
-    turn: u32,
-) -> Result<(crate::llm::ChatResponse, CallRecord), Outcome> {
-    let first = Instant::now();
-    let mut try_no = 0;
-    // Worst case: the prompt (estimated generously at 3 characters a token) plus every
-    // output token the provider is allowed to produce.
+/// A call's worst case, reserved before it is made: the prompt (estimated generously at 3
+/// characters a token) plus every output token the provider is allowed to produce.
+fn estimate(input: &RunInput, req: &ChatRequest) -> (Decimal, u64) {
     let prompt_chars: usize = req.messages.iter().map(Message::chars).sum::<usize>()
         + req.tools.iter().map(|t| t.name.len() + t.description.len() + t.parameters.to_string().len()).sum::<usize>();
     let est_tokens = (prompt_chars as u64).div_ceil(3) + u64::from(req.max_tokens.unwrap_or(0));
@@ -395,11 +380,50 @@ async fn call_with_retries(
             cached_tokens: 0,
         })
     });
+    (est_usd, est_tokens)
+}
+
+/// The `llm_call_started` event, written with the call's reservation.
+fn started_event(input: &RunInput, req: &ChatRequest, turn: u32, try_no: u32, usd: Decimal, tokens: u64) -> Value {
+    json!({"turn": turn, "try": try_no, "model": format!("{}/{}", input.provider_name, input.model),
+           "messages": req.messages.len(), "tools": req.tools.len(),
+           "reserved_usd": usd, "reserved_tokens": tokens})
+}
+
+/// The request of the run's next turn, over the conversation so far.
+fn request(input: &RunInput, messages: &[Message]) -> ChatRequest {
+    ChatRequest {
+        model: input.model.clone(),
+        messages: messages.to_vec(),
+        tools: input.tools.clone(),
+        max_tokens: input.max_tokens,
+        traceparent: input.traceparent.as_deref().map(crate::telemetry::child),
+    }
+}
+
+/// What `run` will reserve for its first call (amounts and `llm_call_started` event), so that
+/// a caller may write it ahead, with the task (`RunStore::reserve` is then handed the same).
+pub fn first_reservation(input: &RunInput) -> (Decimal, u64, Value) {
+    let messages: Vec<Message> = input.history.iter().chain(&input.new_messages).cloned().collect();
+    let req = request(input, &messages);
+    let (usd, tokens) = estimate(input, &req);
+    (usd, tokens, started_event(input, &req, input.turns_done + 1, 1, usd, tokens))
+}
+
+async fn call_with_retries(
+    input: &RunInput,
+    provider: &dyn Provider,
+    store: &dyn RunStore,
+    stop: &StopSignal,
+    req: &ChatRequest,
+    turn: u32,
+) -> Result<(crate::llm::ChatResponse, CallRecord), Outcome> {
+    let first = Instant::now();
+    let mut try_no = 0;
+    let (est_usd, est_tokens) = estimate(input, req);
     loop {
         try_no += 1;
-        let started = json!({"turn": turn, "try": try_no, "model": format!("{}/{}", input.provider_name, input.model),
-                             "messages": req.messages.len(), "tools": req.tools.len(),
-                             "reserved_usd": est_usd, "reserved_tokens": est_tokens});
+        let started = started_event(input, req, turn, try_no, est_usd, est_tokens);
         match store.reserve(est_usd, est_tokens, started).await {
             Ok(()) => {}
             Err(Refusal::LeaseLost) => return Err(Outcome::Stopped(StopCause::LeaseLost)),

@@ -427,19 +427,35 @@ fn over(code: &'static str, status: StatusCode, limit: &str, value: Value, curre
 
 /// Insert the task, unless a queue or spend limit refuses it (429 / 402, nothing written).
 /// With such limits, the tenant row is locked so that concurrent submissions cannot both
-/// take the last place.
-async fn admit(st: &AppState, limits: &Limits, new: &NewTask) -> Result<Inserted, ApiError> {
+/// take the last place. A task that starts here (`new.start`) has its first provider call
+/// reserved in the same commit; that reservation's event is returned for the run.
+async fn admit(st: &AppState, limits: &Limits, new: &NewTask) -> Result<(Inserted, Option<Value>), ApiError> {
     let guarded = limits.max_queued.is_some()
         || limits.usd_per_day.is_some()
         || limits.usd_per_month.is_some()
         || limits.tokens_per_day.is_some();
-    if !guarded {
+    let worker = st.worker.as_ref().filter(|_| new.start.is_some());
+    if !guarded && worker.is_none() {
         let mut conn = st.pool.acquire().await.map_err(crate::store::StoreError::from)?;
-        return Ok(tasks::insert(&mut conn, new).await?);
+        return Ok((tasks::insert(&mut conn, new).await?, None));
     }
     let mut tx = st.pool.begin().await.map_err(crate::store::StoreError::from)?;
-    tenants::limits(&mut tx, &new.tenant, true).await?;
-    let used = tenants::usage_now(&mut tx, &new.tenant).await?;
+    if guarded {
+        admission_checks(&mut tx, limits, &new.tenant).await?;
+    }
+    let r = tasks::insert(&mut tx, new).await?;
+    let reserved = match (&r, worker) {
+        (Inserted::New(row), Some(w)) => w.reserve_first_call(&mut tx, row).await?,
+        _ => None,
+    };
+    tx.commit().await.map_err(crate::store::StoreError::from)?;
+    Ok((r, reserved))
+}
+
+/// The queue and spend limits, checked with the tenant's row locked (in `conn`'s transaction).
+async fn admission_checks(conn: &mut sqlx::PgConnection, limits: &Limits, tenant: &str) -> Result<(), ApiError> {
+    tenants::limits(&mut *conn, tenant, true).await?;
+    let used = tenants::usage_now(&mut *conn, tenant).await?;
     if let Some(max) = limits.max_queued {
         if used.queued >= i64::from(max) {
             return Err(over(
@@ -483,9 +499,7 @@ async fn admit(st: &AppState, limits: &Limits, new: &NewTask) -> Result<Inserted
             ));
         }
     }
-    let r = tasks::insert(&mut tx, new).await?;
-    tx.commit().await.map_err(crate::store::StoreError::from)?;
-    Ok(r)
+    Ok(())
 }
 
 fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
@@ -535,12 +549,13 @@ async fn create(
         _ => None,
     };
     new.start = slot.as_ref().map(|s| s.start.clone());
-    let (row, created) = match admit(&st, &limits, &new).await? {
+    let (inserted, reserved) = admit(&st, &limits, &new).await?;
+    let (row, created) = match inserted {
         Inserted::New(r) => {
             match (slot, &st.worker) {
                 (Some(slot), Some(w)) => {
                     st.hub.publish(crate::store::CH_EVENT, r.id.to_string());
-                    w.start(r.clone(), slot);
+                    w.start(r.clone(), slot, reserved);
                 }
                 _ => st.hub.publish(crate::store::CH_QUEUED, String::new()),
             }
@@ -599,14 +614,18 @@ async fn wait_on(
         if tokio::time::Instant::now() >= deadline || st.shutdown.is_cancelled() {
             return Ok(respond(StatusCode::ACCEPTED, row));
         }
-        tokio::select! {
-            _ = waiter.notified() => {}
-            _ = tokio::time::sleep_until(deadline) => {}
-            _ = st.shutdown.cancelled() => {}
+        let handed = tokio::select! {
+            r = waiter.notified() => r,
+            _ = tokio::time::sleep_until(deadline) => None,
+            _ = st.shutdown.cancelled() => None,
             // A notification lost with a dropped connection costs at most this long.
-            _ = tokio::time::sleep(std::time::Duration::from_secs(5)) => {}
-        }
-        row = tasks::get(&st.pool, tenant, row.id).await?.ok_or_else(|| ApiError::not_found("task"))?;
+            _ = tokio::time::sleep(std::time::Duration::from_secs(5)) => None,
+        };
+        // Finished in this process: the row as its final commit wrote it, with no second read.
+        row = match handed.filter(|r| r.tenant == tenant) {
+            Some(r) => r,
+            None => tasks::get(&st.pool, tenant, row.id).await?.ok_or_else(|| ApiError::not_found("task"))?,
+        };
     }
 }
 

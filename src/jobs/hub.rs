@@ -13,14 +13,15 @@ use uuid::Uuid;
 
 use crate::engine::{StopCause, StopSignal};
 use crate::store::runs::Fence;
+use crate::store::tasks::TaskRow;
 use crate::store::{CH_CANCEL, CH_DONE, CH_EVENT, CH_QUEUED};
 
 #[derive(Default)]
 pub struct Hub {
     /// Woken when the task finishes.
-    waiters: Mutex<HashMap<Uuid, Vec<Arc<Notify>>>>,
+    waiters: Mutex<HashMap<Uuid, Vec<Arc<Slot>>>>,
     /// Woken on every new event of the task (and when it finishes).
-    streams: Mutex<HashMap<Uuid, Vec<Arc<Notify>>>>,
+    streams: Mutex<HashMap<Uuid, Vec<Arc<Slot>>>>,
     runs: Mutex<HashMap<Uuid, (Fence, StopSignal)>>,
     /// New work may be queued.
     pub queued: Notify,
@@ -35,17 +36,27 @@ pub struct Hub {
     outbox_ready: Notify,
 }
 
+/// One waiter's wake-up, and the finished task when a run in this process handed it over.
+#[derive(Default)]
+struct Slot {
+    notify: Notify,
+    finished: Mutex<Option<TaskRow>>,
+}
+
 /// A registered interest in one task's completion (or its events); unregisters on drop.
 pub struct Waiter<'a> {
     hub: &'a Hub,
     id: Uuid,
-    notify: Arc<Notify>,
+    slot: Arc<Slot>,
     events: bool,
 }
 
 impl Waiter<'_> {
-    pub async fn notified(&self) {
-        self.notify.notified().await
+    /// Wait for the wake-up; gives the finished task when this process finished it (else
+    /// the task is to be read again).
+    pub async fn notified(&self) -> Option<TaskRow> {
+        self.slot.notify.notified().await;
+        self.slot.finished.lock().unwrap_or_else(|e| e.into_inner()).take()
     }
 }
 
@@ -54,7 +65,7 @@ impl Drop for Waiter<'_> {
         let map = if self.events { &self.hub.streams } else { &self.hub.waiters };
         let mut w = map.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(list) = w.get_mut(&self.id) {
-            list.retain(|n| !Arc::ptr_eq(n, &self.notify));
+            list.retain(|n| !Arc::ptr_eq(n, &self.slot));
             if list.is_empty() {
                 w.remove(&self.id);
             }
@@ -70,21 +81,21 @@ impl Hub {
     /// Register before reading the task, so a completion between the read and the wait is
     /// not missed (`Notify` keeps the permit).
     pub fn waiter(&self, id: Uuid) -> Waiter<'_> {
-        let notify = Arc::new(Notify::new());
-        self.waiters.lock().unwrap_or_else(|e| e.into_inner()).entry(id).or_default().push(notify.clone());
-        Waiter { hub: self, id, notify, events: false }
+        let slot = Arc::new(Slot::default());
+        self.waiters.lock().unwrap_or_else(|e| e.into_inner()).entry(id).or_default().push(slot.clone());
+        Waiter { hub: self, id, slot, events: false }
     }
 
     /// Like `waiter`, but also woken by every new event of the task.
     pub fn event_waiter(&self, id: Uuid) -> Waiter<'_> {
-        let notify = Arc::new(Notify::new());
-        self.streams.lock().unwrap_or_else(|e| e.into_inner()).entry(id).or_default().push(notify.clone());
-        Waiter { hub: self, id, notify, events: true }
+        let slot = Arc::new(Slot::default());
+        self.streams.lock().unwrap_or_else(|e| e.into_inner()).entry(id).or_default().push(slot.clone());
+        Waiter { hub: self, id, slot, events: true }
     }
 
     fn wake_streams(&self, id: Uuid) {
         if let Some(list) = self.streams.lock().unwrap_or_else(|e| e.into_inner()).get(&id) {
-            list.iter().for_each(|n| n.notify_one());
+            list.iter().for_each(|n| n.notify.notify_one());
         }
     }
 
@@ -94,16 +105,27 @@ impl Hub {
 
     pub fn done(&self, id: Uuid) {
         if let Some(list) = self.waiters.lock().unwrap_or_else(|e| e.into_inner()).get(&id) {
-            list.iter().for_each(|n| n.notify_one());
+            list.iter().for_each(|n| n.notify.notify_one());
         }
         self.wake_streams(id);
+    }
+
+    /// A run in this process finished `task` (committed): its waiters here get the row as
+    /// written, without reading it again; every replica is told.
+    pub fn finished_here(&self, task: TaskRow) {
+        if let Some(list) = self.waiters.lock().unwrap_or_else(|e| e.into_inner()).get(&task.id) {
+            for s in list {
+                *s.finished.lock().unwrap_or_else(|e| e.into_inner()) = Some(task.clone());
+            }
+        }
+        self.publish(CH_DONE, task.id.to_string());
     }
 
     /// Wake everyone: used after a reconnect, when notifications may have been missed.
     pub fn wake_all(&self) {
         for map in [&self.waiters, &self.streams] {
             for list in map.lock().unwrap_or_else(|e| e.into_inner()).values() {
-                list.iter().for_each(|n| n.notify_one());
+                list.iter().for_each(|n| n.notify.notify_one());
             }
         }
         self.new_work();

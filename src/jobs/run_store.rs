@@ -8,6 +8,7 @@ use rust_decimal::Decimal;
 
 use crate::engine::{CallRecord, LeaseLost, Outcome, Refusal, RunStore, TurnCheckpoint};
 use crate::store::runs::{self, CallRow, Fence};
+use crate::store::tasks::TaskRow;
 
 pub struct PgRunStore {
     pub pool: PgPool,
@@ -16,8 +17,11 @@ pub struct PgRunStore {
     pub budgets: runs::BudgetDefaults,
     /// Tells event streams on every replica that the task has new events.
     pub hub: std::sync::Arc<super::hub::Hub>,
-    /// Set once the last checkpoint has also ended the task.
-    pub finished: std::sync::atomic::AtomicBool,
+    /// The first call's `llm_call_started` event, when its reservation was written with the
+    /// task (`Worker::reserve_first_call`).
+    pub reserved: std::sync::Mutex<Option<Value>>,
+    /// The finished task, once the last checkpoint has also ended it.
+    pub finished: std::sync::Mutex<Option<TaskRow>>,
 }
 
 impl PgRunStore {
@@ -60,11 +64,14 @@ impl PgRunStore {
         fin: Option<&runs::Finish>,
     ) -> Result<(), LeaseLost> {
         match retry_db(|| runs::commit_turn(&self.pool, self.fence, turn, call, msgs, events, fin)).await {
-            Ok(true) => {
+            Ok(Some(row)) => {
                 self.hub.publish(crate::store::CH_EVENT, self.fence.id.to_string());
+                if fin.is_some() {
+                    *self.finished.lock().unwrap_or_else(|e| e.into_inner()) = Some(row);
+                }
                 Ok(())
             }
-            Ok(false) => Err(LeaseLost),
+            Ok(None) => Err(LeaseLost),
             Err(e) => {
                 tracing::error!(error = %e, "checkpoint failed; stopping this attempt");
                 Err(LeaseLost)
@@ -76,6 +83,14 @@ impl PgRunStore {
 #[async_trait::async_trait]
 impl RunStore for PgRunStore {
     async fn reserve(&self, usd: Decimal, tokens: u64, started: Value) -> Result<(), Refusal> {
+        if let Some(written) = self.reserved.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            if written == started {
+                return Ok(());
+            }
+            // Not expected: both come from `engine::first_reservation`'s computation. Reserving
+            // again only holds more until the task ends.
+            tracing::warn!("the reservation written with the task is not the run's first; reserving again");
+        }
         match retry_db(|| runs::reserve(&self.pool, self.fence, usd, tokens as i64, self.budgets, Some(&started))).await
         {
             Ok(None) => {
@@ -123,11 +138,7 @@ impl RunStore for PgRunStore {
 
     async fn final_checkpoint(&self, cp: &TurnCheckpoint, outcome: &Outcome) -> Result<(), LeaseLost> {
         let fin = super::worker::finish_for(outcome, "", None);
-        self.write_checkpoint(cp, fin.as_ref()).await?;
-        if fin.is_some() {
-            self.finished.store(true, std::sync::atomic::Ordering::Relaxed);
-        }
-        Ok(())
+        self.write_checkpoint(cp, fin.as_ref()).await
     }
 }
 

@@ -19,10 +19,13 @@ use crate::config::Config;
 use crate::engine::agents::{compose_system_prompt, AgentType};
 use crate::engine::spec::TaskOptions;
 use crate::engine::{self, Outcome, RunInput, StopCause, StopSignal};
-use crate::llm::{Message, Providers};
+use crate::llm::{Message, ModelRef, Providers};
 use crate::store::runs::{self, Fence, Finish};
 use crate::store::tasks::TaskRow;
+use crate::store::StoreError;
 use crate::tools::{Caller, Target, TaskTools};
+use serde_json::Value;
+use sqlx::PgConnection;
 
 /// How a run's outcome is written to its task; `None` when the run ends without a terminal
 /// state (drained back to the queue, or its lease lost). `agent` and `limit` (the time limit)
@@ -54,6 +57,17 @@ pub fn finish_for(outcome: &Outcome, agent: &str, limit: Option<f64>) -> Option<
         ),
         Outcome::Stopped(StopCause::Drain | StopCause::LeaseLost) => return None,
     })
+}
+
+/// A fresh task's conversation: `[system, user]`.
+fn fresh_start(row: &TaskRow, opts: &TaskOptions, agent: AgentType) -> Vec<Message> {
+    let base = opts
+        .system_prompt
+        .clone()
+        .or_else(|| opts.agent.as_ref().map(|d| d.system_prompt.clone()))
+        .unwrap_or_else(|| agent.system_prompt());
+    let system = compose_system_prompt(&base, opts.parent_context.as_deref());
+    engine::fresh_conversation(system, row.prompt.clone())
 }
 
 /// The first claim's size after the queue ran dry (see `Worker::run`).
@@ -134,20 +148,21 @@ impl Worker {
         })
     }
 
-    /// Run a task inserted with `slot`'s lease (`row` as the insert returned it).
-    pub fn start(self: &Arc<Self>, row: TaskRow, slot: Slot) {
+    /// Run a task inserted with `slot`'s lease (`row` as the insert returned it), its first
+    /// call already reserved if `reserved` (see `reserve_first_call`).
+    pub fn start(self: &Arc<Self>, row: TaskRow, slot: Slot, reserved: Option<Value>) {
         metrics::counter!("subagentd_direct_starts_total").increment(1);
-        self.spawn_run(row, slot.permit);
+        self.spawn_run(row, slot.permit, reserved);
     }
 
-    fn spawn_run(self: &Arc<Self>, row: TaskRow, permit: OwnedSemaphorePermit) {
+    fn spawn_run(self: &Arc<Self>, row: TaskRow, permit: OwnedSemaphorePermit, reserved: Option<Value>) {
         let this = self.clone();
         let trace_id = row.traceparent.as_deref().map(crate::telemetry::trace_id).unwrap_or("").to_string();
         let span = tracing::info_span!("run", task_id = %row.id, attempt = row.attempt, trace_id = %trace_id);
         if let Some(tp) = &row.traceparent {
             crate::telemetry::continue_trace(&span, tp);
         }
-        self.runs.spawn(async move { this.run_task(row, permit).await }.instrument(span));
+        self.runs.spawn(async move { this.run_task(row, permit, reserved).await }.instrument(span));
     }
 
     /// Run the claim loop, heartbeats and the rescuer until `shutdown`; then drain: stop
@@ -204,7 +219,7 @@ impl Worker {
                     for row in rows {
                         self.hub.publish(crate::store::CH_EVENT, row.id.to_string());
                         let Some(p) = permits.pop() else { break };
-                        self.spawn_run(row, p);
+                        self.spawn_run(row, p, None);
                     }
                     n
                 }
@@ -240,7 +255,7 @@ impl Worker {
         let _ = webhooks.await;
     }
 
-    async fn run_task(self: Arc<Self>, row: TaskRow, _permit: OwnedSemaphorePermit) {
+    async fn run_task(self: Arc<Self>, row: TaskRow, _permit: OwnedSemaphorePermit, reserved: Option<Value>) {
         let Some(lease) = row.lease_token else { return };
         let fence = Fence { id: row.id, lease };
         metrics::counter!("subagentd_claims_total").increment(1);
@@ -272,7 +287,7 @@ impl Worker {
                 stop.stop(StopCause::Timeout);
             })
         });
-        let (outcome, finished) = self.execute(&row, fence, &stop).await;
+        let (outcome, finished) = self.execute(&row, fence, &stop, reserved).await;
         if let Some(t) = timer {
             t.abort();
         }
@@ -290,10 +305,13 @@ impl Worker {
             return;
         };
         // The last checkpoint may already have ended the task, in the same commit.
-        let written = if finished { Ok(true) } else { retry_db(|| runs::finish(&self.pool, fence, &fin)).await };
+        let written = match finished {
+            Some(done) => Ok(Some(done)),
+            None => retry_db(|| runs::finish(&self.pool, fence, &fin)).await,
+        };
         match written {
-            Ok(true) => {
-                self.hub.publish(crate::store::CH_DONE, row.id.to_string());
+            Ok(Some(done)) => {
+                self.hub.finished_here(done);
                 metrics::counter!("subagentd_tasks_finished_total", "status" => fin.status).increment(1);
                 if let Some(started) = row.started_at {
                     let took = (chrono::Utc::now() - started).to_std().unwrap_or_default();
@@ -301,25 +319,32 @@ impl Worker {
                 }
                 tracing::info!(status = fin.status, "task finished")
             }
-            Ok(false) => tracing::warn!("lease lost before finish; another attempt owns the task"),
+            Ok(None) => tracing::warn!("lease lost before finish; another attempt owns the task"),
             Err(e) => {
                 tracing::error!(error = %e, "finish failed; the lease will expire and the task be rescued")
             }
         }
     }
 
-    /// Run the sub-agent; also says whether its last checkpoint already ended the task.
-    async fn execute(&self, row: &TaskRow, fence: Fence, stop: &StopSignal) -> (Outcome, bool) {
+    /// Run the sub-agent; also gives the finished task if its last checkpoint ended it.
+    async fn execute(
+        &self,
+        row: &TaskRow,
+        fence: Fence,
+        stop: &StopSignal,
+        reserved: Option<Value>,
+    ) -> (Outcome, Option<TaskRow>) {
         let store = PgRunStore {
             pool: self.pool.clone(),
             fence,
             attempt: row.attempt,
             budgets: self.cfg.budget_defaults(),
             hub: self.hub.clone(),
-            finished: false.into(),
+            finished: Default::default(),
+            reserved: reserved.into(),
         };
         let outcome = self.prepare_and_run(row, &store, stop).await;
-        (outcome, store.finished.load(std::sync::atomic::Ordering::Relaxed))
+        (outcome, store.finished.into_inner().unwrap_or_else(|e| e.into_inner()))
     }
 
     async fn prepare_and_run(&self, row: &TaskRow, store: &PgRunStore, stop: &StopSignal) -> Outcome {
@@ -372,21 +397,27 @@ impl Worker {
                 Err(o) => return o,
             }
         } else {
-            let base = opts
-                .system_prompt
-                .clone()
-                .or_else(|| opts.agent.as_ref().map(|d| d.system_prompt.clone()))
-                .unwrap_or_else(|| agent.system_prompt());
-            let system = compose_system_prompt(&base, opts.parent_context.as_deref());
-            (vec![], engine::fresh_conversation(system, row.prompt.clone()))
+            (vec![], fresh_start(row, &opts, agent))
         };
         let tools = match self.task_tools(row, &opts).await {
             Ok(t) => t,
             Err(o) => return o,
         };
-        let input = RunInput {
+        let input = self.run_input(row, &opts, &model, history, new_messages);
+        engine::run(input, provider.as_ref(), &tools, store, stop).await
+    }
+
+    fn run_input(
+        &self,
+        row: &TaskRow,
+        opts: &TaskOptions,
+        model: &ModelRef,
+        history: Vec<Message>,
+        new_messages: Vec<Message>,
+    ) -> RunInput {
+        RunInput {
             provider_name: model.provider.clone(),
-            price: self.providers.price(&model),
+            price: self.providers.price(model),
             model: model.model.clone(),
             history,
             new_messages,
@@ -398,8 +429,32 @@ impl Worker {
             traceparent: row.traceparent.clone(),
             retry: self.providers.retry,
             agent: row.subagent_type.clone(),
-        };
-        engine::run(input, provider.as_ref(), &tools, store, stop).await
+        }
+    }
+
+    /// Reserve the first call of a task about to `start` here, in the transaction (`conn`)
+    /// that inserts it: one commit less before the provider is called. Returns the reservation's
+    /// `llm_call_started` event, which the run's own first reservation then finds written; `None`
+    /// (nothing written) for a task the run will reserve for itself: one that does not start
+    /// fresh, whose model is unknown here, or whose first call a budget refuses (the run then
+    /// stops on that refusal as usual).
+    pub async fn reserve_first_call(
+        &self,
+        conn: &mut PgConnection,
+        row: &TaskRow,
+    ) -> Result<Option<Value>, StoreError> {
+        let Ok(opts) = serde_json::from_value::<TaskOptions>(row.options.clone()) else { return Ok(None) };
+        let (Some(lease), Ok(model)) = (row.lease_token, self.providers.resolve(&row.model)) else { return Ok(None) };
+        if row.turns > 0 || opts.resume_from.is_some() || self.providers.for_model(&model).is_none() {
+            return Ok(None);
+        }
+        let agent = AgentType::parse(&row.subagent_type).unwrap_or(AgentType::General);
+        let input = self.run_input(row, &opts, &model, vec![], fresh_start(row, &opts, agent));
+        let (usd, tokens, started) = engine::first_reservation(&input);
+        let fence = Fence { id: row.id, lease };
+        let refused =
+            runs::reserve(conn, fence, usd, tokens as i64, self.cfg.budget_defaults(), Some(&started)).await?;
+        Ok(refused.is_none().then_some(started))
     }
 
     /// The run's tools, with what calling them needs: the tenant's signing secret for HTTP

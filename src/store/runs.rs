@@ -6,7 +6,7 @@ use serde_json::Value;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::tasks::TaskRow;
+use super::tasks::{TaskRow, COLS};
 use super::{StoreError, CH_DONE, CH_QUEUED};
 
 /// Who is writing: a task under one lease.
@@ -109,7 +109,7 @@ pub struct BudgetDefaults {
 /// reserved, `Ok(Some(limit))` when a limit refuses it (`lease_lost` if the lease is gone).
 /// `event`, if given, is the call's `llm_call_started` event, appended in the same statement.
 pub async fn reserve(
-    pool: &PgPool,
+    db: impl sqlx::PgExecutor<'_>,
     f: Fence,
     usd: Decimal,
     tokens: i64,
@@ -125,7 +125,7 @@ pub async fn reserve(
         .bind(d.usd_per_month)
         .bind(d.tokens_per_day)
         .bind(event)
-        .fetch_one(pool)
+        .fetch_one(db)
         .await?;
     Ok((r != "ok").then_some(r))
 }
@@ -192,14 +192,14 @@ pub async fn commit_turn(
     messages: &[Value],
     events: &[(&str, Value)],
     fin: Option<&Finish>,
-) -> Result<bool, StoreError> {
+) -> Result<Option<TaskRow>, StoreError> {
     let mut kinds: Vec<&str> = events.iter().map(|e| e.0).collect();
     let mut datas: Vec<Value> = events.iter().map(|e| e.1.clone()).collect();
     if let Some(fin) = fin {
         kinds.push("finished");
         datas.push(serde_json::json!({"status": fin.status, "stop_reason": fin.stop_reason}));
     }
-    let n: i32 = sqlx::query_scalar(
+    let sql = format!(
         "WITH u AS (
             UPDATE tasks SET turns = coalesce($3, turns),
                 input_tokens = input_tokens + $8, output_tokens = output_tokens + $9,
@@ -218,7 +218,7 @@ pub async fn commit_turn(
                 lease_expires_at = CASE WHEN $23::text IS NULL THEN lease_expires_at END
             WHERE id = $1 AND lease_token = $2 AND status = 'running'
               AND NOT EXISTS (SELECT 1 FROM llm_calls WHERE call_key = $20)
-            RETURNING tenant, subagent_type, last_event_seq
+            RETURNING {COLS}, last_event_seq
          ), c AS (
             INSERT INTO llm_calls (call_key, task_id, tenant, turn, attempt, try, provider, model, input_tokens,
                 output_tokens, cached_tokens, cost_usd, latency_ms, http_status, outcome, error)
@@ -241,45 +241,45 @@ pub async fn commit_turn(
             SELECT $1, u.last_event_seq - cardinality($17::text[]) + x.ord, x.kind, x.data
             FROM u, unnest($17::text[], $18::jsonb[]) WITH ORDINALITY AS x(kind, data, ord)
          )
-         SELECT count(*)::int FROM u",
-    )
-    .bind(f.id) // 1
-    .bind(f.lease) // 2
-    .bind(turn) // 3
-    .bind(call.turn) // 4
-    .bind(call.attempt) // 5
-    .bind(call.try_no) // 6
-    .bind(&call.provider) // 7
-    .bind(call.input_tokens) // 8
-    .bind(call.output_tokens) // 9
-    .bind(call.cached_tokens) // 10
-    .bind(call.cost_usd) // 11
-    .bind(call.latency_ms) // 12
-    .bind(call.http_status) // 13
-    .bind(&call.outcome) // 14
-    .bind(&call.error) // 15
-    .bind(messages) // 16
-    .bind(&kinds) // 17
-    .bind(&datas) // 18
-    .bind(&call.model) // 19
-    .bind(call.call_key) // 20
-    .bind(call.reserved_usd) // 21
-    .bind(call.reserved_tokens) // 22
-    .bind(fin.map(|f| f.status)) // 23
-    .bind(fin.and_then(|f| f.stop_reason.as_deref())) // 24
-    .bind(fin.and_then(|f| f.summary.as_deref())) // 25
-    .bind(fin.and_then(|f| f.error_code.as_deref())) // 26
-    .bind(fin.and_then(|f| f.error_message.as_deref())) // 27
-    .fetch_one(pool)
-    .await?;
-    if n == 1 {
-        return Ok(true);
-    }
-    let applied: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM llm_calls WHERE call_key = $1)")
-        .bind(call.call_key)
-        .fetch_one(pool)
+         SELECT {COLS} FROM u"
+    );
+    let row: Option<TaskRow> = sqlx::query_as(&sql)
+        .bind(f.id) // 1
+        .bind(f.lease) // 2
+        .bind(turn) // 3
+        .bind(call.turn) // 4
+        .bind(call.attempt) // 5
+        .bind(call.try_no) // 6
+        .bind(&call.provider) // 7
+        .bind(call.input_tokens) // 8
+        .bind(call.output_tokens) // 9
+        .bind(call.cached_tokens) // 10
+        .bind(call.cost_usd) // 11
+        .bind(call.latency_ms) // 12
+        .bind(call.http_status) // 13
+        .bind(&call.outcome) // 14
+        .bind(&call.error) // 15
+        .bind(messages) // 16
+        .bind(&kinds) // 17
+        .bind(&datas) // 18
+        .bind(&call.model) // 19
+        .bind(call.call_key) // 20
+        .bind(call.reserved_usd) // 21
+        .bind(call.reserved_tokens) // 22
+        .bind(fin.map(|f| f.status)) // 23
+        .bind(fin.and_then(|f| f.stop_reason.as_deref())) // 24
+        .bind(fin.and_then(|f| f.summary.as_deref())) // 25
+        .bind(fin.and_then(|f| f.error_code.as_deref())) // 26
+        .bind(fin.and_then(|f| f.error_message.as_deref())) // 27
+        .fetch_optional(pool)
         .await?;
-    Ok(applied)
+    if row.is_some() {
+        return Ok(row);
+    }
+    // Not applied now: either the lease is gone, or a retry of a commit whose answer was lost.
+    let sql =
+        format!("SELECT {COLS} FROM tasks WHERE id = $1 AND EXISTS (SELECT 1 FROM llm_calls WHERE call_key = $2)");
+    Ok(sqlx::query_as(&sql).bind(f.id).bind(call.call_key).fetch_optional(pool).await?)
 }
 
 /// How a run ended, as written to the task.
@@ -292,21 +292,23 @@ pub struct Finish {
     pub error_message: Option<String>,
 }
 
-/// Write the terminal state, its `finished` event, and wake every waiter on any replica.
-/// Returns false if the lease is no longer held (nothing is written).
-pub async fn finish(pool: &PgPool, f: Fence, fin: &Finish) -> Result<bool, StoreError> {
-    let sql = "WITH u AS (
+/// Write the terminal state and its `finished` event. Returns the finished task, or `None`
+/// if the lease is no longer held (nothing is written).
+pub async fn finish(pool: &PgPool, f: Fence, fin: &Finish) -> Result<Option<TaskRow>, StoreError> {
+    let sql = format!(
+        "WITH u AS (
             UPDATE tasks SET status = $3, stop_reason = $4, summary = $5, error_code = $6, error_message = $7,
                 finished_at = now(), lease_token = NULL, lease_expires_at = NULL,
                 reserved_usd = 0, reserved_tokens = 0, last_event_seq = last_event_seq + 1
             WHERE id = $1 AND lease_token = $2 AND status = 'running'
-            RETURNING id, last_event_seq
+            RETURNING {COLS}, last_event_seq
          ), e AS (
             INSERT INTO task_events (task_id, seq, kind, data)
             SELECT id, last_event_seq, 'finished', jsonb_build_object('status', $3::text, 'stop_reason', $4::text) FROM u
          )
-         SELECT count(*)::int FROM u";
-    let n: i32 = sqlx::query_scalar(sql)
+         SELECT {COLS} FROM u"
+    );
+    Ok(sqlx::query_as(&sql)
         .bind(f.id)
         .bind(f.lease)
         .bind(fin.status)
@@ -314,9 +316,8 @@ pub async fn finish(pool: &PgPool, f: Fence, fin: &Finish) -> Result<bool, Store
         .bind(&fin.summary)
         .bind(&fin.error_code)
         .bind(&fin.error_message)
-        .fetch_one(pool)
-        .await?;
-    Ok(n == 1)
+        .fetch_optional(pool)
+        .await?)
 }
 
 /// Give a task back to the queue without counting the attempt (graceful drain).

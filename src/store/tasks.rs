@@ -91,7 +91,8 @@ pub enum Inserted {
     Existing(TaskRow),
 }
 
-const COLS: &str = "id, tenant, status, stop_reason, subagent_type, description, prompt, model, options, summary, \
+pub(crate) const COLS: &str =
+    "id, tenant, status, stop_reason, subagent_type, description, prompt, model, options, summary, \
     error_code, error_message, turns, input_tokens, output_tokens, cached_tokens, cost_usd, unpriced_calls, attempt, \
     lease_token, lease_expires_at, worker_id, cancel_requested, idempotency_key, request_hash, metadata, created_at, \
     started_at, finished_at, parent_task_id, max_cost_usd, max_tokens, traceparent, webhook_url, webhook_status, \

@@ -503,3 +503,50 @@ async fn a_tenants_running_limit_holds_for_waiting_requests_too() {
     assert!(spans[1].0 >= spans[0].1, "they overlapped: {spans:?}");
     app.stop().await;
 }
+
+#[tokio::test]
+async fn concurrent_waiting_requests_cannot_overrun_the_daily_budget() {
+    let limit = 0.004_f64;
+    let app = spawn_app_with(
+        |c| {
+            with_admin(c);
+            c.max_output_tokens = 16;
+            c.max_running = 64;
+        },
+        true,
+    )
+    .await;
+    set_limits(&app, "default", json!({"usd_per_day": limit})).await;
+    // Each starts in this process with its first call reserved in its insert's transaction.
+    let waits: Vec<_> = (0..40)
+        .map(|i| {
+            let (client, url) = (app.client.clone(), app.url("/tasks?wait=true&timeout=60"));
+            tokio::spawn(async move {
+                let body = json!({"prompt": format!("job {i} [mock:tool_turns=4] [mock:delay_ms=20]"), "model": "mock/m", "max_turns": 10});
+                let r = client.post(url).json(&body).send().await.unwrap();
+                (r.status().as_u16(), r.json::<Value>().await.unwrap())
+            })
+        })
+        .collect();
+    let (mut budget_stops, mut refused) = (0, 0);
+    for w in waits {
+        match w.await.unwrap() {
+            (200, t) if t["stop_reason"] == "budget" => budget_stops += 1,
+            (200, t) => assert_eq!(t["status"], "completed", "{t}"),
+            (402, _) => refused += 1,
+            (s, t) => panic!("{s}: {t}"),
+        }
+    }
+    let spent: f64 = sqlx::query_scalar("SELECT coalesce(sum(cost_usd), 0)::float8 FROM llm_calls")
+        .fetch_one(&app.db.pool)
+        .await
+        .unwrap();
+    let reserved: f64 =
+        sqlx::query_scalar("SELECT sum(reserved_usd)::float8 FROM tasks").fetch_one(&app.db.pool).await.unwrap();
+    println!("BUDGET wait limit={limit} spent={spent:.6} budget_stops={budget_stops} refused={refused}");
+    assert!(spent <= limit + 1e-12, "spent {spent} over the limit {limit}");
+    assert!(budget_stops + refused > 0, "the budget should have stopped or refused some");
+    assert!(spent > limit * 0.8, "most of the budget is usable: {spent}");
+    assert_eq!(reserved, 0.0, "no reservation outlives its run");
+    app.stop().await;
+}

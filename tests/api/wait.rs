@@ -119,10 +119,24 @@ async fn a_waiting_requests_task_starts_where_it_was_accepted_without_being_queu
         .fetch_all(&app.db.pool)
         .await
         .unwrap();
-    assert_eq!(kinds[0], (1, "created".to_string()));
-    assert_eq!(kinds[1], (2, "claimed".to_string()));
-    assert!(kinds.iter().enumerate().all(|(i, (seq, _))| *seq == i as i32 + 1), "no gaps: {kinds:?}");
-    assert_eq!(kinds.last().unwrap().1, "finished");
+    let kinds: Vec<&str> = kinds
+        .iter()
+        .enumerate()
+        .map(|(i, (seq, k))| {
+            assert_eq!(*seq, i as i32 + 1, "no gaps");
+            k.as_str()
+        })
+        .collect();
+    // The first call's reservation was written with the task, once: the run found it there.
+    assert_eq!(kinds, ["created", "claimed", "llm_call_started", "llm_call_finished", "checkpoint", "finished"]);
+    let (reserved, calls): (rust_decimal::Decimal, i64) = sqlx::query_as(
+        "SELECT reserved_usd, (SELECT count(*) FROM llm_calls WHERE task_id = $1) FROM tasks WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_one(&app.db.pool)
+    .await
+    .unwrap();
+    assert_eq!((reserved, calls), (rust_decimal::Decimal::ZERO, 1));
     app.stop().await;
 }
 
@@ -162,5 +176,51 @@ async fn a_drain_gives_a_waiting_requests_task_back_to_the_queue_and_answers_202
         .await
         .unwrap();
     assert_eq!(last, "released");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn the_task_a_wait_returns_is_the_task_as_stored() {
+    let app = spawn_app().await;
+    // Ended by its last checkpoint, and by a separate finish after a failed call.
+    for prompt in ["ok [mock:tool_turns=1] [mock:reply=fine]", "bad [mock:fail=400]"] {
+        let r = app
+            .client
+            .post(app.url("/tasks?wait=true&timeout=30"))
+            .json(&json!({"prompt": prompt, "model": "mock/m"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let waited: Value = r.json().await.unwrap();
+        assert!(matches!(waited["status"].as_str(), Some("completed" | "failed")), "{waited}");
+        // Handed over by the run that finished it, it is the same as a later read.
+        let stored = app.get_task(waited["id"].as_str().unwrap()).await;
+        assert_eq!(waited, stored);
+    }
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_first_call_over_the_tasks_budget_stops_a_waiting_task_before_it_is_made() {
+    let app = spawn_app().await;
+    let r = app
+        .client
+        .post(app.url("/tasks?wait=true&timeout=30"))
+        .json(&json!({"prompt": "too dear", "model": "mock/m", "max_cost_usd": 0.000001}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let t: Value = r.json().await.unwrap();
+    assert_eq!((t["status"].as_str(), t["stop_reason"].as_str()), (Some("incomplete"), Some("budget")), "{t}");
+    assert_eq!(t["turns"], 0);
+    assert!(t["summary"].as_str().unwrap().contains("max_cost_usd"), "{t}");
+    let (calls, reserved): (i64, rust_decimal::Decimal) =
+        sqlx::query_as("SELECT (SELECT count(*) FROM llm_calls), (SELECT coalesce(sum(reserved_usd), 0) FROM tasks)")
+            .fetch_one(&app.db.pool)
+            .await
+            .unwrap();
+    assert_eq!((calls, reserved), (0, rust_decimal::Decimal::ZERO), "no call made, nothing held");
     app.stop().await;
 }

@@ -434,18 +434,23 @@ async fn admit(st: &AppState, limits: &Limits, new: &NewTask) -> Result<(Inserte
         || limits.usd_per_day.is_some()
         || limits.usd_per_month.is_some()
         || limits.tokens_per_day.is_some();
-    let worker = st.worker.as_ref().filter(|_| new.start.is_some());
-    if !guarded && worker.is_none() {
+    let first = new.start.as_ref().and_then(|s| s.first_call.as_ref());
+    if !guarded {
+        // One statement, which also writes the first call's reservation when it can.
         let mut conn = st.pool.acquire().await.map_err(crate::store::StoreError::from)?;
-        return Ok((tasks::insert(&mut conn, new).await?, None));
+        let r = tasks::insert(&mut conn, new).await?;
+        let reserved = matches!(r, Inserted::New(_, true)).then(|| first.map(|f| f.started.clone())).flatten();
+        return Ok((r, reserved));
     }
     let mut tx = st.pool.begin().await.map_err(crate::store::StoreError::from)?;
-    if guarded {
-        admission_checks(&mut tx, limits, &new.tenant).await?;
-    }
+    admission_checks(&mut tx, limits, &new.tenant).await?;
     let r = tasks::insert(&mut tx, new).await?;
-    let reserved = match (&r, worker) {
-        (Inserted::New(row), Some(w)) => w.reserve_first_call(&mut tx, row).await?,
+    // With a spend budget, the reservation is checked against it in the same transaction.
+    let reserved = match (&r, first, &st.worker) {
+        (Inserted::New(_, true), Some(f), _) => Some(f.started.clone()),
+        (Inserted::New(row, false), Some(f), Some(w)) => {
+            w.reserve_first_call(&mut tx, row, f).await?.then(|| f.started.clone())
+        }
         _ => None,
     };
     tx.commit().await.map_err(crate::store::StoreError::from)?;
@@ -548,10 +553,14 @@ async fn create(
         (Some(_), Some(w)) if limits.max_running.is_none() => w.take_slot(),
         _ => None,
     };
-    new.start = slot.as_ref().map(|s| s.start.clone());
+    let first_call = match (&slot, &st.worker) {
+        (Some(_), Some(w)) => w.first_call(&new),
+        _ => None,
+    };
+    new.start = slot.as_ref().map(|s| tasks::StartHere { first_call, ..s.start.clone() });
     let (inserted, reserved) = admit(&st, &limits, &new).await?;
     let (row, created) = match inserted {
-        Inserted::New(r) => {
+        Inserted::New(r, _) => {
             match (slot, &st.worker) {
                 (Some(slot), Some(w)) => {
                     st.hub.publish(crate::store::CH_EVENT, r.id.to_string());

@@ -21,7 +21,7 @@ use crate::engine::spec::TaskOptions;
 use crate::engine::{self, Outcome, RunInput, StopCause, StopSignal};
 use crate::llm::{Message, ModelRef, Providers};
 use crate::store::runs::{self, Fence, Finish};
-use crate::store::tasks::TaskRow;
+use crate::store::tasks::{FirstCall, NewTask, TaskRow};
 use crate::store::StoreError;
 use crate::tools::{Caller, Target, TaskTools};
 use serde_json::Value;
@@ -60,14 +60,14 @@ pub fn finish_for(outcome: &Outcome, agent: &str, limit: Option<f64>) -> Option<
 }
 
 /// A fresh task's conversation: `[system, user]`.
-fn fresh_start(row: &TaskRow, opts: &TaskOptions, agent: AgentType) -> Vec<Message> {
+fn fresh_start(prompt: &str, opts: &TaskOptions, agent: AgentType) -> Vec<Message> {
     let base = opts
         .system_prompt
         .clone()
         .or_else(|| opts.agent.as_ref().map(|d| d.system_prompt.clone()))
         .unwrap_or_else(|| agent.system_prompt());
     let system = compose_system_prompt(&base, opts.parent_context.as_deref());
-    engine::fresh_conversation(system, row.prompt.clone())
+    engine::fresh_conversation(system, prompt.to_string())
 }
 
 /// The first claim's size after the queue ran dry (see `Worker::run`).
@@ -144,6 +144,7 @@ impl Worker {
                 lease: Uuid::new_v4(),
                 worker: self.id.clone(),
                 lease_secs: self.cfg.lease().as_secs_f64(),
+                first_call: None,
             },
         })
     }
@@ -397,19 +398,31 @@ impl Worker {
                 Err(o) => return o,
             }
         } else {
-            (vec![], fresh_start(row, &opts, agent))
+            (vec![], fresh_start(&row.prompt, &opts, agent))
         };
         let tools = match self.task_tools(row, &opts).await {
             Ok(t) => t,
             Err(o) => return o,
         };
-        let input = self.run_input(row, &opts, &model, history, new_messages);
+        let input = self.run_input(
+            row.turns,
+            row.traceparent.as_deref(),
+            &row.subagent_type,
+            &opts,
+            &model,
+            history,
+            new_messages,
+        );
         engine::run(input, provider.as_ref(), &tools, store, stop).await
     }
 
+    /// The run's input; `turns`, `traceparent` and `agent_name` are the task's.
+    #[allow(clippy::too_many_arguments)]
     fn run_input(
         &self,
-        row: &TaskRow,
+        turns: i32,
+        traceparent: Option<&str>,
+        agent_name: &str,
         opts: &TaskOptions,
         model: &ModelRef,
         history: Vec<Message>,
@@ -421,40 +434,49 @@ impl Worker {
             model: model.model.clone(),
             history,
             new_messages,
-            turns_done: row.turns.max(0) as u32,
+            turns_done: turns.max(0) as u32,
             max_turns: opts.max_turns,
             tools: opts.tools.iter().map(|t| t.spec()).collect(),
             tool_concurrency: self.cfg.tool_concurrency.max(1),
             max_tokens: Some(self.cfg.max_output_tokens.max(1)),
-            traceparent: row.traceparent.clone(),
+            traceparent: traceparent.map(Into::into),
             retry: self.providers.retry,
-            agent: row.subagent_type.clone(),
+            agent: agent_name.to_string(),
         }
     }
 
-    /// Reserve the first call of a task about to `start` here, in the transaction (`conn`)
-    /// that inserts it: one commit less before the provider is called. Returns the reservation's
-    /// `llm_call_started` event, which the run's own first reservation then finds written; `None`
-    /// (nothing written) for a task the run will reserve for itself: one that does not start
-    /// fresh, whose model is unknown here, or whose first call a budget refuses (the run then
-    /// stops on that refusal as usual).
+    /// What the first provider call of `t`, about to start here, will reserve, so that the
+    /// reservation can be written with the task (one commit less before the call; the run's
+    /// own first reservation then finds it written). `None` for a task whose run will reserve
+    /// for itself: one that does not start fresh, or whose model is unknown here.
+    pub fn first_call(&self, t: &NewTask) -> Option<FirstCall> {
+        let opts = serde_json::from_value::<TaskOptions>(t.options.clone()).ok()?;
+        let model = self.providers.resolve(&t.model).ok()?;
+        if opts.resume_from.is_some() || self.providers.for_model(&model).is_none() {
+            return None;
+        }
+        let agent = AgentType::parse(&t.subagent_type).unwrap_or(AgentType::General);
+        let fresh = fresh_start(&t.prompt, &opts, agent);
+        let input = self.run_input(0, t.traceparent.as_deref(), &t.subagent_type, &opts, &model, vec![], fresh);
+        let (usd, tokens, started) = engine::first_reservation(&input);
+        Some(FirstCall { usd, tokens: tokens as i64, started })
+    }
+
+    /// Reserve `first` for `row` (just inserted to start here) against every budget, in the
+    /// insert's transaction (`conn`), when `insert` could not; `false` (nothing written) when a
+    /// budget refuses it: the run then stops on the same refusal.
     pub async fn reserve_first_call(
         &self,
         conn: &mut PgConnection,
         row: &TaskRow,
-    ) -> Result<Option<Value>, StoreError> {
-        let Ok(opts) = serde_json::from_value::<TaskOptions>(row.options.clone()) else { return Ok(None) };
-        let (Some(lease), Ok(model)) = (row.lease_token, self.providers.resolve(&row.model)) else { return Ok(None) };
-        if row.turns > 0 || opts.resume_from.is_some() || self.providers.for_model(&model).is_none() {
-            return Ok(None);
-        }
-        let agent = AgentType::parse(&row.subagent_type).unwrap_or(AgentType::General);
-        let input = self.run_input(row, &opts, &model, vec![], fresh_start(row, &opts, agent));
-        let (usd, tokens, started) = engine::first_reservation(&input);
+        first: &FirstCall,
+    ) -> Result<bool, StoreError> {
+        let Some(lease) = row.lease_token else { return Ok(false) };
         let fence = Fence { id: row.id, lease };
         let refused =
-            runs::reserve(conn, fence, usd, tokens as i64, self.cfg.budget_defaults(), Some(&started)).await?;
-        Ok(refused.is_none().then_some(started))
+            runs::reserve(conn, fence, first.usd, first.tokens, self.cfg.budget_defaults(), Some(&first.started))
+                .await?;
+        Ok(refused.is_none())
     }
 
     /// The run's tools, with what calling them needs: the tenant's signing secret for HTTP

@@ -83,10 +83,23 @@ pub struct StartHere {
     pub lease: Uuid,
     pub worker: String,
     pub lease_secs: f64,
+    /// What the run's first provider call will reserve, to be written with the task.
+    pub first_call: Option<FirstCall>,
+}
+
+/// A provider call's reservation: its worst-case cost and tokens, and its `llm_call_started`
+/// event.
+#[derive(Debug, Clone)]
+pub struct FirstCall {
+    pub usd: Decimal,
+    pub tokens: i64,
+    pub started: Value,
 }
 
 pub enum Inserted {
-    New(TaskRow),
+    /// A new task; `true` when its first call's reservation (`StartHere::first_call`) was
+    /// written with it.
+    New(TaskRow, bool),
     /// An earlier task with the same idempotency key.
     Existing(TaskRow),
 }
@@ -99,28 +112,40 @@ pub(crate) const COLS: &str =
     webhook_attempts, webhook_last_error, webhook_delivered_at";
 
 /// Insert a task with its `created` event, in one statement: queued, or with `t.start`
-/// already claimed (attempt 1, with its `claimed` event).
+/// already claimed (attempt 1, with its `claimed` event). A task started so has its first
+/// call's reservation written too (with its `llm_call_started` event) when only the task's own
+/// limits apply to it: the tenant has no spend budget, and the call fits the task's limits.
+/// Otherwise that reservation is left to `budget_reserve`.
 pub async fn insert(conn: &mut PgConnection, t: &NewTask) -> Result<Inserted, StoreError> {
     insert_once(conn, t, false).await
 }
 
 async fn insert_once(conn: &mut PgConnection, t: &NewTask, retried: bool) -> Result<Inserted, StoreError> {
     let sql = format!(
-        "WITH t AS (
+        "WITH pre AS (
+            SELECT coalesce($19::numeric IS NOT NULL AND $16::uuid IS NOT NULL
+                AND ($12::numeric IS NULL OR $19 <= $12) AND ($13::bigint IS NULL OR $20::bigint <= $13)
+                AND (SELECT usd_per_day IS NULL AND usd_per_month IS NULL AND tokens_per_day IS NULL
+                     FROM tenants WHERE name = $2), false) AS reserved
+         ), t AS (
             INSERT INTO tasks (id, tenant, subagent_type, description, prompt, model, options, metadata,
                                idempotency_key, request_hash, parent_task_id, max_cost_usd, max_tokens, traceparent,
                                webhook_url, webhook_status, webhook_next_at, last_event_seq,
-                               status, attempt, lease_token, lease_expires_at, started_at, worker_id)
-            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
+                               status, attempt, lease_token, lease_expires_at, started_at, worker_id,
+                               reserved_usd, reserved_tokens)
+            SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
                     CASE WHEN $15::text IS NULL THEN NULL ELSE 'pending' END,
                     CASE WHEN $15::text IS NULL THEN NULL ELSE now() END,
-                    CASE WHEN $16::uuid IS NULL THEN 1 ELSE 2 END,
+                    CASE WHEN $16::uuid IS NULL THEN 1 WHEN pre.reserved THEN 3 ELSE 2 END,
                     CASE WHEN $16::uuid IS NULL THEN 'queued' ELSE 'running' END,
                     CASE WHEN $16::uuid IS NULL THEN 0 ELSE 1 END,
                     $16,
                     CASE WHEN $16::uuid IS NULL THEN NULL ELSE now() + make_interval(secs => $18) END,
                     CASE WHEN $16::uuid IS NULL THEN NULL ELSE now() END,
-                    $17)
+                    $17,
+                    CASE WHEN pre.reserved THEN $19 ELSE 0 END,
+                    CASE WHEN pre.reserved THEN $20 ELSE 0 END
+            FROM pre
             ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
             RETURNING {COLS}
          ), e AS (
@@ -129,10 +154,13 @@ async fn insert_once(conn: &mut PgConnection, t: &NewTask, retried: bool) -> Res
             UNION ALL
             SELECT id, 2, 'claimed', jsonb_build_object('attempt', attempt, 'worker', worker_id) FROM t
             WHERE lease_token IS NOT NULL
+            UNION ALL
+            SELECT id, 3, 'llm_call_started', $21 FROM t, pre WHERE pre.reserved
          )
-         SELECT t.* FROM t"
+         SELECT t.*, pre.reserved FROM t, pre"
     );
-    let row: Option<TaskRow> = sqlx::query_as(&sql)
+    let first = t.start.as_ref().and_then(|s| s.first_call.as_ref());
+    let row: Option<StartedRow> = sqlx::query_as(&sql)
         .bind(t.id)
         .bind(&t.tenant)
         .bind(&t.subagent_type)
@@ -151,10 +179,13 @@ async fn insert_once(conn: &mut PgConnection, t: &NewTask, retried: bool) -> Res
         .bind(t.start.as_ref().map(|s| s.lease))
         .bind(t.start.as_ref().map(|s| &s.worker))
         .bind(t.start.as_ref().map(|s| s.lease_secs))
+        .bind(first.map(|f| f.usd))
+        .bind(first.map(|f| f.tokens))
+        .bind(first.map(|f| &f.started))
         .fetch_optional(&mut *conn)
         .await?;
     match row {
-        Some(r) => Ok(Inserted::New(r)),
+        Some(r) => Ok(Inserted::New(r.row, r.reserved)),
         None if !retried => {
             // A key is remembered for 24 hours: an older task gives its key up.
             let freed = sqlx::query(
@@ -172,6 +203,13 @@ async fn insert_once(conn: &mut PgConnection, t: &NewTask, retried: bool) -> Res
         }
         None => existing(conn, t).await,
     }
+}
+
+#[derive(sqlx::FromRow)]
+struct StartedRow {
+    #[sqlx(flatten)]
+    row: TaskRow,
+    reserved: bool,
 }
 
 async fn existing(conn: &mut PgConnection, t: &NewTask) -> Result<Inserted, StoreError> {

@@ -544,6 +544,14 @@ async fn concurrent_waiting_requests_cannot_overrun_the_daily_budget() {
     let reserved: f64 =
         sqlx::query_scalar("SELECT sum(reserved_usd)::float8 FROM tasks").fetch_one(&app.db.pool).await.unwrap();
     println!("BUDGET wait limit={limit} spent={spent:.6} budget_stops={budget_stops} refused={refused}");
+    // Each call reserved once: the first in its task's insert, checked against the budget there.
+    let (started, calls): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM task_events WHERE kind = 'llm_call_started'), (SELECT count(*) FROM llm_calls)",
+    )
+    .fetch_one(&app.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(started, calls);
     assert!(spent <= limit + 1e-12, "spent {spent} over the limit {limit}");
     assert!(budget_stops + refused > 0, "the budget should have stopped or refused some");
     assert!(spent > limit * 0.8, "most of the budget is usable: {spent}");

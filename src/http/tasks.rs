@@ -1,5 +1,6 @@
 //! `/tasks`: submit, read, list, wait, cancel.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::State;
@@ -21,6 +22,7 @@ use super::tools::{self, InlineTool, ToolInput};
 use super::{AppState, Tenant};
 use crate::engine::agents::AgentType;
 use crate::engine::spec::{self, TaskOptions};
+use crate::jobs::worker::{Slot, Worker};
 use crate::llm::{ModelRef, ResolveError};
 use crate::store::tasks::{self, Inserted, ListFilter, NewTask, TaskRow};
 use crate::store::tenants::{self, Limits};
@@ -550,26 +552,34 @@ async fn create(
     // A waiting request's task starts in this process when it has room, skipping the queue's
     // claim round trip (not for tenants with a running limit: only the claim keeps it exact).
     let slot = match (&wait, &st.worker) {
-        (Some(_), Some(w)) if limits.max_running.is_none() => w.take_slot(),
+        (Some(_), Some(w)) if limits.max_running.is_none() => w.take_slot().map(|s| (s, w.clone())),
         _ => None,
     };
-    let first_call = match (&slot, &st.worker) {
-        (Some(_), Some(w)) => w.first_call(&new),
-        _ => None,
-    };
-    new.start = slot.as_ref().map(|s| tasks::StartHere { first_call, ..s.start.clone() });
-    let (inserted, reserved) = admit(&st, &limits, &new).await?;
-    let (row, created) = match inserted {
-        Inserted::New(r, _) => {
-            match (slot, &st.worker) {
-                (Some(slot), Some(w)) => {
-                    st.hub.publish(crate::store::CH_EVENT, r.id.to_string());
-                    w.start(r.clone(), slot, reserved);
-                }
-                _ => st.hub.publish(crate::store::CH_QUEUED, String::new()),
-            }
-            (r, true)
+    let inserted = match slot {
+        Some((slot, w)) => {
+            new.start = Some(tasks::StartHere { first_call: w.first_call(&new), ..slot.start.clone() });
+            // In a task of its own: a client hanging up during the insert must not leave the task
+            // committed as running with no run behind it.
+            let (st2, limits2) = (st.clone(), limits.clone());
+            let (r, back) = tokio::spawn(async move {
+                let r = admit_and_start(&st2, &limits2, &new, &w, slot).await;
+                (r, new)
+            })
+            .await
+            .map_err(|_| ApiError::internal())?;
+            new = back;
+            r?
         }
+        None => {
+            let (inserted, _) = admit(&st, &limits, &new).await?;
+            if matches!(inserted, Inserted::New(..)) {
+                st.hub.publish(crate::store::CH_QUEUED, String::new());
+            }
+            inserted
+        }
+    };
+    let (row, created) = match inserted {
+        Inserted::New(r, _) => (r, true),
         Inserted::Existing(r) => {
             if r.request_hash != new.request_hash {
                 return Err(idempotency_conflict(&r));
@@ -582,6 +592,32 @@ async fn create(
         (None, _) => Ok(respond(ok, row)),
         (Some(d), Some(waiter)) if created => wait_on(&st, &tenant, row, d, waiter).await,
         (Some(d), _) => waited(&st, &tenant, row, d).await,
+    }
+}
+
+/// Insert a task to start in this process (`slot`, taken from `w`) and start its run. If the
+/// insert fails on the server's side, the commit may still have happened: the task is then given
+/// back to the queue (a no-op if it was not written).
+async fn admit_and_start(
+    st: &AppState,
+    limits: &Limits,
+    new: &NewTask,
+    w: &Arc<Worker>,
+    slot: Slot,
+) -> Result<Inserted, ApiError> {
+    match admit(st, limits, new).await {
+        Ok((Inserted::New(r, reserved_with_it), reserved)) => {
+            st.hub.publish(crate::store::CH_EVENT, r.id.to_string());
+            w.start(r.clone(), slot, reserved);
+            Ok(Inserted::New(r, reserved_with_it))
+        }
+        Ok((existing, _)) => Ok(existing),
+        Err(e) => {
+            if e.status.is_server_error() {
+                w.abandon(new.id, slot);
+            }
+            Err(e)
+        }
     }
 }
 

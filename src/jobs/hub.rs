@@ -324,3 +324,28 @@ impl Hub {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_task_finished_here_is_handed_to_its_waiters_and_others_are_only_woken() {
+        let hub = Hub::new();
+        let id = Uuid::now_v7();
+        let (first, second) = (hub.waiter(id), hub.waiter(id));
+        let other = hub.waiter(Uuid::now_v7());
+        hub.finished_here(TaskRow { id, status: "completed".into(), turns: 3, ..Default::default() });
+        for w in [&first, &second] {
+            let row = tokio::time::timeout(Duration::from_secs(1), w.notified()).await.expect("woken");
+            let row = row.expect("the finished task handed over");
+            assert_eq!((row.id, row.status.as_str(), row.turns), (id, "completed", 3));
+        }
+        assert!(tokio::time::timeout(Duration::from_millis(50), other.notified()).await.is_err());
+        // A completion seen only through NOTIFY (another replica's) wakes without a row.
+        hub.dispatch(CH_DONE, &id.to_string());
+        assert!(first.notified().await.is_none());
+        drop((first, second, other));
+        assert_eq!(hub.waiter_count(), 0);
+    }
+}

@@ -64,14 +64,16 @@ impl PgRunStore {
         fin: Option<&runs::Finish>,
     ) -> Result<(), LeaseLost> {
         match retry_db(|| runs::commit_turn(&self.pool, self.fence, turn, call, msgs, events, fin)).await {
-            Ok(Some(row)) => {
+            Ok(runs::Committed::Applied) => {
                 self.hub.publish(crate::store::CH_EVENT, self.fence.id.to_string());
-                if fin.is_some() {
-                    *self.finished.lock().unwrap_or_else(|e| e.into_inner()) = Some(row);
-                }
                 Ok(())
             }
-            Ok(None) => Err(LeaseLost),
+            Ok(runs::Committed::Finished(row)) => {
+                self.hub.publish(crate::store::CH_EVENT, self.fence.id.to_string());
+                *self.finished.lock().unwrap_or_else(|e| e.into_inner()) = Some(*row);
+                Ok(())
+            }
+            Ok(runs::Committed::LeaseLost) => Err(LeaseLost),
             Err(e) => {
                 tracing::error!(error = %e, "checkpoint failed; stopping this attempt");
                 Err(LeaseLost)

@@ -88,6 +88,9 @@ pub struct Worker {
     secrets: crate::cache::TtlCache<String>,
     /// Every run of this worker, claimed or started here; closed when the drain begins.
     runs: TaskTracker,
+    /// Fired when the drain's grace runs out: runs still going are stopped and released, and so
+    /// is one that starts after that (from a place taken before the drain).
+    draining: CancellationToken,
     /// `Hub::queued_generation` as it was before the last claim that left the queue empty
     /// (`u64::MAX` until one has): while it is still current, nothing is known to be queued.
     empty_at: AtomicU64,
@@ -123,6 +126,7 @@ impl Worker {
             id,
             secrets: crate::cache::TtlCache::new(Duration::from_secs(60)),
             runs: TaskTracker::new(),
+            draining: CancellationToken::new(),
             empty_at: AtomicU64::new(u64::MAX),
         })
     }
@@ -133,13 +137,15 @@ impl Worker {
     /// queued: a task started here never overtakes one waiting in the queue. The caller also
     /// leaves out tenants with a running limit, which only the claim keeps exact.
     pub fn take_slot(&self) -> Option<Slot> {
+        // Tracked before the check: a drain that closes the tracker after it waits for this.
+        let tracked = self.runs.token();
         if self.runs.is_closed() || self.empty_at.load(Ordering::Acquire) != self.hub.queued_generation() {
             return None;
         }
         let permit = self.sem.clone().try_acquire_owned().ok()?;
         Some(Slot {
             permit,
-            _tracked: self.runs.token(),
+            _tracked: tracked,
             start: crate::store::tasks::StartHere {
                 lease: Uuid::new_v4(),
                 worker: self.id.clone(),
@@ -154,6 +160,22 @@ impl Worker {
     pub fn start(self: &Arc<Self>, row: TaskRow, slot: Slot, reserved: Option<Value>) {
         metrics::counter!("subagentd_direct_starts_total").increment(1);
         self.spawn_run(row, slot.permit, reserved);
+    }
+
+    /// Give back a task inserted with `slot` that could not be started (its insert failed on
+    /// the server's side, and may have been committed all the same): released to the queue,
+    /// in the background, if it was written.
+    pub fn abandon(self: &Arc<Self>, id: Uuid, slot: Slot) {
+        let (pool, hub) = (self.pool.clone(), self.hub.clone());
+        let fence = Fence { id, lease: slot.start.lease };
+        self.runs.spawn(async move {
+            let _slot = slot;
+            match retry_db(|| runs::release(&pool, fence)).await {
+                Ok(true) => hub.publish(crate::store::CH_QUEUED, String::new()),
+                Ok(false) => {}
+                Err(e) => tracing::warn!(error = %e, "release failed; the lease will expire and the task be rescued"),
+            }
+        });
     }
 
     fn spawn_run(self: &Arc<Self>, row: TaskRow, permit: OwnedSemaphorePermit, reserved: Option<Value>) {
@@ -244,6 +266,7 @@ impl Worker {
         if !self.runs.is_empty() {
             tracing::info!(running = self.runs.len(), grace_ms = grace.as_millis() as u64, "draining");
             if tokio::time::timeout(grace, self.runs.wait()).await.is_err() {
+                self.draining.cancel();
                 for id in self.hub.running_ids() {
                     self.hub.stop_run(id, StopCause::Drain);
                 }
@@ -273,6 +296,10 @@ impl Worker {
         let _registered = Registered(&self.hub, row.id);
         if row.cancel_requested {
             stop.stop(StopCause::Cancelled);
+        }
+        // Registered after the drain's sweep: stop as the sweep would have.
+        if self.draining.is_cancelled() {
+            stop.stop(StopCause::Drain);
         }
         // The time limit runs from the task's first start, across attempts.
         let limit = serde_json::from_value::<TaskOptions>(row.options.clone()).ok().and_then(|o| o.timeout_seconds);
@@ -459,7 +486,7 @@ impl Worker {
         let fresh = fresh_start(&t.prompt, &opts, agent);
         let input = self.run_input(0, t.traceparent.as_deref(), &t.subagent_type, &opts, &model, vec![], fresh);
         let (usd, tokens, started) = engine::first_reservation(&input);
-        Some(FirstCall { usd, tokens: tokens as i64, started })
+        Some(FirstCall { usd, tokens: tokens as i64, started, defaults: self.cfg.budget_defaults() })
     }
 
     /// Reserve `first` for `row` (just inserted to start here) against every budget, in the

@@ -3,7 +3,7 @@
 
 use rust_decimal::Decimal;
 use serde_json::Value;
-use sqlx::PgPool;
+use sqlx::{FromRow, PgPool};
 use uuid::Uuid;
 
 use super::tasks::{TaskRow, COLS};
@@ -192,7 +192,7 @@ pub async fn commit_turn(
     messages: &[Value],
     events: &[(&str, Value)],
     fin: Option<&Finish>,
-) -> Result<Option<TaskRow>, StoreError> {
+) -> Result<Committed, StoreError> {
     let mut kinds: Vec<&str> = events.iter().map(|e| e.0).collect();
     let mut datas: Vec<Value> = events.iter().map(|e| e.1.clone()).collect();
     if let Some(fin) = fin {
@@ -218,7 +218,7 @@ pub async fn commit_turn(
                 lease_expires_at = CASE WHEN $23::text IS NULL THEN lease_expires_at END
             WHERE id = $1 AND lease_token = $2 AND status = 'running'
               AND NOT EXISTS (SELECT 1 FROM llm_calls WHERE call_key = $20)
-            RETURNING {COLS}, last_event_seq
+            RETURNING {returning}
          ), c AS (
             INSERT INTO llm_calls (call_key, task_id, tenant, turn, attempt, try, provider, model, input_tokens,
                 output_tokens, cached_tokens, cost_usd, latency_ms, http_status, outcome, error)
@@ -241,9 +241,12 @@ pub async fn commit_turn(
             SELECT $1, u.last_event_seq - cardinality($17::text[]) + x.ord, x.kind, x.data
             FROM u, unnest($17::text[], $18::jsonb[]) WITH ORDINALITY AS x(kind, data, ord)
          )
-         SELECT {COLS} FROM u"
+         SELECT {answer} FROM u",
+        // The whole task only for the commit that ends it (for its waiters).
+        returning = if fin.is_some() { format!("{COLS}, last_event_seq") } else { "tenant, subagent_type, last_event_seq".into() },
+        answer = if fin.is_some() { COLS } else { "1" },
     );
-    let row: Option<TaskRow> = sqlx::query_as(&sql)
+    let row = sqlx::query(&sql)
         .bind(f.id) // 1
         .bind(f.lease) // 2
         .bind(turn) // 3
@@ -273,13 +276,30 @@ pub async fn commit_turn(
         .bind(fin.and_then(|f| f.error_message.as_deref())) // 27
         .fetch_optional(pool)
         .await?;
-    if row.is_some() {
-        return Ok(row);
+    match (row, fin) {
+        (Some(r), Some(_)) => return Ok(Committed::Finished(Box::new(TaskRow::from_row(&r)?))),
+        (Some(_), None) => return Ok(Committed::Applied),
+        (None, _) => {}
     }
     // Not applied now: either the lease is gone, or a retry of a commit whose answer was lost.
     let sql =
         format!("SELECT {COLS} FROM tasks WHERE id = $1 AND EXISTS (SELECT 1 FROM llm_calls WHERE call_key = $2)");
-    Ok(sqlx::query_as(&sql).bind(f.id).bind(call.call_key).fetch_optional(pool).await?)
+    let done: Option<TaskRow> = sqlx::query_as(&sql).bind(f.id).bind(call.call_key).fetch_optional(pool).await?;
+    Ok(match (done, fin) {
+        (None, _) => Committed::LeaseLost,
+        (Some(r), Some(_)) => Committed::Finished(Box::new(r)),
+        (Some(_), None) => Committed::Applied,
+    })
+}
+
+/// What a fenced checkpoint did.
+#[derive(Debug)]
+pub enum Committed {
+    Applied,
+    /// Applied, and it ended the task: the task as written.
+    Finished(Box<TaskRow>),
+    /// The lease is no longer held: nothing was written.
+    LeaseLost,
 }
 
 /// How a run ended, as written to the task.

@@ -8,7 +8,7 @@ use uuid::Uuid;
 
 use super::StoreError;
 
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone, Default, sqlx::FromRow)]
 pub struct TaskRow {
     pub id: Uuid,
     pub tenant: String,
@@ -94,6 +94,8 @@ pub struct FirstCall {
     pub usd: Decimal,
     pub tokens: i64,
     pub started: Value,
+    /// The configured budgets of a tenant that sets none.
+    pub defaults: super::runs::BudgetDefaults,
 }
 
 pub enum Inserted {
@@ -114,76 +116,32 @@ pub(crate) const COLS: &str =
 /// Insert a task with its `created` event, in one statement: queued, or with `t.start`
 /// already claimed (attempt 1, with its `claimed` event). A task started so has its first
 /// call's reservation written too (with its `llm_call_started` event) when only the task's own
-/// limits apply to it: the tenant has no spend budget, and the call fits the task's limits.
-/// Otherwise that reservation is left to `budget_reserve`.
+/// limits apply to it: no spend budget applies to the tenant (its own or the configured
+/// default), and the call fits the task's limits. Otherwise that reservation is left to
+/// `budget_reserve`.
 pub async fn insert(conn: &mut PgConnection, t: &NewTask) -> Result<Inserted, StoreError> {
     insert_once(conn, t, false).await
 }
 
 async fn insert_once(conn: &mut PgConnection, t: &NewTask, retried: bool) -> Result<Inserted, StoreError> {
-    let sql = format!(
-        "WITH pre AS (
-            SELECT coalesce($19::numeric IS NOT NULL AND $16::uuid IS NOT NULL
-                AND ($12::numeric IS NULL OR $19 <= $12) AND ($13::bigint IS NULL OR $20::bigint <= $13)
-                AND (SELECT usd_per_day IS NULL AND usd_per_month IS NULL AND tokens_per_day IS NULL
-                     FROM tenants WHERE name = $2), false) AS reserved
-         ), t AS (
-            INSERT INTO tasks (id, tenant, subagent_type, description, prompt, model, options, metadata,
-                               idempotency_key, request_hash, parent_task_id, max_cost_usd, max_tokens, traceparent,
-                               webhook_url, webhook_status, webhook_next_at, last_event_seq,
-                               status, attempt, lease_token, lease_expires_at, started_at, worker_id,
-                               reserved_usd, reserved_tokens)
-            SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
-                    CASE WHEN $15::text IS NULL THEN NULL ELSE 'pending' END,
-                    CASE WHEN $15::text IS NULL THEN NULL ELSE now() END,
-                    CASE WHEN $16::uuid IS NULL THEN 1 WHEN pre.reserved THEN 3 ELSE 2 END,
-                    CASE WHEN $16::uuid IS NULL THEN 'queued' ELSE 'running' END,
-                    CASE WHEN $16::uuid IS NULL THEN 0 ELSE 1 END,
-                    $16,
-                    CASE WHEN $16::uuid IS NULL THEN NULL ELSE now() + make_interval(secs => $18) END,
-                    CASE WHEN $16::uuid IS NULL THEN NULL ELSE now() END,
-                    $17,
-                    CASE WHEN pre.reserved THEN $19 ELSE 0 END,
-                    CASE WHEN pre.reserved THEN $20 ELSE 0 END
-            FROM pre
-            ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-            RETURNING {COLS}
-         ), e AS (
-            INSERT INTO task_events (task_id, seq, kind, data)
-            SELECT id, 1, 'created', jsonb_build_object('subagent_type', subagent_type, 'model', model) FROM t
-            UNION ALL
-            SELECT id, 2, 'claimed', jsonb_build_object('attempt', attempt, 'worker', worker_id) FROM t
-            WHERE lease_token IS NOT NULL
-            UNION ALL
-            SELECT id, 3, 'llm_call_started', $21 FROM t, pre WHERE pre.reserved
-         )
-         SELECT t.*, pre.reserved FROM t, pre"
-    );
-    let first = t.start.as_ref().and_then(|s| s.first_call.as_ref());
-    let row: Option<StartedRow> = sqlx::query_as(&sql)
-        .bind(t.id)
-        .bind(&t.tenant)
-        .bind(&t.subagent_type)
-        .bind(&t.description)
-        .bind(&t.prompt)
-        .bind(&t.model)
-        .bind(&t.options)
-        .bind(&t.metadata)
-        .bind(&t.idempotency_key)
-        .bind(&t.request_hash)
-        .bind(t.parent_task_id)
-        .bind(t.max_cost_usd)
-        .bind(t.max_tokens)
-        .bind(&t.traceparent)
-        .bind(&t.webhook_url)
-        .bind(t.start.as_ref().map(|s| s.lease))
-        .bind(t.start.as_ref().map(|s| &s.worker))
-        .bind(t.start.as_ref().map(|s| s.lease_secs))
-        .bind(first.map(|f| f.usd))
-        .bind(first.map(|f| f.tokens))
-        .bind(first.map(|f| &f.started))
-        .fetch_optional(&mut *conn)
-        .await?;
+    let row: Option<StartedRow> = match &t.start {
+        None => bind_common(sqlx::query_as(&INSERT_QUEUED), t).fetch_optional(&mut *conn).await?,
+        Some(s) => {
+            let first = s.first_call.as_ref();
+            bind_common(sqlx::query_as(&INSERT_STARTED), t)
+                .bind(s.lease)
+                .bind(&s.worker)
+                .bind(s.lease_secs)
+                .bind(first.map(|f| f.usd))
+                .bind(first.map(|f| f.tokens))
+                .bind(first.map(|f| &f.started))
+                .bind(first.and_then(|f| f.defaults.usd_per_day))
+                .bind(first.and_then(|f| f.defaults.usd_per_month))
+                .bind(first.and_then(|f| f.defaults.tokens_per_day))
+                .fetch_optional(&mut *conn)
+                .await?
+        }
+    };
     match row {
         Some(r) => Ok(Inserted::New(r.row, r.reserved)),
         None if !retried => {
@@ -204,6 +162,87 @@ async fn insert_once(conn: &mut PgConnection, t: &NewTask, retried: bool) -> Res
         None => existing(conn, t).await,
     }
 }
+
+type Query<'q> = sqlx::query::QueryAs<'q, Postgres, StartedRow, sqlx::postgres::PgArguments>;
+
+/// The parameters both inserts share ($1 to $15).
+fn bind_common<'q>(q: Query<'q>, t: &'q NewTask) -> Query<'q> {
+    q.bind(t.id)
+        .bind(&t.tenant)
+        .bind(&t.subagent_type)
+        .bind(&t.description)
+        .bind(&t.prompt)
+        .bind(&t.model)
+        .bind(&t.options)
+        .bind(&t.metadata)
+        .bind(&t.idempotency_key)
+        .bind(&t.request_hash)
+        .bind(t.parent_task_id)
+        .bind(t.max_cost_usd)
+        .bind(t.max_tokens)
+        .bind(&t.traceparent)
+        .bind(&t.webhook_url)
+}
+
+const INSERT_COLS: &str = "id, tenant, subagent_type, description, prompt, model, options, metadata, idempotency_key, \
+    request_hash, parent_task_id, max_cost_usd, max_tokens, traceparent, webhook_url, webhook_status, webhook_next_at, \
+    last_event_seq";
+
+/// A queued task and its `created` event.
+static INSERT_QUEUED: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "WITH t AS (
+            INSERT INTO tasks ({INSERT_COLS})
+            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
+                    CASE WHEN $15::text IS NULL THEN NULL ELSE 'pending' END,
+                    CASE WHEN $15::text IS NULL THEN NULL ELSE now() END, 1)
+            ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+            RETURNING {COLS}
+         ), e AS (
+            INSERT INTO task_events (task_id, seq, kind, data)
+            SELECT id, 1, 'created', jsonb_build_object('subagent_type', subagent_type, 'model', model) FROM t
+         )
+         SELECT t.*, false AS reserved FROM t"
+    )
+});
+
+/// A task claimed by its insert ($16 lease, $17 worker, $18 lease seconds), with its `created`
+/// and `claimed` events, and its first call's reservation ($19 USD, $20 tokens, $21 event) when
+/// no tenant budget applies ($22 to $24: the configured defaults for a tenant that sets none)
+/// and the call fits the task's own limits. The lease runs from the statement's clock, not the
+/// transaction's start, which may have waited for the tenant's lock.
+static INSERT_STARTED: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "WITH pre AS (
+            SELECT coalesce($19::numeric IS NOT NULL
+                AND ($12::numeric IS NULL OR $19 <= $12) AND ($13::bigint IS NULL OR $20::bigint <= $13)
+                AND (SELECT coalesce(usd_per_day, $22::numeric) IS NULL AND coalesce(usd_per_month, $23::numeric) IS NULL
+                        AND coalesce(tokens_per_day, $24::bigint) IS NULL
+                     FROM tenants WHERE name = $2), false) AS reserved
+         ), t AS (
+            INSERT INTO tasks ({INSERT_COLS}, status, attempt, lease_token, lease_expires_at, started_at, worker_id,
+                               reserved_usd, reserved_tokens)
+            SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
+                    CASE WHEN $15::text IS NULL THEN NULL ELSE 'pending' END,
+                    CASE WHEN $15::text IS NULL THEN NULL ELSE now() END,
+                    CASE WHEN pre.reserved THEN 3 ELSE 2 END,
+                    'running', 1, $16::uuid, clock_timestamp() + make_interval(secs => $18::float8), now(), $17::text,
+                    CASE WHEN pre.reserved THEN $19 ELSE 0 END,
+                    CASE WHEN pre.reserved THEN $20 ELSE 0 END
+            FROM pre
+            ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+            RETURNING {COLS}
+         ), e AS (
+            INSERT INTO task_events (task_id, seq, kind, data)
+            SELECT id, 1, 'created', jsonb_build_object('subagent_type', subagent_type, 'model', model) FROM t
+            UNION ALL
+            SELECT id, 2, 'claimed', jsonb_build_object('attempt', attempt, 'worker', worker_id) FROM t
+            UNION ALL
+            SELECT id, 3, 'llm_call_started', $21::jsonb FROM t, pre WHERE pre.reserved
+         )
+         SELECT t.*, pre.reserved FROM t, pre"
+    )
+});
 
 #[derive(sqlx::FromRow)]
 struct StartedRow {

@@ -504,19 +504,25 @@ async fn a_tenants_running_limit_holds_for_waiting_requests_too() {
     app.stop().await;
 }
 
-#[tokio::test]
-async fn concurrent_waiting_requests_cannot_overrun_the_daily_budget() {
+/// 40 concurrent waiting requests against a daily budget of `limit` USD, set on the tenant or
+/// (`by_default`) as the configured default.
+async fn waiting_requests_against_a_daily_budget(by_default: bool) {
     let limit = 0.004_f64;
     let app = spawn_app_with(
         |c| {
             with_admin(c);
             c.max_output_tokens = 16;
             c.max_running = 64;
+            if by_default {
+                c.default_usd_per_day = Some(rust_decimal::Decimal::try_from(limit).unwrap());
+            }
         },
         true,
     )
     .await;
-    set_limits(&app, "default", json!({"usd_per_day": limit})).await;
+    if !by_default {
+        set_limits(&app, "default", json!({"usd_per_day": limit})).await;
+    }
     // Each starts in this process with its first call reserved in its insert's transaction.
     let waits: Vec<_> = (0..40)
         .map(|i| {
@@ -541,9 +547,17 @@ async fn concurrent_waiting_requests_cannot_overrun_the_daily_budget() {
         .fetch_one(&app.db.pool)
         .await
         .unwrap();
-    let reserved: f64 =
-        sqlx::query_scalar("SELECT sum(reserved_usd)::float8 FROM tasks").fetch_one(&app.db.pool).await.unwrap();
-    println!("BUDGET wait limit={limit} spent={spent:.6} budget_stops={budget_stops} refused={refused}");
+    let (reserved, started_here): (f64, i64) =
+        sqlx::query_as("SELECT sum(reserved_usd)::float8, count(*) FILTER (WHERE started_at = created_at) FROM tasks")
+            .fetch_one(&app.db.pool)
+            .await
+            .unwrap();
+    println!("BUDGET wait limit={limit} spent={spent:.6} budget_stops={budget_stops} refused={refused} started_here={started_here}");
+    assert!(started_here > 0, "no task took the shortcut: this test would not cover it");
+    assert!(spent <= limit + 1e-12, "spent {spent} over the limit {limit}");
+    assert!(budget_stops + refused > 0, "the budget should have stopped or refused some");
+    assert!(spent > limit * 0.8, "most of the budget is usable: {spent}");
+    assert_eq!(reserved, 0.0, "no reservation outlives its run");
     // Each call reserved once: the first in its task's insert, checked against the budget there.
     let (started, calls): (i64, i64) = sqlx::query_as(
         "SELECT (SELECT count(*) FROM task_events WHERE kind = 'llm_call_started'), (SELECT count(*) FROM llm_calls)",
@@ -552,9 +566,81 @@ async fn concurrent_waiting_requests_cannot_overrun_the_daily_budget() {
     .await
     .unwrap();
     assert_eq!(started, calls);
-    assert!(spent <= limit + 1e-12, "spent {spent} over the limit {limit}");
-    assert!(budget_stops + refused > 0, "the budget should have stopped or refused some");
-    assert!(spent > limit * 0.8, "most of the budget is usable: {spent}");
-    assert_eq!(reserved, 0.0, "no reservation outlives its run");
     app.stop().await;
+}
+
+#[tokio::test]
+async fn concurrent_waiting_requests_cannot_overrun_the_tenants_daily_budget() {
+    waiting_requests_against_a_daily_budget(false).await;
+}
+
+#[tokio::test]
+async fn concurrent_waiting_requests_cannot_overrun_the_configured_default_budget() {
+    waiting_requests_against_a_daily_budget(true).await;
+}
+
+#[tokio::test]
+async fn a_tenant_with_only_a_queue_limit_gets_its_first_call_reserved_with_the_task() {
+    let app = spawn_app_with(with_admin, true).await;
+    set_limits(&app, "default", json!({"max_queued": 100})).await;
+    let (id, t) = crate::wait::wait_started_here(&app, "queue-limited [mock:reply=fine]").await;
+    assert_eq!(t["summary"], "fine");
+    let kinds: Vec<String> = sqlx::query_scalar("SELECT kind FROM task_events WHERE task_id = $1 ORDER BY seq")
+        .bind(id)
+        .fetch_all(&app.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(kinds[..3], ["created", "claimed", "llm_call_started"]);
+    assert_eq!(kinds.iter().filter(|k| *k == "llm_call_started").count(), 1, "{kinds:?}");
+    app.stop().await;
+}
+
+/// Admission lets a task in while the day's spend is under the limit; its first call, reserved
+/// with the task, must still fit what is left.
+async fn a_first_call_that_does_not_fit_what_is_left_is_not_made(by_default: bool) {
+    let app = spawn_app_with(
+        |c| {
+            with_admin(c);
+            if by_default {
+                c.default_usd_per_day = Some(rust_decimal::Decimal::new(1, 2));
+            }
+        },
+        true,
+    )
+    .await;
+    if !by_default {
+        set_limits(&app, "default", json!({"usd_per_day": 0.01})).await;
+    }
+    sqlx::query(
+        "INSERT INTO usage_daily (day, tenant, model, agent_type, calls, ok, cost_usd)
+         VALUES ((now() AT TIME ZONE 'UTC')::date, 'default', 'mock/m', 'general', 1, 1, 0.00999)",
+    )
+    .execute(&app.db.pool)
+    .await
+    .unwrap();
+    for _ in 0..3 {
+        let r = app
+            .client
+            .post(app.url("/tasks?wait=true&timeout=30"))
+            .json(&json!({"prompt": "one more", "model": "mock/m"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let t: Value = r.json().await.unwrap();
+        assert_eq!((t["status"].as_str(), t["stop_reason"].as_str()), (Some("incomplete"), Some("budget")), "{t}");
+    }
+    let calls: i64 = sqlx::query_scalar("SELECT count(*) FROM llm_calls").fetch_one(&app.db.pool).await.unwrap();
+    assert_eq!(calls, 0, "a call that does not fit the budget must not be made");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_first_call_over_what_is_left_of_the_tenants_budget_is_not_made() {
+    a_first_call_that_does_not_fit_what_is_left_is_not_made(false).await;
+}
+
+#[tokio::test]
+async fn a_first_call_over_what_is_left_of_the_configured_default_budget_is_not_made() {
+    a_first_call_that_does_not_fit_what_is_left_is_not_made(true).await;
 }

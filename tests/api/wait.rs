@@ -90,29 +90,42 @@ async fn a_waiter_on_one_replica_is_woken_by_a_worker_on_another() {
     app.stop().await;
 }
 
-#[tokio::test]
-async fn a_waiting_requests_task_starts_where_it_was_accepted_without_being_queued() {
-    let app = spawn_app().await;
-    let r = app
-        .client
-        .post(app.url("/tasks?wait=true&timeout=30"))
-        .json(&json!({"prompt": "here [mock:reply=started here]", "model": "mock/m"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let t: Value = r.json().await.unwrap();
-    assert_eq!(t["summary"], "started here");
-    let id: uuid::Uuid = t["id"].as_str().unwrap().parse().unwrap();
-    // Claimed by the insert itself: it started in the transaction that created it (a claim is
-    // a later transaction, with a later `now()`).
-    let (same_moment, attempt): (bool, i32) =
-        sqlx::query_as("SELECT started_at = created_at, attempt FROM tasks WHERE id = $1")
+/// A waiting request through the shortcut: POSTed until one starts where it was accepted (right
+/// after start-up the listener's first wake-up may send one through the queue), then its id.
+pub async fn wait_started_here(app: &TestApp, prompt: &str) -> (uuid::Uuid, Value) {
+    for _ in 0..50 {
+        let r = app
+            .client
+            .post(app.url("/tasks?wait=true&timeout=30"))
+            .json(&json!({"prompt": prompt, "model": "mock/m"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let t: Value = r.json().await.unwrap();
+        let id: uuid::Uuid = t["id"].as_str().unwrap().parse().unwrap();
+        // Claimed by the insert itself: it started in the transaction that created it (a claim is
+        // a later transaction, with a later `now()`).
+        let here: bool = sqlx::query_scalar("SELECT started_at = created_at FROM tasks WHERE id = $1")
             .bind(id)
             .fetch_one(&app.db.pool)
             .await
             .unwrap();
-    assert!(same_moment, "the task should start in the transaction that created it");
+        if here {
+            return (id, t);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("no waiting request's task started where it was accepted");
+}
+
+#[tokio::test]
+async fn a_waiting_requests_task_starts_where_it_was_accepted_without_being_queued() {
+    let app = spawn_app().await;
+    let (id, t) = wait_started_here(&app, "here [mock:reply=started here]").await;
+    assert_eq!(t["summary"], "started here");
+    let attempt: i32 =
+        sqlx::query_scalar("SELECT attempt FROM tasks WHERE id = $1").bind(id).fetch_one(&app.db.pool).await.unwrap();
     assert_eq!(attempt, 1);
     let kinds: Vec<(i32, String)> = sqlx::query_as("SELECT seq, kind FROM task_events WHERE task_id = $1 ORDER BY seq")
         .bind(id)
@@ -222,5 +235,50 @@ async fn a_first_call_over_the_tasks_budget_stops_a_waiting_task_before_it_is_ma
             .await
             .unwrap();
     assert_eq!((calls, reserved), (0, rust_decimal::Decimal::ZERO), "no call made, nothing held");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_cancel_stops_a_waiting_requests_task_started_where_it_was_accepted() {
+    let app = spawn_app().await;
+    wait_started_here(&app, "warm-up").await;
+    let (client, url) = (app.client.clone(), app.url("/tasks?wait=true&timeout=30"));
+    let waiting = tokio::spawn(async move {
+        let r = client.post(url).json(&json!({"prompt": "long [mock:delay_ms=20000]", "model": "mock/m"})).send().await;
+        r.unwrap().json::<Value>().await.unwrap()
+    });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let id: uuid::Uuid = loop {
+        let started: Option<uuid::Uuid> = sqlx::query_scalar(
+            "SELECT t.id FROM tasks t JOIN task_events e ON e.task_id = t.id
+             WHERE t.status = 'running' AND e.kind = 'llm_call_started'",
+        )
+        .fetch_optional(&app.db.pool)
+        .await
+        .unwrap();
+        if let Some(id) = started {
+            break id;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the task never reached its provider call");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let here: bool = sqlx::query_scalar("SELECT started_at = created_at FROM tasks WHERE id = $1")
+        .bind(id)
+        .fetch_one(&app.db.pool)
+        .await
+        .unwrap();
+    assert!(here, "the task should have started where it was accepted");
+    let asked = std::time::Instant::now();
+    app.client.post(app.url(&format!("/tasks/{id}/cancel"))).send().await.unwrap();
+    let t = waiting.await.unwrap();
+    // Stopped mid-call at once (not after the 20 s call), and the waiter answered.
+    assert!(asked.elapsed() < Duration::from_secs(5), "took {:?}", asked.elapsed());
+    assert_eq!(t["status"], "cancelled", "{t}");
+    let reserved: rust_decimal::Decimal = sqlx::query_scalar("SELECT reserved_usd FROM tasks WHERE id = $1")
+        .bind(id)
+        .fetch_one(&app.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(reserved, rust_decimal::Decimal::ZERO);
     app.stop().await;
 }

@@ -99,6 +99,11 @@ impl Hub {
         }
     }
 
+    /// Whether a request in this process waits for the task.
+    pub fn has_waiters(&self, id: Uuid) -> bool {
+        self.waiters.lock().unwrap_or_else(|e| e.into_inner()).contains_key(&id)
+    }
+
     pub fn waiter_count(&self) -> usize {
         self.waiters.lock().unwrap_or_else(|e| e.into_inner()).values().map(Vec::len).sum()
     }

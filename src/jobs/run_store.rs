@@ -8,7 +8,6 @@ use rust_decimal::Decimal;
 
 use crate::engine::{CallRecord, LeaseLost, Outcome, Refusal, RunStore, TurnCheckpoint};
 use crate::store::runs::{self, CallRow, Fence};
-use crate::store::tasks::TaskRow;
 
 pub struct PgRunStore {
     pub pool: PgPool,
@@ -20,8 +19,8 @@ pub struct PgRunStore {
     /// The first call's `llm_call_started` event, when its reservation was written with the
     /// task (`Worker::reserve_first_call`).
     pub reserved: std::sync::Mutex<Option<Value>>,
-    /// The finished task, once the last checkpoint has also ended it.
-    pub finished: std::sync::Mutex<Option<TaskRow>>,
+    /// Set once the last checkpoint has also ended the task (`Committed::Finished`).
+    pub finished: std::sync::Mutex<Option<runs::Committed>>,
 }
 
 impl PgRunStore {
@@ -68,9 +67,9 @@ impl PgRunStore {
                 self.hub.publish(crate::store::CH_EVENT, self.fence.id.to_string());
                 Ok(())
             }
-            Ok(runs::Committed::Finished(row)) => {
+            Ok(done @ runs::Committed::Finished(_)) => {
                 self.hub.publish(crate::store::CH_EVENT, self.fence.id.to_string());
-                *self.finished.lock().unwrap_or_else(|e| e.into_inner()) = Some(*row);
+                *self.finished.lock().unwrap_or_else(|e| e.into_inner()) = Some(done);
                 Ok(())
             }
             Ok(runs::Committed::LeaseLost) => Err(LeaseLost),
@@ -139,7 +138,8 @@ impl RunStore for PgRunStore {
     }
 
     async fn final_checkpoint(&self, cp: &TurnCheckpoint, outcome: &Outcome) -> Result<(), LeaseLost> {
-        let fin = super::worker::finish_for(outcome, "", None);
+        let fin = super::worker::finish_for(outcome, "", None)
+            .map(|f| runs::Finish { return_task: self.hub.has_waiters(self.fence.id), ..f });
         self.write_checkpoint(cp, fin.as_ref()).await
     }
 }

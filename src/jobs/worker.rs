@@ -37,6 +37,7 @@ pub fn finish_for(outcome: &Outcome, agent: &str, limit: Option<f64>) -> Option<
         summary,
         error_code: None,
         error_message: None,
+        return_task: false,
     };
     Some(match outcome {
         Outcome::Completed { summary } => fin("completed", Some("final_answer"), Some(summary.clone())),
@@ -133,9 +134,11 @@ impl Worker {
 
     /// A free place for a task submitted with `wait=true`, to be inserted already running
     /// under this worker's lease and started by `start`, which saves the claim's round trip and
-    /// its transaction. `None` while draining, when every place is taken, or when tasks may be
-    /// queued: a task started here never overtakes one waiting in the queue. The caller also
-    /// leaves out tenants with a running limit, which only the claim keeps exact.
+    /// its transaction. `None` while draining, when every place is taken, or when claimable
+    /// tasks may be queued (work was queued since the last claim that came back short): a task
+    /// started here does not overtake one the claim could take. Tasks of a tenant at its running
+    /// limit may still be queued; they wait for their tenant either way. The caller also leaves
+    /// out tenants with a running limit, which only the claim keeps exact.
     pub fn take_slot(&self) -> Option<Slot> {
         // Tracked before the check: a drain that closes the tracker after it waits for this.
         let tracked = self.runs.token();
@@ -333,13 +336,17 @@ impl Worker {
             return;
         };
         // The last checkpoint may already have ended the task, in the same commit.
+        let fin = Finish { return_task: self.hub.has_waiters(row.id), ..fin };
         let written = match finished {
-            Some(done) => Ok(Some(done)),
+            Some(done) => Ok(done),
             None => retry_db(|| runs::finish(&self.pool, fence, &fin)).await,
         };
         match written {
-            Ok(Some(done)) => {
-                self.hub.finished_here(done);
+            Ok(done @ (runs::Committed::Finished(_) | runs::Committed::Applied)) => {
+                match done {
+                    runs::Committed::Finished(Some(task)) => self.hub.finished_here(*task),
+                    _ => self.hub.publish(crate::store::CH_DONE, row.id.to_string()),
+                }
                 metrics::counter!("subagentd_tasks_finished_total", "status" => fin.status).increment(1);
                 if let Some(started) = row.started_at {
                     let took = (chrono::Utc::now() - started).to_std().unwrap_or_default();
@@ -347,7 +354,7 @@ impl Worker {
                 }
                 tracing::info!(status = fin.status, "task finished")
             }
-            Ok(None) => tracing::warn!("lease lost before finish; another attempt owns the task"),
+            Ok(runs::Committed::LeaseLost) => tracing::warn!("lease lost before finish; another attempt owns the task"),
             Err(e) => {
                 tracing::error!(error = %e, "finish failed; the lease will expire and the task be rescued")
             }
@@ -361,7 +368,7 @@ impl Worker {
         fence: Fence,
         stop: &StopSignal,
         reserved: Option<Value>,
-    ) -> (Outcome, Option<TaskRow>) {
+    ) -> (Outcome, Option<runs::Committed>) {
         let store = PgRunStore {
             pool: self.pool.clone(),
             fence,

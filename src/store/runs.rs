@@ -195,6 +195,7 @@ pub async fn commit_turn(
 ) -> Result<Committed, StoreError> {
     let mut kinds: Vec<&str> = events.iter().map(|e| e.0).collect();
     let mut datas: Vec<Value> = events.iter().map(|e| e.1.clone()).collect();
+    let whole = fin.is_some_and(|f| f.return_task);
     if let Some(fin) = fin {
         kinds.push("finished");
         datas.push(serde_json::json!({"status": fin.status, "stop_reason": fin.stop_reason}));
@@ -243,8 +244,8 @@ pub async fn commit_turn(
          )
          SELECT {answer} FROM u",
         // The whole task only for the commit that ends it (for its waiters).
-        returning = if fin.is_some() { format!("{COLS}, last_event_seq") } else { "tenant, subagent_type, last_event_seq".into() },
-        answer = if fin.is_some() { COLS } else { "1" },
+        returning = if whole { format!("{COLS}, last_event_seq") } else { "tenant, subagent_type, last_event_seq".into() },
+        answer = if whole { COLS } else { "1" },
     );
     let row = sqlx::query(&sql)
         .bind(f.id) // 1
@@ -277,7 +278,7 @@ pub async fn commit_turn(
         .fetch_optional(pool)
         .await?;
     match (row, fin) {
-        (Some(r), Some(_)) => return Ok(Committed::Finished(Box::new(TaskRow::from_row(&r)?))),
+        (Some(r), Some(_)) => return Committed::finished(whole.then_some(&r)),
         (Some(_), None) => return Ok(Committed::Applied),
         (None, _) => {}
     }
@@ -287,19 +288,25 @@ pub async fn commit_turn(
     let done: Option<TaskRow> = sqlx::query_as(&sql).bind(f.id).bind(call.call_key).fetch_optional(pool).await?;
     Ok(match (done, fin) {
         (None, _) => Committed::LeaseLost,
-        (Some(r), Some(_)) => Committed::Finished(Box::new(r)),
+        (Some(r), Some(_)) => Committed::Finished(whole.then(|| Box::new(r))),
         (Some(_), None) => Committed::Applied,
     })
 }
 
-/// What a fenced checkpoint did.
+/// What a fenced write of a run did.
 #[derive(Debug)]
 pub enum Committed {
     Applied,
-    /// Applied, and it ended the task: the task as written.
-    Finished(Box<TaskRow>),
+    /// Applied, and it ended the task; the task as written if `Finish::return_task` asked.
+    Finished(Option<Box<TaskRow>>),
     /// The lease is no longer held: nothing was written.
     LeaseLost,
+}
+
+impl Committed {
+    fn finished(row: Option<&sqlx::postgres::PgRow>) -> Result<Committed, StoreError> {
+        Ok(Committed::Finished(row.map(TaskRow::from_row).transpose()?.map(Box::new)))
+    }
 }
 
 /// How a run ended, as written to the task.
@@ -310,25 +317,33 @@ pub struct Finish {
     pub summary: Option<String>,
     pub error_code: Option<String>,
     pub error_message: Option<String>,
+    /// Read the finished task back (for waiters in this process; only then, as it costs a
+    /// decode and its memory at every finish).
+    pub return_task: bool,
 }
 
-/// Write the terminal state and its `finished` event. Returns the finished task, or `None`
-/// if the lease is no longer held (nothing is written).
-pub async fn finish(pool: &PgPool, f: Fence, fin: &Finish) -> Result<Option<TaskRow>, StoreError> {
+/// Write the terminal state and its `finished` event (`LeaseLost`, and nothing written, if the
+/// lease is no longer held).
+pub async fn finish(pool: &PgPool, f: Fence, fin: &Finish) -> Result<Committed, StoreError> {
+    let (returning, answer) = if fin.return_task {
+        (format!("{COLS}, last_event_seq"), COLS)
+    } else {
+        ("id, last_event_seq".to_string(), "1")
+    };
     let sql = format!(
         "WITH u AS (
             UPDATE tasks SET status = $3, stop_reason = $4, summary = $5, error_code = $6, error_message = $7,
                 finished_at = now(), lease_token = NULL, lease_expires_at = NULL,
                 reserved_usd = 0, reserved_tokens = 0, last_event_seq = last_event_seq + 1
             WHERE id = $1 AND lease_token = $2 AND status = 'running'
-            RETURNING {COLS}, last_event_seq
+            RETURNING {returning}
          ), e AS (
             INSERT INTO task_events (task_id, seq, kind, data)
             SELECT id, last_event_seq, 'finished', jsonb_build_object('status', $3::text, 'stop_reason', $4::text) FROM u
          )
-         SELECT {COLS} FROM u"
+         SELECT {answer} FROM u"
     );
-    Ok(sqlx::query_as(&sql)
+    let row = sqlx::query(&sql)
         .bind(f.id)
         .bind(f.lease)
         .bind(fin.status)
@@ -337,7 +352,11 @@ pub async fn finish(pool: &PgPool, f: Fence, fin: &Finish) -> Result<Option<Task
         .bind(&fin.error_code)
         .bind(&fin.error_message)
         .fetch_optional(pool)
-        .await?)
+        .await?;
+    match row {
+        Some(r) => Committed::finished(fin.return_task.then_some(&r)),
+        None => Ok(Committed::LeaseLost),
+    }
 }
 
 /// Give a task back to the queue without counting the attempt (graceful drain).

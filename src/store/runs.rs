@@ -200,54 +200,8 @@ pub async fn commit_turn(
         kinds.push("finished");
         datas.push(serde_json::json!({"status": fin.status, "stop_reason": fin.stop_reason}));
     }
-    let sql = format!(
-        "WITH u AS (
-            UPDATE tasks SET turns = coalesce($3, turns),
-                input_tokens = input_tokens + $8, output_tokens = output_tokens + $9,
-                cached_tokens = cached_tokens + $10, cost_usd = cost_usd + coalesce($11, 0),
-                unpriced_calls = unpriced_calls + ($11 IS NULL AND $14 = 'ok')::int,
-                reserved_usd = CASE WHEN $23::text IS NULL THEN greatest(reserved_usd - $21, 0) ELSE 0 END,
-                reserved_tokens = CASE WHEN $23::text IS NULL THEN greatest(reserved_tokens - $22, 0) ELSE 0 END,
-                last_event_seq = last_event_seq + cardinality($17::text[]),
-                status = coalesce($23, status),
-                stop_reason = CASE WHEN $23::text IS NULL THEN stop_reason ELSE $24 END,
-                summary = CASE WHEN $23::text IS NULL THEN summary ELSE $25 END,
-                error_code = CASE WHEN $23::text IS NULL THEN error_code ELSE $26 END,
-                error_message = CASE WHEN $23::text IS NULL THEN error_message ELSE $27 END,
-                finished_at = CASE WHEN $23::text IS NULL THEN finished_at ELSE now() END,
-                lease_token = CASE WHEN $23::text IS NULL THEN lease_token END,
-                lease_expires_at = CASE WHEN $23::text IS NULL THEN lease_expires_at END
-            WHERE id = $1 AND lease_token = $2 AND status = 'running'
-              AND NOT EXISTS (SELECT 1 FROM llm_calls WHERE call_key = $20)
-            RETURNING {returning}
-         ), c AS (
-            INSERT INTO llm_calls (call_key, task_id, tenant, turn, attempt, try, provider, model, input_tokens,
-                output_tokens, cached_tokens, cost_usd, latency_ms, http_status, outcome, error)
-            SELECT $20, $1, tenant, $4, $5, $6, $7, $19, $8, $9, $10, $11, $12, $13, $14, $15 FROM u
-         ), r AS (
-            INSERT INTO usage_daily AS d (day, tenant, model, agent_type, shard, calls, ok, failed, input_tokens,
-                output_tokens, cached_tokens, cost_usd)
-            SELECT (now() AT TIME ZONE 'UTC')::date, tenant, $7 || '/' || $19, subagent_type, pg_backend_pid() % 16, 1,
-                ($14 = 'ok')::int, ($14 <> 'ok')::int, $8, $9, $10, coalesce($11, 0) FROM u
-            ON CONFLICT (tenant, day, model, agent_type, shard) DO UPDATE SET calls = d.calls + 1, ok = d.ok + EXCLUDED.ok,
-                failed = d.failed + EXCLUDED.failed, input_tokens = d.input_tokens + EXCLUDED.input_tokens,
-                output_tokens = d.output_tokens + EXCLUDED.output_tokens,
-                cached_tokens = d.cached_tokens + EXCLUDED.cached_tokens, cost_usd = d.cost_usd + EXCLUDED.cost_usd
-         ), m AS (
-            INSERT INTO task_messages (task_id, seq, turn, message)
-            SELECT $1, (SELECT coalesce(max(seq), 0) FROM task_messages WHERE task_id = $1) + x.ord, $4, x.msg
-            FROM u, unnest($16::jsonb[]) WITH ORDINALITY AS x(msg, ord)
-         ), e AS (
-            INSERT INTO task_events (task_id, seq, kind, data)
-            SELECT $1, u.last_event_seq - cardinality($17::text[]) + x.ord, x.kind, x.data
-            FROM u, unnest($17::text[], $18::jsonb[]) WITH ORDINALITY AS x(kind, data, ord)
-         )
-         SELECT {answer} FROM u",
-        // The whole task only for the commit that ends it (for its waiters).
-        returning = if whole { format!("{COLS}, last_event_seq") } else { "tenant, subagent_type, last_event_seq".into() },
-        answer = if whole { COLS } else { "1" },
-    );
-    let row = sqlx::query(&sql)
+    let sql: &str = if whole { &COMMIT_TURN_ENDING } else { &COMMIT_TURN };
+    let row = sqlx::query(sql)
         .bind(f.id) // 1
         .bind(f.lease) // 2
         .bind(turn) // 3
@@ -293,6 +247,61 @@ pub async fn commit_turn(
     })
 }
 
+/// `commit_turn`'s statement; `whole`: the one that also answers with the whole task.
+fn commit_turn_sql(whole: bool) -> String {
+    format!(
+        "WITH u AS (
+            UPDATE tasks SET turns = coalesce($3, turns),
+                input_tokens = input_tokens + $8, output_tokens = output_tokens + $9,
+                cached_tokens = cached_tokens + $10, cost_usd = cost_usd + coalesce($11, 0),
+                unpriced_calls = unpriced_calls + ($11 IS NULL AND $14 = 'ok')::int,
+                reserved_usd = CASE WHEN $23::text IS NULL THEN greatest(reserved_usd - $21, 0) ELSE 0 END,
+                reserved_tokens = CASE WHEN $23::text IS NULL THEN greatest(reserved_tokens - $22, 0) ELSE 0 END,
+                last_event_seq = last_event_seq + cardinality($17::text[]),
+                status = coalesce($23, status),
+                stop_reason = CASE WHEN $23::text IS NULL THEN stop_reason ELSE $24 END,
+                summary = CASE WHEN $23::text IS NULL THEN summary ELSE $25 END,
+                error_code = CASE WHEN $23::text IS NULL THEN error_code ELSE $26 END,
+                error_message = CASE WHEN $23::text IS NULL THEN error_message ELSE $27 END,
+                finished_at = CASE WHEN $23::text IS NULL THEN finished_at ELSE now() END,
+                lease_token = CASE WHEN $23::text IS NULL THEN lease_token END,
+                lease_expires_at = CASE WHEN $23::text IS NULL THEN lease_expires_at END
+            WHERE id = $1 AND lease_token = $2 AND status = 'running'
+              AND NOT EXISTS (SELECT 1 FROM llm_calls WHERE call_key = $20)
+            RETURNING {returning}
+         ), c AS (
+            INSERT INTO llm_calls (call_key, task_id, tenant, turn, attempt, try, provider, model, input_tokens,
+                output_tokens, cached_tokens, cost_usd, latency_ms, http_status, outcome, error)
+            SELECT $20, $1, tenant, $4, $5, $6, $7, $19, $8, $9, $10, $11, $12, $13, $14, $15 FROM u
+         ), r AS (
+            INSERT INTO usage_daily AS d (day, tenant, model, agent_type, shard, calls, ok, failed, input_tokens,
+                output_tokens, cached_tokens, cost_usd)
+            SELECT (now() AT TIME ZONE 'UTC')::date, tenant, $7 || '/' || $19, subagent_type, pg_backend_pid() % 16, 1,
+                ($14 = 'ok')::int, ($14 <> 'ok')::int, $8, $9, $10, coalesce($11, 0) FROM u
+            ON CONFLICT (tenant, day, model, agent_type, shard) DO UPDATE SET calls = d.calls + 1, ok = d.ok + EXCLUDED.ok,
+                failed = d.failed + EXCLUDED.failed, input_tokens = d.input_tokens + EXCLUDED.input_tokens,
+                output_tokens = d.output_tokens + EXCLUDED.output_tokens,
+                cached_tokens = d.cached_tokens + EXCLUDED.cached_tokens, cost_usd = d.cost_usd + EXCLUDED.cost_usd
+         ), m AS (
+            INSERT INTO task_messages (task_id, seq, turn, message)
+            SELECT $1, (SELECT coalesce(max(seq), 0) FROM task_messages WHERE task_id = $1) + x.ord, $4, x.msg
+            FROM u, unnest($16::jsonb[]) WITH ORDINALITY AS x(msg, ord)
+         ), e AS (
+            INSERT INTO task_events (task_id, seq, kind, data)
+            SELECT $1, u.last_event_seq - cardinality($17::text[]) + x.ord, x.kind, x.data
+            FROM u, unnest($17::text[], $18::jsonb[]) WITH ORDINALITY AS x(kind, data, ord)
+         )
+         SELECT {answer} FROM u",
+        // The whole task only for the commit that ends it (for its waiters).
+        returning = if whole { format!("{COLS}, last_event_seq") } else { "tenant, subagent_type, last_event_seq".into() },
+        answer = if whole { COLS } else { "1" },
+    )
+}
+
+/// Built once: a run's checkpoint may wait for a connection, and thousands do at once.
+static COMMIT_TURN: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| commit_turn_sql(false));
+static COMMIT_TURN_ENDING: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| commit_turn_sql(true));
+
 /// What a fenced write of a run did.
 #[derive(Debug)]
 pub enum Committed {
@@ -322,15 +331,11 @@ pub struct Finish {
     pub return_task: bool,
 }
 
-/// Write the terminal state and its `finished` event (`LeaseLost`, and nothing written, if the
-/// lease is no longer held).
-pub async fn finish(pool: &PgPool, f: Fence, fin: &Finish) -> Result<Committed, StoreError> {
-    let (returning, answer) = if fin.return_task {
-        (format!("{COLS}, last_event_seq"), COLS)
-    } else {
-        ("id, last_event_seq".to_string(), "1")
-    };
-    let sql = format!(
+/// `finish`'s statement; `whole`: the one that also answers with the whole task.
+fn finish_sql(whole: bool) -> String {
+    let (returning, answer) =
+        if whole { (format!("{COLS}, last_event_seq"), COLS) } else { ("id, last_event_seq".to_string(), "1") };
+    format!(
         "WITH u AS (
             UPDATE tasks SET status = $3, stop_reason = $4, summary = $5, error_code = $6, error_message = $7,
                 finished_at = now(), lease_token = NULL, lease_expires_at = NULL,
@@ -342,8 +347,17 @@ pub async fn finish(pool: &PgPool, f: Fence, fin: &Finish) -> Result<Committed, 
             SELECT id, last_event_seq, 'finished', jsonb_build_object('status', $3::text, 'stop_reason', $4::text) FROM u
          )
          SELECT {answer} FROM u"
-    );
-    let row = sqlx::query(&sql)
+    )
+}
+
+static FINISH: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| finish_sql(false));
+static FINISH_ENDING: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| finish_sql(true));
+
+/// Write the terminal state and its `finished` event (`LeaseLost`, and nothing written, if the
+/// lease is no longer held).
+pub async fn finish(pool: &PgPool, f: Fence, fin: &Finish) -> Result<Committed, StoreError> {
+    let sql: &str = if fin.return_task { &FINISH_ENDING } else { &FINISH };
+    let row = sqlx::query(sql)
         .bind(f.id)
         .bind(f.lease)
         .bind(fin.status)

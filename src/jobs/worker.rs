@@ -5,7 +5,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::PgPool;
+use serde_json::Value;
+use sqlx::{PgConnection, PgPool};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::task_tracker::TaskTrackerToken;
@@ -24,8 +25,6 @@ use crate::store::runs::{self, Fence, Finish};
 use crate::store::tasks::{FirstCall, NewTask, TaskRow};
 use crate::store::StoreError;
 use crate::tools::{Caller, Target, TaskTools};
-use serde_json::Value;
-use sqlx::PgConnection;
 
 /// How a run's outcome is written to its task; `None` when the run ends without a terminal
 /// state (drained back to the queue, or its lease lost). `agent` and `limit` (the time limit)
@@ -92,8 +91,8 @@ pub struct Worker {
     /// Fired when the drain's grace runs out: runs still going are stopped and released, and so
     /// is one that starts after that (from a place taken before the drain).
     draining: CancellationToken,
-    /// `Hub::queued_generation` as it was before the last claim that left the queue empty
-    /// (`u64::MAX` until one has): while it is still current, nothing is known to be queued.
+    /// `Hub::queued_generation` as it was before the last claim that came back short (`u64::MAX`
+    /// until one has): while it is still current, nothing claimable is known to be queued.
     empty_at: AtomicU64,
 }
 

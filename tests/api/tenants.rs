@@ -493,12 +493,17 @@ async fn a_tenants_running_limit_holds_for_waiting_requests_too() {
         assert_eq!(w.await.unwrap()["status"], "completed");
     }
     // A waiting request's task may skip the queue, but not a tenant's running limit: the two
-    // ran one after the other.
-    let spans: Vec<(chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>)> =
-        sqlx::query_as("SELECT started_at, finished_at FROM tasks ORDER BY started_at")
-            .fetch_all(&app.db.pool)
-            .await
-            .unwrap();
+    // provider calls came one after the other. (Each event's time is its own statement's start;
+    // `started_at` is not used, as a claim stamps it with its transaction's start, before the
+    // statement that counts the running tasks.)
+    let spans: Vec<(chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>)> = sqlx::query_as(
+        "SELECT min(created_at) FILTER (WHERE kind = 'llm_call_started'),
+                max(created_at) FILTER (WHERE kind = 'llm_call_finished')
+         FROM task_events GROUP BY task_id ORDER BY 1",
+    )
+    .fetch_all(&app.db.pool)
+    .await
+    .unwrap();
     assert_eq!(spans.len(), 2);
     assert!(spans[1].0 >= spans[0].1, "they overlapped: {spans:?}");
     app.stop().await;

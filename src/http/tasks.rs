@@ -763,7 +763,7 @@ async fn cancel(State(st): State<AppState>, Tenant(tenant): Tenant, TaskId(id): 
     let row = tasks::cancel(&st.pool, &tenant, id).await?.ok_or_else(|| ApiError::not_found("task"))?;
     // A running task is told through NOTIFY; if its worker is in this process, tell it now.
     if row.status == "running" {
-        st.hub.stop_run(id, crate::engine::StopCause::Cancelled);
+        st.hub.cancel_run(id);
     }
     Ok(respond(StatusCode::OK, row))
 }
@@ -801,7 +801,7 @@ async fn cancel_bulk(
     let mut requested = vec![];
     for (id, old) in hit {
         if old == "running" {
-            st.hub.stop_run(id, crate::engine::StopCause::Cancelled);
+            st.hub.cancel_run(id);
             requested.push(id);
         } else {
             cancelled.push(id);

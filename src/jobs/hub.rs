@@ -23,6 +23,10 @@ pub struct Hub {
     /// Woken on every new event of the task (and when it finishes).
     streams: Mutex<HashMap<Uuid, Vec<Arc<Slot>>>>,
     runs: Mutex<HashMap<Uuid, (Fence, StopSignal)>>,
+    /// Cancels that found no run here, kept a minute (locked after `runs`): a run registered just
+    /// after its cancel was sent (claimed or started, not yet registered) stops at once instead
+    /// of at its next heartbeat.
+    early_cancels: Mutex<HashMap<Uuid, std::time::Instant>>,
     /// New work may be queued.
     pub queued: Notify,
     /// Counts the times new work may have been queued (`queued` notifications, reconnects).
@@ -147,7 +151,26 @@ impl Hub {
     }
 
     pub fn register_run(&self, fence: Fence, stop: StopSignal) {
-        self.runs.lock().unwrap_or_else(|e| e.into_inner()).insert(fence.id, (fence, stop));
+        let mut runs = self.runs.lock().unwrap_or_else(|e| e.into_inner());
+        if self.early_cancels.lock().unwrap_or_else(|e| e.into_inner()).remove(&fence.id).is_some() {
+            stop.stop(StopCause::Cancelled);
+        }
+        runs.insert(fence.id, (fence, stop));
+    }
+
+    /// Stop the task's run if it is here; if not, remember the cancel a minute, in case the run
+    /// is about to register (see `early_cancels`).
+    pub fn cancel_run(&self, id: Uuid) {
+        let runs = self.runs.lock().unwrap_or_else(|e| e.into_inner());
+        match runs.get(&id) {
+            Some((_, s)) => s.stop(StopCause::Cancelled),
+            None => {
+                let mut early = self.early_cancels.lock().unwrap_or_else(|e| e.into_inner());
+                let now = std::time::Instant::now();
+                early.retain(|_, at| now.duration_since(*at) < Duration::from_secs(60));
+                early.insert(id, now);
+            }
+        }
     }
 
     pub fn unregister_run(&self, id: Uuid) {
@@ -277,7 +300,7 @@ impl Hub {
             }
             CH_CANCEL => {
                 if let Ok(id) = payload.parse() {
-                    self.stop_run(id, StopCause::Cancelled);
+                    self.cancel_run(id);
                 }
             }
             _ => {}
@@ -352,5 +375,18 @@ mod tests {
         assert!(first.notified().await.is_none());
         drop((first, second, other));
         assert_eq!(hub.waiter_count(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_cancel_that_arrives_before_its_run_registers_stops_the_run_when_it_does() {
+        let hub = Hub::new();
+        let fence = Fence { id: Uuid::now_v7(), lease: Uuid::new_v4() };
+        hub.dispatch(CH_CANCEL, &fence.id.to_string());
+        let (early, other) = (StopSignal::new(), StopSignal::new());
+        hub.register_run(fence, early.clone());
+        assert!(matches!(early.cause(), Some(StopCause::Cancelled)));
+        // Remembered once: a later run of another task is not affected.
+        hub.register_run(Fence { id: Uuid::now_v7(), lease: Uuid::new_v4() }, other.clone());
+        assert!(other.cause().is_none());
     }
 }

@@ -448,10 +448,13 @@ async fn admit(st: &AppState, limits: &Limits, new: &NewTask) -> Result<(Inserte
     admission_checks(&mut tx, limits, &new.tenant).await?;
     let r = tasks::insert(&mut tx, new).await?;
     // With a spend budget, the reservation is checked against it in the same transaction.
-    let reserved = match (&r, first, &st.worker) {
-        (Inserted::New(_, true), Some(f), _) => Some(f.started.clone()),
-        (Inserted::New(row, false), Some(f), Some(w)) => {
-            w.reserve_first_call(&mut tx, row, f).await?.then(|| f.started.clone())
+    let reserved = match (&r, first) {
+        (Inserted::New(_, true), Some(f)) => Some(f.started.clone()),
+        (Inserted::New(TaskRow { id, lease_token: Some(lease), .. }, false), Some(f)) => {
+            let fence = crate::store::runs::Fence { id: *id, lease: *lease };
+            let refused =
+                crate::store::runs::reserve(&mut *tx, fence, f.usd, f.tokens, f.defaults, Some(&f.started)).await?;
+            refused.is_none().then(|| f.started.clone())
         }
         _ => None,
     };

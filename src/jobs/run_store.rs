@@ -17,7 +17,7 @@ pub struct PgRunStore {
     /// Tells event streams on every replica that the task has new events.
     pub hub: std::sync::Arc<super::hub::Hub>,
     /// The first call's `llm_call_started` event, when its reservation was written with the
-    /// task (`Worker::reserve_first_call`).
+    /// task (`Worker::first_call`, written by the insert or `budget_reserve` in its transaction).
     pub reserved: std::sync::Mutex<Option<Value>>,
     /// Set once the last checkpoint has also ended the task (`Committed::Finished`).
     pub finished: std::sync::Mutex<Option<runs::Committed>>,

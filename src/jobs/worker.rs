@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
-use sqlx::{PgConnection, PgPool};
+use sqlx::PgPool;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::task_tracker::TaskTrackerToken;
@@ -23,7 +23,6 @@ use crate::engine::{self, Outcome, RunInput, StopCause, StopSignal};
 use crate::llm::{Message, ModelRef, Providers};
 use crate::store::runs::{self, Fence, Finish};
 use crate::store::tasks::{FirstCall, NewTask, TaskRow};
-use crate::store::StoreError;
 use crate::tools::{Caller, Target, TaskTools};
 
 /// How a run's outcome is written to its task; `None` when the run ends without a terminal
@@ -158,7 +157,7 @@ impl Worker {
     }
 
     /// Run a task inserted with `slot`'s lease (`row` as the insert returned it), its first
-    /// call already reserved if `reserved` (see `reserve_first_call`).
+    /// call already reserved if `reserved` (see `first_call`).
     pub fn start(self: &Arc<Self>, row: TaskRow, slot: Slot, reserved: Option<Value>) {
         metrics::counter!("subagentd_direct_starts_total").increment(1);
         self.spawn_run(row, slot.permit, reserved);
@@ -493,23 +492,6 @@ impl Worker {
         let input = self.run_input(0, t.traceparent.as_deref(), &t.subagent_type, &opts, &model, vec![], fresh);
         let (usd, tokens, started) = engine::first_reservation(&input);
         Some(FirstCall { usd, tokens: tokens as i64, started, defaults: self.cfg.budget_defaults() })
-    }
-
-    /// Reserve `first` for `row` (just inserted to start here) against every budget, in the
-    /// insert's transaction (`conn`), when `insert` could not; `false` (nothing written) when a
-    /// budget refuses it: the run then stops on the same refusal.
-    pub async fn reserve_first_call(
-        &self,
-        conn: &mut PgConnection,
-        row: &TaskRow,
-        first: &FirstCall,
-    ) -> Result<bool, StoreError> {
-        let Some(lease) = row.lease_token else { return Ok(false) };
-        let fence = Fence { id: row.id, lease };
-        let refused =
-            runs::reserve(conn, fence, first.usd, first.tokens, self.cfg.budget_defaults(), Some(&first.started))
-                .await?;
-        Ok(refused.is_none())
     }
 
     /// The run's tools, with what calling them needs: the tenant's signing secret for HTTP

@@ -227,6 +227,13 @@ impl TestApp {
         r.json().await.unwrap()
     }
 
+    /// `POST /tasks?wait=true&timeout=30` and return the finished task's JSON (asserting 200).
+    pub async fn wait_task(&self, body: Value) -> Value {
+        let r = self.client.post(self.url("/tasks?wait=true&timeout=30")).json(&body).send().await.unwrap();
+        assert_eq!(r.status(), 200, "wait failed: {}", r.text().await.unwrap());
+        r.json().await.unwrap()
+    }
+
     pub async fn get_task(&self, id: &str) -> Value {
         let r = self.client.get(self.url(&format!("/tasks/{id}"))).send().await.unwrap();
         assert_eq!(r.status(), 200);

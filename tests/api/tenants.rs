@@ -624,15 +624,7 @@ async fn a_first_call_that_does_not_fit_what_is_left_is_not_made(by_default: boo
     .await
     .unwrap();
     for _ in 0..3 {
-        let r = app
-            .client
-            .post(app.url("/tasks?wait=true&timeout=30"))
-            .json(&json!({"prompt": "one more", "model": "mock/m"}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200);
-        let t: Value = r.json().await.unwrap();
+        let t = app.wait_task(json!({"prompt": "one more", "model": "mock/m"})).await;
         assert_eq!((t["status"].as_str(), t["stop_reason"].as_str()), (Some("incomplete"), Some("budget")), "{t}");
     }
     let calls: i64 = sqlx::query_scalar("SELECT count(*) FROM llm_calls").fetch_one(&app.db.pool).await.unwrap();

@@ -94,15 +94,7 @@ async fn a_waiter_on_one_replica_is_woken_by_a_worker_on_another() {
 /// after start-up the listener's first wake-up may send one through the queue), then its id.
 pub async fn wait_started_here(app: &TestApp, prompt: &str) -> (uuid::Uuid, Value) {
     for _ in 0..50 {
-        let r = app
-            .client
-            .post(app.url("/tasks?wait=true&timeout=30"))
-            .json(&json!({"prompt": prompt, "model": "mock/m"}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200);
-        let t: Value = r.json().await.unwrap();
+        let t = app.wait_task(json!({"prompt": prompt, "model": "mock/m"})).await;
         let id: uuid::Uuid = t["id"].as_str().unwrap().parse().unwrap();
         // Claimed by the insert itself: it started in the transaction that created it (a claim is
         // a later transaction, with a later `now()`).
@@ -117,6 +109,19 @@ pub async fn wait_started_here(app: &TestApp, prompt: &str) -> (uuid::Uuid, Valu
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     panic!("no waiting request's task started where it was accepted");
+}
+
+/// The id `sql` selects, polled for up to 10 s.
+async fn poll_for_task(app: &TestApp, sql: &str) -> uuid::Uuid {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let found: Option<uuid::Uuid> = sqlx::query_scalar(sql).fetch_optional(&app.db.pool).await.unwrap();
+        if let Some(id) = found {
+            return id;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no task matched in time: {sql}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 #[tokio::test]
@@ -160,18 +165,7 @@ async fn a_drain_gives_a_waiting_requests_task_back_to_the_queue_and_answers_202
     let waiting = tokio::spawn(async move {
         client.post(url).json(&json!({"prompt": "long [mock:delay_ms=20000]", "model": "mock/m"})).send().await
     });
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    let id: uuid::Uuid = loop {
-        let running: Option<uuid::Uuid> = sqlx::query_scalar("SELECT id FROM tasks WHERE status = 'running'")
-            .fetch_optional(&app.db.pool)
-            .await
-            .unwrap();
-        if let Some(id) = running {
-            break id;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "the task never started");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let id = poll_for_task(&app, "SELECT id FROM tasks WHERE status = 'running'").await;
     // The drain waits its grace (2 s), then stops the run and releases the task: a run started
     // by a request is the worker's like a claimed one.
     app.service.take().unwrap().stop().await;
@@ -197,15 +191,7 @@ async fn the_task_a_wait_returns_is_the_task_as_stored() {
     let app = spawn_app().await;
     // Ended by its last checkpoint, and by a separate finish after a failed call.
     for prompt in ["ok [mock:tool_turns=1] [mock:reply=fine]", "bad [mock:fail=400]"] {
-        let r = app
-            .client
-            .post(app.url("/tasks?wait=true&timeout=30"))
-            .json(&json!({"prompt": prompt, "model": "mock/m"}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200);
-        let waited: Value = r.json().await.unwrap();
+        let waited = app.wait_task(json!({"prompt": prompt, "model": "mock/m"})).await;
         assert!(matches!(waited["status"].as_str(), Some("completed" | "failed")), "{waited}");
         // Handed over by the run that finished it, it is the same as a later read.
         let stored = app.get_task(waited["id"].as_str().unwrap()).await;
@@ -217,15 +203,7 @@ async fn the_task_a_wait_returns_is_the_task_as_stored() {
 #[tokio::test]
 async fn a_first_call_over_the_tasks_budget_stops_a_waiting_task_before_it_is_made() {
     let app = spawn_app().await;
-    let r = app
-        .client
-        .post(app.url("/tasks?wait=true&timeout=30"))
-        .json(&json!({"prompt": "too dear", "model": "mock/m", "max_cost_usd": 0.000001}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let t: Value = r.json().await.unwrap();
+    let t = app.wait_task(json!({"prompt": "too dear", "model": "mock/m", "max_cost_usd": 0.000001})).await;
     assert_eq!((t["status"].as_str(), t["stop_reason"].as_str()), (Some("incomplete"), Some("budget")), "{t}");
     assert_eq!(t["turns"], 0);
     assert!(t["summary"].as_str().unwrap().contains("max_cost_usd"), "{t}");
@@ -247,21 +225,9 @@ async fn a_cancel_stops_a_waiting_requests_task_started_where_it_was_accepted() 
         let r = client.post(url).json(&json!({"prompt": "long [mock:delay_ms=20000]", "model": "mock/m"})).send().await;
         r.unwrap().json::<Value>().await.unwrap()
     });
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    let id: uuid::Uuid = loop {
-        let started: Option<uuid::Uuid> = sqlx::query_scalar(
-            "SELECT t.id FROM tasks t JOIN task_events e ON e.task_id = t.id
-             WHERE t.status = 'running' AND e.kind = 'llm_call_started'",
-        )
-        .fetch_optional(&app.db.pool)
-        .await
-        .unwrap();
-        if let Some(id) = started {
-            break id;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "the task never reached its provider call");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let started = "SELECT t.id FROM tasks t JOIN task_events e ON e.task_id = t.id
+                   WHERE t.status = 'running' AND e.kind = 'llm_call_started'";
+    let id = poll_for_task(&app, started).await;
     let here: bool = sqlx::query_scalar("SELECT started_at = created_at FROM tasks WHERE id = $1")
         .bind(id)
         .fetch_one(&app.db.pool)

@@ -101,6 +101,12 @@ impl Drop for Svc {
     }
 }
 
+/// The service binary: this build's, or `BENCH_BIN` (to measure another build with the same
+/// harness, side by side).
+fn service_binary() -> String {
+    std::env::var("BENCH_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_subagentd").to_string())
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
@@ -154,7 +160,7 @@ impl Env {
         )
         .unwrap();
         let port = free_port();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_subagentd"));
+        let mut cmd = Command::new(service_binary());
         cmd.args(args)
             .env("DATABASE_URL", &db_url)
             .env("SUBAGENTD_CONFIG", &cfg)
@@ -389,7 +395,7 @@ async fn concurrency(env: &Env, report: &Report, n: usize) {
     reset_statement_stats(&pool).await;
     CALLS_PEAK.store(0, Ordering::Relaxed);
     let cfg = env.dir.join("bench_cc.toml");
-    let mut worker = Command::new(env!("CARGO_BIN_EXE_subagentd"));
+    let mut worker = Command::new(service_binary());
     pass_service_settings(&mut worker);
     let mut worker = worker
         .arg("worker")

@@ -1,4 +1,7 @@
-//! One `Config` for every command, from flags and `SUBAGENTD_*` / `DATABASE_URL` env vars.
+//! One `Config` for every command, from flags and `SUBAGENTD_*` / `DATABASE_URL` env vars, and
+//! the optional TOML file (`FileConfig`).
+//!
+//! The bottom of the house: it imports nothing of this crate, and everything may import it.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -169,13 +172,6 @@ impl Config {
     pub fn heartbeat(&self) -> Duration {
         Duration::from_secs(self.heartbeat_seconds.max(1))
     }
-    pub fn budget_defaults(&self) -> crate::store::runs::BudgetDefaults {
-        crate::store::runs::BudgetDefaults {
-            usd_per_day: self.default_usd_per_day,
-            usd_per_month: self.default_usd_per_month,
-            tokens_per_day: self.default_tokens_per_day,
-        }
-    }
     pub fn drain_grace(&self) -> Duration {
         Duration::from_secs(self.drain_grace_seconds)
     }
@@ -211,7 +207,16 @@ pub struct FileConfig {
     pub retry: Option<RetryConfig>,
     /// Per `provider/model` (or `provider`): concurrency, requests and tokens per minute.
     #[serde(default)]
-    pub limits: std::collections::BTreeMap<String, crate::llm::limits::LimitConfig>,
+    pub limits: std::collections::BTreeMap<String, LimitConfig>,
+}
+
+/// `[limits."provider/model"]` or `[limits.provider]`: a provider's rate limits, per process.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitConfig {
+    pub concurrency: Option<u32>,
+    pub requests_per_minute: Option<u32>,
+    pub tokens_per_minute: Option<u32>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]

@@ -1,5 +1,6 @@
 //! subagentd: LLM sub-agents as durable jobs.
 
+pub mod budget;
 pub mod cache;
 pub mod config;
 pub mod db;
@@ -9,6 +10,7 @@ pub mod jobs;
 pub mod llm;
 pub mod service;
 pub mod store;
+pub mod submit;
 pub mod telemetry;
 pub mod tools;
 pub mod view;

@@ -1,3 +1,6 @@
+//! The `subagentd` command: parses the config, starts telemetry, and calls into the library
+//! (`service` for `serve` and `worker`; `budget` and `store` for the admin commands).
+
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
@@ -170,10 +173,12 @@ enum Admin {
 
 /// The admin commands: straight to the database (the service need not run).
 async fn admin(cfg: &Config, cmd: Admin) {
+    use subagentd::budget;
     use subagentd::store::tenants;
     let db = Database::open(cfg).await.unwrap_or_else(|e| fail(e));
     let out = match cmd {
         Admin::Keys(KeysCmd::Create { tenant, name }) => {
+            budget::check_tenant_name(&tenant).unwrap_or_else(|e| fail(e));
             let (row, key) = tenants::create_key(&db.pool, &tenant, name.as_deref()).await.unwrap_or_else(|e| fail(e));
             eprintln!("created key {} for tenant {} (shown once; it is stored hashed):", row.id, row.tenant);
             key
@@ -211,14 +216,15 @@ async fn admin(cfg: &Config, cmd: Admin) {
                 max_task_turns,
                 max_task_timeout_seconds,
             };
-            tenants::put_limits(&db.pool, &name, &l).await.unwrap_or_else(|e| fail(e));
+            // The admin API's checks, then the same write.
+            budget::set_limits(&db.pool, &name, &l).await.unwrap_or_else(|e| fail(e));
             format!("tenant {name}: {}", serde_json::to_string(&l).unwrap_or_default())
         }
         Admin::Tenants(TenantsCmd::Show { name }) => {
             let mut conn = db.pool.acquire().await.unwrap_or_else(|e| fail(e));
             let l = tenants::limits(&mut conn, &name, false).await.unwrap_or_else(|e| fail(e));
             let Some(l) = l else { fail(format!("no tenant {name:?}")) };
-            let u = tenants::usage_now(&mut conn, &name).await.unwrap_or_else(|e| fail(e));
+            let u = subagentd::store::budget::usage_now(&mut conn, &name).await.unwrap_or_else(|e| fail(e));
             serde_json::to_string_pretty(&serde_json::json!({"name": name, "limits": l, "use": u})).unwrap_or_default()
         }
     };

@@ -1,5 +1,5 @@
-//! Wiring: the HTTP server, the worker pool and the notify hub as one service with one
-//! shutdown token.
+//! Wiring: the HTTP server, the worker and its services, and the notify hub as one service
+//! with one shutdown token. The top of the house, with `main.rs`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -38,7 +38,7 @@ impl Service {
         roles: Roles,
     ) -> std::io::Result<Service> {
         let tool_caller = crate::tools::Caller::from_config(&cfg)
-            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
         let mode = crate::http::auth::Mode::parse(&cfg.auth)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
         crate::telemetry::prometheus();
@@ -52,10 +52,24 @@ impl Service {
         let local_worker = roles
             .workers
             .then(|| Worker::new(pool.clone(), hub.clone(), providers.clone(), tool_caller.clone(), cfg.clone()));
-        let worker = local_worker.clone().map(|w| tokio::spawn(w.run(shutdown.clone(), cfg.drain_grace())));
+        let worker =
+            local_worker.clone().map(|w| tokio::spawn(crate::jobs::run_worker(w, shutdown.clone(), cfg.drain_grace())));
 
         let (addr, server) = if roles.api {
             let loopback = cfg.listen.ip().is_loopback();
+            let limits_cache = Arc::new(crate::cache::TtlCache::new(std::time::Duration::from_secs(5)));
+            let tools_cache = Arc::new(crate::cache::TtlCache::new(std::time::Duration::from_secs(5)));
+            let submit = crate::submit::Submitter {
+                pool: pool.clone(),
+                cfg: cfg.clone(),
+                providers: providers.clone(),
+                file_agents: file_agents.clone(),
+                tool_caller: tool_caller.clone(),
+                hub: hub.clone(),
+                limits_cache: limits_cache.clone(),
+                tools_cache: tools_cache.clone(),
+                worker: local_worker,
+            };
             let state = AppState {
                 pool: pool.clone(),
                 cfg: cfg.clone(),
@@ -64,10 +78,10 @@ impl Service {
                 file_agents,
                 tool_caller,
                 auth: Arc::new(crate::http::auth::Auth::new(mode, loopback)),
-                limits_cache: Arc::new(crate::cache::TtlCache::new(std::time::Duration::from_secs(5))),
-                tools_cache: Arc::new(crate::cache::TtlCache::new(std::time::Duration::from_secs(5))),
+                limits_cache,
+                tools_cache,
                 shutdown: shutdown.clone(),
-                worker: local_worker,
+                submit,
             };
             let listener = tokio::net::TcpListener::bind(cfg.listen).await?;
             if mode == crate::http::auth::Mode::Auto && !loopback {

@@ -1,4 +1,6 @@
-//! The task as the API (and webhooks) show it.
+//! The task as the API (and webhooks) show it: the row with its options read once.
+//!
+//! May import: `engine::spec`, `store`, `telemetry`.
 
 use chrono::{DateTime, Utc};
 use rust_decimal::Decimal;
@@ -7,13 +9,13 @@ use serde_json::{json, Value};
 use uuid::Uuid;
 
 use crate::engine::spec::TaskOptions;
-use crate::store::tasks::TaskRow;
+use crate::store::tasks::{TaskRow, TaskStatus};
 
 /// The task as the API shows it.
 #[derive(Debug, Serialize)]
 pub struct TaskView {
     pub id: Uuid,
-    pub status: String,
+    pub status: TaskStatus,
     pub stop_reason: Option<String>,
     pub subagent_type: String,
     pub description: Option<String>,
@@ -45,7 +47,7 @@ pub struct TaskView {
 
 impl From<TaskRow> for TaskView {
     fn from(r: TaskRow) -> Self {
-        let opts: Option<TaskOptions> = serde_json::from_value(r.options.clone()).ok();
+        let opts = TaskOptions::from_stored(&r.options).ok();
         let error = r.error_code.as_ref().map(|c| json!({"code": c, "message": r.error_message}));
         let queue_ms = r.started_at.map(|s| (s - r.created_at).num_milliseconds());
         let run_ms = match (r.started_at, r.finished_at) {
@@ -60,7 +62,7 @@ impl From<TaskRow> for TaskView {
             description: r.description,
             model: r.model,
             prompt: r.prompt,
-            max_turns: opts.as_ref().map(|o| o.max_turns),
+            max_turns: opts.as_ref().map(|o| o.max_turns.get()),
             tools: opts.map(|o| o.tools.into_iter().map(|t| t.name).collect()).unwrap_or_default(),
             summary: r.summary,
             error,

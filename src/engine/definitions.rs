@@ -8,9 +8,51 @@ use serde::{Deserialize, Serialize};
 
 use super::agents::{BUILTIN_NAMES, MAX_TURNS};
 
+/// A custom agent's name: URL-safe, and not a built-in type's.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct AgentName(String);
+
+impl AgentName {
+    pub fn parse(name: &str) -> Result<AgentName, String> {
+        check_name(name)?;
+        Ok(AgentName(name.to_string()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for AgentName {
+    type Error = String;
+    fn try_from(s: String) -> Result<AgentName, String> {
+        check_name(&s)?;
+        Ok(AgentName(s))
+    }
+}
+
+impl From<AgentName> for String {
+    fn from(n: AgentName) -> String {
+        n.0
+    }
+}
+
+impl std::fmt::Display for AgentName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl PartialEq<str> for AgentName {
+    fn eq(&self, other: &str) -> bool {
+        self.0 == other
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AgentDefinition {
-    pub name: String,
+    pub name: AgentName,
     #[serde(default)]
     pub description: String,
     pub system_prompt: String,
@@ -126,7 +168,7 @@ pub fn parse_markdown(source: &str, text: &str) -> Result<AgentDefinition, Defin
         err(field.as_deref(), format!("invalid front matter: {msg}"))
     })?;
     let name = fm.name.map(|n| n.trim().to_string()).ok_or_else(|| err(Some("name"), "is required".into()))?;
-    check_name(&name).map_err(|m| err(Some("name"), m))?;
+    let name = AgentName::parse(&name).map_err(|m| err(Some("name"), m))?;
     let max_turns = match fm.max_turns {
         Some(n) if n < 1 => return Err(err(Some("max_turns"), "must be at least 1".into())),
         Some(n) => Some(n.min(MAX_TURNS as i64) as u32),
@@ -177,7 +219,7 @@ pub fn load_dir(dir: &Path) -> (Vec<AgentDefinition>, Vec<InvalidDefinition>) {
             .and_then(|t| parse_markdown(&source, &t));
         match parsed {
             Ok(d) if ok.iter().any(|o| o.name == d.name) => bad.push(InvalidDefinition {
-                error: format!("{source}: name: {:?} is already defined by another file", d.name),
+                error: format!("{source}: name: {:?} is already defined by another file", d.name.as_str()),
                 source,
             }),
             Ok(d) => ok.push(d),
@@ -209,7 +251,7 @@ impl FileAgents {
     }
 
     pub fn get(&self, name: &str) -> Option<&AgentDefinition> {
-        self.valid.iter().find(|d| d.name == name)
+        self.valid.iter().find(|d| d.name == *name)
     }
 }
 
@@ -222,7 +264,7 @@ mod tests {
     #[test]
     fn a_claude_code_agent_file_loads() {
         let d = parse_markdown("a.md", CLAUDE_STYLE).unwrap();
-        assert_eq!(d.name, "code-reviewer");
+        assert_eq!(d.name.as_str(), "code-reviewer");
         assert_eq!(d.description, "Reviews diffs");
         assert_eq!(d.tools, Some(vec!["Read".into(), "Grep".into(), "Glob".into()]));
         assert_eq!(d.model.as_deref(), Some("sonnet"));

@@ -1,6 +1,11 @@
 //! The sub-agent itself: a tool-calling loop over a fresh conversation, a tool whitelist,
-//! one summary back. Pure logic over traits: storage, provider and tools are injected, so
-//! every invariant is unit-testable with in-memory fakes.
+//! one summary back. Pure logic over traits: storage (`RunStore`), provider (`llm::Provider`)
+//! and tools (`tools::ToolRunner`) are injected, so every invariant is unit-testable with
+//! in-memory fakes.
+//!
+//! May import: `llm`, `tools` (their types and traits), `telemetry`. Never `http`, `jobs`,
+//! `store` or `sqlx`: a run's writes go through `RunStore`, and its end is returned, not
+//! written — the caller commits the last turn with the finish (`jobs::finish`).
 
 pub mod agents;
 pub mod definitions;
@@ -15,7 +20,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::llm::pricing::Price;
 use crate::llm::retry::RetryPolicy;
-use crate::llm::{ChatRequest, LlmError, Message, Provider, ToolCall, ToolSpec, Usage};
+use crate::llm::{ChatRequest, LlmError, Message, Provider, ToolSpec, Usage};
+pub use crate::tools::{ToolOutput, ToolRunner};
 
 /// Everything a run needs, decided before it starts.
 #[derive(Debug, Clone)]
@@ -43,6 +49,9 @@ pub struct RunInput {
     pub retry: RetryPolicy,
     /// Agent type name, for the whitelist refusal message.
     pub agent: String,
+    /// The first call's reservation (`first_reservation`) is already written, with the task:
+    /// the run does not reserve it again.
+    pub first_reserved: bool,
 }
 
 /// One provider call attempt, as the ledger records it.
@@ -97,24 +106,10 @@ pub trait RunStore: Send + Sync {
     async fn event(&self, kind: &'static str, data: Value) -> Result<(), LeaseLost>;
     /// Record a provider attempt that completes no turn (failed, or interrupted by a stop).
     async fn record_failed_call(&self, call: &CallRecord) -> Result<(), LeaseLost>;
-    /// Commit a completed turn: messages, its call's usage and its events, atomically.
+    /// Commit a completed turn: messages, its call's usage and its events, atomically. (The
+    /// run's last turn is not committed here: it is returned in `RunEnd`, to be committed with
+    /// the run's end.)
     async fn checkpoint(&self, turn: &TurnCheckpoint) -> Result<(), LeaseLost>;
-    /// Commit the run's last turn together with how the run ended (`outcome`), when the store
-    /// can do both in one write. By default, only the turn: the run's end is written later.
-    async fn final_checkpoint(&self, turn: &TurnCheckpoint, _outcome: &Outcome) -> Result<(), LeaseLost> {
-        self.checkpoint(turn).await
-    }
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct ToolOutput {
-    pub content: String,
-    pub is_error: bool,
-}
-
-#[async_trait::async_trait]
-pub trait ToolRunner: Send + Sync {
-    async fn run(&self, call: &ToolCall) -> ToolOutput;
 }
 
 /// Why a run was told to stop from outside.
@@ -174,6 +169,20 @@ pub enum Outcome {
     Stopped(StopCause),
 }
 
+/// How a run ended: its outcome, and its last turn when that turn is not committed yet — the
+/// caller commits it together with the end, in one write.
+#[derive(Debug, Clone)]
+pub struct RunEnd {
+    pub outcome: Outcome,
+    pub last_turn: Option<TurnCheckpoint>,
+}
+
+impl From<Outcome> for RunEnd {
+    fn from(outcome: Outcome) -> Self {
+        RunEnd { outcome, last_turn: None }
+    }
+}
+
 const LOOP_WARN_AT: usize = 3;
 const LOOP_STOP_AT: usize = 5;
 
@@ -182,14 +191,15 @@ pub fn fresh_conversation(system_prompt: String, task: String) -> Vec<Message> {
     vec![Message::System { content: system_prompt }, Message::User { content: task }]
 }
 
-/// Run the sub-agent until a final answer, a limit, a failure or a stop signal.
+/// Run the sub-agent until a final answer, a limit, a failure or a stop signal. Every turn but
+/// the last is checkpointed through `store`; the last is returned with the outcome.
 pub async fn run(
     input: RunInput,
     provider: &dyn Provider,
     tools: &dyn ToolRunner,
     store: &dyn RunStore,
     stop: &StopSignal,
-) -> Outcome {
+) -> RunEnd {
     let mut messages = input.history.clone();
     let mut pending: Vec<Message> = input.new_messages.clone();
     messages.extend(pending.iter().cloned());
@@ -214,8 +224,9 @@ pub async fn run(
                         )
                     }),
                 }
+                .into()
             }
-            Err(o) => return o,
+            Err(o) => return o.into(),
         };
         let mut events = vec![(
             "llm_call_finished",
@@ -239,10 +250,7 @@ pub async fn run(
                 },
             };
             let cp = TurnCheckpoint { turn, messages: std::mem::take(&mut pending), call, events };
-            if store.final_checkpoint(&cp, &outcome).await.is_err() {
-                return Outcome::Stopped(StopCause::LeaseLost);
-            }
-            return outcome;
+            return RunEnd { outcome, last_turn: Some(cp) };
         }
 
         // Tool calls: whitelist, loop detection, then concurrent execution in the model's order.
@@ -292,7 +300,7 @@ pub async fn run(
                 .map(|&i| json!({"tool_call_id": resp.tool_calls[i].id, "name": resp.tool_calls[i].name}))
                 .collect();
             if store.event("tool_calls_started", json!({"turn": turn, "calls": calls})).await.is_err() {
-                return Outcome::Stopped(StopCause::LeaseLost);
+                return Outcome::Stopped(StopCause::LeaseLost).into();
             }
         }
         let runs: Vec<_> = to_run
@@ -321,7 +329,7 @@ pub async fn run(
                 let mut interrupted = call.clone();
                 interrupted.outcome = "interrupted";
                 let _ = store.record_failed_call(&interrupted).await;
-                return Outcome::Stopped(cause);
+                return Outcome::Stopped(cause).into();
             }
         };
         for (i, out, took) in ran {
@@ -345,21 +353,30 @@ pub async fn run(
             pending.push(m);
         }
         let cp = TurnCheckpoint { turn, messages: std::mem::take(&mut pending), call, events };
-        if store.checkpoint(&cp).await.is_err() {
-            return Outcome::Stopped(StopCause::LeaseLost);
-        }
-        if loop_stop {
-            return Outcome::Incomplete {
+        let outcome = if loop_stop {
+            Outcome::Incomplete {
                 stop_reason: "loop_detected",
-                summary: last_text.unwrap_or_else(|| {
+                summary: last_text.clone().unwrap_or_else(|| {
                     format!(
                         "(sub-agent {} stopped after {turn} turns: it repeated the same tool call {LOOP_STOP_AT} times)",
                         input.agent
                     )
                 }),
-            };
-        }
+            }
+        } else if turn >= input.max_turns {
+            max_turns_reached(&input, last_text.clone(), turn)
+        } else {
+            if store.checkpoint(&cp).await.is_err() {
+                return Outcome::Stopped(StopCause::LeaseLost).into();
+            }
+            continue;
+        };
+        return RunEnd { outcome, last_turn: Some(cp) };
     }
+    max_turns_reached(&input, last_text, turn).into()
+}
+
+fn max_turns_reached(input: &RunInput, last_text: Option<String>, turn: u32) -> Outcome {
     Outcome::Incomplete {
         stop_reason: "max_turns",
         summary: last_text
@@ -423,11 +440,15 @@ async fn call_with_retries(
     let (est_usd, est_tokens) = estimate(input, req);
     loop {
         try_no += 1;
-        let started = started_event(input, req, turn, try_no, est_usd, est_tokens);
-        match store.reserve(est_usd, est_tokens, started).await {
-            Ok(()) => {}
-            Err(Refusal::LeaseLost) => return Err(Outcome::Stopped(StopCause::LeaseLost)),
-            Err(Refusal::Budget(limit)) => return Err(Outcome::Stopped(StopCause::Budget(limit))),
+        // The run's first call may have been reserved with the task (`first_reservation`).
+        let written_ahead = input.first_reserved && turn == input.turns_done + 1 && try_no == 1;
+        if !written_ahead {
+            let started = started_event(input, req, turn, try_no, est_usd, est_tokens);
+            match store.reserve(est_usd, est_tokens, started).await {
+                Ok(()) => {}
+                Err(Refusal::LeaseLost) => return Err(Outcome::Stopped(StopCause::LeaseLost)),
+                Err(Refusal::Budget(limit)) => return Err(Outcome::Stopped(StopCause::Budget(limit))),
+            }
         }
         let started = Instant::now();
         // OpenTelemetry GenAI semantic conventions, as span fields.

@@ -1,15 +1,93 @@
-//! What a task asks for, validated: the part of a request the worker needs to run it.
+//! What a task asks of a run, typed: parsed once at submission (`submit`), stored as
+//! `tasks.options`, read once where a run starts (`jobs::run`) and where the task is shown
+//! (`view`). The newtypes hold their rules, so a value that exists is a valid one.
 
+use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::agents::{AgentType, MAX_TURNS, MIN_TURNS};
 use super::definitions::AgentDefinition;
+use crate::tools::ToolDef;
 
-/// Stored in `tasks.options`.
+/// A turn budget, always within `1..=50` (a larger request is clamped, as the seeds do).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(from = "u32", into = "u32")]
+pub struct MaxTurns(u32);
+
+impl MaxTurns {
+    /// `n` clamped into `1..=50`.
+    pub fn clamped(n: u32) -> MaxTurns {
+        MaxTurns(n.clamp(MIN_TURNS, MAX_TURNS))
+    }
+
+    /// The request's budget, else the type's default.
+    pub fn for_agent(agent: AgentType, requested: Option<u32>) -> MaxTurns {
+        MaxTurns::clamped(requested.unwrap_or(agent.default_max_turns()))
+    }
+
+    pub fn get(self) -> u32 {
+        self.0
+    }
+}
+
+impl From<u32> for MaxTurns {
+    fn from(n: u32) -> Self {
+        MaxTurns::clamped(n)
+    }
+}
+
+impl From<MaxTurns> for u32 {
+    fn from(m: MaxTurns) -> u32 {
+        m.0
+    }
+}
+
+/// An amount of US dollars that is finite and not negative.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "Decimal", into = "Decimal")]
+pub struct Usd(Decimal);
+
+impl Usd {
+    pub const ZERO: Usd = Usd(Decimal::ZERO);
+
+    pub fn new(d: Decimal) -> Result<Usd, String> {
+        if d.is_sign_negative() && !d.is_zero() {
+            return Err("must not be negative".into());
+        }
+        Ok(Usd(d))
+    }
+
+    /// From a JSON number: finite, `0 ..< 1e9`.
+    pub fn from_f64(v: f64) -> Result<Usd, String> {
+        if !v.is_finite() || !(0.0..1e9).contains(&v) {
+            return Err("must be a number from 0 to 1e9".into());
+        }
+        Decimal::try_from(v).map(Usd).map_err(|_| "is out of range".into())
+    }
+
+    pub fn get(self) -> Decimal {
+        self.0
+    }
+}
+
+impl TryFrom<Decimal> for Usd {
+    type Error = String;
+    fn try_from(d: Decimal) -> Result<Usd, String> {
+        Usd::new(d)
+    }
+}
+
+impl From<Usd> for Decimal {
+    fn from(u: Usd) -> Decimal {
+        u.0
+    }
+}
+
+/// What a task asks of its run; stored in `tasks.options`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TaskOptions {
-    pub max_turns: u32,
+    pub max_turns: MaxTurns,
     /// The request's override of the type's system prompt.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub system_prompt: Option<String>,
@@ -26,10 +104,38 @@ pub struct TaskOptions {
     pub timeout_seconds: Option<f64>,
     /// The whitelist: the tools this run is offered, resolved at submission.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub tools: Vec<crate::tools::ToolDef>,
+    pub tools: Vec<ToolDef>,
 }
 
-/// Clamp a requested turn budget into `1..=50`, or take the type's default.
-pub fn max_turns(agent: AgentType, requested: Option<u32>) -> u32 {
-    requested.unwrap_or(agent.default_max_turns()).clamp(MIN_TURNS, MAX_TURNS)
+impl TaskOptions {
+    /// Read the stored options (once per run, once per view).
+    pub fn from_stored(v: &serde_json::Value) -> Result<TaskOptions, String> {
+        TaskOptions::deserialize(v).map_err(|e| format!("task options are not readable: {e}"))
+    }
+
+    pub fn to_stored(&self) -> serde_json::Value {
+        serde_json::to_value(self).unwrap_or_else(|_| serde_json::json!({}))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn turn_budgets_clamp_and_default_per_type() {
+        assert_eq!(MaxTurns::for_agent(AgentType::Plan, None).get(), 3);
+        assert_eq!(MaxTurns::for_agent(AgentType::General, Some(99)).get(), 50);
+        assert_eq!(MaxTurns::clamped(0).get(), 1);
+        let stored: MaxTurns = serde_json::from_value(serde_json::json!(80)).unwrap();
+        assert_eq!(stored.get(), 50);
+    }
+
+    #[test]
+    fn dollars_are_never_negative() {
+        assert!(Usd::from_f64(-1.0).is_err());
+        assert!(Usd::from_f64(f64::NAN).is_err());
+        assert_eq!(Usd::from_f64(0.5).unwrap().get(), Decimal::new(5, 1));
+        assert!(serde_json::from_value::<Usd>(serde_json::json!("-2")).is_err());
+    }
 }

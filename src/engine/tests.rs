@@ -5,7 +5,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use super::*;
-use crate::llm::{ChatResponse, LlmErrorKind};
+use crate::llm::{ChatResponse, LlmErrorKind, ToolCall};
 
 /// A provider that answers from a queue and records every request.
 #[derive(Default)]
@@ -135,12 +135,24 @@ fn input() -> RunInput {
             deadline: Duration::from_secs(5),
         },
         agent: "research".into(),
+        first_reserved: false,
     }
+}
+
+/// `run`, with its last turn committed the way the worker commits it (with the run's end).
+async fn run_to_end(inp: RunInput, p: &Scripted, t: &Tools, s: &Store, stop: &StopSignal) -> Outcome {
+    let end = run(inp, p, t, s, stop).await;
+    if let Some(cp) = end.last_turn {
+        if s.checkpoint(&cp).await.is_err() {
+            return Outcome::Stopped(StopCause::LeaseLost);
+        }
+    }
+    end.outcome
 }
 
 async fn go(p: &Scripted, inp: RunInput) -> (Outcome, Store, Tools) {
     let (s, t) = (Store::default(), Tools::default());
-    let o = run(inp, p, &t, &s, &StopSignal::new()).await;
+    let o = run_to_end(inp, p, &t, &s, &StopSignal::new()).await;
     (o, s, t)
 }
 
@@ -296,7 +308,7 @@ async fn a_stop_signal_interrupts_a_provider_call() {
         tokio::time::sleep(Duration::from_millis(20)).await;
         stopper.stop(StopCause::Cancelled);
     });
-    let o = tokio::time::timeout(Duration::from_secs(5), run(input(), &p, &t, &s, &stop)).await.unwrap();
+    let o = tokio::time::timeout(Duration::from_secs(5), run_to_end(input(), &p, &t, &s, &stop)).await.unwrap();
     assert_eq!(o, Outcome::Stopped(StopCause::Cancelled));
     assert!(s.checkpoints.lock().unwrap().is_empty());
 }
@@ -305,7 +317,7 @@ async fn a_stop_signal_interrupts_a_provider_call() {
 async fn a_lost_lease_stops_the_run_at_its_next_write() {
     let p = Scripted::new(vec![Ok(calls(&[("get_thing", json!({}))])), Ok(text("x"))]);
     let (s, t) = (Store { lose_lease_at_turn: Some(1), ..Default::default() }, Tools::default());
-    let o = run(input(), &p, &t, &s, &StopSignal::new()).await;
+    let o = run_to_end(input(), &p, &t, &s, &StopSignal::new()).await;
     assert_eq!(o, Outcome::Stopped(StopCause::LeaseLost));
     assert_eq!(p.requests().len(), 1);
 }
@@ -337,7 +349,7 @@ async fn a_refused_reservation_ends_the_run_incomplete_with_budget_and_the_parti
     // Enough for the first call's worst case, not the second's.
     let inp = RunInput { max_tokens: Some(1000), ..input() };
     let s = Store { budget_left: Mutex::new(Some(Decimal::new(25, 4))), ..Default::default() };
-    let o = run(inp, &p, &Tools::default(), &s, &StopSignal::new()).await;
+    let o = run_to_end(inp, &p, &Tools::default(), &s, &StopSignal::new()).await;
     assert_eq!(o, Outcome::Incomplete { stop_reason: "budget", summary: "halfway there".into() });
     assert_eq!(p.requests().len(), 1);
     let cp = s.checkpoints.lock().unwrap();

@@ -12,49 +12,12 @@ use serde_json::{json, Value};
 use super::error::ApiError;
 use super::{AppState, Tenant};
 use crate::engine::agents::{AgentType, BUILTIN_NAMES, MAX_TURNS};
-use crate::engine::definitions::{check_name, parse_markdown, AgentDefinition};
+use crate::engine::definitions::{parse_markdown, AgentDefinition, AgentName};
 use crate::store::agents;
+use crate::submit::agents::{resolve, tenant_definitions, Resolved};
 
 pub fn router() -> Router<AppState> {
     Router::new().route("/agents", get(list)).route("/agents/{name}", get(read).put(put).delete(delete))
-}
-
-/// What `subagent_type` names.
-pub enum Resolved {
-    Builtin(AgentType),
-    Custom(AgentDefinition),
-}
-
-/// A built-in, the tenant's own definition, or the agents directory's — in that order.
-pub async fn resolve(st: &AppState, tenant: &str, name: &str) -> Result<Resolved, ApiError> {
-    if let Some(t) = AgentType::parse(name) {
-        return Ok(Resolved::Builtin(t));
-    }
-    if let Some(d) = agents::get(&st.pool, tenant, name).await? {
-        return Ok(Resolved::Custom(d));
-    }
-    if let Some(d) = st.file_agents.get(name) {
-        return Ok(Resolved::Custom(d.clone()));
-    }
-    let available = available(st, tenant).await?;
-    Err(ApiError::new(
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "unknown_subagent_type",
-        "Unknown sub-agent type",
-        format!("subagent_type: {name:?} is not a known agent type; available: {}", available.join(", ")),
-    )
-    .with(json!({"errors": [{"field": "subagent_type", "message": "unknown agent type"}], "available": available})))
-}
-
-/// Every name `subagent_type` accepts for this tenant.
-pub async fn available(st: &AppState, tenant: &str) -> Result<Vec<String>, ApiError> {
-    let mut names: Vec<String> = BUILTIN_NAMES.iter().map(|s| s.to_string()).collect();
-    let mut custom: Vec<String> = st.file_agents.valid.iter().map(|d| d.name.clone()).collect();
-    custom.extend(agents::list(&st.pool, tenant).await?.into_iter().map(|d| d.name));
-    custom.sort();
-    custom.dedup();
-    names.extend(custom);
-    Ok(names)
 }
 
 fn builtin_view(t: AgentType, name: &str) -> Value {
@@ -76,7 +39,7 @@ async fn list(State(st): State<AppState>, Tenant(tenant): Tenant) -> Result<Json
             out.push(builtin_view(t, name));
         }
     }
-    let mine = agents::list(&st.pool, &tenant).await?;
+    let mine = tenant_definitions(&st.pool, &tenant).await?;
     for d in &st.file_agents.valid {
         if !mine.iter().any(|m| m.name == d.name) {
             out.push(custom_view(d, "file"));
@@ -91,14 +54,13 @@ async fn read(
     Tenant(tenant): Tenant,
     Path(name): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    match resolve(&st, &tenant, &name).await {
-        Ok(Resolved::Builtin(t)) => Ok(Json(builtin_view(t, &name))),
-        Ok(Resolved::Custom(d)) => {
+    match resolve(&st.pool, &st.file_agents, &tenant, &name).await? {
+        Some(Resolved::Builtin(t)) => Ok(Json(builtin_view(t, &name))),
+        Some(Resolved::Custom(d)) => {
             let source = if st.file_agents.get(&name) == Some(&d) { "file" } else { "api" };
             Ok(Json(custom_view(&d, source)))
         }
-        Err(e) if e.code == "unknown_subagent_type" => Err(ApiError::not_found("agent")),
-        Err(e) => Err(e),
+        None => Err(ApiError::not_found("agent")),
     }
 }
 
@@ -131,10 +93,10 @@ fn parse_body(name: &str, headers: &HeaderMap, body: &Bytes) -> Result<AgentDefi
         "text/markdown" => {
             let text = std::str::from_utf8(body).map_err(|_| ApiError::invalid("body", "is not UTF-8"))?;
             let d = parse_markdown("request", text).map_err(definition_error)?;
-            if d.name != name {
+            if d.name != *name {
                 return Err(ApiError::invalid(
                     "name",
-                    format!("the front matter says {:?} but the path says {name:?}", d.name),
+                    format!("the front matter says {:?} but the path says {name:?}", d.name.as_str()),
                 ));
             }
             Ok(d)
@@ -163,7 +125,7 @@ fn parse_body(name: &str, headers: &HeaderMap, body: &Bytes) -> Result<AgentDefi
                 None => None,
             };
             Ok(AgentDefinition {
-                name: name.to_string(),
+                name: AgentName::parse(name).map_err(|m| ApiError::invalid("name", m))?,
                 description: p.description.unwrap_or_default(),
                 system_prompt: p.system_prompt.trim().to_string(),
                 tools: p.tools,
@@ -188,7 +150,7 @@ async fn put(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    check_name(&name).map_err(|m| ApiError::invalid("name", m))?;
+    AgentName::parse(&name).map_err(|m| ApiError::invalid("name", m))?;
     let def = parse_body(&name, &headers, &body)?;
     if let Some(m) = &def.model {
         st.providers.resolve(m).map_err(|_| {
@@ -198,7 +160,8 @@ async fn put(
             )
         })?;
     }
-    let created = agents::put(&st.pool, &tenant, &def).await?;
+    let stored = serde_json::to_value(&def).map_err(|_| ApiError::internal())?;
+    let created = agents::put(&st.pool, &tenant, def.name.as_str(), &stored).await?;
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(custom_view(&def, "api"))).into_response())
 }

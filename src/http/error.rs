@@ -1,10 +1,15 @@
-//! The one error type at the edge: RFC 9457 `application/problem+json` with a stable code.
+//! The one error type at the edge: RFC 9457 `application/problem+json` with a stable code,
+//! and the mapping of every domain error (`SubmitError`, `BudgetError`, `ToolError`,
+//! `StoreError`) to it.
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
+use crate::budget::BudgetError;
 use crate::store::StoreError;
+use crate::submit::SubmitError;
+use crate::tools::ToolError;
 
 #[derive(Debug)]
 pub struct ApiError {
@@ -96,6 +101,81 @@ impl From<StoreError> for ApiError {
             }
             _ => {
                 tracing::error!(error = %e, "store error");
+                ApiError::internal()
+            }
+        }
+    }
+}
+
+impl From<BudgetError> for ApiError {
+    fn from(e: BudgetError) -> Self {
+        match e {
+            BudgetError::Invalid { field, message } => ApiError::invalid(field, message),
+            BudgetError::QueueFull { max, queued, detail } => {
+                ApiError::new(StatusCode::TOO_MANY_REQUESTS, "queue_limit_reached", "Limit reached", detail)
+                    .with(json!({"limit": "max_queued", "value": max, "current": queued}))
+                    .header(header::RETRY_AFTER, HeaderValue::from_static("5"))
+            }
+            BudgetError::Exhausted { limit, value, current, detail } => {
+                ApiError::new(StatusCode::PAYMENT_REQUIRED, "budget_exhausted", "Budget exhausted", detail)
+                    .with(json!({"limit": limit, "value": value, "current": current}))
+            }
+            BudgetError::Store(e) => e.into(),
+        }
+    }
+}
+
+impl From<ToolError> for ApiError {
+    fn from(e: ToolError) -> Self {
+        match e {
+            ToolError::Invalid { field, message } => ApiError::invalid(&field, message),
+            other => {
+                tracing::error!(error = %other, "tool error");
+                ApiError::internal()
+            }
+        }
+    }
+}
+
+impl From<SubmitError> for ApiError {
+    fn from(e: SubmitError) -> Self {
+        match e {
+            SubmitError::Invalid { field, message } => ApiError::invalid(&field, message),
+            SubmitError::ModelRequired => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "model_required",
+                "No model given",
+                "name a model as `provider/model` (or an alias) in `model`, in the agent definition, or configure \
+                 SUBAGENTD_DEFAULT_MODEL; there is no silent fallback",
+            ),
+            SubmitError::UnknownModel { detail, providers } => {
+                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "unknown_model", "Unknown model", detail)
+                    .with(json!({"errors": [{"field": "model", "message": "unknown model"}], "providers": providers}))
+            }
+            SubmitError::UnknownAgent { name, available } => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "unknown_subagent_type",
+                "Unknown sub-agent type",
+                format!("subagent_type: {name:?} is not a known agent type; available: {}", available.join(", ")),
+            )
+            .with(json!({"errors": [{"field": "subagent_type", "message": "unknown agent type"}], "available": available})),
+            SubmitError::NotTerminal { id, status } => ApiError::new(
+                StatusCode::CONFLICT,
+                "task_not_terminal",
+                "Task still running",
+                format!("resume_from: task {id} is {status}; only a finished task can be resumed"),
+            ),
+            SubmitError::IdempotencyConflict { task_id } => ApiError::new(
+                StatusCode::CONFLICT,
+                "idempotency_conflict",
+                "Idempotency key reused",
+                "this Idempotency-Key was used with a different request",
+            )
+            .with(json!({"task_id": task_id})),
+            SubmitError::Budget(b) => b.into(),
+            SubmitError::Store(s) => s.into(),
+            SubmitError::Internal(m) => {
+                tracing::error!(error = %m, "submission failed");
                 ApiError::internal()
             }
         }

@@ -19,7 +19,7 @@ pub fn router() -> Router<AppState> {
 async fn render(State(st): State<AppState>) -> Result<Response, ApiError> {
     // Gauges from the table: only the open states, which partial indexes make cheap.
     for (status, n) in crate::store::tasks::open_counts(&st.pool).await? {
-        metrics::gauge!("subagentd_tasks", "status" => status).set(n as f64);
+        metrics::gauge!("subagentd_tasks", "status" => status.as_str()).set(n as f64);
     }
     metrics::gauge!("subagentd_waiters").set(st.hub.waiter_count() as f64);
     let body = crate::telemetry::prometheus().render();

@@ -1,4 +1,9 @@
-//! The HTTP API: one module per resource, merged here with the tower layers.
+//! The HTTP API: one module per resource, merged here with the tower layers. Handlers route,
+//! extract and shape views; the work is done below (`submit`, `budget`, `store`, …), whose
+//! errors `error` maps to problem+json.
+//!
+//! May import every module below it: `submit`, `jobs`, `budget`, `engine`, `tools`, `llm`,
+//! `store`, `view`, `config`, `telemetry`, `cache`.
 
 pub mod admin;
 pub mod agents;
@@ -36,15 +41,15 @@ pub struct AppState {
     pub file_agents: Arc<FileAgents>,
     pub auth: Arc<auth::Auth>,
     /// Tenants' limits as last read (a tenant row exists for each entry), for admission.
-    pub limits_cache: Arc<crate::cache::TtlCache<crate::store::tenants::Limits>>,
+    pub limits_cache: Arc<crate::cache::TtlCache<crate::budget::Limits>>,
     /// Tenants' available tools (catalog and MCP), for admission.
     pub tools_cache: Arc<crate::cache::TtlCache<Vec<crate::tools::ToolDef>>>,
     /// The guarded client and limits for calls to tenant-supplied URLs.
     pub tool_caller: crate::tools::Caller,
     /// Fired when the server drains: waiting requests answer 202 at once.
     pub shutdown: CancellationToken,
-    /// This process's worker, when it runs one: a waiting request's task may start in it.
-    pub worker: Option<Arc<crate::jobs::worker::Worker>>,
+    /// Submission (sharing the handles above), with this process's worker if it runs one.
+    pub submit: crate::submit::Submitter,
 }
 
 pub use auth::Tenant;

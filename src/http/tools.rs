@@ -15,7 +15,8 @@ use super::error::ApiError;
 use super::extract::ApiJson;
 use super::{AppState, Tenant};
 use crate::store::tools as store;
-use crate::tools::{check_parameters, check_tool_name, mcp, Policy, Target, ToolDef};
+use crate::tools::catalog::{self, ToolInput};
+use crate::tools::{check_tool_name, mcp, Target, ToolDef};
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -25,60 +26,6 @@ pub fn router() -> Router<AppState> {
         .route("/tool-sources/{name}", get(read_source).put(put_source).delete(delete_source))
         .route("/tool-sources/{name}/refresh", post(refresh_source))
         .route("/signing-secret", post(rotate_secret))
-}
-
-/// A tool as registered or brought inline with a task.
-#[derive(Debug, Clone, Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct ToolInput {
-    #[serde(default)]
-    pub description: Option<String>,
-    pub parameters: Value,
-    pub policy: Policy,
-    pub endpoint: String,
-    #[serde(default)]
-    pub timeout_ms: Option<u64>,
-}
-
-/// An inline tool: the same fields plus its name.
-#[derive(Debug, Clone, Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct InlineTool {
-    pub name: String,
-    #[serde(default)]
-    pub description: Option<String>,
-    pub parameters: Value,
-    pub policy: Policy,
-    pub endpoint: String,
-    #[serde(default)]
-    pub timeout_ms: Option<u64>,
-}
-
-const MAX_TOOL_TIMEOUT_MS: u64 = 300_000;
-
-/// Validate a tool into a definition; `field` prefixes the names of bad fields.
-pub fn to_def(st: &AppState, field: &str, name: &str, t: &ToolInput) -> Result<ToolDef, ApiError> {
-    check_tool_name(name).map_err(|m| ApiError::invalid(&format!("{field}name"), m))?;
-    check_parameters(&t.parameters).map_err(|m| ApiError::invalid(&format!("{field}parameters"), m))?;
-    st.tool_caller.allow.check_url(&t.endpoint).map_err(|e| ApiError::invalid(&format!("{field}endpoint"), e.0))?;
-    let timeout_ms = match t.timeout_ms {
-        Some(0) => return Err(ApiError::invalid(&format!("{field}timeout_ms"), "must be at least 1")),
-        Some(ms) if ms > MAX_TOOL_TIMEOUT_MS => {
-            return Err(ApiError::invalid(
-                &format!("{field}timeout_ms"),
-                format!("must be at most {MAX_TOOL_TIMEOUT_MS}"),
-            ))
-        }
-        Some(ms) => ms,
-        None => st.cfg.tool_timeout_ms,
-    };
-    Ok(ToolDef {
-        name: name.to_string(),
-        description: t.description.clone().unwrap_or_default(),
-        parameters: t.parameters.clone(),
-        policy: t.policy,
-        target: Target::Http { endpoint: t.endpoint.clone(), timeout_ms },
-    })
 }
 
 fn view(d: &ToolDef, source: &str) -> Value {
@@ -96,24 +43,11 @@ fn view(d: &ToolDef, source: &str) -> Value {
     v
 }
 
-/// Every tool the tenant could offer a run: the catalog, then each MCP source's cached tools.
-/// (Cached for a few seconds; this replica's own changes take effect at once.)
-pub async fn available(st: &AppState, tenant: &str) -> Result<Vec<ToolDef>, ApiError> {
-    if let Some(v) = st.tools_cache.get(tenant) {
-        return Ok(v);
-    }
-    let mut out: Vec<ToolDef> = store::list(&st.pool, tenant).await?.iter().map(|r| r.def()).collect();
-    for s in store::sources(&st.pool, tenant).await? {
-        out.extend(s.tools.0);
-    }
-    st.tools_cache.put(tenant, out.clone());
-    Ok(out)
-}
-
 async fn list(State(st): State<AppState>, Tenant(tenant): Tenant) -> Result<Json<Value>, ApiError> {
-    let mut out: Vec<Value> = store::list(&st.pool, &tenant).await?.iter().map(|r| view(&r.def(), "catalog")).collect();
+    let mut out: Vec<Value> =
+        store::list(&st.pool, &tenant).await?.iter().map(|r| view(&catalog::from_row(r), "catalog")).collect();
     for s in store::sources(&st.pool, &tenant).await? {
-        out.extend(s.tools.0.iter().map(|d| view(d, "mcp")));
+        out.extend(catalog::source_tools(&s).iter().map(|d| view(d, "mcp")));
     }
     Ok(Json(json!({"tools": out})))
 }
@@ -124,7 +58,7 @@ async fn read(
     Path(name): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let row = store::get(&st.pool, &tenant, &name).await?.ok_or_else(|| ApiError::not_found("tool"))?;
-    Ok(Json(view(&row.def(), "catalog")))
+    Ok(Json(view(&catalog::from_row(&row), "catalog")))
 }
 
 async fn put(
@@ -133,8 +67,9 @@ async fn put(
     Path(name): Path<String>,
     ApiJson(body): ApiJson<ToolInput>,
 ) -> Result<Response, ApiError> {
-    let def = to_def(&st, "", &name, &body)?;
-    let created = store::put(&st.pool, &tenant, &def).await?;
+    let def = catalog::validate(&st.tool_caller, st.cfg.tool_timeout_ms, "", &name, &body)?;
+    let row = catalog::to_row(&def).ok_or_else(ApiError::internal)?;
+    let created = store::put(&st.pool, &tenant, &row).await?;
     st.tools_cache.remove(&tenant);
     Ok((if created { StatusCode::CREATED } else { StatusCode::OK }, Json(view(&def, "catalog"))).into_response())
 }
@@ -164,7 +99,7 @@ struct SourceInput {
 fn source_view(s: &store::SourceRow) -> Value {
     json!({
         "name": s.name, "url": s.url, "headers": s.headers.0.keys().collect::<Vec<_>>(),
-        "tools": s.tools.0.iter().map(|d| view(d, "mcp")).collect::<Vec<_>>(),
+        "tools": catalog::source_tools(s).iter().map(|d| view(d, "mcp")).collect::<Vec<_>>(),
         "refreshed_at": s.refreshed_at, "last_error": s.last_error,
     })
 }
@@ -207,6 +142,7 @@ async fn put_source(
     }
     let headers: Vec<(String, String)> = body.headers.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
     let found = mcp::discover(&st.tool_caller, &name, &body.url, &headers, discovery_timeout(&st)).await;
+    let found = catalog::stored_tools(&found);
     let created = store::put_source(&st.pool, &tenant, &name, &body.url, &body.headers, &found).await?;
     st.tools_cache.remove(&tenant);
     let row = store::source(&st.pool, &tenant, &name).await?.ok_or_else(ApiError::internal)?;
@@ -221,7 +157,7 @@ async fn refresh_source(
     let s = store::source(&st.pool, &tenant, &name).await?.ok_or_else(|| ApiError::not_found("tool source"))?;
     let headers: Vec<(String, String)> = s.headers.0.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
     let found = mcp::discover(&st.tool_caller, &name, &s.url, &headers, discovery_timeout(&st)).await;
-    store::refreshed(&st.pool, &tenant, &name, &found).await?;
+    store::refreshed(&st.pool, &tenant, &name, &catalog::stored_tools(&found)).await?;
     st.tools_cache.remove(&tenant);
     let row = store::source(&st.pool, &tenant, &name).await?.ok_or_else(ApiError::internal)?;
     Ok(Json(source_view(&row)))

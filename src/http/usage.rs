@@ -84,5 +84,5 @@ async fn calls(
     TaskId(id): TaskId,
 ) -> Result<Json<Value>, ApiError> {
     crate::store::tasks::get(&st.pool, &tenant, id).await?.ok_or_else(|| ApiError::not_found("task"))?;
-    Ok(Json(json!({"calls": crate::store::runs::calls_of(&st.pool, id).await?})))
+    Ok(Json(json!({"calls": crate::store::calls::of_task(&st.pool, id).await?})))
 }

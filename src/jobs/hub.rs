@@ -12,9 +12,8 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::engine::{StopCause, StopSignal};
-use crate::store::runs::Fence;
 use crate::store::tasks::TaskRow;
-use crate::store::{CH_CANCEL, CH_DONE, CH_EVENT, CH_QUEUED};
+use crate::store::{Fence, CH_CANCEL, CH_DONE, CH_EVENT, CH_QUEUED};
 
 #[derive(Default)]
 pub struct Hub {
@@ -356,6 +355,7 @@ impl Hub {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::tasks::TaskStatus;
 
     #[tokio::test]
     async fn a_task_finished_here_is_handed_to_its_waiters_and_others_are_only_woken() {
@@ -363,7 +363,7 @@ mod tests {
         let id = Uuid::now_v7();
         let (first, second) = (hub.waiter(id), hub.waiter(id));
         let other = hub.waiter(Uuid::now_v7());
-        hub.finished_here(TaskRow { id, status: "completed".into(), turns: 3, ..Default::default() });
+        hub.finished_here(TaskRow { id, status: TaskStatus::Completed, turns: 3, ..Default::default() });
         for w in [&first, &second] {
             let row = tokio::time::timeout(Duration::from_secs(1), w.notified()).await.expect("woken");
             let row = row.expect("the finished task handed over");

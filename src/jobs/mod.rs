@@ -1,6 +1,63 @@
-//! Claiming, leases and heartbeats, the rescuer, the worker pool and the LISTEN/NOTIFY hub.
+//! Running tasks: the worker and its runs (`worker`, `run`, `run_store`, `finish`), the
+//! long-running services of a worker process — the claim loop, heartbeat, rescuer, retention
+//! and webhook sender, each in its own file with a `pass` that runs once (the tests' hook) —
+//! and the LISTEN/NOTIFY hub that ties the replicas together.
+//!
+//! May import: `engine`, `budget`, `tools`, `llm`, `store`, `view`, `config`, `telemetry`,
+//! `cache`. Never `http` or `submit` (submission calls into the worker, not the reverse).
 
+pub mod claim;
+pub mod finish;
+pub mod heartbeat;
 pub mod hub;
+pub mod rescuer;
+pub mod retention;
+pub mod run;
 pub mod run_store;
 pub mod webhooks;
 pub mod worker;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use worker::Worker;
+
+/// Run a worker process's services until `shutdown`: claim, keep leases, rescue, purge and
+/// deliver; then drain (running sub-agents get `grace`, the rest go back to the queue) and
+/// stop the background services last.
+pub async fn run_worker(worker: Arc<Worker>, shutdown: CancellationToken, grace: Duration) {
+    let (runner, cfg) = (worker.runner.clone(), worker.cfg().clone());
+    let background = CancellationToken::new();
+    let every = (cfg.lease() / 3).max(Duration::from_millis(200));
+    let services = [
+        heartbeat::Heartbeat {
+            pool: runner.pool.clone(),
+            hub: runner.hub.clone(),
+            lease: cfg.lease(),
+            every: cfg.heartbeat(),
+        }
+        .start(background.clone()),
+        rescuer::Rescuer { pool: runner.pool.clone(), max_attempts: cfg.max_attempts, every }.start(background.clone()),
+        retention::Retention {
+            pool: runner.pool.clone(),
+            days: cfg.retention_days,
+            ledger_days: cfg.ledger_retention_days,
+            every,
+        }
+        .start(background.clone()),
+        webhooks::WebhookSender {
+            pool: runner.pool.clone(),
+            hub: runner.hub.clone(),
+            caller: runner.tool_caller.clone(),
+        }
+        .start(background.clone()),
+    ];
+    claim::ClaimLoop::new(worker.clone()).run(shutdown).await;
+    worker.drain(grace).await;
+    background.cancel();
+    for s in services {
+        let _ = s.await;
+    }
+}

@@ -1,14 +1,15 @@
-//! Completion webhooks: finished tasks with a `webhook_url` are POSTed (signed like tool calls),
+//! The webhook sender: finished tasks with a `webhook_url` are POSTed (signed like tool calls),
 //! retried with exponential backoff, and their delivery status is kept on the task.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::PgPool;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::hub::Hub;
-use crate::store::{tasks, tools};
+use crate::store::{tasks, tools, StoreError};
 use crate::tools::Caller;
 use crate::view::TaskView;
 
@@ -20,33 +21,47 @@ pub fn backoff(failures: i32) -> Duration {
     Duration::from_secs(1u64 << failures.clamp(0, 8) as u64).min(Duration::from_secs(300))
 }
 
-pub async fn run(pool: PgPool, hub: Arc<Hub>, caller: Caller, stop: CancellationToken) {
-    loop {
-        let woken = hub.finished.notified();
-        tokio::pin!(woken);
-        woken.as_mut().enable();
-        match tasks::take_due_webhooks(&pool, 20, 30.0).await {
-            Ok(due) if !due.is_empty() => {
-                let n = due.len();
-                let sends = due.into_iter().map(|t| deliver(&pool, &caller, t));
-                futures_util::future::join_all(sends).await;
-                if n == 20 {
-                    continue;
+/// Deliveries taken per scan.
+const BATCH: usize = 20;
+
+pub struct WebhookSender {
+    pub pool: PgPool,
+    pub hub: Arc<Hub>,
+    pub caller: Caller,
+}
+
+impl WebhookSender {
+    /// One scan: deliver (or retry) the webhooks that are due; returns how many were attempted.
+    pub async fn pass(&self) -> Result<usize, StoreError> {
+        let due = tasks::take_due_webhooks(&self.pool, BATCH as i64, 30.0).await?;
+        let n = due.len();
+        futures_util::future::join_all(due.into_iter().map(|t| deliver(&self.pool, &self.caller, t))).await;
+        Ok(n)
+    }
+
+    pub fn start(self, stop: CancellationToken) -> JoinHandle<()> {
+        tokio::spawn(async move {
+            loop {
+                let woken = self.hub.finished.notified();
+                tokio::pin!(woken);
+                woken.as_mut().enable();
+                match self.pass().await {
+                    Ok(BATCH) => continue,
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "webhook scan failed"),
+                }
+                tokio::select! {
+                    _ = &mut woken => {}
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    _ = stop.cancelled() => return,
+                }
+                // Every finish wakes this loop; scan at most four times a second, not once per task.
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+                    _ = stop.cancelled() => return,
                 }
             }
-            Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "webhook scan failed"),
-        }
-        tokio::select! {
-            _ = &mut woken => {}
-            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-            _ = stop.cancelled() => return,
-        }
-        // Every finish wakes this loop; scan at most four times a second, not once per task.
-        tokio::select! {
-            _ = tokio::time::sleep(Duration::from_millis(250)) => {}
-            _ = stop.cancelled() => return,
-        }
+        })
     }
 }
 

@@ -10,13 +10,7 @@ use tokio::sync::Semaphore;
 
 use super::{ChatRequest, ChatResponse, LlmError, Message, Provider};
 
-#[derive(Debug, Clone, Default, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct LimitConfig {
-    pub concurrency: Option<u32>,
-    pub requests_per_minute: Option<u32>,
-    pub tokens_per_minute: Option<u32>,
-}
+pub use crate::config::LimitConfig;
 
 /// A provider behind its limits.
 pub struct Limited {

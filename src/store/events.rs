@@ -5,8 +5,7 @@ use serde_json::Value;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::runs::Fence;
-use super::StoreError;
+use super::{Fence, StoreError};
 
 #[derive(Debug, Clone, serde::Serialize, sqlx::FromRow)]
 pub struct EventRow {

@@ -1,20 +1,14 @@
 //! The worker side of `tasks`: claim, heartbeat, checkpoint, finish, release, rescue.
 //! Every write by a worker is one statement fenced on `(id, lease_token)`.
 
-use rust_decimal::Decimal;
 use serde_json::Value;
 use sqlx::{FromRow, PgPool};
 use uuid::Uuid;
 
-use super::tasks::{TaskRow, COLS};
+use super::calls::CallRow;
+use super::tasks::{TaskRow, TaskStatus, COLS};
+pub use super::Fence;
 use super::{StoreError, CH_DONE, CH_QUEUED};
-
-/// Who is writing: a task under one lease.
-#[derive(Debug, Clone, Copy)]
-pub struct Fence {
-    pub id: Uuid,
-    pub lease: Uuid,
-}
 
 /// Claim up to `limit` queued tasks, fairly across tenants and within each tenant's running
 /// limit: each slot goes to the tenant that would then have the fewest tasks running (each
@@ -97,39 +91,6 @@ pub async fn claim(
     Ok(rows)
 }
 
-/// Budget defaults from the config, for tenants that set none.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct BudgetDefaults {
-    pub usd_per_day: Option<Decimal>,
-    pub usd_per_month: Option<Decimal>,
-    pub tokens_per_day: Option<i64>,
-}
-
-/// Reserve a call's worst case against the task's and tenant's budgets: `Ok(None)` when
-/// reserved, `Ok(Some(limit))` when a limit refuses it (`lease_lost` if the lease is gone).
-/// `event`, if given, is the call's `llm_call_started` event, appended in the same statement.
-pub async fn reserve(
-    db: impl sqlx::PgExecutor<'_>,
-    f: Fence,
-    usd: Decimal,
-    tokens: i64,
-    d: BudgetDefaults,
-    event: Option<&Value>,
-) -> Result<Option<String>, StoreError> {
-    let r: String = sqlx::query_scalar("SELECT budget_reserve($1, $2, $3, $4, $5, $6, $7, $8)")
-        .bind(f.id)
-        .bind(f.lease)
-        .bind(usd)
-        .bind(tokens)
-        .bind(d.usd_per_day)
-        .bind(d.usd_per_month)
-        .bind(d.tokens_per_day)
-        .bind(event)
-        .fetch_one(db)
-        .await?;
-    Ok((r != "ok").then_some(r))
-}
-
 /// Renew the leases this worker holds. Returns, per task still held, whether a cancel was
 /// requested; a task missing from the answer has lost its lease.
 pub async fn heartbeat(pool: &PgPool, held: &[Fence], lease_secs: f64) -> Result<Vec<(Uuid, bool)>, StoreError> {
@@ -156,29 +117,6 @@ pub async fn messages(pool: &PgPool, id: Uuid) -> Result<Vec<Value>, StoreError>
         .await?)
 }
 
-/// One ledger row.
-#[derive(Debug, Clone)]
-pub struct CallRow {
-    /// Makes the write idempotent: a retry after an ambiguous commit changes nothing.
-    pub call_key: Uuid,
-    pub turn: i32,
-    pub attempt: i32,
-    pub try_no: i32,
-    pub provider: String,
-    pub model: String,
-    pub input_tokens: i64,
-    pub output_tokens: i64,
-    pub cached_tokens: i64,
-    pub cost_usd: Option<Decimal>,
-    pub latency_ms: i32,
-    pub http_status: Option<i32>,
-    pub outcome: String,
-    pub error: Option<String>,
-    /// The reservation made for this call, released as the real cost is settled.
-    pub reserved_usd: Decimal,
-    pub reserved_tokens: i64,
-}
-
 /// Commit one turn in one statement: the task's totals, the call's ledger row, the turn's
 /// messages and events. `turn` is `None` for a failed call that completes no turn. With
 /// `fin`, the same statement also ends the task (the run's last turn): one commit, not two.
@@ -198,7 +136,7 @@ pub async fn commit_turn(
     let whole = fin.is_some_and(|f| f.return_task);
     if let Some(fin) = fin {
         kinds.push("finished");
-        datas.push(serde_json::json!({"status": fin.status, "stop_reason": fin.stop_reason}));
+        datas.push(serde_json::json!({"status": fin.status.as_str(), "stop_reason": fin.stop_reason}));
     }
     let sql: &str = if whole { &COMMIT_TURN_ENDING } else { &COMMIT_TURN };
     let row = sqlx::query(sql)
@@ -224,7 +162,7 @@ pub async fn commit_turn(
         .bind(call.call_key) // 20
         .bind(call.reserved_usd) // 21
         .bind(call.reserved_tokens) // 22
-        .bind(fin.map(|f| f.status)) // 23
+        .bind(fin.map(|f| f.status.as_str())) // 23
         .bind(fin.and_then(|f| f.stop_reason.as_deref())) // 24
         .bind(fin.and_then(|f| f.summary.as_deref())) // 25
         .bind(fin.and_then(|f| f.error_code.as_deref())) // 26
@@ -319,9 +257,9 @@ impl Committed {
 }
 
 /// How a run ended, as written to the task.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Finish {
-    pub status: &'static str,
+    pub status: TaskStatus,
     pub stop_reason: Option<String>,
     pub summary: Option<String>,
     pub error_code: Option<String>,
@@ -360,7 +298,7 @@ pub async fn finish(pool: &PgPool, f: Fence, fin: &Finish) -> Result<Committed, 
     let row = sqlx::query(sql)
         .bind(f.id)
         .bind(f.lease)
-        .bind(fin.status)
+        .bind(fin.status.as_str())
         .bind(&fin.stop_reason)
         .bind(&fin.summary)
         .bind(&fin.error_code)
@@ -390,7 +328,7 @@ pub async fn release(pool: &PgPool, f: Fence) -> Result<bool, StoreError> {
 
 /// Re-queue running tasks whose lease expired; fail those out of attempts (`worker_lost`),
 /// and end those whose cancel was requested. Safe to run on every replica at once.
-pub async fn rescue(pool: &PgPool, max_attempts: i32) -> Result<Vec<(Uuid, String)>, StoreError> {
+pub async fn rescue(pool: &PgPool, max_attempts: i32) -> Result<Vec<(Uuid, TaskStatus)>, StoreError> {
     let sql = format!(
         "WITH x AS (
             SELECT id FROM tasks WHERE status = 'running' AND lease_expires_at < now()
@@ -416,83 +354,6 @@ pub async fn rescue(pool: &PgPool, max_attempts: i32) -> Result<Vec<(Uuid, Strin
          SELECT id, status, pg_notify(CASE WHEN status = 'queued' THEN '{CH_QUEUED}' ELSE '{CH_DONE}' END,
                                       CASE WHEN status = 'queued' THEN '' ELSE id::text END)::text FROM u"
     );
-    let rows: Vec<(Uuid, String, String)> = sqlx::query_as(&sql).bind(max_attempts).fetch_all(pool).await?;
+    let rows: Vec<(Uuid, TaskStatus, String)> = sqlx::query_as(&sql).bind(max_attempts).fetch_all(pool).await?;
     Ok(rows.into_iter().map(|(id, s, _)| (id, s)).collect())
-}
-
-/// Delete the conversation and events of tasks finished more than `days` ago, a batch at a
-/// time; the tasks and the usage ledger stay. Returns how many tasks were purged.
-pub async fn purge_finished(pool: &PgPool, days: i32) -> Result<u64, StoreError> {
-    let mut total = 0;
-    loop {
-        let n: i64 = sqlx::query_scalar(
-            "WITH t AS (
-                SELECT id FROM tasks WHERE finished_at < now() - make_interval(days => $1)
-                AND (EXISTS (SELECT 1 FROM task_messages m WHERE m.task_id = tasks.id)
-                     OR EXISTS (SELECT 1 FROM task_events e WHERE e.task_id = tasks.id))
-                LIMIT 500
-             ), m AS (DELETE FROM task_messages WHERE task_id IN (SELECT id FROM t)),
-             e AS (DELETE FROM task_events WHERE task_id IN (SELECT id FROM t))
-             SELECT count(*) FROM t",
-        )
-        .bind(days)
-        .fetch_one(pool)
-        .await?;
-        total += n as u64;
-        if n < 500 {
-            return Ok(total);
-        }
-    }
-}
-
-/// One ledger row as `GET /tasks/{id}/calls` shows it.
-#[derive(Debug, sqlx::FromRow, serde::Serialize)]
-pub struct CallView {
-    pub turn: i32,
-    pub attempt: i32,
-    #[sqlx(rename = "try")]
-    #[serde(rename = "try")]
-    pub try_no: i32,
-    pub provider: String,
-    pub model: String,
-    pub input_tokens: i64,
-    pub output_tokens: i64,
-    pub cached_tokens: i64,
-    pub cost_usd: Option<Decimal>,
-    pub latency_ms: i32,
-    pub http_status: Option<i32>,
-    pub outcome: String,
-    pub error: Option<String>,
-    pub created_at: chrono::DateTime<chrono::Utc>,
-}
-
-/// A task's ledger, in order.
-pub async fn calls_of(pool: &PgPool, task: Uuid) -> Result<Vec<CallView>, StoreError> {
-    Ok(sqlx::query_as(
-        "SELECT turn, attempt, try, provider, model, input_tokens, output_tokens, cached_tokens, cost_usd, latency_ms,
-                http_status, outcome, error, created_at
-         FROM llm_calls WHERE task_id = $1 ORDER BY id",
-    )
-    .bind(task)
-    .fetch_all(pool)
-    .await?)
-}
-
-/// Delete ledger rows older than `days`, a batch at a time (the rollups keep their sums).
-pub async fn purge_ledger(pool: &PgPool, days: i32) -> Result<u64, StoreError> {
-    let mut total = 0;
-    loop {
-        let n = sqlx::query(
-            "DELETE FROM llm_calls WHERE id IN (
-                SELECT id FROM llm_calls WHERE created_at < now() - make_interval(days => $1) ORDER BY id LIMIT 5000)",
-        )
-        .bind(days)
-        .execute(pool)
-        .await?
-        .rows_affected();
-        total += n;
-        if n < 5000 {
-            return Ok(total);
-        }
-    }
 }

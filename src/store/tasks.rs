@@ -6,13 +6,90 @@ use serde_json::Value;
 use sqlx::{PgConnection, PgPool, Postgres, QueryBuilder};
 use uuid::Uuid;
 
+use super::budget::SpendDefaults;
 use super::StoreError;
+
+/// A task's state. Decoded once, where rows are read; the schema's check constraint keeps the
+/// column to these values.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskStatus {
+    #[default]
+    Queued,
+    Running,
+    Completed,
+    Incomplete,
+    Failed,
+    Cancelled,
+}
+
+impl TaskStatus {
+    pub const ALL: [TaskStatus; 6] = [
+        TaskStatus::Queued,
+        TaskStatus::Running,
+        TaskStatus::Completed,
+        TaskStatus::Incomplete,
+        TaskStatus::Failed,
+        TaskStatus::Cancelled,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskStatus::Queued => "queued",
+            TaskStatus::Running => "running",
+            TaskStatus::Completed => "completed",
+            TaskStatus::Incomplete => "incomplete",
+            TaskStatus::Failed => "failed",
+            TaskStatus::Cancelled => "cancelled",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<TaskStatus> {
+        TaskStatus::ALL.into_iter().find(|t| t.as_str() == s)
+    }
+
+    /// No run will change it again.
+    pub fn is_terminal(self) -> bool {
+        !matches!(self, TaskStatus::Queued | TaskStatus::Running)
+    }
+}
+
+impl std::fmt::Display for TaskStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl sqlx::Type<Postgres> for TaskStatus {
+    fn type_info() -> sqlx::postgres::PgTypeInfo {
+        <&str as sqlx::Type<Postgres>>::type_info()
+    }
+    fn compatible(ty: &sqlx::postgres::PgTypeInfo) -> bool {
+        <&str as sqlx::Type<Postgres>>::compatible(ty)
+    }
+}
+
+impl<'r> sqlx::Decode<'r, Postgres> for TaskStatus {
+    fn decode(value: sqlx::postgres::PgValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
+        let s = <&str as sqlx::Decode<Postgres>>::decode(value)?;
+        TaskStatus::parse(s).ok_or_else(|| format!("unknown task status {s:?}").into())
+    }
+}
+
+impl sqlx::Encode<'_, Postgres> for TaskStatus {
+    fn encode_by_ref(
+        &self,
+        buf: &mut sqlx::postgres::PgArgumentBuffer,
+    ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
+        <&str as sqlx::Encode<Postgres>>::encode(self.as_str(), buf)
+    }
+}
 
 #[derive(Debug, Clone, Default, sqlx::FromRow)]
 pub struct TaskRow {
     pub id: Uuid,
     pub tenant: String,
-    pub status: String,
+    pub status: TaskStatus,
     pub stop_reason: Option<String>,
     pub subagent_type: String,
     pub description: Option<String>,
@@ -52,7 +129,7 @@ pub struct TaskRow {
 
 impl TaskRow {
     pub fn is_terminal(&self) -> bool {
-        !matches!(self.status.as_str(), "queued" | "running")
+        self.status.is_terminal()
     }
 }
 
@@ -95,7 +172,7 @@ pub struct FirstCall {
     pub tokens: i64,
     pub started: Value,
     /// The configured budgets of a tenant that sets none.
-    pub defaults: super::runs::BudgetDefaults,
+    pub defaults: SpendDefaults,
 }
 
 pub enum Inserted {
@@ -272,7 +349,7 @@ pub async fn get(pool: &PgPool, tenant: &str, id: Uuid) -> Result<Option<TaskRow
 
 #[derive(Debug, Clone, Default)]
 pub struct ListFilter {
-    pub status: Option<String>,
+    pub status: Option<TaskStatus>,
     pub subagent_type: Option<String>,
     pub created_after: Option<DateTime<Utc>>,
     pub created_before: Option<DateTime<Utc>>,
@@ -309,7 +386,7 @@ pub async fn list(pool: &PgPool, tenant: &str, f: &ListFilter) -> Result<Vec<Tas
 pub struct CancelFilter {
     pub id: Option<Uuid>,
     /// Among `queued` and `running`.
-    pub statuses: Vec<String>,
+    pub statuses: Vec<TaskStatus>,
     /// JSON the task's metadata must contain (`@>`).
     pub metadata: Option<Value>,
 }
@@ -317,7 +394,11 @@ pub struct CancelFilter {
 /// Cancel matching tasks: a queued one ends at once; a running one is flagged and its worker
 /// told (on whichever replica holds it). Terminal tasks are left as they are. Returns each
 /// affected task with its status before the cancel.
-pub async fn cancel_matching(pool: &PgPool, tenant: &str, f: &CancelFilter) -> Result<Vec<(Uuid, String)>, StoreError> {
+pub async fn cancel_matching(
+    pool: &PgPool,
+    tenant: &str,
+    f: &CancelFilter,
+) -> Result<Vec<(Uuid, TaskStatus)>, StoreError> {
     let sql = format!(
         "WITH old AS (
             SELECT id, status FROM tasks
@@ -345,20 +426,21 @@ pub async fn cancel_matching(pool: &PgPool, tenant: &str, f: &CancelFilter) -> R
         done = super::CH_DONE,
         cancel = super::CH_CANCEL
     );
-    let rows: Vec<(Uuid, String, String)> =
-        sqlx::query_as(&sql).bind(tenant).bind(f.id).bind(&f.statuses).bind(&f.metadata).fetch_all(pool).await?;
+    let statuses: Vec<&str> = f.statuses.iter().map(|s| s.as_str()).collect();
+    let rows: Vec<(Uuid, TaskStatus, String)> =
+        sqlx::query_as(&sql).bind(tenant).bind(f.id).bind(&statuses).bind(&f.metadata).fetch_all(pool).await?;
     Ok(rows.into_iter().map(|(id, s, _)| (id, s)).collect())
 }
 
 /// Cancel one task (idempotent). `None`: no such task.
 pub async fn cancel(pool: &PgPool, tenant: &str, id: Uuid) -> Result<Option<TaskRow>, StoreError> {
-    let f = CancelFilter { id: Some(id), statuses: vec!["queued".into(), "running".into()], metadata: None };
+    let f = CancelFilter { id: Some(id), statuses: vec![TaskStatus::Queued, TaskStatus::Running], metadata: None };
     cancel_matching(pool, tenant, &f).await?;
     get(pool, tenant, id).await
 }
 
 /// Tasks queued and running, across tenants (partial-index scans).
-pub async fn open_counts(pool: &PgPool) -> Result<Vec<(String, i64)>, StoreError> {
+pub async fn open_counts(pool: &PgPool) -> Result<Vec<(TaskStatus, i64)>, StoreError> {
     Ok(sqlx::query_as(
         "SELECT 'queued', count(*) FROM tasks WHERE status = 'queued'
          UNION ALL SELECT 'running', count(*) FROM tasks WHERE status = 'running'",

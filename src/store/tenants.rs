@@ -1,4 +1,4 @@
-//! `tenants` (limits), `api_keys`, and the usage figures budgets and dashboards read.
+//! `tenants` (limits), `api_keys`, and the usage report dashboards read (`usage_daily`).
 
 use chrono::{DateTime, NaiveDate, Utc};
 use rust_decimal::Decimal;
@@ -65,36 +65,6 @@ pub async fn put_limits(pool: &PgPool, tenant: &str, l: &Limits) -> Result<bool,
 
 pub async fn names(pool: &PgPool) -> Result<Vec<String>, StoreError> {
     Ok(sqlx::query_scalar("SELECT name FROM tenants ORDER BY name").fetch_all(pool).await?)
-}
-
-/// What a tenant uses now, against its limits.
-#[derive(Debug, Clone, Default, Serialize, sqlx::FromRow)]
-pub struct Use {
-    pub usd_today: Decimal,
-    pub usd_this_month: Decimal,
-    pub tokens_today: i64,
-    /// Worst-case cost reserved by provider calls in flight.
-    pub reserved_usd: Decimal,
-    pub reserved_tokens: i64,
-    pub running: i64,
-    pub queued: i64,
-}
-
-pub async fn usage_now(conn: &mut PgConnection, tenant: &str) -> Result<Use, StoreError> {
-    Ok(sqlx::query_as(
-        "WITH d AS (SELECT (now() AT TIME ZONE 'UTC')::date AS today)
-         SELECT
-           coalesce((SELECT sum(cost_usd) FROM usage_daily, d WHERE tenant = $1 AND day = d.today), 0) AS usd_today,
-           coalesce((SELECT sum(cost_usd) FROM usage_daily, d WHERE tenant = $1 AND day >= date_trunc('month', d.today)::date), 0) AS usd_this_month,
-           coalesce((SELECT sum(input_tokens + output_tokens) FROM usage_daily, d WHERE tenant = $1 AND day = d.today), 0)::bigint AS tokens_today,
-           coalesce((SELECT sum(reserved_usd) FROM tasks WHERE tenant = $1 AND status = 'running'), 0) AS reserved_usd,
-           coalesce((SELECT sum(reserved_tokens) FROM tasks WHERE tenant = $1 AND status = 'running'), 0)::bigint AS reserved_tokens,
-           (SELECT count(*) FROM tasks WHERE tenant = $1 AND status = 'running') AS running,
-           (SELECT count(*) FROM tasks WHERE tenant = $1 AND status = 'queued') AS queued",
-    )
-    .bind(tenant)
-    .fetch_one(conn)
-    .await?)
 }
 
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]

@@ -1,4 +1,5 @@
-//! `tools`, `tool_sources` and `tenant_secrets`.
+//! `tools`, `tool_sources` and `tenant_secrets`, as plain rows (the tool types and their rules
+//! are `crate::tools`').
 
 use std::collections::BTreeMap;
 
@@ -8,9 +9,9 @@ use sqlx::types::Json;
 use sqlx::PgPool;
 
 use super::StoreError;
-use crate::tools::{Policy, Target, ToolDef};
 
-#[derive(Debug, Clone, sqlx::FromRow)]
+/// A catalog tool, as stored and as written (`created_at` and `updated_at` are the database's).
+#[derive(Debug, Clone, Default, sqlx::FromRow)]
 pub struct ToolRow {
     pub name: String,
     pub description: String,
@@ -20,18 +21,6 @@ pub struct ToolRow {
     pub timeout_ms: i32,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
-}
-
-impl ToolRow {
-    pub fn def(&self) -> ToolDef {
-        ToolDef {
-            name: self.name.clone(),
-            description: self.description.clone(),
-            parameters: self.parameters.clone(),
-            policy: if self.policy == "auto" { Policy::Auto } else { Policy::Propose },
-            target: Target::Http { endpoint: self.endpoint.clone(), timeout_ms: self.timeout_ms as u64 },
-        }
-    }
 }
 
 const TOOL_COLS: &str = "name, description, parameters, policy, endpoint, timeout_ms, created_at, updated_at";
@@ -52,12 +41,7 @@ pub async fn get(pool: &PgPool, tenant: &str, name: &str) -> Result<Option<ToolR
 }
 
 /// Insert or replace; true when created.
-pub async fn put(pool: &PgPool, tenant: &str, t: &ToolDef) -> Result<bool, StoreError> {
-    let (endpoint, timeout_ms) = match &t.target {
-        Target::Http { endpoint, timeout_ms } => (endpoint.clone(), *timeout_ms as i32),
-        Target::Mcp { .. } => return Ok(false),
-    };
-    let policy = if t.policy == Policy::Auto { "auto" } else { "propose" };
+pub async fn put(pool: &PgPool, tenant: &str, t: &ToolRow) -> Result<bool, StoreError> {
     Ok(sqlx::query_scalar(
         "INSERT INTO tools (tenant, name, description, parameters, policy, endpoint, timeout_ms)
          VALUES ($1, $2, $3, $4, $5, $6, $7)
@@ -69,9 +53,9 @@ pub async fn put(pool: &PgPool, tenant: &str, t: &ToolDef) -> Result<bool, Store
     .bind(&t.name)
     .bind(&t.description)
     .bind(&t.parameters)
-    .bind(policy)
-    .bind(endpoint)
-    .bind(timeout_ms)
+    .bind(&t.policy)
+    .bind(&t.endpoint)
+    .bind(t.timeout_ms)
     .fetch_one(pool)
     .await?)
 }
@@ -87,7 +71,8 @@ pub struct SourceRow {
     pub name: String,
     pub url: String,
     pub headers: Json<BTreeMap<String, String>>,
-    pub tools: Json<Vec<ToolDef>>,
+    /// The last `tools/list`, as the tool definitions `crate::tools` made of it.
+    pub tools: Value,
     pub refreshed_at: Option<DateTime<Utc>>,
     pub last_error: Option<String>,
     pub created_at: DateTime<Utc>,
@@ -118,11 +103,11 @@ pub async fn put_source(
     name: &str,
     url: &str,
     headers: &BTreeMap<String, String>,
-    discovered: &Result<Vec<ToolDef>, String>,
+    discovered: &Result<Value, String>,
 ) -> Result<bool, StoreError> {
     let (tools, error) = match discovered {
         Ok(t) => (t.clone(), None),
-        Err(e) => (vec![], Some(e.clone())),
+        Err(e) => (Value::Array(vec![]), Some(e.clone())),
     };
     Ok(sqlx::query_scalar(
         "INSERT INTO tool_sources (tenant, name, url, headers, tools, refreshed_at, last_error)
@@ -135,26 +120,21 @@ pub async fn put_source(
     .bind(name)
     .bind(url)
     .bind(Json(headers))
-    .bind(Json(&tools))
+    .bind(&tools)
     .bind(error)
     .fetch_one(pool)
     .await?)
 }
 
 /// Record a refresh: new tools on success; on failure the cached tools stay.
-pub async fn refreshed(
-    pool: &PgPool,
-    tenant: &str,
-    name: &str,
-    r: &Result<Vec<ToolDef>, String>,
-) -> Result<(), StoreError> {
+pub async fn refreshed(pool: &PgPool, tenant: &str, name: &str, r: &Result<Value, String>) -> Result<(), StoreError> {
     match r {
         Ok(tools) => sqlx::query(
             "UPDATE tool_sources SET tools = $3, refreshed_at = now(), last_error = NULL WHERE tenant = $1 AND name = $2",
         )
         .bind(tenant)
         .bind(name)
-        .bind(Json(tools))
+        .bind(tools)
         .execute(pool)
         .await?,
         Err(e) => sqlx::query("UPDATE tool_sources SET last_error = $3 WHERE tenant = $1 AND name = $2")

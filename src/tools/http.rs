@@ -7,8 +7,7 @@ use hmac::{Hmac, Mac};
 use serde_json::{json, Value};
 use sha2::Sha256;
 
-use super::TaskTools;
-use crate::engine::ToolOutput;
+use super::{TaskTools, ToolOutput};
 use crate::llm::ToolCall;
 
 /// Largest response body read from a tool, whatever the result cap.

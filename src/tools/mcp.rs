@@ -12,8 +12,7 @@ use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::ServiceExt;
 use serde_json::Value;
 
-use super::{Caller, Policy, Target, ToolDef};
-use crate::engine::ToolOutput;
+use super::{Caller, Policy, Target, ToolDef, ToolError, ToolOutput};
 use crate::llm::ToolCall;
 
 /// Name a discovered tool is offered under: `<source>__<tool>`.
@@ -25,17 +24,18 @@ async fn connect(
     caller: &Caller,
     url: &str,
     headers: &[(String, String)],
-) -> Result<rmcp::service::RunningService<rmcp::RoleClient, ()>, String> {
-    caller.allow.check_url(url).map_err(|e| e.to_string())?;
+) -> Result<rmcp::service::RunningService<rmcp::RoleClient, ()>, ToolError> {
+    caller.allow.check_url(url).map_err(|e| ToolError::Mcp(e.to_string()))?;
     let mut custom = HashMap::new();
     for (k, v) in headers {
-        let name = HeaderName::from_bytes(k.as_bytes()).map_err(|_| format!("bad header name {k:?}"))?;
-        let value = HeaderValue::from_str(v).map_err(|_| format!("bad value for header {k:?}"))?;
+        let name =
+            HeaderName::from_bytes(k.as_bytes()).map_err(|_| ToolError::Mcp(format!("bad header name {k:?}")))?;
+        let value = HeaderValue::from_str(v).map_err(|_| ToolError::Mcp(format!("bad value for header {k:?}")))?;
         custom.insert(name, value);
     }
     let config = StreamableHttpClientTransportConfig::with_uri(url.to_string()).custom_headers(custom);
     let transport = StreamableHttpClientTransport::with_client(caller.client.clone(), config);
-    ().serve(transport).await.map_err(|e| format!("MCP handshake with {url} failed: {e}"))
+    ().serve(transport).await.map_err(|e| ToolError::Mcp(format!("MCP handshake with {url} failed: {e}")))
 }
 
 /// `tools/list` of one server, as tool definitions named `<source>__<tool>`.
@@ -45,18 +45,19 @@ pub async fn discover(
     url: &str,
     headers: &[(String, String)],
     timeout: Duration,
-) -> Result<Vec<ToolDef>, String> {
+) -> Result<Vec<ToolDef>, ToolError> {
     let work = async {
         let client = connect(caller, url, headers).await?;
-        let tools = client.list_all_tools().await.map_err(|e| format!("tools/list failed: {e}"));
+        let tools = client.list_all_tools().await.map_err(|e| ToolError::Mcp(format!("tools/list failed: {e}")));
         let _ = client.cancel().await;
         tools
     };
-    let tools =
-        tokio::time::timeout(timeout, work).await.map_err(|_| format!("MCP server {url} did not answer in time"))??;
+    let tools = tokio::time::timeout(timeout, work)
+        .await
+        .map_err(|_| ToolError::Mcp(format!("MCP server {url} did not answer in time")))??;
     let mut out = vec![];
     for t in tools {
-        let v = serde_json::to_value(&t).map_err(|e| e.to_string())?;
+        let v = serde_json::to_value(&t).map_err(|e| ToolError::Mcp(e.to_string()))?;
         let name = v.get("name").and_then(Value::as_str).unwrap_or_default().to_string();
         let read_only = v.pointer("/annotations/readOnlyHint").and_then(Value::as_bool).unwrap_or(false);
         out.push(ToolDef {
@@ -90,7 +91,7 @@ pub async fn call(
         let r = client
             .call_tool(CallToolRequestParams::new(tool.to_string()).with_arguments(args))
             .await
-            .map_err(|e| format!("tools/call failed: {e}"));
+            .map_err(|e| ToolError::Mcp(format!("tools/call failed: {e}")));
         let _ = client.cancel().await;
         r
     };

@@ -1,7 +1,12 @@
 //! Tools: definitions (registered per tenant, brought inline, or discovered from MCP
 //! servers), the whitelist filter chain, and the runner that validates arguments and calls
 //! them — signed HTTP callbacks or MCP `tools/call` — behind the SSRF guard.
+//!
+//! May import: `llm` (the neutral tool-call types), `store` (the catalog's rows), `config`,
+//! `telemetry`, `cache`. Not the engine: the engine calls tools through `ToolRunner`, defined
+//! here.
 
+pub mod catalog;
 pub mod http;
 pub mod mcp;
 pub mod ssrf;
@@ -12,9 +17,40 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::engine::definitions::AgentDefinition;
-use crate::engine::{ToolOutput, ToolRunner};
 use crate::llm::{ToolCall, ToolSpec};
+
+/// What a tool call gave the model: its result, or an error the model sees (never a crash).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolOutput {
+    pub content: String,
+    pub is_error: bool,
+}
+
+/// Runs one tool call of a sub-agent (arguments already checked against the whitelist).
+#[async_trait::async_trait]
+pub trait ToolRunner: Send + Sync {
+    async fn run(&self, call: &ToolCall) -> ToolOutput;
+}
+
+/// Why a tool could not be defined, reached or set up.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ToolError {
+    /// A tool definition's field is not acceptable.
+    #[error("{field}: {message}")]
+    Invalid { field: String, message: String },
+    /// An MCP server could not be reached or did not answer as the protocol says.
+    #[error("{0}")]
+    Mcp(String),
+    /// The configuration (allow-list, client) is not usable.
+    #[error("{0}")]
+    Config(String),
+}
+
+impl ToolError {
+    pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+        ToolError::Invalid { field: field.into(), message: message.into() }
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -70,21 +106,27 @@ pub fn check_parameters(schema: &Value) -> Result<(), String> {
     jsonschema::validator_for(schema).map(|_| ()).map_err(|e| format!("is not a valid JSON Schema: {e}"))
 }
 
-/// The whitelist, in order: the agent type's policy filter (read-only types see `auto` tools
-/// only), then the definition's `tools` / `disallowed_tools`, then the request's
+/// The filters a run's tools pass, in order: the agent type's policy (read-only types see
+/// `auto` tools only), the definition's `tools` and `disallowed_tools`, the request's
 /// `allowed_tools`.
-pub fn offered(
-    available: Vec<ToolDef>,
-    read_only: bool,
-    definition: Option<&AgentDefinition>,
-    allowed: Option<&[String]>,
-) -> Vec<ToolDef> {
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Whitelist<'a> {
+    pub read_only: bool,
+    /// The definition's allow-list; `None`: every tool.
+    pub allow: Option<&'a [String]>,
+    pub deny: &'a [String],
+    /// The request's `allowed_tools`.
+    pub requested: Option<&'a [String]>,
+}
+
+/// The whitelist: the tools of `available` that pass every filter of `w`.
+pub fn offered(available: Vec<ToolDef>, w: Whitelist<'_>) -> Vec<ToolDef> {
     available
         .into_iter()
-        .filter(|t| !read_only || t.policy == Policy::Auto)
-        .filter(|t| definition.and_then(|d| d.tools.as_ref()).is_none_or(|allow| allow.contains(&t.name)))
-        .filter(|t| definition.is_none_or(|d| !d.disallowed_tools.contains(&t.name)))
-        .filter(|t| allowed.is_none_or(|a| a.contains(&t.name)))
+        .filter(|t| !w.read_only || t.policy == Policy::Auto)
+        .filter(|t| w.allow.is_none_or(|allow| allow.contains(&t.name)))
+        .filter(|t| !w.deny.contains(&t.name))
+        .filter(|t| w.requested.is_none_or(|a| a.contains(&t.name)))
         .collect()
 }
 
@@ -112,11 +154,13 @@ pub struct Caller {
 }
 
 impl Caller {
-    pub fn from_config(cfg: &crate::config::Config) -> Result<Caller, String> {
-        let allow =
-            Arc::new(ssrf::AllowList::parse(&cfg.tool_allow).map_err(|e| format!("SUBAGENTD_TOOL_ALLOW: {e}"))?);
+    pub fn from_config(cfg: &crate::config::Config) -> Result<Caller, ToolError> {
+        let allow = Arc::new(
+            ssrf::AllowList::parse(&cfg.tool_allow)
+                .map_err(|e| ToolError::Config(format!("SUBAGENTD_TOOL_ALLOW: {e}")))?,
+        );
         Ok(Caller {
-            client: ssrf::guarded_client(allow.clone())?,
+            client: ssrf::guarded_client(allow.clone()).map_err(ToolError::Config)?,
             allow,
             max_result_bytes: cfg.tool_result_max_bytes.max(256),
         })
@@ -203,19 +247,14 @@ mod tests {
             t("create", Policy::Propose),
             t("delete", Policy::Propose),
         ];
-        assert_eq!(names(offered(all.clone(), true, None, None)), ["list", "get"]);
-        assert_eq!(names(offered(all.clone(), false, None, None)), ["list", "get", "create", "delete"]);
-        let def = AgentDefinition {
-            name: "d".into(),
-            description: String::new(),
-            system_prompt: "p".into(),
-            tools: Some(vec!["get".into(), "create".into(), "delete".into()]),
-            disallowed_tools: vec!["delete".into()],
-            model: None,
-            max_turns: None,
-        };
-        assert_eq!(names(offered(all.clone(), false, Some(&def), None)), ["get", "create"]);
-        assert_eq!(names(offered(all, false, Some(&def), Some(&["create".to_string()]))), ["create"]);
+        assert_eq!(names(offered(all.clone(), Whitelist { read_only: true, ..Whitelist::default() })), ["list", "get"]);
+        assert_eq!(names(offered(all.clone(), Whitelist::default())), ["list", "get", "create", "delete"]);
+        let allow = ["get".to_string(), "create".into(), "delete".into()];
+        let deny = ["delete".to_string()];
+        let def = Whitelist { allow: Some(&allow), deny: &deny, ..Whitelist::default() };
+        assert_eq!(names(offered(all.clone(), def)), ["get", "create"]);
+        let requested = ["create".to_string()];
+        assert_eq!(names(offered(all, Whitelist { requested: Some(&requested), ..def })), ["create"]);
     }
 
     #[test]

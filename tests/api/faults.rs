@@ -369,7 +369,7 @@ async fn retention_purges_old_conversations_and_events_but_keeps_tasks_and_the_l
         .await
         .unwrap();
     let fresh: Value = fresh.json().await.unwrap();
-    let n = subagentd::store::runs::purge_finished(&app.db.pool, 30).await.unwrap();
+    let n = subagentd::store::retention::purge_finished(&app.db.pool, 30).await.unwrap();
     assert_eq!(n, 1);
     let count = |sql: &'static str, id: Uuid| {
         let pool = app.db.pool.clone();
@@ -390,7 +390,7 @@ async fn retention_purges_old_conversations_and_events_but_keeps_tasks_and_the_l
         .execute(&app.db.pool)
         .await
         .unwrap();
-    assert_eq!(subagentd::store::runs::purge_ledger(&app.db.pool, 400).await.unwrap(), 1);
+    assert_eq!(subagentd::store::retention::purge_ledger(&app.db.pool, 400).await.unwrap(), 1);
     assert_eq!(count("SELECT count(*) FROM llm_calls WHERE task_id = $1", id).await, 0);
     let rollup_after: i64 =
         sqlx::query_scalar("SELECT sum(calls)::bigint FROM usage_daily").fetch_one(&app.db.pool).await.unwrap();

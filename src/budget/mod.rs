@@ -1,0 +1,271 @@
+//! Budgets: a tenant's limits, their configured defaults and the merge of the two; the
+//! validation the admin API and the CLI share; the admission checks (queue and spend windows)
+//! that `submit` runs with the tenant's row locked; and the reservation of each provider call's
+//! worst case, which the run store makes before every call.
+//!
+//! The SQL side lives in `store::budget` (the tenant's use, and `budget_reserve`, the
+//! PL/pgSQL function of migration 0004 that locks the tenant's row while it checks and reserves
+//! in one statement) and `store::runs::commit_turn` (settlement, with the turn's checkpoint).
+//!
+//! May import: `store`, `config`, `cache`. Never the engine, `jobs`, `submit` or `http`.
+
+use rust_decimal::Decimal;
+use serde_json::{json, Value};
+use sqlx::{PgConnection, PgPool};
+
+use crate::cache::TtlCache;
+use crate::config::Config;
+use crate::store::budget::{self as sql, Reserve, SpendDefaults};
+pub use crate::store::tenants::Limits;
+use crate::store::{tenants, Fence, StoreError};
+
+/// Why a budget or limit refuses, or a limit is not acceptable.
+#[derive(Debug, thiserror::Error)]
+pub enum BudgetError {
+    /// A limit or tenant name that cannot be set.
+    #[error("{field}: {message}")]
+    Invalid { field: &'static str, message: String },
+    /// `max_queued` tasks are already queued.
+    #[error("{detail}")]
+    QueueFull { max: i32, queued: i64, detail: String },
+    /// A spend window is used up (including the calls in flight).
+    #[error("{detail}")]
+    Exhausted { limit: &'static str, value: Value, current: Value, detail: String },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The configured limits of tenants that set none.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Defaults {
+    pub usd_per_day: Option<Decimal>,
+    pub usd_per_month: Option<Decimal>,
+    pub tokens_per_day: Option<i64>,
+    pub max_running: Option<i32>,
+    pub max_queued: Option<i32>,
+}
+
+impl Defaults {
+    pub fn from_config(c: &Config) -> Defaults {
+        Defaults {
+            usd_per_day: c.default_usd_per_day,
+            usd_per_month: c.default_usd_per_month,
+            tokens_per_day: c.default_tokens_per_day,
+            max_running: c.default_max_running,
+            max_queued: c.default_max_queued,
+        }
+    }
+
+    /// The spend limits, as `budget_reserve` takes them.
+    pub fn spend(&self) -> SpendDefaults {
+        SpendDefaults {
+            usd_per_day: self.usd_per_day,
+            usd_per_month: self.usd_per_month,
+            tokens_per_day: self.tokens_per_day,
+        }
+    }
+}
+
+/// A tenant's own limits with the configured defaults filled in where it sets none. (The
+/// per-task caps have no configured default.)
+pub fn effective(own: Limits, d: &Defaults) -> Limits {
+    Limits {
+        usd_per_day: own.usd_per_day.or(d.usd_per_day),
+        usd_per_month: own.usd_per_month.or(d.usd_per_month),
+        tokens_per_day: own.tokens_per_day.or(d.tokens_per_day),
+        max_running: own.max_running.or(d.max_running),
+        max_queued: own.max_queued.or(d.max_queued),
+        ..own
+    }
+}
+
+/// Does admission have anything to check for a tenant with these limits? (If not, a task is
+/// inserted without locking the tenant's row.)
+pub fn guards_admission(l: &Limits) -> bool {
+    l.max_queued.is_some() || l.usd_per_day.is_some() || l.usd_per_month.is_some() || l.tokens_per_day.is_some()
+}
+
+/// Tenant names: what API keys, the admin API and the CLI accept.
+pub fn check_tenant_name(name: &str) -> Result<(), BudgetError> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(BudgetError::Invalid {
+            field: "tenant",
+            message: "must be 1-64 characters of a-z, A-Z, 0-9, '-', '_' and '.'".into(),
+        })
+    }
+}
+
+/// Limits that can be set: none negative.
+pub fn validate(l: &Limits) -> Result<(), BudgetError> {
+    let negative = |field| Err(BudgetError::Invalid { field, message: "must not be negative".into() });
+    let usd = [
+        ("usd_per_day", l.usd_per_day),
+        ("usd_per_month", l.usd_per_month),
+        ("max_task_cost_usd", l.max_task_cost_usd),
+    ];
+    for (f, v) in usd {
+        if v.is_some_and(|v| v.is_sign_negative() && !v.is_zero()) {
+            return negative(f);
+        }
+    }
+    let ints = [
+        ("tokens_per_day", l.tokens_per_day),
+        ("max_task_tokens", l.max_task_tokens),
+        ("max_running", l.max_running.map(i64::from)),
+        ("max_queued", l.max_queued.map(i64::from)),
+        ("max_task_turns", l.max_task_turns.map(i64::from)),
+        ("max_task_timeout_seconds", l.max_task_timeout_seconds.map(i64::from)),
+    ];
+    for (f, v) in ints {
+        if v.is_some_and(|v| v < 0) {
+            return negative(f);
+        }
+    }
+    Ok(())
+}
+
+/// Set a tenant's limits (creating the tenant), after the checks both the admin API and the
+/// CLI make. True when the tenant was created.
+pub async fn set_limits(pool: &PgPool, tenant: &str, l: &Limits) -> Result<bool, BudgetError> {
+    check_tenant_name(tenant)?;
+    validate(l)?;
+    Ok(tenants::put_limits(pool, tenant, l).await?)
+}
+
+/// The tenant's limits with the configured defaults filled in, cached for the cache's time to
+/// live; the tenant's row is created on first sight.
+pub async fn effective_limits(
+    pool: &PgPool,
+    cache: &TtlCache<Limits>,
+    defaults: &Defaults,
+    tenant: &str,
+) -> Result<Limits, StoreError> {
+    if let Some(l) = cache.get(tenant) {
+        return Ok(l);
+    }
+    let mut conn = pool.acquire().await?;
+    let found = tenants::limits(&mut conn, tenant, false).await?;
+    // Back to the pool before `ensure` takes one: holding one connection while waiting for
+    // another deadlocks the pool when a burst of first requests for a new tenant fills it.
+    drop(conn);
+    let own = match found {
+        Some(l) => l,
+        None => {
+            tenants::ensure(pool, tenant).await?;
+            Limits::default()
+        }
+    };
+    let l = effective(own, defaults);
+    cache.put(tenant, l.clone());
+    Ok(l)
+}
+
+fn refused(limit: &str, stage: &'static str) {
+    metrics::counter!("subagentd_budget_refusals_total", "limit" => limit.to_string(), "stage" => stage).increment(1);
+}
+
+/// The queue and spend limits, checked with the tenant's row locked (in `conn`'s
+/// transaction, which the caller commits with the insert).
+pub async fn admission_checks(conn: &mut PgConnection, limits: &Limits, tenant: &str) -> Result<(), BudgetError> {
+    tenants::limits(&mut *conn, tenant, true).await?;
+    let used = sql::usage_now(&mut *conn, tenant).await?;
+    if let Some(max) = limits.max_queued {
+        if used.queued >= i64::from(max) {
+            refused("max_queued", "admission");
+            return Err(BudgetError::QueueFull {
+                max,
+                queued: used.queued,
+                detail: format!("{} tasks are queued; the limit is {max}: retry when some have started", used.queued),
+            });
+        }
+    }
+    let spend = [
+        ("usd_per_day", limits.usd_per_day, used.usd_today + used.reserved_usd),
+        ("usd_per_month", limits.usd_per_month, used.usd_this_month + used.reserved_usd),
+    ];
+    for (name, limit, current) in spend {
+        if let Some(limit) = limit {
+            if current >= limit {
+                refused(name, "admission");
+                return Err(BudgetError::Exhausted {
+                    limit: name,
+                    value: json!(limit),
+                    current: json!(current.normalize()),
+                    detail: format!("{name}: {} USD used (including calls in flight) of {limit}", current.normalize()),
+                });
+            }
+        }
+    }
+    if let Some(limit) = limits.tokens_per_day {
+        let current = used.tokens_today + used.reserved_tokens;
+        if current >= limit {
+            refused("tokens_per_day", "admission");
+            return Err(BudgetError::Exhausted {
+                limit: "tokens_per_day",
+                value: json!(limit),
+                current: json!(current),
+                detail: format!("tokens_per_day: {current} tokens used (including calls in flight) of {limit}"),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Reserve a provider call's worst case (`usd`, `tokens`) for the run holding `fence`,
+/// against the task's and the tenant's budgets; `event` is the call's `llm_call_started`,
+/// written in the same statement.
+pub async fn reserve(
+    db: impl sqlx::PgExecutor<'_>,
+    fence: Fence,
+    usd: Decimal,
+    tokens: u64,
+    defaults: SpendDefaults,
+    event: Option<&Value>,
+) -> Result<Reserve, StoreError> {
+    let r = sql::reserve(db, fence, usd, tokens.min(i64::MAX as u64) as i64, defaults, event).await?;
+    if let Reserve::Refused(limit) = &r {
+        refused(limit, "in_flight");
+    }
+    Ok(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tenants_own_limits_win_over_the_defaults_and_task_caps_have_none() {
+        let d = Defaults {
+            usd_per_day: Some(Decimal::from(5)),
+            max_queued: Some(10),
+            tokens_per_day: Some(1000),
+            ..Defaults::default()
+        };
+        let own = Limits { usd_per_day: Some(Decimal::from(2)), max_task_turns: Some(3), ..Limits::default() };
+        let l = effective(own, &d);
+        assert_eq!(l.usd_per_day, Some(Decimal::from(2)));
+        assert_eq!(l.max_queued, Some(10));
+        assert_eq!(l.tokens_per_day, Some(1000));
+        assert_eq!(l.max_task_turns, Some(3));
+        assert_eq!(l.max_task_cost_usd, None);
+        assert!(guards_admission(&l));
+        assert!(!guards_admission(&Limits { max_running: Some(1), ..Limits::default() }));
+    }
+
+    #[test]
+    fn negative_limits_and_bad_tenant_names_are_refused_naming_the_field() {
+        let bad = Limits { max_task_tokens: Some(-1), ..Limits::default() };
+        assert!(matches!(validate(&bad), Err(BudgetError::Invalid { field: "max_task_tokens", .. })));
+        let bad = Limits { usd_per_month: Some(Decimal::new(-1, 2)), ..Limits::default() };
+        assert!(matches!(validate(&bad), Err(BudgetError::Invalid { field: "usd_per_month", .. })));
+        assert!(validate(&Limits { usd_per_day: Some(Decimal::ZERO), ..Limits::default() }).is_ok());
+        assert!(check_tenant_name("acme.eu-1").is_ok());
+        assert!(matches!(check_tenant_name("no spaces"), Err(BudgetError::Invalid { field: "tenant", .. })));
+        assert!(check_tenant_name(&"x".repeat(65)).is_err());
+    }
+}

@@ -1,0 +1,59 @@
+//! Heartbeat: renews every lease this process holds in one statement, and stops the runs whose
+//! lease was lost or whose cancel was requested (a missed NOTIFY costs at most one beat).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use super::hub::Hub;
+use crate::engine::StopCause;
+use crate::store::{runs, StoreError};
+
+pub struct Heartbeat {
+    pub pool: PgPool,
+    pub hub: Arc<Hub>,
+    pub lease: Duration,
+    pub every: Duration,
+}
+
+impl Heartbeat {
+    /// One beat; returns how many leases it renewed.
+    pub async fn pass(&self) -> Result<usize, StoreError> {
+        let held = self.hub.running_fences();
+        if held.is_empty() {
+            return Ok(0);
+        }
+        let alive: HashMap<Uuid, bool> =
+            runs::heartbeat(&self.pool, &held, self.lease.as_secs_f64()).await?.into_iter().collect();
+        for f in &held {
+            match alive.get(&f.id) {
+                None => {
+                    self.hub.stop_run(f.id, StopCause::LeaseLost);
+                }
+                Some(true) => {
+                    self.hub.stop_run(f.id, StopCause::Cancelled);
+                }
+                Some(false) => {}
+            }
+        }
+        Ok(alive.len())
+    }
+
+    pub fn start(self, stop: CancellationToken) -> JoinHandle<()> {
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(self.every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! { _ = tick.tick() => {}, _ = stop.cancelled() => return }
+                if let Err(e) = self.pass().await {
+                    tracing::warn!(error = %e, "heartbeat failed");
+                }
+            }
+        })
+    }
+}

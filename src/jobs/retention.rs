@@ -1,0 +1,78 @@
+//! Retention: purges the conversations and events of tasks finished `retention_days` ago
+//! (every 10 minutes), and ledger rows older than `ledger_retention_days` (hourly; the daily
+//! rollups keep their sums). A day count of 0 keeps them forever.
+
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::store::{retention, StoreError};
+
+pub struct Retention {
+    pub pool: PgPool,
+    pub days: u32,
+    pub ledger_days: u32,
+    /// How often it wakes to see whether a purge is due.
+    pub every: Duration,
+}
+
+/// What one pass purged.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Purged {
+    pub tasks: u64,
+    pub calls: u64,
+}
+
+impl Retention {
+    /// One pass of both purges, whatever their schedule.
+    pub async fn pass(&self) -> Result<Purged, StoreError> {
+        let mut p = Purged::default();
+        if self.days > 0 {
+            p.tasks = self.purge_conversations().await?;
+        }
+        if self.ledger_days > 0 {
+            p.calls = self.purge_ledger().await?;
+        }
+        Ok(p)
+    }
+
+    async fn purge_conversations(&self) -> Result<u64, StoreError> {
+        let n = retention::purge_finished(&self.pool, self.days as i32).await?;
+        if n > 0 {
+            tracing::info!(tasks = n, "purged conversations and events past retention");
+        }
+        Ok(n)
+    }
+
+    async fn purge_ledger(&self) -> Result<u64, StoreError> {
+        let n = retention::purge_ledger(&self.pool, self.ledger_days as i32).await?;
+        if n > 0 {
+            tracing::info!(calls = n, "purged ledger rows past retention (rollups keep them)");
+        }
+        Ok(n)
+    }
+
+    pub fn start(self, stop: CancellationToken) -> JoinHandle<()> {
+        tokio::spawn(async move {
+            let (mut next, mut next_ledger) = (Instant::now(), Instant::now());
+            loop {
+                tokio::select! { _ = tokio::time::sleep(self.every) => {}, _ = stop.cancelled() => return }
+                if self.days > 0 && Instant::now() >= next {
+                    next = Instant::now() + Duration::from_secs(600);
+                    if let Err(e) = self.purge_conversations().await {
+                        tracing::warn!(error = %e, "retention purge failed");
+                    }
+                }
+                if self.ledger_days > 0 && Instant::now() >= next_ledger {
+                    next_ledger = Instant::now() + Duration::from_secs(3600);
+                    if let Err(e) = self.purge_ledger().await {
+                        tracing::warn!(error = %e, "ledger purge failed");
+                    }
+                }
+            }
+        })
+    }
+}

@@ -1,0 +1,287 @@
+//! One run of a task in this process: its conversation (fresh, resumed, or continued after a
+//! rescue), its tools and their credentials, the engine, its time limit and its stop signal,
+//! and its end (`finish`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use super::finish::{self, RunFacts};
+use super::hub::Hub;
+use super::run_store::PgRunStore;
+use crate::budget::Defaults;
+use crate::config::Config;
+use crate::engine::agents::{compose_system_prompt, AgentType};
+use crate::engine::spec::TaskOptions;
+use crate::engine::{self, Outcome, RunEnd, RunInput, StopCause, StopSignal};
+use crate::llm::{Message, ModelRef, Providers};
+use crate::store::tasks::{FirstCall, NewTask, TaskRow};
+use crate::store::{retrying, runs, tools as tool_store, Fence};
+use crate::tools::{Caller, Target, TaskTools};
+
+/// What running a task needs, shared by every run of this process.
+pub struct Runner {
+    pub pool: PgPool,
+    pub hub: Arc<Hub>,
+    pub providers: Providers,
+    pub tool_caller: Caller,
+    pub cfg: Arc<Config>,
+    /// Tenants' signing secrets, cached a minute.
+    pub secrets: crate::cache::TtlCache<String>,
+    /// Fired when the drain's grace runs out: a run registering after that stops at once.
+    pub draining: CancellationToken,
+}
+
+/// A fresh task's conversation: `[system, user]`.
+fn fresh_start(prompt: &str, opts: &TaskOptions, agent: AgentType) -> Vec<Message> {
+    let base = opts
+        .system_prompt
+        .clone()
+        .or_else(|| opts.agent.as_ref().map(|d| d.system_prompt.clone()))
+        .unwrap_or_else(|| agent.system_prompt());
+    let system = compose_system_prompt(&base, opts.parent_context.as_deref());
+    engine::fresh_conversation(system, prompt.to_string())
+}
+
+/// Keeps `subagentd_active_runs` right however a run ends.
+struct ActiveRun;
+
+impl ActiveRun {
+    fn start() -> ActiveRun {
+        metrics::gauge!("subagentd_active_runs").increment(1.0);
+        ActiveRun
+    }
+}
+
+impl Drop for ActiveRun {
+    fn drop(&mut self) {
+        metrics::gauge!("subagentd_active_runs").decrement(1.0);
+    }
+}
+
+/// Unregisters a run from the hub however it ends, a panic included: the lease then lapses
+/// and the rescuer takes the task, instead of a heartbeat keeping it `running` forever.
+struct Registered<'a>(&'a Hub, Uuid);
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        self.0.unregister_run(self.1);
+    }
+}
+
+impl Runner {
+    /// Run `row` (claimed, or started here) to its end. `opts`: its options when the caller has
+    /// them typed already (else they are read from the row). `first_reserved`: its first call's
+    /// reservation was written with the task.
+    pub async fn run_task(&self, row: TaskRow, opts: Option<TaskOptions>, first_reserved: bool) {
+        let Some(lease) = row.lease_token else { return };
+        let fence = Fence { id: row.id, lease };
+        metrics::counter!("subagentd_claims_total").increment(1);
+        if row.attempt == 1 {
+            let wait = (chrono::Utc::now() - row.created_at).to_std().unwrap_or_default();
+            metrics::histogram!("subagentd_queue_wait_seconds").record(wait.as_secs_f64());
+        }
+        let _active = ActiveRun::start();
+        let stop = StopSignal::new();
+        self.hub.register_run(fence, stop.clone());
+        let _registered = Registered(&self.hub, row.id);
+        if row.cancel_requested {
+            stop.stop(StopCause::Cancelled);
+        }
+        // Registered after the drain's sweep: stop as the sweep would have.
+        if self.draining.is_cancelled() {
+            stop.stop(StopCause::Drain);
+        }
+        let store = PgRunStore {
+            pool: self.pool.clone(),
+            fence,
+            attempt: row.attempt,
+            budgets: Defaults::from_config(&self.cfg).spend(),
+            hub: self.hub.clone(),
+        };
+        // The task's options, read once for the whole run.
+        let opts = match opts.map_or_else(|| TaskOptions::from_stored(&row.options), Ok) {
+            Ok(o) => o,
+            Err(e) => {
+                let end = Outcome::Failed { code: "internal".into(), message: e }.into();
+                let facts = RunFacts { agent: &row.subagent_type, time_limit: None };
+                return finish::apply(&store, end, facts, row.started_at).await;
+            }
+        };
+        let time_limit = opts.timeout_seconds;
+        let timer = time_limit.map(|secs| self.time_limit(&row, secs, &stop));
+        let end = self.prepare_and_run(&row, &opts, &store, &stop, first_reserved).await;
+        if let Some(t) = timer {
+            t.abort();
+        }
+        let facts = RunFacts { agent: &row.subagent_type, time_limit };
+        finish::apply(&store, end, facts, row.started_at).await;
+    }
+
+    /// Stop the run when the task's time limit, which runs from its first start across
+    /// attempts, is reached.
+    fn time_limit(&self, row: &TaskRow, secs: f64, stop: &StopSignal) -> tokio::task::JoinHandle<()> {
+        let started = row.started_at.unwrap_or_else(chrono::Utc::now);
+        let limit = chrono::Duration::milliseconds((secs * 1000.0).min(1e12) as i64);
+        let left =
+            started.checked_add_signed(limit).map_or(chrono::Duration::days(365), |end| end - chrono::Utc::now());
+        let left = left.to_std().unwrap_or(Duration::ZERO);
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(left).await;
+            stop.stop(StopCause::Timeout);
+        })
+    }
+
+    async fn prepare_and_run(
+        &self,
+        row: &TaskRow,
+        opts: &TaskOptions,
+        store: &PgRunStore,
+        stop: &StopSignal,
+        first_reserved: bool,
+    ) -> RunEnd {
+        let internal = |m: String| RunEnd::from(Outcome::Failed { code: "internal".into(), message: m });
+        let model = match self.providers.resolve(&row.model) {
+            Ok(m) => m,
+            Err(_) => {
+                return Outcome::Failed {
+                    code: "unknown_model".into(),
+                    message: format!("model {:?} has no configured provider on this worker", row.model),
+                }
+                .into()
+            }
+        };
+        let Some(provider) = self.providers.for_model(&model) else {
+            return internal("provider vanished".into());
+        };
+        let agent = AgentType::parse(&row.subagent_type).unwrap_or(AgentType::General);
+        let load = |id| async move {
+            let raw = retrying(|| runs::messages(&self.pool, id))
+                .await
+                .map_err(|_| RunEnd::from(Outcome::Stopped(StopCause::LeaseLost)))?;
+            raw.into_iter()
+                .map(serde_json::from_value::<Message>)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| internal(format!("bad saved conversation: {e}")))
+        };
+        // A rescued attempt continues its own checkpoint; a first attempt starts fresh, or
+        // from its parent's conversation when it resumes one.
+        let (history, new_messages) = if row.turns > 0 {
+            match load(row.id).await {
+                Ok(h) => (h, vec![]),
+                Err(o) => return o,
+            }
+        } else if let Some(parent) = opts.resume_from {
+            match load(parent).await {
+                Ok(mut h) if !h.is_empty() => {
+                    h.push(Message::User { content: row.prompt.clone() });
+                    (vec![], h)
+                }
+                Ok(_) => {
+                    return Outcome::Failed {
+                        code: "resume_unavailable".into(),
+                        message: format!("the conversation of task {parent} is no longer stored"),
+                    }
+                    .into()
+                }
+                Err(o) => return o,
+            }
+        } else {
+            (vec![], fresh_start(&row.prompt, opts, agent))
+        };
+        let tools = match self.task_tools(row, opts).await {
+            Ok(t) => t,
+            Err(o) => return o.into(),
+        };
+        let mut input = self.run_input(row.turns, row.traceparent.as_deref(), &row.subagent_type, opts, &model);
+        input.history = history;
+        input.new_messages = new_messages;
+        input.first_reserved = first_reserved;
+        engine::run(input, provider.as_ref(), &tools, store, stop).await
+    }
+
+    /// The run's input, its conversation left empty; `turns`, `traceparent` and `agent_name`
+    /// are the task's.
+    fn run_input(
+        &self,
+        turns: i32,
+        traceparent: Option<&str>,
+        agent_name: &str,
+        opts: &TaskOptions,
+        model: &ModelRef,
+    ) -> RunInput {
+        RunInput {
+            provider_name: model.provider.clone(),
+            price: self.providers.price(model),
+            model: model.model.clone(),
+            history: vec![],
+            new_messages: vec![],
+            turns_done: turns.max(0) as u32,
+            max_turns: opts.max_turns.get(),
+            tools: opts.tools.iter().map(|t| t.spec()).collect(),
+            tool_concurrency: self.cfg.tool_concurrency.max(1),
+            max_tokens: Some(self.cfg.max_output_tokens.max(1)),
+            traceparent: traceparent.map(Into::into),
+            retry: self.providers.retry,
+            agent: agent_name.to_string(),
+            first_reserved: false,
+        }
+    }
+
+    /// What the first provider call of `t`, about to start here, will reserve, so that the
+    /// reservation can be written with the task (one commit less before the call; the run
+    /// then skips its own first reservation). `None` for a task whose run will reserve for
+    /// itself: one that does not start fresh, or whose model is unknown here.
+    pub fn first_call(&self, t: &NewTask, opts: &TaskOptions) -> Option<FirstCall> {
+        let model = self.providers.resolve(&t.model).ok()?;
+        if opts.resume_from.is_some() || self.providers.for_model(&model).is_none() {
+            return None;
+        }
+        let agent = AgentType::parse(&t.subagent_type).unwrap_or(AgentType::General);
+        let mut input = self.run_input(0, t.traceparent.as_deref(), &t.subagent_type, opts, &model);
+        input.new_messages = fresh_start(&t.prompt, opts, agent);
+        let (usd, tokens, started) = engine::first_reservation(&input);
+        let defaults = Defaults::from_config(&self.cfg).spend();
+        Some(FirstCall { usd, tokens: tokens.min(i64::MAX as u64) as i64, started, defaults })
+    }
+
+    /// The run's tools, with what calling them needs: the tenant's signing secret for HTTP
+    /// tools, the sources' headers for MCP tools.
+    async fn task_tools(&self, row: &TaskRow, opts: &TaskOptions) -> Result<TaskTools, Outcome> {
+        let mut t = TaskTools {
+            caller: self.tool_caller.clone(),
+            defs: opts.tools.clone(),
+            task_id: row.id,
+            tenant_secret: None,
+            traceparent: row.traceparent.as_deref().map(crate::telemetry::child),
+            mcp_headers: Default::default(),
+        };
+        if opts.tools.iter().any(|d| matches!(d.target, Target::Http { .. })) {
+            // Cached a minute: a rotated secret signs calls within that time.
+            let secret = match self.secrets.get(&row.tenant) {
+                Some(s) => s,
+                None => {
+                    let s = retrying(|| tool_store::signing_secret(&self.pool, &row.tenant))
+                        .await
+                        .map_err(|_| Outcome::Stopped(StopCause::LeaseLost))?;
+                    self.secrets.put(&row.tenant, s.clone());
+                    s
+                }
+            };
+            t.tenant_secret = Some(secret);
+        }
+        if opts.tools.iter().any(|d| matches!(d.target, Target::Mcp { .. })) {
+            let sources = retrying(|| tool_store::sources(&self.pool, &row.tenant))
+                .await
+                .map_err(|_| Outcome::Stopped(StopCause::LeaseLost))?;
+            for s in sources {
+                t.mcp_headers.insert(s.name, s.headers.0.into_iter().collect());
+            }
+        }
+        Ok(t)
+    }
+}

@@ -1,0 +1,56 @@
+//! `llm_calls`: the usage ledger, one row per provider call attempt. Rows are written by the
+//! run's fenced statements (`runs::commit_turn`), read here, and purged by `retention`.
+
+use chrono::{DateTime, Utc};
+use rust_decimal::Decimal;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use super::StoreError;
+
+/// One ledger row: what a run writes, and what `GET /tasks/{id}/calls` shows.
+#[derive(Debug, Clone, Default, sqlx::FromRow, serde::Serialize)]
+pub struct CallRow {
+    /// Makes the write idempotent: a retry after an ambiguous commit changes nothing.
+    #[serde(skip)]
+    pub call_key: Uuid,
+    pub turn: i32,
+    /// The task attempt (claim) that made the call.
+    pub attempt: i32,
+    #[sqlx(rename = "try")]
+    #[serde(rename = "try")]
+    pub try_no: i32,
+    pub provider: String,
+    pub model: String,
+    pub input_tokens: i64,
+    pub output_tokens: i64,
+    pub cached_tokens: i64,
+    pub cost_usd: Option<Decimal>,
+    pub latency_ms: i32,
+    pub http_status: Option<i32>,
+    pub outcome: String,
+    pub error: Option<String>,
+    /// The reservation made for this call, released as the real cost is settled (written, not
+    /// stored on the row).
+    #[sqlx(default)]
+    #[serde(skip)]
+    pub reserved_usd: Decimal,
+    #[sqlx(default)]
+    #[serde(skip)]
+    pub reserved_tokens: i64,
+    /// Set by the database; `None` on a row about to be written.
+    #[sqlx(default)]
+    pub created_at: Option<DateTime<Utc>>,
+}
+
+/// A task's ledger, in order.
+pub async fn of_task(pool: &PgPool, task: Uuid) -> Result<Vec<CallRow>, StoreError> {
+    Ok(sqlx::query_as(
+        "SELECT call_key, turn, attempt, try, provider, model, input_tokens, output_tokens, cached_tokens, cost_usd,
+                latency_ms, http_status, outcome, error, created_at
+         FROM llm_calls WHERE task_id = $1 ORDER BY id",
+    )
+    .bind(task)
+    .fetch_all(pool)
+    .await?)
+}

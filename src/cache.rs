@@ -1,6 +1,8 @@
 //! A small per-process cache with a time-to-live, for values read on every request or run that
 //! change rarely (tenant limits, tool catalogs, signing secrets). Another replica's change is
 //! seen within the TTL; this replica's own changes invalidate at once.
+//!
+//! A leaf: imports nothing of this crate.
 
 use std::collections::HashMap;
 use std::sync::Mutex;

@@ -66,24 +66,8 @@ enum TenantsCmd {
     /// Set a tenant's limits (omitted ones fall back to the configured defaults).
     Set {
         name: String,
-        #[arg(long)]
-        usd_per_day: Option<rust_decimal::Decimal>,
-        #[arg(long)]
-        usd_per_month: Option<rust_decimal::Decimal>,
-        #[arg(long)]
-        tokens_per_day: Option<i64>,
-        #[arg(long)]
-        max_running: Option<i32>,
-        #[arg(long)]
-        max_queued: Option<i32>,
-        #[arg(long)]
-        max_task_cost_usd: Option<rust_decimal::Decimal>,
-        #[arg(long)]
-        max_task_tokens: Option<i64>,
-        #[arg(long)]
-        max_task_turns: Option<i32>,
-        #[arg(long)]
-        max_task_timeout_seconds: Option<i32>,
+        #[command(flatten)]
+        limits: subagentd::budget::Limits,
     },
     /// Show a tenant's limits and current use.
     Show { name: String },
@@ -193,29 +177,7 @@ async fn admin(cfg: &Config, cmd: Admin) {
             let rows = tenants::list_keys(&db.pool, tenant.as_deref()).await.unwrap_or_else(|e| fail(e));
             serde_json::to_string_pretty(&rows).unwrap_or_default()
         }
-        Admin::Tenants(TenantsCmd::Set {
-            name,
-            usd_per_day,
-            usd_per_month,
-            tokens_per_day,
-            max_running,
-            max_queued,
-            max_task_cost_usd,
-            max_task_tokens,
-            max_task_turns,
-            max_task_timeout_seconds,
-        }) => {
-            let l = tenants::Limits {
-                usd_per_day,
-                usd_per_month,
-                tokens_per_day,
-                max_running,
-                max_queued,
-                max_task_cost_usd,
-                max_task_tokens,
-                max_task_turns,
-                max_task_timeout_seconds,
-            };
+        Admin::Tenants(TenantsCmd::Set { name, limits: l }) => {
             // The admin API's checks, then the same write.
             budget::set_limits(&db.pool, &name, &l).await.unwrap_or_else(|e| fail(e));
             format!("tenant {name}: {}", serde_json::to_string(&l).unwrap_or_default())

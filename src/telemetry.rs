@@ -1,5 +1,7 @@
 //! Logging and tracing setup (text or JSON logs, optional OTLP export of spans), Prometheus
 //! metrics (the `metrics` facade with its Prometheus exporter) and W3C trace context helpers.
+//!
+//! A leaf: imports nothing of this crate.
 
 use std::sync::OnceLock;
 

@@ -1,4 +1,6 @@
 //! Pool setup, migrations and the embedded Postgres bootstrap.
+//!
+//! May import: `config`. The bottom of the storage side: `store` builds on it.
 
 pub mod embedded;
 

@@ -34,61 +34,59 @@ struct Script {
     fail: Option<String>,
 }
 
-fn directives(text: &str) -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    let mut rest = text;
-    while let Some(i) = rest.find("[mock:") {
-        let after = &rest[i + 6..];
-        // Values may hold brackets (JSON args): match the closing bracket by depth.
+/// Each `[mock:…]` of `text`: where it stands, and its body (`None` when it is not closed: it
+/// then runs to the end of the text). Values may hold brackets (JSON args): the closing bracket
+/// is matched by depth.
+fn spans(text: &str) -> Vec<(std::ops::Range<usize>, Option<&str>)> {
+    let mut out = vec![];
+    let mut from = 0;
+    while let Some(i) = text[from..].find("[mock:") {
+        let (start, body) = (from + i, from + i + 6);
         let mut depth = 1;
         let mut end = None;
-        for (j, c) in after.char_indices() {
+        for (j, c) in text[body..].char_indices() {
             match c {
                 '[' => depth += 1,
                 ']' => {
                     depth -= 1;
                     if depth == 0 {
-                        end = Some(j);
+                        end = Some(body + j);
                         break;
                     }
                 }
                 _ => {}
             }
         }
-        let Some(end) = end else { break };
-        let body = &after[..end];
-        let (k, v) = body.split_once('=').unwrap_or((body, ""));
-        out.push((k.trim().to_string(), v.to_string()));
-        rest = &after[end + 1..];
+        let Some(end) = end else {
+            out.push((start..text.len(), None));
+            break;
+        };
+        out.push((start..end + 1, Some(&text[body..end])));
+        from = end + 1;
     }
     out
+}
+
+fn directives(text: &str) -> Vec<(String, String)> {
+    spans(text)
+        .into_iter()
+        .filter_map(|(_, body)| body)
+        .map(|body| {
+            let (k, v) = body.split_once('=').unwrap_or((body, ""));
+            (k.trim().to_string(), v.to_string())
+        })
+        .collect()
 }
 
 /// The text with every directive removed.
 fn strip_directives(text: &str) -> String {
     let mut out = String::new();
-    let mut rest = text;
-    while let Some(i) = rest.find("[mock:") {
-        out.push_str(&rest[..i]);
-        let after = &rest[i..];
-        let mut depth = 0;
-        let mut cut = after.len();
-        for (j, c) in after.char_indices() {
-            match c {
-                '[' => depth += 1,
-                ']' => {
-                    depth -= 1;
-                    if depth == 0 {
-                        cut = j + 1;
-                        break;
-                    }
-                }
-                _ => {}
-            }
-        }
-        rest = &after[cut..];
+    let mut last = 0;
+    for (r, _) in spans(text) {
+        out.push_str(&text[last..r.start]);
+        last = r.end;
     }
-    out.push_str(rest);
+    out.push_str(&text[last..]);
     out.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 

@@ -1,4 +1,7 @@
-//! LLM providers behind one trait with neutral request, response and usage types.
+//! LLM providers behind one trait with neutral request, response and usage types: OpenAI-
+//! compatible and Anthropic over HTTP, the mock; retries, prices, rate limits, model routing.
+//!
+//! May import: `config`, `telemetry`. Nothing that stores or runs tasks.
 
 pub mod anthropic;
 pub mod limits;

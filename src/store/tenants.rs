@@ -9,17 +9,27 @@ use uuid::Uuid;
 use super::StoreError;
 
 /// A tenant's own limits; `None` means the configured default (and no default: unlimited).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, sqlx::FromRow)]
+/// The same shape in the admin API (JSON), the table, and `subagentd tenants set` (flags).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, sqlx::FromRow, clap::Args)]
 #[serde(deny_unknown_fields)]
 pub struct Limits {
+    #[arg(long)]
     pub usd_per_day: Option<Decimal>,
+    #[arg(long)]
     pub usd_per_month: Option<Decimal>,
+    #[arg(long)]
     pub tokens_per_day: Option<i64>,
+    #[arg(long)]
     pub max_running: Option<i32>,
+    #[arg(long)]
     pub max_queued: Option<i32>,
+    #[arg(long)]
     pub max_task_cost_usd: Option<Decimal>,
+    #[arg(long)]
     pub max_task_tokens: Option<i64>,
+    #[arg(long)]
     pub max_task_turns: Option<i32>,
+    #[arg(long)]
     pub max_task_timeout_seconds: Option<i32>,
 }
 

@@ -12,7 +12,7 @@ pub mod agents;
 
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use sqlx::PgPool;
@@ -39,7 +39,7 @@ const MAX_DESCRIPTION_CHARS: usize = 80;
 const MAX_METADATA_BYTES: usize = 16 * 1024;
 
 /// The body of `POST /tasks`.
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TaskRequest {
     pub prompt: String,
@@ -475,7 +475,7 @@ impl Submitter {
                 self.cfg.tool_timeout_ms,
                 &format!("tools[{i}]."),
                 &t.name,
-                &t.input(),
+                &t.tool,
             )?;
             available.retain(|a| a.name != def.name);
             available.push(def);

@@ -26,30 +26,26 @@ pub struct ToolInput {
     pub timeout_ms: Option<u64>,
 }
 
-/// A tool brought inline with a task: the same fields plus its name. (Spelled out, not
-/// flattened: serde cannot refuse unknown fields through `flatten`.)
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
+/// A tool brought inline with a task: `name` and the fields of `ToolInput`. (Read by hand:
+/// serde cannot refuse unknown fields through `flatten`, and `ToolInput` refuses them.)
+#[derive(Debug, Clone, Serialize)]
 pub struct InlineTool {
     pub name: String,
-    #[serde(default)]
-    pub description: Option<String>,
-    pub parameters: Value,
-    pub policy: Policy,
-    pub endpoint: String,
-    #[serde(default)]
-    pub timeout_ms: Option<u64>,
+    #[serde(flatten)]
+    pub tool: ToolInput,
 }
 
-impl InlineTool {
-    pub fn input(&self) -> ToolInput {
-        ToolInput {
-            description: self.description.clone(),
-            parameters: self.parameters.clone(),
-            policy: self.policy,
-            endpoint: self.endpoint.clone(),
-            timeout_ms: self.timeout_ms,
-        }
+impl<'de> Deserialize<'de> for InlineTool {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let mut fields = serde_json::Map::deserialize(d)?;
+        let name = match fields.remove("name") {
+            Some(Value::String(n)) => n,
+            Some(other) => return Err(D::Error::custom(format!("name: expected a string, got {other}"))),
+            None => return Err(D::Error::missing_field("name")),
+        };
+        let tool = ToolInput::deserialize(Value::Object(fields)).map_err(D::Error::custom)?;
+        Ok(InlineTool { name, tool })
     }
 }
 

@@ -347,13 +347,7 @@ async fn a_task_past_its_time_limit_ends_incomplete_with_timeout() {
 #[tokio::test]
 async fn retention_purges_old_conversations_and_events_but_keeps_tasks_and_the_ledger() {
     let app = spawn_app().await;
-    let t = app
-        .client
-        .post(app.url("/tasks?wait=true"))
-        .json(&json!({"prompt": "x", "model": "mock/m"}))
-        .send()
-        .await
-        .unwrap();
+    let t = app.post_json("/tasks?wait=true", json!({"prompt": "x", "model": "mock/m"})).await;
     let t: Value = t.json().await.unwrap();
     let id: Uuid = t["id"].as_str().unwrap().parse().unwrap();
     sqlx::query("UPDATE tasks SET finished_at = now() - interval '40 days' WHERE id = $1")
@@ -361,13 +355,7 @@ async fn retention_purges_old_conversations_and_events_but_keeps_tasks_and_the_l
         .execute(&app.db.pool)
         .await
         .unwrap();
-    let fresh = app
-        .client
-        .post(app.url("/tasks?wait=true"))
-        .json(&json!({"prompt": "y", "model": "mock/m"}))
-        .send()
-        .await
-        .unwrap();
+    let fresh = app.post_json("/tasks?wait=true", json!({"prompt": "y", "model": "mock/m"})).await;
     let fresh: Value = fresh.json().await.unwrap();
     let n = subagentd::store::retention::purge_finished(&app.db.pool, 30).await.unwrap();
     assert_eq!(n, 1);

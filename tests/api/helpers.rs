@@ -217,7 +217,17 @@ impl TestApp {
     }
 
     pub async fn post_task(&self, body: Value) -> reqwest::Response {
-        self.client.post(self.url("/tasks")).json(&body).send().await.unwrap()
+        self.post_json("/tasks", body).await
+    }
+
+    /// `POST path` (and its query) with a JSON body.
+    pub async fn post_json(&self, path: &str, body: Value) -> reqwest::Response {
+        self.client.post(self.url(path)).json(&body).send().await.unwrap()
+    }
+
+    /// `GET path` (and its query) as JSON, whatever the status.
+    pub async fn get_json(&self, path: &str) -> Value {
+        self.client.get(self.url(path)).send().await.unwrap().json().await.unwrap()
     }
 
     /// Submit and return the created task's JSON (asserting 201).

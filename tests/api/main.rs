@@ -10,6 +10,8 @@ mod health;
 mod observe;
 mod openapi;
 mod providers;
+mod services;
+mod submit;
 mod tasks;
 mod tenants;
 mod tools;

@@ -194,28 +194,11 @@ async fn listing_filters_by_status_and_type_and_pages_newest_first() {
     assert_eq!(cancelled["tasks"][0]["id"], ids[0].as_str());
 
     let created_3 = app.get_task(&ids[3]).await["created_at"].as_str().unwrap().to_string();
-    let after: Value = app
-        .client
-        .get(app.url("/tasks"))
-        .query(&[("created_after", created_3.as_str())])
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let since = |k: &str| format!("/tasks?{k}={}", created_3.replace('+', "%2B"));
+    let after = app.get_json(&since("created_after")).await;
     let got: Vec<&str> = after["tasks"].as_array().unwrap().iter().map(|t| t["id"].as_str().unwrap()).collect();
     assert_eq!(got, [ids[4].as_str()]);
-    let before: Value = app
-        .client
-        .get(app.url("/tasks"))
-        .query(&[("created_before", created_3.as_str())])
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let before = app.get_json(&since("created_before")).await;
     assert_eq!(before["tasks"].as_array().unwrap().len(), 3);
     app.stop().await;
 }

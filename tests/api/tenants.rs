@@ -241,12 +241,11 @@ async fn per_task_limits_are_capped_by_the_tenants() {
 async fn a_task_stops_incomplete_with_budget_when_its_own_limit_would_be_passed() {
     let app = spawn_app_with(|c| c.max_output_tokens = 16, true).await;
     let t = app
-        .client
-        .post(app.url("/tasks?wait=true&timeout=30"))
-        .json(&json!({"prompt": "dig [mock:tool_turns=20]", "model": "mock/m", "max_turns": 20, "max_cost_usd": 0.001}))
-        .send()
-        .await
-        .unwrap();
+        .post_json(
+            "/tasks?wait=true&timeout=30",
+            json!({"prompt": "dig [mock:tool_turns=20]", "model": "mock/m", "max_turns": 20, "max_cost_usd": 0.001}),
+        )
+        .await;
     let t: Value = t.json().await.unwrap();
     assert_eq!(t["status"], "incomplete");
     assert_eq!(t["stop_reason"], "budget");

@@ -8,12 +8,11 @@ use crate::helpers::*;
 async fn wait_mode_returns_the_finished_task() {
     let app = spawn_app().await;
     let r = app
-        .client
-        .post(app.url("/tasks?wait=true"))
-        .json(&json!({"prompt": "quick [mock:tool_turns=1] [mock:reply=all done]", "model": "mock/m"}))
-        .send()
-        .await
-        .unwrap();
+        .post_json(
+            "/tasks?wait=true",
+            json!({"prompt": "quick [mock:tool_turns=1] [mock:reply=all done]", "model": "mock/m"}),
+        )
+        .await;
     assert_eq!(r.status(), 200);
     let t: Value = r.json().await.unwrap();
     assert_eq!(t["status"], "completed");
@@ -26,12 +25,8 @@ async fn wait_mode_returns_the_finished_task() {
 async fn a_wait_that_times_out_answers_202_with_location_and_the_task_still_finishes() {
     let app = spawn_app().await;
     let r = app
-        .client
-        .post(app.url("/tasks?wait=true&timeout=0.2"))
-        .json(&json!({"prompt": "slow [mock:delay_ms=800]", "model": "mock/m"}))
-        .send()
-        .await
-        .unwrap();
+        .post_json("/tasks?wait=true&timeout=0.2", json!({"prompt": "slow [mock:delay_ms=800]", "model": "mock/m"}))
+        .await;
     assert_eq!(r.status(), 202);
     let loc = r.headers()["location"].to_str().unwrap().to_string();
     let t: Value = r.json().await.unwrap();
@@ -78,12 +73,11 @@ async fn a_waiter_on_one_replica_is_woken_by_a_worker_on_another() {
     let app = spawn_app_with(|_| {}, false).await;
     let _worker = spawn_binary(&["worker"], &app.db.url, &[]);
     let r = app
-        .client
-        .post(app.url("/tasks?wait=true&timeout=30"))
-        .json(&json!({"prompt": "elsewhere [mock:reply=from the other process]", "model": "mock/m"}))
-        .send()
-        .await
-        .unwrap();
+        .post_json(
+            "/tasks?wait=true&timeout=30",
+            json!({"prompt": "elsewhere [mock:reply=from the other process]", "model": "mock/m"}),
+        )
+        .await;
     assert_eq!(r.status(), 200);
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["summary"], "from the other process");

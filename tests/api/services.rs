@@ -1,0 +1,143 @@
+//! The long-running services of a worker process, one pass each (their test hook), against a
+//! real database.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use subagentd::engine::{StopCause, StopSignal};
+use subagentd::jobs::claim::ClaimLoop;
+use subagentd::jobs::heartbeat::Heartbeat;
+use subagentd::jobs::hub::Hub;
+use subagentd::jobs::rescuer::Rescuer;
+use subagentd::jobs::retention::{Purged, Retention};
+use subagentd::jobs::webhooks::WebhookSender;
+use subagentd::jobs::worker::Worker;
+use subagentd::llm::Providers;
+use subagentd::store::Fence;
+use uuid::Uuid;
+
+use crate::helpers::*;
+
+/// A task row in `status`, written straight to the table (with its tenant's row).
+async fn task(db: &TestDb, status: &str, extra: &str) -> Uuid {
+    sqlx::query("INSERT INTO tenants (name) VALUES ('default') ON CONFLICT DO NOTHING")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let id = Uuid::now_v7();
+    let finished = if matches!(status, "queued" | "running") { "NULL" } else { "now()" };
+    sqlx::query(&format!(
+        "INSERT INTO tasks (id, tenant, status, subagent_type, prompt, model, options, finished_at)
+         VALUES ($1, 'default', $2, 'general', 'p [mock:reply=ok]', 'mock/m', '{{\"max_turns\": 3}}', {finished})"
+    ))
+    .bind(id)
+    .bind(status)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    if !extra.is_empty() {
+        sqlx::query(&format!("UPDATE tasks SET {extra} WHERE id = $1")).bind(id).execute(&db.pool).await.unwrap();
+    }
+    id
+}
+
+async fn status(db: &TestDb, id: Uuid) -> String {
+    sqlx::query_scalar("SELECT status FROM tasks WHERE id = $1").bind(id).fetch_one(&db.pool).await.unwrap()
+}
+
+#[tokio::test]
+async fn a_rescuer_pass_requeues_an_expired_lease_and_fails_a_task_out_of_attempts() {
+    let db = test_db().await;
+    let expired = "lease_token = gen_random_uuid(), lease_expires_at = now() - interval '1 second', attempt = 1";
+    let (again, lost) = (task(&db, "running", expired).await, task(&db, "running", expired).await);
+    sqlx::query("UPDATE tasks SET attempt = 3 WHERE id = $1").bind(lost).execute(&db.pool).await.unwrap();
+    let live =
+        task(&db, "running", "lease_token = gen_random_uuid(), lease_expires_at = now() + interval '1 hour'").await;
+    let r = Rescuer { pool: db.pool.clone(), max_attempts: 3, every: Duration::from_secs(1) };
+    assert_eq!(r.pass().await.unwrap(), 2);
+    assert_eq!(
+        (status(&db, again).await, status(&db, lost).await, status(&db, live).await),
+        ("queued".into(), "failed".into(), "running".into())
+    );
+    assert_eq!(r.pass().await.unwrap(), 0, "nothing left to rescue");
+}
+
+#[tokio::test]
+async fn a_retention_pass_purges_what_is_past_retention_and_keeps_the_rest() {
+    let db = test_db().await;
+    let old = task(&db, "completed", "finished_at = now() - interval '40 days'").await;
+    let new = task(&db, "completed", "").await;
+    for id in [old, new] {
+        sqlx::query("INSERT INTO task_events (task_id, seq, kind) VALUES ($1, 1, 'created')")
+            .bind(id)
+            .execute(&db.pool)
+            .await
+            .unwrap();
+    }
+    let r = Retention { pool: db.pool.clone(), days: 30, ledger_days: 0, every: Duration::from_secs(1) };
+    assert_eq!(r.pass().await.unwrap(), Purged { tasks: 1, calls: 0 });
+    let left: Vec<Uuid> = sqlx::query_scalar("SELECT task_id FROM task_events").fetch_all(&db.pool).await.unwrap();
+    assert_eq!(left, vec![new]);
+}
+
+#[tokio::test]
+async fn a_heartbeat_pass_renews_held_leases_and_stops_runs_that_lost_theirs_or_were_cancelled() {
+    let db = test_db().await;
+    let (lease, other) = (Uuid::new_v4(), Uuid::new_v4());
+    let soon = "lease_expires_at = now() + interval '1 second'";
+    let held = task(&db, "running", &format!("lease_token = '{lease}', {soon}")).await;
+    let taken = task(&db, "running", &format!("lease_token = '{other}', {soon}")).await;
+    let cancelled = task(&db, "running", &format!("lease_token = '{lease}', cancel_requested = true, {soon}")).await;
+    let hub = Hub::new();
+    let signals: Vec<StopSignal> = (0..3).map(|_| StopSignal::new()).collect();
+    for (id, s) in [held, taken, cancelled].into_iter().zip(&signals) {
+        hub.register_run(Fence { id, lease }, s.clone());
+    }
+    let hb = Heartbeat { pool: db.pool.clone(), hub, lease: Duration::from_secs(600), every: Duration::from_secs(1) };
+    assert_eq!(hb.pass().await.unwrap(), 2);
+    assert_eq!(signals[0].cause(), None);
+    assert_eq!(signals[1].cause(), Some(StopCause::LeaseLost));
+    assert_eq!(signals[2].cause(), Some(StopCause::Cancelled));
+    let renewed: bool =
+        sqlx::query_scalar("SELECT lease_expires_at > now() + interval '5 minutes' FROM tasks WHERE id = $1")
+            .bind(held)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert!(renewed);
+}
+
+#[tokio::test]
+async fn a_claim_pass_takes_queued_work_for_the_free_places_and_runs_it() {
+    let db = test_db().await;
+    let cfg = Arc::new(test_config(&db.url));
+    let caller = subagentd::tools::Caller::from_config(&cfg).unwrap();
+    let worker = Worker::new(db.pool.clone(), Hub::new(), Providers::with_builtin(), caller, cfg);
+    let ids = [task(&db, "queued", "").await, task(&db, "queued", "").await];
+    let claims = ClaimLoop::new(worker.clone());
+    assert_eq!(claims.pass(8).await, 2);
+    assert_eq!(claims.pass(8).await, 0);
+    worker.drain(Duration::from_secs(10)).await;
+    for id in ids {
+        assert_eq!(status(&db, id).await, "completed");
+    }
+}
+
+#[tokio::test]
+async fn a_webhook_pass_attempts_the_due_deliveries_and_records_each_attempt() {
+    let db = test_db().await;
+    let due = "webhook_url = 'http://127.0.0.1:9/hook', webhook_status = 'pending', webhook_next_at = now()";
+    let id = task(&db, "completed", due).await;
+    let caller = subagentd::tools::Caller::from_config(&test_config(&db.url)).unwrap();
+    let w = WebhookSender { pool: db.pool.clone(), hub: Hub::new(), caller };
+    assert_eq!(w.pass().await.unwrap(), 1);
+    let (attempts, err): (i32, Option<String>) =
+        sqlx::query_as("SELECT webhook_attempts, webhook_last_error FROM tasks WHERE id = $1")
+            .bind(id)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(attempts, 1);
+    assert!(err.is_some_and(|e| e.contains("allow-list") || e.contains("127.0.0.1")), "refused by the allow-list");
+    assert_eq!(w.pass().await.unwrap(), 0, "the next attempt waits for its backoff");
+}

@@ -234,8 +234,13 @@ pub struct ProviderConfig {
     pub base_url: Option<String>,
     /// Name of the environment variable that holds the key (keys never live in the file).
     pub api_key_env: Option<String>,
-    #[serde(default = "default_provider_timeout")]
-    pub timeout_seconds: u64,
+    /// Longest wait for the first byte of an answer (a slow server's prompt processing), in
+    /// seconds. (`timeout_seconds`, its former name, is read too.)
+    #[serde(default = "default_first_byte_timeout", alias = "timeout_seconds")]
+    pub first_byte_timeout_seconds: u64,
+    /// Longest silence between two chunks of a streamed answer, in seconds.
+    #[serde(default = "default_idle_timeout")]
+    pub idle_timeout_seconds: u64,
     /// OpenAI-compatible: `authorization` (Bearer) or e.g. `api-key` (Azure).
     pub auth_header: Option<String>,
     /// OpenAI-compatible: extra query parameters (Azure's `api-version`).
@@ -243,12 +248,38 @@ pub struct ProviderConfig {
     pub query: std::collections::BTreeMap<String, String>,
     /// OpenAI-compatible: `max_tokens` or `max_completion_tokens`.
     pub max_tokens_field: Option<String>,
-    /// Anthropic: `max_tokens` when the task sets none.
-    pub default_max_tokens: Option<u32>,
+    /// `max_tokens` of this provider's calls (and their reservation); `SUBAGENTD_MAX_OUTPUT_TOKENS`
+    /// when unset. (`default_max_tokens`, its former name, is read too.)
+    #[serde(alias = "default_max_tokens")]
+    pub max_output_tokens: Option<u32>,
+    /// Per model, as the provider names it: `max_output_tokens` (wins over the provider's).
+    #[serde(default)]
+    pub models: std::collections::BTreeMap<String, ModelConfig>,
+    /// Stream answers (default true): a first-byte and an idle timeout instead of one for the
+    /// whole answer. A server that answers with plain JSON anyway is read as such.
+    pub stream: Option<bool>,
+    /// Take a whole answer that is a tool call written as text (`{"name": …, "arguments": …}`,
+    /// fenced or in `<tool_call>` tags) as that tool call. Default: on, except for the official
+    /// OpenAI and Anthropic APIs.
+    pub text_tool_calls: Option<bool>,
+    /// Bill this provider's models at the shipped list prices (default: only the official APIs;
+    /// set it for Azure, OpenRouter, or a test double of an official API).
+    pub shipped_prices: Option<bool>,
 }
 
-fn default_provider_timeout() -> u64 {
+/// One model of a provider.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    pub max_output_tokens: Option<u32>,
+}
+
+fn default_first_byte_timeout() -> u64 {
     120
+}
+
+fn default_idle_timeout() -> u64 {
+    60
 }
 
 #[derive(Debug, Clone, serde::Deserialize)]

@@ -31,6 +31,9 @@ pub struct TaskView {
     pub cost_usd: Decimal,
     /// False when some call's model had no price: `cost_usd` is then a lower bound.
     pub cost_complete: bool,
+    /// True when some call's usage is an estimate (its answer never came, or the provider
+    /// reported none): `usage` and `cost_usd` include estimates.
+    pub usage_estimated: bool,
     pub attempt: i32,
     pub metadata: Value,
     pub created_at: DateTime<Utc>,
@@ -75,6 +78,7 @@ impl From<TaskRow> for TaskView {
             }),
             cost_usd: r.cost_usd.normalize(),
             cost_complete: r.unpriced_calls == 0,
+            usage_estimated: r.estimated_calls > 0,
             attempt: r.attempt,
             metadata: r.metadata,
             created_at: r.created_at,

@@ -65,6 +65,9 @@ pub struct AgentDefinition {
     pub model: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_turns: Option<u32>,
+    /// `max_tokens` of this agent's provider calls (wins over the model's and provider's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output_tokens: Option<u32>,
 }
 
 /// What is wrong with a definition, and where.
@@ -113,6 +116,8 @@ struct FrontMatter {
     model: Option<String>,
     #[serde(alias = "maxTurns")]
     max_turns: Option<i64>,
+    #[serde(alias = "maxOutputTokens")]
+    max_output_tokens: Option<i64>,
     // Claude Code fields that have no meaning here: accepted so its files load, then ignored.
     #[serde(rename = "color")]
     _color: Option<serde_yaml::Value>,
@@ -174,6 +179,12 @@ pub fn parse_markdown(source: &str, text: &str) -> Result<AgentDefinition, Defin
         Some(n) => Some(n.min(MAX_TURNS as i64) as u32),
         None => None,
     };
+    let max_output_tokens = match fm.max_output_tokens {
+        Some(n) if !(1..=u32::MAX as i64).contains(&n) => {
+            return Err(err(Some("max_output_tokens"), "must be a positive number of tokens".into()))
+        }
+        n => n.map(|n| n as u32),
+    };
     let model = fm.model.map(|m| m.trim().to_string()).filter(|m| !m.is_empty() && m != "inherit");
     let system_prompt = body.trim().to_string();
     if system_prompt.is_empty() {
@@ -187,6 +198,7 @@ pub fn parse_markdown(source: &str, text: &str) -> Result<AgentDefinition, Defin
         disallowed_tools: fm.disallowed_tools.map(ToolList::names).unwrap_or_default(),
         model,
         max_turns,
+        max_output_tokens,
     })
 }
 

@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::llm::pricing::Price;
 use crate::llm::retry::RetryPolicy;
-use crate::llm::{ChatRequest, LlmError, Message, Provider, ToolSpec, Usage};
+use crate::llm::{ChatRequest, FinishReason, LlmError, Message, Progress, Provider, ToolSpec, Usage};
 pub use crate::tools::{ToolOutput, ToolRunner};
 
 /// Everything a run needs, decided before it starts.
@@ -52,6 +52,9 @@ pub struct RunInput {
     /// The first call's reservation (`first_reservation`) is already written, with the task:
     /// the run does not reserve it again.
     pub first_reserved: bool,
+    /// Read a whole answer that is a tool call written as text as that call (the provider's
+    /// `text_tool_calls` switch).
+    pub text_tool_calls: bool,
 }
 
 /// One provider call attempt, as the ledger records it.
@@ -72,6 +75,9 @@ pub struct CallRecord {
     /// What was reserved for this call before it was made.
     pub reserved_usd: Decimal,
     pub reserved_tokens: u64,
+    /// `usage` is an estimate: the provider gave none (its answer never came, or it reported
+    /// no usage).
+    pub usage_estimated: bool,
 }
 
 /// One completed turn: committed together, or not at all.
@@ -211,7 +217,7 @@ pub async fn run(
     while turn < input.max_turns {
         turn += 1;
         let req = request(&input, &messages);
-        let (resp, call) = match call_with_retries(&input, provider, store, stop, &req, turn).await {
+        let (mut resp, call) = match call_with_retries(&input, provider, store, stop, &req, turn).await {
             Ok(r) => r,
             Err(Outcome::Stopped(StopCause::Budget(limit))) => {
                 return Outcome::Incomplete {
@@ -232,14 +238,54 @@ pub async fn run(
             "llm_call_finished",
             json!({"turn": turn, "model": format!("{}/{}", input.provider_name, input.model),
                    "input_tokens": call.usage.input_tokens, "output_tokens": call.usage.output_tokens,
-                   "cached_tokens": call.usage.cached_tokens, "latency_ms": call.latency_ms, "try": call.try_no}),
+                   "cached_tokens": call.usage.cached_tokens, "latency_ms": call.latency_ms, "try": call.try_no,
+                   "finish_reason": resp.finish.as_str()}),
         )];
+        // Cut at the output limit: the text is partial, and so may be a tool call's arguments.
+        let cut = resp.finish == FinishReason::Length;
+        if resp.tool_calls.is_empty() && !cut && input.text_tool_calls {
+            let offered: Vec<&str> = input.tools.iter().map(|t| t.name.as_str()).collect();
+            if let Some(calls) = resp.text.as_deref().and_then(|t| crate::llm::text_tools::parse(t, &offered, turn)) {
+                events.push(("text_tool_calls", json!({"turn": turn, "calls": calls.len()})));
+                resp.text = None;
+                resp.tool_calls = calls;
+            }
+        }
         if let Some(t) = resp.text.as_ref().filter(|t| !t.trim().is_empty()) {
             last_text = Some(t.clone());
         }
         let assistant = Message::Assistant { content: resp.text.clone(), tool_calls: resp.tool_calls.clone() };
         messages.push(assistant.clone());
         pending.push(assistant);
+
+        if resp.tool_calls.is_empty() && cut {
+            let limit = req.max_tokens.map_or("its".to_string(), |n| n.to_string());
+            events.push(("answer_cut", json!({"turn": turn, "max_tokens": req.max_tokens})));
+            if turn < input.max_turns {
+                // Turns remain: ask for the answer again, shorter.
+                let again = Message::User {
+                    content: format!(
+                        "Your answer was cut off at the output limit of {limit} tokens before it was complete. \
+                         Give your complete final answer again, shorter, so that it fits."
+                    ),
+                };
+                messages.push(again.clone());
+                pending.push(again);
+                let cp = TurnCheckpoint { turn, messages: std::mem::take(&mut pending), call, events };
+                if store.checkpoint(&cp).await.is_err() {
+                    return Outcome::Stopped(StopCause::LeaseLost).into();
+                }
+                continue;
+            }
+            let outcome = Outcome::Incomplete {
+                stop_reason: "max_tokens",
+                summary: resp.text.clone().filter(|t| !t.trim().is_empty()).unwrap_or_else(|| {
+                    format!("(sub-agent {}'s answer was cut off at the output limit of {limit} tokens)", input.agent)
+                }),
+            };
+            let cp = TurnCheckpoint { turn, messages: std::mem::take(&mut pending), call, events };
+            return RunEnd { outcome, last_turn: Some(cp) };
+        }
 
         if resp.tool_calls.is_empty() {
             let outcome = match last_text {
@@ -264,7 +310,18 @@ pub async fn run(
             } else {
                 streak = (Some(key), 1);
             }
-            if !input.tools.iter().any(|t| t.name == tc.name) {
+            if cut && !tc.arguments.is_object() {
+                // Cut mid-arguments: never run.
+                results[i] = Some(ToolOutput {
+                    content: format!(
+                        "Your call to `{}` was cut off at the output limit before its arguments were complete, \
+                         and was not run. Call it again with shorter arguments, or give your final answer.",
+                        tc.name
+                    ),
+                    is_error: true,
+                });
+                events.push(("tool_call_cut", json!({"turn": turn, "tool_call_id": tc.id, "name": tc.name})));
+            } else if !input.tools.iter().any(|t| t.name == tc.name) {
                 let offered: Vec<&str> = input.tools.iter().map(|t| t.name.as_str()).collect();
                 results[i] = Some(ToolOutput {
                     content: format!(
@@ -387,17 +444,20 @@ fn max_turns_reached(input: &RunInput, last_text: Option<String>, turn: u32) -> 
 /// A call's worst case, reserved before it is made: the prompt (estimated generously at 3
 /// characters a token) plus every output token the provider is allowed to produce.
 fn estimate(input: &RunInput, req: &ChatRequest) -> (Decimal, u64) {
+    let worst = worst_case(req);
+    let est_usd = input.price.map_or(Decimal::ZERO, |p| p.cost(&worst));
+    (est_usd, worst.input_tokens + worst.output_tokens)
+}
+
+/// The most a call can use: its prompt at 3 characters a token, and every output token allowed.
+fn worst_case(req: &ChatRequest) -> Usage {
     let prompt_chars: usize = req.messages.iter().map(Message::chars).sum::<usize>()
         + req.tools.iter().map(|t| t.name.len() + t.description.len() + t.parameters.to_string().len()).sum::<usize>();
-    let est_tokens = (prompt_chars as u64).div_ceil(3) + u64::from(req.max_tokens.unwrap_or(0));
-    let est_usd = input.price.map_or(Decimal::ZERO, |p| {
-        p.cost(&Usage {
-            input_tokens: (prompt_chars as u64).div_ceil(3),
-            output_tokens: u64::from(req.max_tokens.unwrap_or(0)),
-            cached_tokens: 0,
-        })
-    });
-    (est_usd, est_tokens)
+    Usage {
+        input_tokens: (prompt_chars as u64).div_ceil(3),
+        output_tokens: u64::from(req.max_tokens.unwrap_or(0)),
+        cached_tokens: 0,
+    }
 }
 
 /// The `llm_call_started` event, written with the call's reservation.
@@ -415,6 +475,7 @@ fn request(input: &RunInput, messages: &[Message]) -> ChatRequest {
         tools: input.tools.clone(),
         max_tokens: input.max_tokens,
         traceparent: input.traceparent.as_deref().map(crate::telemetry::child),
+        progress: Some(std::sync::Arc::new(Progress::default())),
     }
 }
 
@@ -463,9 +524,38 @@ async fn call_with_retries(
             gen_ai.usage.output_tokens = tracing::field::Empty,
             error = tracing::field::Empty,
         );
+        if let Some(p) = &req.progress {
+            p.reset();
+        }
         let result = tokio::select! {
             r = tracing::Instrument::instrument(provider.chat(req), span.clone()) => r,
-            cause = stop.stopped() => return Err(Outcome::Stopped(cause)),
+            cause = stop.stopped() => {
+                // The call was sent, and a provider may bill what it did before the connection
+                // was dropped: recorded, its usage estimated — the prompt as sent, and the
+                // output streamed so far, else the reserved bound.
+                let mut usage = worst_case(req);
+                if let Some(chars) = req.progress.as_ref().map(|p| p.output_chars()).filter(|c| *c > 0) {
+                    usage.output_tokens = chars.div_ceil(4).min(usage.output_tokens.max(1));
+                }
+                let rec = CallRecord {
+                    key: uuid::Uuid::now_v7(),
+                    turn,
+                    try_no,
+                    provider: input.provider_name.clone(),
+                    model: input.model.clone(),
+                    usage,
+                    cost_usd: input.price.map(|p| p.cost(&usage)),
+                    latency_ms: started.elapsed().as_millis().min(u32::MAX as u128) as u32,
+                    http_status: None,
+                    outcome: "interrupted",
+                    error: Some(format!("stopped while the provider was answering ({cause:?})")),
+                    reserved_usd: est_usd,
+                    reserved_tokens: est_tokens,
+                    usage_estimated: true,
+                };
+                let _ = store.record_failed_call(&rec).await;
+                return Err(Outcome::Stopped(cause));
+            }
         };
         match &result {
             Ok(r) => {
@@ -491,10 +581,12 @@ async fn call_with_retries(
             error: None,
             reserved_usd: est_usd,
             reserved_tokens: est_tokens,
+            usage_estimated: false,
         };
         match result {
             Ok(resp) => {
                 rec.usage = resp.usage;
+                rec.usage_estimated = resp.usage_estimated;
                 rec.cost_usd = input.price.map(|p| p.cost(&resp.usage));
                 rec.http_status = resp.http_status;
                 return Ok((resp, rec));
@@ -507,8 +599,10 @@ async fn call_with_retries(
                 if store.record_failed_call(&rec).await.is_err() {
                     return Err(Outcome::Stopped(StopCause::LeaseLost));
                 }
-                let delay =
-                    e.retryable().then(|| input.retry.next_delay(try_no, first.elapsed(), e.retry_after)).flatten();
+                let delay = e
+                    .retryable()
+                    .then(|| input.retry.next_delay(try_no, first.elapsed(), e.retry_after, e.restarting()))
+                    .flatten();
                 match delay {
                     Some(d) => {
                         tokio::select! {

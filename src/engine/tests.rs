@@ -42,7 +42,7 @@ fn usage(i: u64, o: u64) -> Usage {
     Usage { input_tokens: i, output_tokens: o, cached_tokens: 0 }
 }
 fn text(t: &str) -> ChatResponse {
-    ChatResponse { text: Some(t.into()), tool_calls: vec![], usage: usage(10, 5), http_status: Some(200) }
+    ChatResponse { text: Some(t.into()), usage: usage(10, 5), http_status: Some(200), ..ChatResponse::default() }
 }
 fn calls(names: &[(&str, Value)]) -> ChatResponse {
     ChatResponse {
@@ -54,6 +54,8 @@ fn calls(names: &[(&str, Value)]) -> ChatResponse {
             .collect(),
         usage: usage(20, 3),
         http_status: Some(200),
+        finish: crate::llm::FinishReason::ToolCalls,
+        usage_estimated: false,
     }
 }
 
@@ -136,6 +138,7 @@ fn input() -> RunInput {
         },
         agent: "research".into(),
         first_reserved: false,
+        text_tool_calls: false,
     }
 }
 

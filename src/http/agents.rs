@@ -78,6 +78,8 @@ struct PutAgent {
     model: Option<String>,
     #[serde(default)]
     max_turns: Option<i64>,
+    #[serde(default)]
+    max_output_tokens: Option<i64>,
 }
 
 fn definition_error(e: crate::engine::definitions::DefinitionError) -> ApiError {
@@ -132,6 +134,12 @@ fn parse_body(name: &str, headers: &HeaderMap, body: &Bytes) -> Result<AgentDefi
                 disallowed_tools: p.disallowed_tools.unwrap_or_default(),
                 model: p.model.filter(|m| !m.trim().is_empty() && m != "inherit"),
                 max_turns,
+                max_output_tokens: match p.max_output_tokens {
+                    Some(n) if !(1..=u32::MAX as i64).contains(&n) => {
+                        return Err(ApiError::invalid("max_output_tokens", "must be a positive number of tokens"))
+                    }
+                    n => n.map(|n| n as u32),
+                },
             })
         }
         _ => Err(ApiError::new(

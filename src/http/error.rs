@@ -165,6 +165,17 @@ impl From<SubmitError> for ApiError {
                 "Task still running",
                 format!("resume_from: task {id} is {status}; only a finished task can be resumed"),
             ),
+            SubmitError::UnpricedModel { model, limits } => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "unpriced_model",
+                "Model has no price",
+                format!(
+                    "model: {model:?} has no price, so the limits in USD ({}) cannot hold it; configure its price \
+                     under [pricing], or give the tenant a token limit (tokens_per_day) or the task max_tokens",
+                    limits.join(", ")
+                ),
+            )
+            .with(json!({"errors": [{"field": "model", "message": "model has no price"}], "limits": limits})),
             SubmitError::IdempotencyConflict { task_id } => ApiError::new(
                 StatusCode::CONFLICT,
                 "idempotency_conflict",

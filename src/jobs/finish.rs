@@ -21,12 +21,17 @@ pub enum End {
     LeaseLost,
 }
 
-/// What the run is, for the wording of a summary the engine could not write.
+/// What the run is: for the wording of a summary the engine could not write, and the log line
+/// of a failure.
 #[derive(Debug, Clone, Copy)]
 pub struct RunFacts<'a> {
     pub agent: &'a str,
     /// The task's time limit, in seconds.
     pub time_limit: Option<f64>,
+    /// `provider/model`.
+    pub model: &'a str,
+    /// The provider's host, if it has one.
+    pub host: Option<&'a str>,
 }
 
 /// How `outcome` is written to the task.
@@ -92,6 +97,16 @@ pub async fn apply(
             Err(e) => tracing::warn!(error = %e, "release failed; the lease will expire and the task be rescued"),
         },
         End::Finish(fin) => {
+            if fin.status == TaskStatus::Failed {
+                tracing::warn!(
+                    task_id = %id,
+                    code = fin.error_code.as_deref().unwrap_or(""),
+                    message = fin.error_message.as_deref().unwrap_or(""),
+                    model = facts.model,
+                    host = facts.host.unwrap_or(""),
+                    "task failed"
+                );
+            }
             // The row comes back only when a request in this process waits for it.
             let fin = Finish { return_task: hub.has_waiters(id), ..fin };
             match store.commit_end(end.last_turn.as_ref(), &fin).await {
@@ -121,7 +136,7 @@ pub async fn apply(
 mod tests {
     use super::*;
 
-    const FACTS: RunFacts<'static> = RunFacts { agent: "plan", time_limit: Some(2.5) };
+    const FACTS: RunFacts<'static> = RunFacts { agent: "plan", time_limit: Some(2.5), model: "mock/m", host: None };
 
     #[test]
     fn each_outcome_becomes_one_end() {

@@ -102,22 +102,23 @@ impl Runner {
             budgets: Defaults::from_config(&self.cfg).spend(),
             hub: self.hub.clone(),
         };
+        let host = self.providers.resolve(&row.model).ok().and_then(|m| self.providers.get(&m.provider)?.host());
+        let mut facts =
+            RunFacts { agent: &row.subagent_type, time_limit: None, model: &row.model, host: host.as_deref() };
         // The task's options, read once for the whole run.
         let opts = match opts.map_or_else(|| TaskOptions::from_stored(&row.options), Ok) {
             Ok(o) => o,
             Err(e) => {
                 let end = Outcome::Failed { code: "internal".into(), message: e }.into();
-                let facts = RunFacts { agent: &row.subagent_type, time_limit: None };
                 return finish::apply(&store, end, facts, row.started_at).await;
             }
         };
-        let time_limit = opts.timeout_seconds;
-        let timer = time_limit.map(|secs| self.time_limit(&row, secs, &stop));
+        facts.time_limit = opts.timeout_seconds;
+        let timer = facts.time_limit.map(|secs| self.time_limit(&row, secs, &stop));
         let end = self.prepare_and_run(&row, &opts, &store, &stop, first_reserved).await;
         if let Some(t) = timer {
             t.abort();
         }
-        let facts = RunFacts { agent: &row.subagent_type, time_limit };
         finish::apply(&store, end, facts, row.started_at).await;
     }
 
@@ -224,11 +225,20 @@ impl Runner {
             max_turns: opts.max_turns.get(),
             tools: opts.tools.iter().map(|t| t.spec()).collect(),
             tool_concurrency: self.cfg.tool_concurrency.max(1),
-            max_tokens: Some(self.cfg.max_output_tokens.max(1)),
+            // The agent definition's, else the model's or its provider's, else the default.
+            max_tokens: Some(
+                opts.agent
+                    .as_ref()
+                    .and_then(|d| d.max_output_tokens)
+                    .or_else(|| self.providers.max_output_tokens(model))
+                    .unwrap_or(self.cfg.max_output_tokens)
+                    .max(1),
+            ),
             traceparent: traceparent.map(Into::into),
             retry: self.providers.retry,
             agent: agent_name.to_string(),
             first_reserved: false,
+            text_tool_calls: self.providers.text_tool_calls(model),
         }
     }
 

@@ -41,6 +41,7 @@ fn ledger_row(c: &CallRecord, attempt: i32) -> CallRow {
         http_status: c.http_status.map(i32::from),
         outcome: c.outcome.to_string(),
         error: c.error.clone(),
+        usage_estimated: c.usage_estimated,
         reserved_usd: c.reserved_usd,
         reserved_tokens: c.reserved_tokens as i64,
         created_at: None,

@@ -1,32 +1,37 @@
-//! Anthropic Messages API (`POST {base_url}/v1/messages`).
-
-use std::time::Duration;
+//! Anthropic Messages API (`POST {base_url}/v1/messages`), streamed (its message events carry
+//! the usage); a plain JSON answer is read too.
 
 use serde_json::{json, Value};
 
-use super::wire::{post_json, protocol};
-use super::{ChatRequest, ChatResponse, LlmError, Message, Provider, ToolCall, Usage};
+use super::sse::SseEvent;
+use super::wire::{cut_stream, exchange, protocol, Answer, Timeouts};
+use super::{ChatRequest, ChatResponse, FinishReason, LlmError, Message, Progress, Provider, ToolCall, Usage};
 
 pub const API_VERSION: &str = "2023-06-01";
+
+/// Messages requires `max_tokens`: sent when a request sets none.
+const DEFAULT_MAX_TOKENS: u32 = 4096;
 
 #[derive(Clone)]
 pub struct Anthropic {
     pub name: String,
     pub base_url: String,
     pub api_key: Option<super::Secret>,
-    /// Messages requires `max_tokens`; used when the request sets none.
-    pub default_max_tokens: u32,
+    /// Ask for a streamed answer.
+    pub stream: bool,
+    pub timeouts: Timeouts,
     pub client: reqwest::Client,
 }
 
 impl Anthropic {
-    pub fn new(name: &str, base_url: &str, api_key: Option<super::Secret>, timeout: Duration) -> Self {
+    pub fn new(name: &str, base_url: &str, api_key: Option<super::Secret>, timeouts: Timeouts) -> Self {
         Anthropic {
             name: name.to_string(),
             base_url: base_url.trim_end_matches('/').trim_end_matches("/v1").to_string(),
             api_key,
-            default_max_tokens: 4096,
-            client: super::http_client(timeout),
+            stream: true,
+            timeouts,
+            client: super::http_client(),
         }
     }
 }
@@ -91,19 +96,148 @@ pub fn parse_response(status: u16, v: &Value) -> Result<ChatResponse, LlmError> 
             _ => {}
         }
     }
-    if v.get("stop_reason").and_then(Value::as_str).is_none() {
+    let Some(stop) = v.get("stop_reason").and_then(Value::as_str) else {
         return Err(protocol(status, "response has no stop_reason (truncated?)"));
-    }
+    };
     let u = v.get("usage").ok_or_else(|| protocol(status, "response has no usage"))?;
+    Ok(ChatResponse {
+        text: (!text.is_empty()).then_some(text),
+        tool_calls,
+        usage: usage_of(u),
+        http_status: Some(status),
+        finish: FinishReason::parse(stop),
+        usage_estimated: false,
+    })
+}
+
+/// Anthropic's `input_tokens` exclude cache reads and writes; ours include them, with reads
+/// also counted as cached.
+fn usage_of(u: &Value) -> Usage {
     let n = |k: &str| u.get(k).and_then(Value::as_u64).unwrap_or(0);
-    // Anthropic's input_tokens exclude cache reads and writes; ours include them, with reads
-    // also counted as cached.
-    let usage = Usage {
+    Usage {
         input_tokens: n("input_tokens") + n("cache_read_input_tokens") + n("cache_creation_input_tokens"),
         output_tokens: n("output_tokens"),
         cached_tokens: n("cache_read_input_tokens"),
-    };
-    Ok(ChatResponse { text: (!text.is_empty()).then_some(text), tool_calls, usage, http_status: Some(status) })
+    }
+}
+
+/// One content block of a streamed answer.
+enum Block {
+    Text(String),
+    /// id, name, the input's JSON as it arrives.
+    Tool(String, String, String),
+    Other,
+}
+
+/// A streamed answer as it accumulates.
+#[derive(Default)]
+struct Streamed {
+    blocks: Vec<Block>,
+    /// From `message_start`; its output count is replaced by `message_delta`'s.
+    usage: Option<Value>,
+    stop: Option<String>,
+    done: bool,
+}
+
+impl Streamed {
+    fn feed(&mut self, e: SseEvent, progress: Option<&Progress>) -> Result<bool, LlmError> {
+        if e.data.trim().is_empty() {
+            return Ok(false);
+        }
+        let v: Value =
+            serde_json::from_str(&e.data).map_err(|err| protocol(200, format!("bad stream event: {err}")))?;
+        let block = |v: &Value| v.get("index").and_then(Value::as_u64).unwrap_or(0) as usize;
+        match v.get("type").and_then(Value::as_str).unwrap_or_default() {
+            "message_start" => self.usage = v.pointer("/message/usage").cloned(),
+            "content_block_start" => {
+                let i = block(&v);
+                while self.blocks.len() <= i {
+                    self.blocks.push(Block::Other);
+                }
+                let b = v.get("content_block").unwrap_or(&Value::Null);
+                let s = |k: &str| b.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
+                self.blocks[i] = match b.get("type").and_then(Value::as_str) {
+                    Some("text") => Block::Text(s("text")),
+                    Some("tool_use") => Block::Tool(s("id"), s("name"), String::new()),
+                    _ => Block::Other,
+                };
+            }
+            "content_block_delta" => {
+                let d = v.get("delta").unwrap_or(&Value::Null);
+                let piece = |k: &str| d.get(k).and_then(Value::as_str).unwrap_or_default();
+                let added = match self.blocks.get_mut(block(&v)) {
+                    Some(Block::Text(t)) => {
+                        t.push_str(piece("text"));
+                        piece("text").len()
+                    }
+                    Some(Block::Tool(_, _, input)) => {
+                        input.push_str(piece("partial_json"));
+                        piece("partial_json").len()
+                    }
+                    _ => 0,
+                };
+                if let Some(p) = progress {
+                    p.add_output(added);
+                }
+            }
+            "message_delta" => {
+                if let Some(s) = v.pointer("/delta/stop_reason").and_then(Value::as_str) {
+                    self.stop = Some(s.to_string());
+                }
+                if let Some(out) = v.pointer("/usage/output_tokens") {
+                    let u = self.usage.get_or_insert_with(|| json!({}));
+                    u["output_tokens"] = out.clone();
+                }
+            }
+            "message_stop" => {
+                self.done = true;
+                return Ok(true);
+            }
+            "error" => {
+                let kind = v.pointer("/error/type").and_then(Value::as_str).unwrap_or_default();
+                let msg = v.pointer("/error/message").and_then(Value::as_str).unwrap_or("error in the stream");
+                let status = match kind {
+                    "overloaded_error" => 529,
+                    "rate_limit_error" => 429,
+                    "invalid_request_error" => 400,
+                    _ => 500,
+                };
+                return Err(LlmError::from_status(status, msg.to_string(), None));
+            }
+            _ => {}
+        }
+        Ok(false)
+    }
+
+    fn into_response(self, status: u16) -> Result<ChatResponse, LlmError> {
+        let Some(stop) = self.stop else { return Err(cut_stream()) };
+        let mut text = String::new();
+        let mut tool_calls = vec![];
+        for b in self.blocks {
+            match b {
+                Block::Text(t) => text.push_str(&t),
+                Block::Tool(id, name, input) => {
+                    let arguments = if input.trim().is_empty() {
+                        json!({})
+                    } else {
+                        // Cut input (at `max_tokens`) stays text: it is never run.
+                        serde_json::from_str(&input).unwrap_or(Value::String(input))
+                    };
+                    tool_calls.push(ToolCall { id, name, arguments });
+                }
+                Block::Other => {}
+            }
+        }
+        let usage = self.usage.as_ref().map(usage_of).ok_or_else(|| protocol(status, "the stream had no usage"))?;
+        Ok(ChatResponse {
+            text: (!text.is_empty()).then_some(text),
+            tool_calls,
+            usage,
+            http_status: Some(status),
+            finish: FinishReason::parse(&stop),
+            usage_estimated: false,
+        })
+    }
 }
 
 #[async_trait::async_trait]
@@ -112,13 +246,21 @@ impl Provider for Anthropic {
         &self.name
     }
 
+    fn host(&self) -> Option<String> {
+        super::host_of(&self.base_url)
+    }
+
     async fn chat(&self, req: &ChatRequest) -> Result<ChatResponse, LlmError> {
         let (system, messages) = to_wire(&req.messages);
+        let max_tokens = req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
         let mut body = json!({
             "model": req.model,
-            "max_tokens": req.max_tokens.unwrap_or(self.default_max_tokens),
+            "max_tokens": max_tokens,
             "messages": messages,
         });
+        if self.stream {
+            body["stream"] = json!(true);
+        }
         if !system.is_empty() {
             body["system"] = json!(system);
         }
@@ -136,8 +278,13 @@ impl Provider for Anthropic {
         if let Some(tp) = &req.traceparent {
             r = r.header("traceparent", tp);
         }
-        let (status, v) = post_json(r, &body).await?;
-        parse_response(status, &v)
+        let mut acc = Streamed::default();
+        let progress = req.progress.clone();
+        let mut feed = |e: SseEvent| acc.feed(e, progress.as_deref());
+        match exchange(r, &body, self.timeouts, Some(max_tokens), &mut feed).await? {
+            Answer::Json(status, v) => parse_response(status, &v),
+            Answer::Streamed { status, .. } => acc.into_response(status),
+        }
     }
 }
 
@@ -167,6 +314,49 @@ mod tests {
         assert_eq!(wire[2]["role"], "user");
         assert_eq!(wire[2]["content"].as_array().unwrap().len(), 2);
         assert_eq!(wire[2]["content"][1]["is_error"], true);
+    }
+
+    #[test]
+    fn a_streamed_answer_collects_blocks_stop_reason_and_usage() {
+        let events = [
+            json!({"type": "message_start", "message": {"usage": {"input_tokens": 12, "output_tokens": 1, "cache_read_input_tokens": 100}}}),
+            json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+            json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Checking"}}),
+            json!({"type": "content_block_start", "index": 1, "content_block": {"type": "tool_use", "id": "toolu_1", "name": "find", "input": {}}}),
+            json!({"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": "{\"q\": "}}),
+            json!({"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": "\"x\"}"}}),
+            json!({"type": "ping"}),
+            json!({"type": "message_delta", "delta": {"stop_reason": "tool_use"}, "usage": {"output_tokens": 20}}),
+            json!({"type": "message_stop"}),
+        ];
+        let mut acc = Streamed::default();
+        let progress = Progress::default();
+        for e in events {
+            acc.feed(SseEvent { event: None, data: e.to_string() }, Some(&progress)).unwrap();
+        }
+        let r = acc.into_response(200).unwrap();
+        assert_eq!(r.text.as_deref(), Some("Checking"));
+        assert_eq!(r.tool_calls[0].arguments, json!({"q": "x"}));
+        assert_eq!(r.finish, FinishReason::ToolCalls);
+        assert_eq!(r.usage, Usage { input_tokens: 112, output_tokens: 20, cached_tokens: 100 });
+        assert_eq!(progress.output_chars(), 8 + 10);
+    }
+
+    #[test]
+    fn a_stream_that_stops_at_max_tokens_is_cut_and_one_that_just_ends_is_lost() {
+        let mut acc = Streamed::default();
+        for e in [
+            json!({"type": "message_start", "message": {"usage": {"input_tokens": 5}}}),
+            json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": "Half an ans"}}),
+            json!({"type": "message_delta", "delta": {"stop_reason": "max_tokens"}, "usage": {"output_tokens": 16}}),
+        ] {
+            acc.feed(SseEvent { event: None, data: e.to_string() }, None).unwrap();
+        }
+        assert_eq!(acc.into_response(200).unwrap().finish, FinishReason::Length);
+        let mut lost = Streamed::default();
+        lost.feed(SseEvent { event: None, data: json!({"type": "message_start", "message": {}}).to_string() }, None)
+            .unwrap();
+        assert!(lost.into_response(200).unwrap_err().restarting());
     }
 
     #[test]

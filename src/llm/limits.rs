@@ -74,8 +74,7 @@ mod tests {
             model: "m".into(),
             messages: vec![Message::User { content: prompt.into() }],
             tools: vec![],
-            max_tokens: None,
-            traceparent: None,
+            ..ChatRequest::default()
         }
     }
 

@@ -18,7 +18,7 @@
 
 use std::time::Duration;
 
-use super::{ChatRequest, ChatResponse, LlmError, LlmErrorKind, Message, Provider, ToolCall, Usage};
+use super::{ChatRequest, ChatResponse, FinishReason, LlmError, LlmErrorKind, Message, Provider, ToolCall, Usage};
 
 pub struct MockProvider;
 
@@ -162,7 +162,8 @@ impl Provider for MockProvider {
                 text: None,
                 tool_calls,
                 usage: Usage { input_tokens, output_tokens: out.div_ceil(4).max(1), cached_tokens: 0 },
-                http_status: None,
+                finish: FinishReason::ToolCalls,
+                ..ChatResponse::default()
             });
         }
         let text = script.reply.unwrap_or_else(|| {
@@ -172,8 +173,7 @@ impl Provider for MockProvider {
         Ok(ChatResponse {
             usage: Usage { input_tokens, output_tokens: (text.len() as u64).div_ceil(4).max(1), cached_tokens: 0 },
             text: Some(text),
-            tool_calls: vec![],
-            http_status: None,
+            ..ChatResponse::default()
         })
     }
 }
@@ -187,8 +187,7 @@ mod tests {
             model: "m".into(),
             messages: vec![Message::System { content: "s".into() }, Message::User { content: prompt.into() }],
             tools: vec![],
-            max_tokens: None,
-            traceparent: None,
+            ..ChatRequest::default()
         }
     }
 

@@ -9,9 +9,12 @@ pub mod mock;
 pub mod openai;
 pub mod pricing;
 pub mod retry;
+pub mod sse;
+pub mod text_tools;
 pub mod wire;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,14 +39,35 @@ impl std::fmt::Debug for Secret {
     }
 }
 
-/// An HTTP client for provider calls: no redirects, a whole-request timeout.
-pub fn http_client(timeout: Duration) -> reqwest::Client {
+/// An HTTP client for provider calls: no redirects, a connect timeout, and no whole-request
+/// timeout: a streamed answer may take minutes, and `wire::Timeouts` bound the wait for its
+/// first byte and the silences between its chunks instead.
+pub fn http_client() -> reqwest::Client {
     reqwest::Client::builder()
-        .timeout(timeout)
-        .connect_timeout(Duration::from_secs(10).min(timeout))
+        .connect_timeout(Duration::from_secs(10))
         .redirect(reqwest::redirect::Policy::none())
         .build()
         .unwrap_or_else(|_| reqwest::Client::new())
+}
+
+/// What a streamed answer has produced so far, readable while the call is in flight (to
+/// record an interrupted call's output as it stood).
+#[derive(Debug, Default)]
+pub struct Progress {
+    output_chars: AtomicU64,
+}
+
+impl Progress {
+    pub fn add_output(&self, chars: usize) {
+        self.output_chars.fetch_add(chars as u64, Ordering::Relaxed);
+    }
+    pub fn output_chars(&self) -> u64 {
+        self.output_chars.load(Ordering::Relaxed)
+    }
+    /// A new attempt starts from nothing.
+    pub fn reset(&self) {
+        self.output_chars.store(0, Ordering::Relaxed);
+    }
 }
 
 /// One message of a conversation, in the provider-neutral form we checkpoint.
@@ -101,7 +125,7 @@ pub struct ToolSpec {
     pub parameters: serde_json::Value,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct ChatRequest {
     /// The model name as the provider knows it (no `provider/` prefix).
     pub model: String,
@@ -110,6 +134,8 @@ pub struct ChatRequest {
     pub max_tokens: Option<u32>,
     /// W3C trace context to send along.
     pub traceparent: Option<String>,
+    /// Where a streamed answer reports its progress.
+    pub progress: Option<Arc<Progress>>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -127,13 +153,56 @@ impl std::ops::AddAssign for Usage {
     }
 }
 
-#[derive(Debug, Clone)]
+/// Why the model stopped producing output.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum FinishReason {
+    /// A natural end (OpenAI `stop`, Anthropic `end_turn` / `stop_sequence`).
+    #[default]
+    Stop,
+    /// It asked for tools.
+    ToolCalls,
+    /// Cut at `max_tokens` or the context's end (OpenAI `length`, Anthropic `max_tokens`): the
+    /// text is partial, and a tool call's arguments may be too.
+    Length,
+    /// Withheld by a content filter or refused.
+    Filtered,
+    Other(String),
+}
+
+impl FinishReason {
+    /// OpenAI's `finish_reason` or Anthropic's `stop_reason`.
+    pub fn parse(s: &str) -> FinishReason {
+        match s {
+            "stop" | "end_turn" | "stop_sequence" => FinishReason::Stop,
+            "tool_calls" | "function_call" | "tool_use" => FinishReason::ToolCalls,
+            "length" | "max_tokens" | "model_context_window_exceeded" => FinishReason::Length,
+            "content_filter" | "refusal" => FinishReason::Filtered,
+            other => FinishReason::Other(other.to_string()),
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::ToolCalls => "tool_calls",
+            FinishReason::Length => "length",
+            FinishReason::Filtered => "content_filter",
+            FinishReason::Other(s) => s,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default)]
 pub struct ChatResponse {
     /// Final text, if any.
     pub text: Option<String>,
     pub tool_calls: Vec<ToolCall>,
     pub usage: Usage,
     pub http_status: Option<u16>,
+    pub finish: FinishReason,
+    /// The provider reported no usage: `usage` is estimated from the text (a character is
+    /// counted as a quarter of a token).
+    pub usage_estimated: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -150,6 +219,8 @@ pub enum LlmErrorKind {
     Client,
     /// A body we cannot understand.
     Protocol,
+    /// The prompt plus `max_tokens` do not fit the model's context window.
+    ContextExceeded,
 }
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -182,8 +253,14 @@ impl LlmError {
                 true
             }
             LlmErrorKind::Server => matches!(self.http_status, None | Some(500 | 502 | 503 | 504)),
-            LlmErrorKind::Client | LlmErrorKind::Protocol => false,
+            LlmErrorKind::Client | LlmErrorKind::Protocol | LlmErrorKind::ContextExceeded => false,
         }
+    }
+
+    /// What a restarting server looks like — a refused or reset connection, or 503 while it
+    /// loads its model: retried until the retry deadline, whatever the attempt count.
+    pub fn restarting(&self) -> bool {
+        self.kind == LlmErrorKind::Connection || self.http_status == Some(503)
     }
 
     /// The stable error code a task carries when this error ends it.
@@ -191,6 +268,7 @@ impl LlmError {
         match self.kind {
             LlmErrorKind::Protocol => "provider_protocol",
             LlmErrorKind::Client => "provider_rejected",
+            LlmErrorKind::ContextExceeded => "context_exceeded",
             _ => "provider_unavailable",
         }
     }
@@ -201,6 +279,37 @@ pub trait Provider: Send + Sync {
     /// The name used in `provider/model`.
     fn name(&self) -> &str;
     async fn chat(&self, req: &ChatRequest) -> Result<ChatResponse, LlmError>;
+    /// The host calls go to, for logs (`None` for a provider with no server).
+    fn host(&self) -> Option<String> {
+        None
+    }
+}
+
+/// The host of `base_url`, for logs.
+pub fn host_of(base_url: &str) -> Option<String> {
+    url::Url::parse(base_url).ok().and_then(|u| u.host_str().map(str::to_string))
+}
+
+/// Is `base_url` the official API of its kind (whose list prices the shipped table holds)?
+pub fn is_official(kind: crate::config::ProviderKind, base_url: &str) -> bool {
+    let host = host_of(base_url).unwrap_or_default();
+    match kind {
+        crate::config::ProviderKind::Openai => host == "api.openai.com",
+        crate::config::ProviderKind::Anthropic => host == "api.anthropic.com",
+    }
+}
+
+/// How one configured provider's calls are made and billed.
+#[derive(Debug, Clone, Default)]
+pub struct ProviderSettings {
+    /// `max_tokens` of its calls, unless the model's or an agent definition's says otherwise.
+    pub max_output_tokens: Option<u32>,
+    /// Per model (as the provider knows it): `max_tokens` of its calls.
+    pub model_max_output_tokens: BTreeMap<String, u32>,
+    /// A whole answer that is a tool call written as text is taken as that tool call.
+    pub text_tool_calls: bool,
+    /// The shipped price table applies to its models.
+    pub shipped_prices: bool,
 }
 
 /// `provider/model`, split.
@@ -234,6 +343,8 @@ pub struct Providers {
     pub default_model: Option<String>,
     /// Providers wrapped in their `[limits]`, by `provider/model` or `provider`.
     limited: HashMap<String, Arc<dyn Provider>>,
+    /// By provider name.
+    settings: HashMap<String, ProviderSettings>,
 }
 
 /// Aliases every installation has (the config file may add or replace them).
@@ -254,6 +365,8 @@ impl Providers {
     pub fn with_builtin() -> Self {
         let mut p = Providers::default();
         p.insert(Arc::new(mock::MockProvider));
+        // The mock prices its own calls (`pricing`), and has no text tool calls to read.
+        p.settings.insert("mock".into(), ProviderSettings::default());
         for (a, m) in BUILTIN_ALIASES {
             p.aliases.insert(a.to_string(), m.to_string());
         }
@@ -280,11 +393,15 @@ impl Providers {
                 })?)),
                 None => None,
             };
-            let timeout = Duration::from_secs(pc.timeout_seconds.max(1));
+            let timeouts = wire::Timeouts {
+                first_byte: Duration::from_secs(pc.first_byte_timeout_seconds.max(1)),
+                idle: Duration::from_secs(pc.idle_timeout_seconds.max(1)),
+            };
+            let base = pc.base_url.clone().unwrap_or_else(|| official_base(pc.kind).into());
+            let official = is_official(pc.kind, &base);
             match pc.kind {
                 ProviderKind::Openai => {
-                    let base = pc.base_url.clone().unwrap_or_else(|| "https://api.openai.com/v1".into());
-                    let mut o = openai::OpenAi::new(name, &base, key, timeout);
+                    let mut o = openai::OpenAi::new(name, &base, key, timeouts);
                     if let Some(h) = &pc.auth_header {
                         o.auth_header = h.clone();
                     }
@@ -292,30 +409,52 @@ impl Providers {
                         o.max_tokens_field = f.clone();
                     }
                     o.query = pc.query.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+                    o.stream = pc.stream.unwrap_or(true);
                     p.insert(Arc::new(o));
                 }
                 ProviderKind::Anthropic => {
-                    let base = pc.base_url.clone().unwrap_or_else(|| "https://api.anthropic.com".into());
-                    let mut a = anthropic::Anthropic::new(name, &base, key, timeout);
-                    if let Some(m) = pc.default_max_tokens {
-                        a.default_max_tokens = m;
-                    }
+                    let mut a = anthropic::Anthropic::new(name, &base, key, timeouts);
+                    a.stream = pc.stream.unwrap_or(true);
                     p.insert(Arc::new(a));
                 }
             }
-        }
-        let timeout = Duration::from_secs(120);
-        if p.get("openai").is_none() {
-            if let Some(k) = env("OPENAI_API_KEY") {
-                let base = env("OPENAI_BASE_URL").unwrap_or_else(|| "https://api.openai.com/v1".into());
-                p.insert(Arc::new(openai::OpenAi::new("openai", &base, Some(Secret::new(k)), timeout)));
+            let mut model_max = BTreeMap::new();
+            for (model, mc) in &pc.models {
+                if let Some(n) = mc.max_output_tokens {
+                    model_max.insert(model.clone(), n.max(1));
+                }
             }
+            p.settings.insert(
+                name.clone(),
+                ProviderSettings {
+                    max_output_tokens: pc.max_output_tokens.map(|n| n.max(1)),
+                    model_max_output_tokens: model_max,
+                    text_tool_calls: pc.text_tool_calls.unwrap_or(!official),
+                    shipped_prices: pc.shipped_prices.unwrap_or(official),
+                },
+            );
         }
-        if p.get("anthropic").is_none() {
-            if let Some(k) = env("ANTHROPIC_API_KEY") {
-                let base = env("ANTHROPIC_BASE_URL").unwrap_or_else(|| "https://api.anthropic.com".into());
-                p.insert(Arc::new(anthropic::Anthropic::new("anthropic", &base, Some(Secret::new(k)), timeout)));
+        for (name, kind, key_var, base_var) in [
+            ("openai", ProviderKind::Openai, "OPENAI_API_KEY", "OPENAI_BASE_URL"),
+            ("anthropic", ProviderKind::Anthropic, "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL"),
+        ] {
+            if p.get(name).is_some() {
+                continue;
             }
+            let Some(k) = env(key_var) else { continue };
+            let base = env(base_var).unwrap_or_else(|| official_base(kind).into());
+            let official = is_official(kind, &base);
+            let key = Some(Secret::new(k));
+            match kind {
+                ProviderKind::Openai => {
+                    p.insert(Arc::new(openai::OpenAi::new(name, &base, key, wire::Timeouts::default())))
+                }
+                ProviderKind::Anthropic => {
+                    p.insert(Arc::new(anthropic::Anthropic::new(name, &base, key, wire::Timeouts::default())))
+                }
+            }
+            let s = ProviderSettings { text_tool_calls: !official, shipped_prices: official, ..Default::default() };
+            p.settings.insert(name.into(), s);
         }
         for (a, m) in &file.aliases {
             if ModelRef::parse(m).is_none() {
@@ -382,8 +521,35 @@ impl Providers {
         self.limited.get(&m.full()).or_else(|| self.limited.get(&m.provider)).cloned().or_else(|| self.get(&m.provider))
     }
 
+    /// The model's price: configured under `[pricing]`, else the shipped list price when its
+    /// provider bills those (the official API, or `shipped_prices = true`), else none.
     pub fn price(&self, m: &ModelRef) -> Option<pricing::Price> {
-        self.prices.price(m)
+        let shipped = self.settings.get(&m.provider).is_some_and(|s| s.shipped_prices);
+        self.prices.price(m, shipped)
+    }
+
+    /// Whether the model has a price of its own under `[pricing]` (or is the mock's).
+    pub fn has_configured_price(&self, m: &ModelRef) -> bool {
+        self.prices.price(m, false).is_some()
+    }
+
+    /// `max_tokens` of the model's calls: the model's setting, else its provider's, else none
+    /// (the caller's default applies).
+    pub fn max_output_tokens(&self, m: &ModelRef) -> Option<u32> {
+        let s = self.settings.get(&m.provider)?;
+        s.model_max_output_tokens.get(&m.model).copied().or(s.max_output_tokens)
+    }
+
+    /// Whether the model's provider reads tool calls written as text.
+    pub fn text_tool_calls(&self, m: &ModelRef) -> bool {
+        self.settings.get(&m.provider).is_some_and(|s| s.text_tool_calls)
+    }
+}
+
+fn official_base(kind: crate::config::ProviderKind) -> &'static str {
+    match kind {
+        crate::config::ProviderKind::Openai => "https://api.openai.com/v1",
+        crate::config::ProviderKind::Anthropic => "https://api.anthropic.com",
     }
 }
 

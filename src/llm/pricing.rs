@@ -1,5 +1,7 @@
-//! USD per million tokens, per model: shipped defaults for common models, overridable in the
-//! config file. A model with no price costs `NULL` (and the task says its cost is incomplete).
+//! USD per million tokens, per model: configured prices first; the shipped list prices of common
+//! OpenAI and Anthropic models for the providers that bill them (the official APIs, or one
+//! configured with `shipped_prices = true`); the mock's own. Any other model has no price: its
+//! calls cost `NULL` and the task says its cost is incomplete — a price is never invented.
 
 use std::collections::HashMap;
 
@@ -64,12 +66,16 @@ pub struct PriceTable {
 }
 
 impl PriceTable {
-    pub fn price(&self, m: &ModelRef) -> Option<Price> {
+    /// The price of `m`; `shipped`: its provider bills the shipped list prices.
+    pub fn price(&self, m: &ModelRef, shipped: bool) -> Option<Price> {
         if let Some(p) = self.overrides.get(&m.full()).or_else(|| self.overrides.get(&m.model)) {
             return Some(*p);
         }
         if m.provider == "mock" {
             return Some(p("1", "2", "0.1"));
+        }
+        if !shipped {
+            return None;
         }
         // Longest name that the model equals or extends with `-<suffix>`.
         DEFAULTS
@@ -93,11 +99,13 @@ mod tests {
     #[test]
     fn dated_variants_match_their_family_and_the_longest_name_wins() {
         let t = PriceTable::default();
-        assert_eq!(t.price(&m("openai/gpt-4o-2024-08-06")), Some(p("2.5", "10", "1.25")));
-        assert_eq!(t.price(&m("openai/gpt-4o-mini")), Some(p("0.15", "0.6", "0.075")));
-        assert_eq!(t.price(&m("anthropic/claude-sonnet-4-5-20250929")), Some(p("3", "15", "0.3")));
-        assert_eq!(t.price(&m("openai/gpt-4oz")), None);
-        assert_eq!(t.price(&m("local/llama3")), None);
+        assert_eq!(t.price(&m("openai/gpt-4o-2024-08-06"), true), Some(p("2.5", "10", "1.25")));
+        assert_eq!(t.price(&m("openai/gpt-4o-mini"), true), Some(p("0.15", "0.6", "0.075")));
+        assert_eq!(t.price(&m("anthropic/claude-sonnet-4-5-20250929"), true), Some(p("3", "15", "0.3")));
+        assert_eq!(t.price(&m("openai/gpt-4oz"), true), None);
+        assert_eq!(t.price(&m("local/llama3"), true), None);
+        assert_eq!(t.price(&m("smol/gpt-4o"), false), None, "a local server's gpt-4o is not OpenAI's");
+        assert!(t.price(&m("mock/x"), false).is_some());
     }
 
     #[test]
@@ -105,8 +113,8 @@ mod tests {
         let mut t = PriceTable::default();
         t.overrides.insert("local/llama3".into(), p("0", "0", "0"));
         t.overrides.insert("gpt-4o".into(), p("1", "1", "1"));
-        assert_eq!(t.price(&m("local/llama3")), Some(p("0", "0", "0")));
-        assert_eq!(t.price(&m("openai/gpt-4o")), Some(p("1", "1", "1")));
+        assert_eq!(t.price(&m("local/llama3"), false), Some(p("0", "0", "0")));
+        assert_eq!(t.price(&m("openai/gpt-4o"), true), Some(p("1", "1", "1")));
         let price = p("2", "10", "1");
         let u = Usage { input_tokens: 1_000_000, output_tokens: 100_000, cached_tokens: 500_000 };
         // 500k uncached at $2 + 500k cached at $1 + 100k output at $10.

@@ -30,6 +30,8 @@ pub struct CallRow {
     pub http_status: Option<i32>,
     pub outcome: String,
     pub error: Option<String>,
+    /// The usage is an estimate (the answer never came, or the provider reported none).
+    pub usage_estimated: bool,
     /// The reservation made for this call, released as the real cost is settled (written, not
     /// stored on the row).
     #[sqlx(default)]
@@ -47,7 +49,7 @@ pub struct CallRow {
 pub async fn of_task(pool: &PgPool, task: Uuid) -> Result<Vec<CallRow>, StoreError> {
     Ok(sqlx::query_as(
         "SELECT call_key, turn, attempt, try, provider, model, input_tokens, output_tokens, cached_tokens, cost_usd,
-                latency_ms, http_status, outcome, error, created_at
+                latency_ms, http_status, outcome, error, usage_estimated, created_at
          FROM llm_calls WHERE task_id = $1 ORDER BY id",
     )
     .bind(task)

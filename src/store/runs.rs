@@ -135,8 +135,10 @@ pub async fn commit_turn(
     let mut datas: Vec<Value> = events.iter().map(|e| e.1.clone()).collect();
     let whole = fin.is_some_and(|f| f.return_task);
     if let Some(fin) = fin {
-        kinds.push("finished");
-        datas.push(serde_json::json!({"status": fin.status.as_str(), "stop_reason": fin.stop_reason}));
+        for (k, d) in fin.events() {
+            kinds.push(k);
+            datas.push(d);
+        }
     }
     let sql: &str = if whole { &COMMIT_TURN_ENDING } else { &COMMIT_TURN };
     let row = sqlx::query(sql)
@@ -167,6 +169,7 @@ pub async fn commit_turn(
         .bind(fin.and_then(|f| f.summary.as_deref())) // 25
         .bind(fin.and_then(|f| f.error_code.as_deref())) // 26
         .bind(fin.and_then(|f| f.error_message.as_deref())) // 27
+        .bind(call.usage_estimated) // 28
         .fetch_optional(pool)
         .await?;
     match (row, fin) {
@@ -193,6 +196,7 @@ fn commit_turn_sql(whole: bool) -> String {
                 input_tokens = input_tokens + $8, output_tokens = output_tokens + $9,
                 cached_tokens = cached_tokens + $10, cost_usd = cost_usd + coalesce($11, 0),
                 unpriced_calls = unpriced_calls + ($11 IS NULL AND $14 = 'ok')::int,
+                estimated_calls = estimated_calls + $28::bool::int,
                 reserved_usd = CASE WHEN $23::text IS NULL THEN greatest(reserved_usd - $21, 0) ELSE 0 END,
                 reserved_tokens = CASE WHEN $23::text IS NULL THEN greatest(reserved_tokens - $22, 0) ELSE 0 END,
                 last_event_seq = last_event_seq + cardinality($17::text[]),
@@ -209,17 +213,18 @@ fn commit_turn_sql(whole: bool) -> String {
             RETURNING {returning}
          ), c AS (
             INSERT INTO llm_calls (call_key, task_id, tenant, turn, attempt, try, provider, model, input_tokens,
-                output_tokens, cached_tokens, cost_usd, latency_ms, http_status, outcome, error)
-            SELECT $20, $1, tenant, $4, $5, $6, $7, $19, $8, $9, $10, $11, $12, $13, $14, $15 FROM u
+                output_tokens, cached_tokens, cost_usd, latency_ms, http_status, outcome, error, usage_estimated)
+            SELECT $20, $1, tenant, $4, $5, $6, $7, $19, $8, $9, $10, $11, $12, $13, $14, $15, $28 FROM u
          ), r AS (
             INSERT INTO usage_daily AS d (day, tenant, model, agent_type, shard, calls, ok, failed, input_tokens,
-                output_tokens, cached_tokens, cost_usd)
+                output_tokens, cached_tokens, cost_usd, estimated_calls)
             SELECT (now() AT TIME ZONE 'UTC')::date, tenant, $7 || '/' || $19, subagent_type, pg_backend_pid() % 16, 1,
-                ($14 = 'ok')::int, ($14 <> 'ok')::int, $8, $9, $10, coalesce($11, 0) FROM u
+                ($14 = 'ok')::int, ($14 <> 'ok')::int, $8, $9, $10, coalesce($11, 0), $28::bool::int FROM u
             ON CONFLICT (tenant, day, model, agent_type, shard) DO UPDATE SET calls = d.calls + 1, ok = d.ok + EXCLUDED.ok,
                 failed = d.failed + EXCLUDED.failed, input_tokens = d.input_tokens + EXCLUDED.input_tokens,
                 output_tokens = d.output_tokens + EXCLUDED.output_tokens,
-                cached_tokens = d.cached_tokens + EXCLUDED.cached_tokens, cost_usd = d.cost_usd + EXCLUDED.cost_usd
+                cached_tokens = d.cached_tokens + EXCLUDED.cached_tokens, cost_usd = d.cost_usd + EXCLUDED.cost_usd,
+                estimated_calls = d.estimated_calls + EXCLUDED.estimated_calls
          ), m AS (
             INSERT INTO task_messages (task_id, seq, turn, message)
             SELECT $1, (SELECT coalesce(max(seq), 0) FROM task_messages WHERE task_id = $1) + x.ord, $4, x.msg
@@ -269,6 +274,18 @@ pub struct Finish {
     pub return_task: bool,
 }
 
+impl Finish {
+    /// The events that end a task: `cancelled` for a cancel, then `finished`.
+    pub fn events(&self) -> Vec<(&'static str, Value)> {
+        let mut out = vec![];
+        if self.status == TaskStatus::Cancelled {
+            out.push(("cancelled", serde_json::json!({})));
+        }
+        out.push(("finished", serde_json::json!({"status": self.status.as_str(), "stop_reason": self.stop_reason})));
+        out
+    }
+}
+
 /// `finish`'s statement; `whole`: the one that also answers with the whole task.
 fn finish_sql(whole: bool) -> String {
     let (returning, answer) =
@@ -277,12 +294,13 @@ fn finish_sql(whole: bool) -> String {
         "WITH u AS (
             UPDATE tasks SET status = $3, stop_reason = $4, summary = $5, error_code = $6, error_message = $7,
                 finished_at = now(), lease_token = NULL, lease_expires_at = NULL,
-                reserved_usd = 0, reserved_tokens = 0, last_event_seq = last_event_seq + 1
+                reserved_usd = 0, reserved_tokens = 0, last_event_seq = last_event_seq + cardinality($8::text[])
             WHERE id = $1 AND lease_token = $2 AND status = 'running'
             RETURNING {returning}
          ), e AS (
             INSERT INTO task_events (task_id, seq, kind, data)
-            SELECT id, last_event_seq, 'finished', jsonb_build_object('status', $3::text, 'stop_reason', $4::text) FROM u
+            SELECT id, u.last_event_seq - cardinality($8::text[]) + x.ord, x.kind, x.data
+            FROM u, unnest($8::text[], $9::jsonb[]) WITH ORDINALITY AS x(kind, data, ord)
          )
          SELECT {answer} FROM u"
     )
@@ -295,6 +313,7 @@ static FINISH_ENDING: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| 
 /// lease is no longer held).
 pub async fn finish(pool: &PgPool, f: Fence, fin: &Finish) -> Result<Committed, StoreError> {
     let sql: &str = if fin.return_task { &FINISH_ENDING } else { &FINISH };
+    let (kinds, datas): (Vec<&str>, Vec<Value>) = fin.events().into_iter().unzip();
     let row = sqlx::query(sql)
         .bind(f.id)
         .bind(f.lease)
@@ -303,6 +322,8 @@ pub async fn finish(pool: &PgPool, f: Fence, fin: &Finish) -> Result<Committed, 
         .bind(&fin.summary)
         .bind(&fin.error_code)
         .bind(&fin.error_message)
+        .bind(&kinds)
+        .bind(&datas)
         .fetch_optional(pool)
         .await?;
     match row {

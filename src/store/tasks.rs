@@ -105,6 +105,8 @@ pub struct TaskRow {
     pub cached_tokens: i64,
     pub cost_usd: Decimal,
     pub unpriced_calls: i32,
+    /// Calls whose usage is an estimate.
+    pub estimated_calls: i32,
     pub attempt: i32,
     pub lease_token: Option<Uuid>,
     pub lease_expires_at: Option<DateTime<Utc>>,
@@ -185,7 +187,8 @@ pub enum Inserted {
 
 pub(crate) const COLS: &str =
     "id, tenant, status, stop_reason, subagent_type, description, prompt, model, options, summary, \
-    error_code, error_message, turns, input_tokens, output_tokens, cached_tokens, cost_usd, unpriced_calls, attempt, \
+    error_code, error_message, turns, input_tokens, output_tokens, cached_tokens, cost_usd, unpriced_calls, \
+    estimated_calls, attempt, \
     lease_token, lease_expires_at, worker_id, cancel_requested, idempotency_key, request_hash, metadata, created_at, \
     started_at, finished_at, parent_task_id, max_cost_usd, max_tokens, traceparent, webhook_url, webhook_status, \
     webhook_attempts, webhook_last_error, webhook_delivered_at";

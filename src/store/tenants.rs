@@ -170,6 +170,8 @@ pub struct UsageRow {
     pub output_tokens: i64,
     pub cached_tokens: i64,
     pub cost_usd: Decimal,
+    /// Calls whose usage is an estimate (their answer never came, or the provider gave none).
+    pub estimated_calls: i64,
 }
 
 /// Aggregates of the daily rollup over `[from, to]`, grouped by the named columns
@@ -194,7 +196,8 @@ pub async fn usage(
         "SELECT {}, {}, {}, {}, coalesce(sum(calls), 0)::bigint AS calls, coalesce(sum(ok), 0)::bigint AS ok,
                 coalesce(sum(failed), 0)::bigint AS failed, coalesce(sum(input_tokens), 0)::bigint AS input_tokens,
                 coalesce(sum(output_tokens), 0)::bigint AS output_tokens,
-                coalesce(sum(cached_tokens), 0)::bigint AS cached_tokens, coalesce(sum(cost_usd), 0) AS cost_usd
+                coalesce(sum(cached_tokens), 0)::bigint AS cached_tokens, coalesce(sum(cost_usd), 0) AS cost_usd,
+                coalesce(sum(estimated_calls), 0)::bigint AS estimated_calls
          FROM usage_daily WHERE ($1::text IS NULL OR tenant = $1) AND day BETWEEN $2 AND $3
          {} {}",
         col("day", "date"),

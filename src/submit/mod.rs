@@ -113,6 +113,9 @@ pub enum SubmitError {
     UnknownAgent { name: String, available: Vec<String> },
     #[error("task {id} is {status}")]
     NotTerminal { id: Uuid, status: TaskStatus },
+    /// The model has no price, and the task's only limits are in USD.
+    #[error("model {model} has no price")]
+    UnpricedModel { model: String, limits: Vec<&'static str> },
     #[error("this Idempotency-Key was used with a different request")]
     IdempotencyConflict { task_id: Uuid },
     #[error(transparent)]
@@ -405,6 +408,21 @@ impl Submitter {
             Some(t) => t.min(cap),
             None => cap,
         };
+        // A model with no price cannot be held to limits in USD: refuse it unless a token limit
+        // holds it too.
+        if self.providers.price(&model).is_none() && limits.tokens_per_day.is_none() && max_tokens.is_none() {
+            let usd: Vec<&'static str> = [
+                ("usd_per_day", limits.usd_per_day.is_some()),
+                ("usd_per_month", limits.usd_per_month.is_some()),
+                ("max_cost_usd", max_cost_usd.is_some()),
+            ]
+            .into_iter()
+            .filter_map(|(n, set)| set.then_some(n))
+            .collect();
+            if !usd.is_empty() {
+                return Err(SubmitError::UnpricedModel { model: model.full(), limits: usd });
+            }
+        }
         let tools = self.whitelist(&s.tenant, agent, definition.as_ref(), body).await?;
         let options = TaskOptions {
             max_turns: MaxTurns::for_agent(agent, turns),

@@ -18,10 +18,12 @@ fn providers(oai: &str, ant: &str, extra: &str) -> Providers {
         base_url = "{oai}/v1"
         api_key_env = "FAKE_OAI_KEY"
         timeout_seconds = 1
+        shipped_prices = true
         [providers.ant]
         kind = "anthropic"
         base_url = "{ant}"
         api_key_env = "FAKE_ANT_KEY"
+        shipped_prices = true
         [retry]
         max_attempts = 3
         base_ms = 5
@@ -278,6 +280,7 @@ async fn offered_tools_use_each_providers_schema() {
         }],
         max_tokens: Some(64),
         traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
+        ..ChatRequest::default()
     };
     oai.push(Answer::json(openai_text("ok", 1, 1, 0)));
     p.get("oai").unwrap().chat(&req).await.unwrap();

@@ -13,23 +13,51 @@ use axum::routing::post;
 use axum::Router;
 use serde_json::{json, Value};
 
-#[derive(Clone)]
+#[derive(Clone, Default)]
 pub struct Answer {
     pub status: u16,
     pub headers: Vec<(&'static str, String)>,
     pub body: String,
     pub delay: Duration,
+    /// A streamed answer (`text/event-stream`): each chunk after its delay.
+    pub chunks: Option<Vec<(Duration, String)>>,
+    /// After the chunks, keep the connection open and send nothing (a stalled stream).
+    pub hang: bool,
 }
 
 impl Answer {
     pub fn json(v: Value) -> Self {
-        Answer { status: 200, headers: vec![], body: v.to_string(), delay: Duration::ZERO }
+        Answer { status: 200, body: v.to_string(), ..Answer::default() }
     }
     pub fn status(status: u16, body: Value) -> Self {
-        Answer { status, headers: vec![], body: body.to_string(), delay: Duration::ZERO }
+        Answer { status, body: body.to_string(), ..Answer::default() }
     }
     pub fn raw(status: u16, body: &str) -> Self {
-        Answer { status, headers: vec![], body: body.to_string(), delay: Duration::ZERO }
+        Answer { status, body: body.to_string(), ..Answer::default() }
+    }
+    /// Server-Sent Events, one `data:` event a chunk (an `event:` line first where the JSON has
+    /// a `type`, as Anthropic sends), `gap` apart.
+    pub fn sse(events: &[Value], gap: Duration) -> Self {
+        let chunks = events
+            .iter()
+            .map(|e| {
+                let text = match (e.as_str(), e.get("type").and_then(Value::as_str)) {
+                    (Some(raw), _) => format!("data: {raw}\n\n"),
+                    (None, Some(t)) => format!("event: {t}\ndata: {e}\n\n"),
+                    (None, None) => format!("data: {e}\n\n"),
+                };
+                (gap, text)
+            })
+            .collect();
+        Answer { status: 200, chunks: Some(chunks), ..Answer::default() }
+    }
+    /// Stop sending after the first `n` chunks, keeping the connection open.
+    pub fn stall_after(mut self, n: usize) -> Self {
+        if let Some(c) = &mut self.chunks {
+            c.truncate(n);
+        }
+        self.hang = true;
+        self
     }
     pub fn header(mut self, k: &'static str, v: &str) -> Self {
         self.headers.push((k, v.to_string()));
@@ -86,6 +114,25 @@ async fn handle(State(f): State<Fake>, headers: HeaderMap, body: Bytes) -> Respo
     let mut guard = DropGuard(f.dropped.clone(), false);
     tokio::time::sleep(a.delay).await;
     guard.1 = true;
+    if let Some(chunks) = a.chunks {
+        let hang = a.hang;
+        let stream = futures_util::stream::unfold((chunks.into_iter(), hang), |(mut it, hang)| async move {
+            match it.next() {
+                Some((gap, text)) => {
+                    tokio::time::sleep(gap).await;
+                    Some((Ok::<_, std::convert::Infallible>(axum::body::Bytes::from(text)), (it, hang)))
+                }
+                None if hang => {
+                    tokio::time::sleep(Duration::from_secs(3600)).await;
+                    None
+                }
+                None => None,
+            }
+        });
+        let mut r = axum::body::Body::from_stream(stream).into_response();
+        r.headers_mut().insert("content-type", "text/event-stream".parse().unwrap());
+        return r;
+    }
     let mut r = (StatusCode::from_u16(a.status).unwrap(), a.body).into_response();
     r.headers_mut().insert("content-type", "application/json".parse().unwrap());
     for (k, v) in a.headers {
@@ -96,12 +143,68 @@ async fn handle(State(f): State<Fake>, headers: HeaderMap, body: Bytes) -> Respo
 
 /// Serve `path` on an ephemeral loopback port; returns the fake and its base URL.
 pub async fn serve(path: &str) -> (Fake, String) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    serve_on(path, listener)
+}
+
+fn serve_on(path: &str, listener: tokio::net::TcpListener) -> (Fake, String) {
     let fake = Fake::default();
     let app = Router::new().route(path, post(handle)).with_state(fake.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     (fake, format!("http://{addr}"))
+}
+
+/// A server that is not up yet: its URL refuses connections until `after`, then `path` is
+/// served there. (The fake is returned at once, to script answers.)
+pub async fn serve_later(path: &str, after: Duration) -> (Fake, String) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let fake = Fake::default();
+    let app = Router::new().route(path, post(handle)).with_state(fake.clone());
+    tokio::spawn(async move {
+        tokio::time::sleep(after).await;
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await.unwrap();
+        axum::serve(listener, app).await.unwrap()
+    });
+    (fake, format!("http://127.0.0.1:{port}"))
+}
+
+/// An OpenAI-compatible stream: the text in pieces, tool calls (id, name, raw arguments), the
+/// finish reason, then the usage and `[DONE]`.
+pub fn openai_stream(text: &str, calls: &[(&str, &str, &str)], finish: &str, usage: (u64, u64)) -> Vec<Value> {
+    let mut out = vec![json!({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})];
+    let chars: Vec<char> = text.chars().collect();
+    for piece in chars.chunks(6) {
+        out.push(json!({"choices": [{"index": 0, "delta": {"content": piece.iter().collect::<String>()}}]}));
+    }
+    for (i, (id, name, args)) in calls.iter().enumerate() {
+        out.push(json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": i, "id": id, "type": "function",
+            "function": {"name": name, "arguments": ""}}]}}]}));
+        out.push(json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": i, "function": {"arguments": args}}]}}]}));
+    }
+    out.push(json!({"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]}));
+    out.push(json!({"choices": [], "usage": {"prompt_tokens": usage.0, "completion_tokens": usage.1}}));
+    out.push(json!("[DONE]"));
+    out
+}
+
+/// An Anthropic message stream: the text in pieces, then the stop reason and usage.
+pub fn anthropic_stream(text: &str, stop_reason: &str, usage: (u64, u64)) -> Vec<Value> {
+    let mut out = vec![
+        json!({"type": "message_start", "message": {"id": "msg_s", "usage": {"input_tokens": usage.0, "output_tokens": 1}}}),
+        json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+    ];
+    let chars: Vec<char> = text.chars().collect();
+    for piece in chars.chunks(6) {
+        out.push(json!({"type": "content_block_delta", "index": 0,
+                        "delta": {"type": "text_delta", "text": piece.iter().collect::<String>()}}));
+    }
+    out.push(json!({"type": "content_block_stop", "index": 0}));
+    out.push(
+        json!({"type": "message_delta", "delta": {"stop_reason": stop_reason}, "usage": {"output_tokens": usage.1}}),
+    );
+    out.push(json!({"type": "message_stop"}));
+    out
 }
 
 pub fn openai_text(text: &str, prompt: u64, completion: u64, cached: u64) -> Value {

@@ -10,6 +10,7 @@ mod health;
 mod observe;
 mod openapi;
 mod providers;
+mod servers;
 mod services;
 mod submit;
 mod tasks;

@@ -46,6 +46,8 @@ pub struct TaskView {
     pub trace_id: Option<String>,
     /// Completion webhook: url, delivery status, attempts, last error.
     pub webhook: Option<Value>,
+    /// What a queued task waits for (`budget`: reservations of its tenant to settle).
+    pub waiting_for: Option<String>,
 }
 
 impl From<TaskRow> for TaskView {
@@ -88,6 +90,7 @@ impl From<TaskRow> for TaskView {
             run_ms,
             parent_task_id: r.parent_task_id,
             trace_id: r.traceparent.as_deref().map(|t| crate::telemetry::trace_id(t).to_string()),
+            waiting_for: r.waiting_for.filter(|_| r.status == TaskStatus::Queued),
             webhook: r.webhook_url.as_ref().map(|u| {
                 json!({"url": u, "status": r.webhook_status, "attempts": r.webhook_attempts,
                        "last_error": r.webhook_last_error, "delivered_at": r.webhook_delivered_at})

@@ -15,7 +15,7 @@ use sqlx::{PgConnection, PgPool};
 
 use crate::cache::TtlCache;
 use crate::config::Config;
-use crate::store::budget::{self as sql, Reserve, SpendDefaults};
+use crate::store::budget::{self as sql, CallAsk, Reserve, SpendDefaults};
 pub use crate::store::tenants::Limits;
 use crate::store::{tenants, Fence, StoreError};
 
@@ -170,8 +170,14 @@ fn refused(limit: &str, stage: &'static str) {
 }
 
 /// The queue and spend limits, checked with the tenant's row locked (in `conn`'s
-/// transaction, which the caller commits with the insert).
-pub async fn admission_checks(conn: &mut PgConnection, limits: &Limits, tenant: &str) -> Result<(), BudgetError> {
+/// transaction, which the caller commits with the insert). `smallest`: the task's smallest
+/// first call, which what is left after the settled spend must cover.
+pub async fn admission_checks(
+    conn: &mut PgConnection,
+    limits: &Limits,
+    tenant: &str,
+    smallest: Smallest,
+) -> Result<(), BudgetError> {
     tenants::limits(&mut *conn, tenant, true).await?;
     let used = sql::usage_now(&mut *conn, tenant).await?;
     if let Some(max) = limits.max_queued {
@@ -184,54 +190,89 @@ pub async fn admission_checks(conn: &mut PgConnection, limits: &Limits, tenant: 
             });
         }
     }
+    // Busy is not exhausted: what calls in flight hold will mostly come back, and a run that
+    // needs it waits for it. Refused here is a budget whose settled spend leaves less than the
+    // task's smallest call.
     let spend = [
-        ("usd_per_day", limits.usd_per_day, used.usd_today + used.reserved_usd),
-        ("usd_per_month", limits.usd_per_month, used.usd_this_month + used.reserved_usd),
+        ("usd_per_day", limits.usd_per_day, used.usd_today),
+        ("usd_per_month", limits.usd_per_month, used.usd_this_month),
     ];
     for (name, limit, current) in spend {
         if let Some(limit) = limit {
-            if current >= limit {
+            if current + smallest.usd > limit || current >= limit {
                 refused(name, "admission");
                 return Err(BudgetError::Exhausted {
                     limit: name,
                     value: json!(limit),
                     current: json!(current.normalize()),
-                    detail: format!("{name}: {} USD used (including calls in flight) of {limit}", current.normalize()),
+                    detail: format!(
+                        "{name}: {} USD spent of {limit}, which leaves less than this task's smallest call (about {} USD)",
+                        current.normalize(),
+                        smallest.usd.round_dp(6).normalize()
+                    ),
                 });
             }
         }
     }
     if let Some(limit) = limits.tokens_per_day {
-        let current = used.tokens_today + used.reserved_tokens;
-        if current >= limit {
+        let current = used.tokens_today;
+        if current + smallest.tokens > limit || current >= limit {
             refused("tokens_per_day", "admission");
             return Err(BudgetError::Exhausted {
                 limit: "tokens_per_day",
                 value: json!(limit),
                 current: json!(current),
-                detail: format!("tokens_per_day: {current} tokens used (including calls in flight) of {limit}"),
+                detail: format!(
+                    "tokens_per_day: {current} tokens used of {limit}, which leaves less than this task's smallest call \
+                     (about {} tokens)",
+                    smallest.tokens
+                ),
             });
         }
     }
     Ok(())
 }
 
-/// Reserve a provider call's worst case (`usd`, `tokens`) for the run holding `fence`,
-/// against the task's and the tenant's budgets; `event` is the call's `llm_call_started`,
-/// written in the same statement.
+/// The smallest first call a task can make: its prompt, estimated, and the output floor.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Smallest {
+    pub usd: Decimal,
+    pub tokens: i64,
+}
+
+/// The fewest output tokens a call may be lowered to when the budget cannot afford its whole
+/// `max_tokens` (a call that asks for fewer keeps what it asks for): below this an answer is
+/// rarely useful, so a budget with less left ends the run instead.
+pub const OUTPUT_FLOOR: u32 = 256;
+
+/// Reserve a provider call for the run holding `fence`, against the task's and the tenant's
+/// budgets: granted (perhaps with fewer output tokens), to wait for others' reservations to
+/// settle, or refused. `event` is the call's `llm_call_started`, written in the same statement.
 pub async fn reserve(
     db: impl sqlx::PgExecutor<'_>,
     fence: Fence,
-    usd: Decimal,
-    tokens: u64,
+    ask: CallAsk,
     defaults: SpendDefaults,
     event: Option<&Value>,
 ) -> Result<Reserve, StoreError> {
-    let r = sql::reserve(db, fence, usd, tokens.min(i64::MAX as u64) as i64, defaults, event).await?;
-    if let Reserve::Refused(limit) = &r {
-        refused(limit, "in_flight");
+    let r = sql::reserve(db, fence, ask, defaults, event).await?;
+    match &r {
+        Reserve::Refused(limit) => refused(limit, "in_flight"),
+        Reserve::Wait { limit, .. } => {
+            metrics::counter!("subagentd_budget_waits_total", "limit" => limit.clone()).increment(1)
+        }
+        _ => {}
     }
     Ok(r)
+}
+
+/// Wake the tenant's waiters that the budget now fits (oldest first); returns how many.
+pub async fn wake(pool: &PgPool, tenant: &str, defaults: SpendDefaults) -> Result<usize, StoreError> {
+    let woken = sql::wake(pool, tenant, defaults).await?;
+    for (_, waited) in &woken {
+        metrics::histogram!("subagentd_budget_wait_seconds").record(*waited);
+    }
+    Ok(woken.len())
 }
 
 #[cfg(test)]

@@ -55,6 +55,9 @@ pub struct RunInput {
     /// Read a whole answer that is a tool call written as text as that call (the provider's
     /// `text_tool_calls` switch).
     pub text_tool_calls: bool,
+    /// The fewest output tokens a call can usefully have: when the budget cannot afford its
+    /// `max_tokens`, it may go ahead with fewer, never fewer than this.
+    pub output_floor: u32,
 }
 
 /// One provider call attempt, as the ledger records it.
@@ -95,19 +98,61 @@ pub struct TurnCheckpoint {
 #[error("lease lost")]
 pub struct LeaseLost;
 
+/// A provider call to reserve before it is made: its prompt (estimated generously) and the
+/// output it asks for, and the fewest output tokens it can do with.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Ask {
+    pub prompt_usd: Decimal,
+    pub prompt_tokens: u64,
+    /// The price of one output token.
+    pub out_usd: Decimal,
+    pub max_out: u32,
+    pub floor: u32,
+}
+
+impl Ask {
+    /// The whole call, with every output token it asks for.
+    pub fn worst(&self) -> (Decimal, u64) {
+        (self.prompt_usd + self.out_usd * Decimal::from(self.max_out), self.prompt_tokens + u64::from(self.max_out))
+    }
+}
+
+/// What a reservation granted: the call's `max_tokens` (lowered when the budget affords no
+/// more), and what is held until the call settles.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Grant {
+    pub max_tokens: u32,
+    pub usd: Decimal,
+    pub tokens: u64,
+}
+
+/// A call that fits what is settled, but not while other calls' reservations are held.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BudgetWait {
+    /// The limit others' reservations fill.
+    pub limit: String,
+    /// Its smallest call, and the call it would make.
+    pub need_usd: Decimal,
+    pub need_tokens: u64,
+    pub want_usd: Decimal,
+    pub want_tokens: u64,
+}
+
 /// Why a budget reservation did not go through.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Refusal {
-    /// The named limit would be exceeded.
+    /// Not even the smallest call fits under the named limit.
     Budget(String),
+    /// Busy, not exhausted: wait for reservations to settle.
+    Wait(BudgetWait),
     LeaseLost,
 }
 
 #[async_trait::async_trait]
 pub trait RunStore: Send + Sync {
-    /// Reserve the worst-case cost of the next provider call against the budgets, and record
-    /// its start (`started`: the `llm_call_started` event) in the same write.
-    async fn reserve(&self, usd: Decimal, tokens: u64, started: Value) -> Result<(), Refusal>;
+    /// Reserve the next provider call against the budgets, and record its start (`started`:
+    /// the `llm_call_started` event) in the same write.
+    async fn reserve(&self, ask: &Ask, started: Value) -> Result<Grant, Refusal>;
     /// Append a progress event (turn and tool-call starts) that is not part of a checkpoint.
     async fn event(&self, kind: &'static str, data: Value) -> Result<(), LeaseLost>;
     /// Record a provider attempt that completes no turn (failed, or interrupted by a stop).
@@ -128,6 +173,8 @@ pub enum StopCause {
     Timeout,
     /// A budget reservation was refused (the limit's name).
     Budget(String),
+    /// A budget reservation must wait for others to settle: the task goes back to the queue.
+    BudgetWait(BudgetWait),
 }
 
 /// A cancellation token that remembers the first reason it was fired for.
@@ -216,8 +263,8 @@ pub async fn run(
     let mut turn = input.turns_done;
     while turn < input.max_turns {
         turn += 1;
-        let req = request(&input, &messages);
-        let (mut resp, call) = match call_with_retries(&input, provider, store, stop, &req, turn).await {
+        let mut req = request(&input, &messages);
+        let (mut resp, call) = match call_with_retries(&input, provider, store, stop, &mut req, turn).await {
             Ok(r) => r,
             Err(Outcome::Stopped(StopCause::Budget(limit))) => {
                 return Outcome::Incomplete {
@@ -441,12 +488,27 @@ fn max_turns_reached(input: &RunInput, last_text: Option<String>, turn: u32) -> 
     }
 }
 
-/// A call's worst case, reserved before it is made: the prompt (estimated generously at 3
-/// characters a token) plus every output token the provider is allowed to produce.
-fn estimate(input: &RunInput, req: &ChatRequest) -> (Decimal, u64) {
+/// What a call asks to reserve: its prompt (estimated generously, at 3 characters a token) and
+/// every output token the provider is allowed to produce.
+fn ask(input: &RunInput, req: &ChatRequest) -> Ask {
     let worst = worst_case(req);
-    let est_usd = input.price.map_or(Decimal::ZERO, |p| p.cost(&worst));
-    (est_usd, worst.input_tokens + worst.output_tokens)
+    let price = |u: Usage| input.price.map_or(Decimal::ZERO, |p| p.cost(&u));
+    let max_out = req.max_tokens.unwrap_or(0);
+    Ask {
+        prompt_usd: price(Usage { input_tokens: worst.input_tokens, ..Usage::default() }),
+        prompt_tokens: worst.input_tokens,
+        out_usd: price(Usage { output_tokens: 1, ..Usage::default() }),
+        max_out,
+        floor: input.output_floor.min(max_out),
+    }
+}
+
+/// The smallest call that `messages` and `tools` make with `floor` output tokens, priced:
+/// what a budget must still hold for a task to start (the same estimate a run reserves by).
+pub fn smallest_call(messages: Vec<Message>, tools: Vec<ToolSpec>, price: Option<Price>, floor: u32) -> (Decimal, u64) {
+    let req = ChatRequest { messages, tools, max_tokens: Some(floor), ..ChatRequest::default() };
+    let u = worst_case(&req);
+    (price.map_or(Decimal::ZERO, |p| p.cost(&u)), u.input_tokens + u.output_tokens)
 }
 
 /// The most a call can use: its prompt at 3 characters a token, and every output token allowed.
@@ -479,13 +541,15 @@ fn request(input: &RunInput, messages: &[Message]) -> ChatRequest {
     }
 }
 
-/// What `run` will reserve for its first call (amounts and `llm_call_started` event), so that
-/// a caller may write it ahead, with the task (`RunStore::reserve` is then handed the same).
-pub fn first_reservation(input: &RunInput) -> (Decimal, u64, Value) {
+/// What `run` would reserve for its first call, whole (`Ask::worst`), and its
+/// `llm_call_started` event, so that a caller may write that reservation ahead, with the task
+/// (`RunInput::first_reserved` then tells the run).
+pub fn first_reservation(input: &RunInput) -> (Ask, Value) {
     let messages: Vec<Message> = input.history.iter().chain(&input.new_messages).cloned().collect();
     let req = request(input, &messages);
-    let (usd, tokens) = estimate(input, &req);
-    (usd, tokens, started_event(input, &req, input.turns_done + 1, 1, usd, tokens))
+    let a = ask(input, &req);
+    let (usd, tokens) = a.worst();
+    (a, started_event(input, &req, input.turns_done + 1, 1, usd, tokens))
 }
 
 async fn call_with_retries(
@@ -493,24 +557,33 @@ async fn call_with_retries(
     provider: &dyn Provider,
     store: &dyn RunStore,
     stop: &StopSignal,
-    req: &ChatRequest,
+    req: &mut ChatRequest,
     turn: u32,
 ) -> Result<(crate::llm::ChatResponse, CallRecord), Outcome> {
     let first = Instant::now();
     let mut try_no = 0;
-    let (est_usd, est_tokens) = estimate(input, req);
+    let a = ask(input, req);
+    let asked_max = req.max_tokens;
     loop {
         try_no += 1;
-        // The run's first call may have been reserved with the task (`first_reservation`).
+        // The run's first call may have been reserved with the task, whole (`first_reservation`).
         let written_ahead = input.first_reserved && turn == input.turns_done + 1 && try_no == 1;
-        if !written_ahead {
-            let started = started_event(input, req, turn, try_no, est_usd, est_tokens);
-            match store.reserve(est_usd, est_tokens, started).await {
-                Ok(()) => {}
+        let (est_usd, est_tokens) = if written_ahead {
+            a.worst()
+        } else {
+            let (usd, tokens) = a.worst();
+            let started = started_event(input, req, turn, try_no, usd, tokens);
+            match store.reserve(&a, started).await {
+                Ok(g) => {
+                    // The budget may afford fewer output tokens than asked: the call asks for those.
+                    req.max_tokens = asked_max.map(|_| g.max_tokens);
+                    (g.usd, g.tokens)
+                }
                 Err(Refusal::LeaseLost) => return Err(Outcome::Stopped(StopCause::LeaseLost)),
                 Err(Refusal::Budget(limit)) => return Err(Outcome::Stopped(StopCause::Budget(limit))),
+                Err(Refusal::Wait(w)) => return Err(Outcome::Stopped(StopCause::BudgetWait(w))),
             }
-        }
+        };
         let started = Instant::now();
         // OpenTelemetry GenAI semantic conventions, as span fields.
         let span = tracing::info_span!(

@@ -108,6 +108,18 @@ pub struct TaskOptions {
 }
 
 impl TaskOptions {
+    /// A fresh task's conversation: `[system, user]`, the system prompt being the request's
+    /// override, else the definition's, else the type's, with the parent's context under it.
+    pub fn fresh_conversation(&self, prompt: &str, agent: AgentType) -> Vec<crate::llm::Message> {
+        let base = self
+            .system_prompt
+            .clone()
+            .or_else(|| self.agent.as_ref().map(|d| d.system_prompt.clone()))
+            .unwrap_or_else(|| agent.system_prompt());
+        let system = super::agents::compose_system_prompt(&base, self.parent_context.as_deref());
+        super::fresh_conversation(system, prompt.to_string())
+    }
+
     /// Read the stored options (once per run, once per view).
     pub fn from_stored(v: &serde_json::Value) -> Result<TaskOptions, String> {
         TaskOptions::deserialize(v).map_err(|e| format!("task options are not readable: {e}"))

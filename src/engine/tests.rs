@@ -75,16 +75,17 @@ impl RunStore for Store {
         self.events.lock().unwrap().push(kind);
         Ok(())
     }
-    async fn reserve(&self, usd: Decimal, _tokens: u64, _started: Value) -> Result<(), Refusal> {
+    async fn reserve(&self, ask: &Ask, _started: Value) -> Result<Grant, Refusal> {
         self.events.lock().unwrap().push("llm_call_started");
+        let (usd, tokens) = ask.worst();
         let mut left = self.budget_left.lock().unwrap();
         match left.as_mut() {
             Some(l) if *l < usd => Err(Refusal::Budget("max_cost_usd".into())),
             Some(l) => {
                 *l -= usd;
-                Ok(())
+                Ok(Grant { max_tokens: ask.max_out, usd, tokens })
             }
-            None => Ok(()),
+            None => Ok(Grant { max_tokens: ask.max_out, usd, tokens }),
         }
     }
     async fn record_failed_call(&self, call: &CallRecord) -> Result<(), LeaseLost> {
@@ -139,6 +140,7 @@ fn input() -> RunInput {
         agent: "research".into(),
         first_reserved: false,
         text_tool_calls: false,
+        output_floor: 0,
     }
 }
 

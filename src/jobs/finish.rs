@@ -3,7 +3,7 @@
 //! committed with the run's last turn in one statement, and the finished task is handed to
 //! this process's waiters from that commit.
 
-use crate::engine::{Outcome, RunEnd, StopCause};
+use crate::engine::{BudgetWait, Outcome, RunEnd, StopCause};
 use crate::store::runs::{Committed, Finish};
 use crate::store::tasks::TaskStatus;
 use crate::store::{CH_DONE, CH_QUEUED};
@@ -17,6 +17,8 @@ pub enum End {
     Finish(Finish),
     /// Back to the queue without counting the attempt (a drain).
     Release,
+    /// Back to the queue to wait for budget, without counting the attempt.
+    Wait(BudgetWait),
     /// Nothing: another attempt owns the task.
     LeaseLost,
 }
@@ -75,6 +77,7 @@ pub fn decide(outcome: &Outcome, facts: RunFacts<'_>) -> End {
             Some(format!("(sub-agent stopped: the {limit} budget would be exceeded)")),
         ),
         Outcome::Stopped(StopCause::Drain) => End::Release,
+        Outcome::Stopped(StopCause::BudgetWait(w)) => End::Wait(w.clone()),
         Outcome::Stopped(StopCause::LeaseLost) => End::LeaseLost,
     }
 }
@@ -96,6 +99,16 @@ pub async fn apply(
             Ok(false) => {}
             Err(e) => tracing::warn!(error = %e, "release failed; the lease will expire and the task be rescued"),
         },
+        End::Wait(w) => {
+            // The time limit runs on while the task waits.
+            let deadline = started_at.zip(facts.time_limit).and_then(|(s, secs)| {
+                s.checked_add_signed(chrono::Duration::milliseconds((secs * 1000.0).min(1e12) as i64))
+            });
+            tracing::info!(limit = %w.limit, "waiting for budget: back to the queue");
+            if let Err(e) = store.wait_for_budget(&w, deadline).await {
+                tracing::warn!(error = %e, "budget wait not written; the lease will expire and the task be rescued");
+            }
+        }
         End::Finish(fin) => {
             if fin.status == TaskStatus::Failed {
                 tracing::warn!(

@@ -13,7 +13,7 @@ use uuid::Uuid;
 
 use crate::engine::{StopCause, StopSignal};
 use crate::store::tasks::TaskRow;
-use crate::store::{Fence, CH_CANCEL, CH_DONE, CH_EVENT, CH_QUEUED};
+use crate::store::{Fence, CH_BUDGET, CH_CANCEL, CH_DONE, CH_EVENT, CH_QUEUED};
 
 #[derive(Default)]
 pub struct Hub {
@@ -32,6 +32,9 @@ pub struct Hub {
     queued_generation: std::sync::atomic::AtomicU64,
     /// Some task finished (webhooks may be due).
     pub finished: Notify,
+    /// Tenants whose budget waiters may now fit (a reservation of theirs settled).
+    budget_settled: Mutex<std::collections::HashSet<String>>,
+    pub budget: Notify,
     /// Set while the listener is connected.
     connected: std::sync::atomic::AtomicBool,
     /// Notifications to send to every replica, batched by `publish_loop`.
@@ -142,6 +145,11 @@ impl Hub {
     fn new_work(&self) {
         self.queued_generation.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         self.queued.notify_waiters();
+    }
+
+    /// The tenants whose reservations settled since the last call, with waiters to wake.
+    pub fn take_settled(&self) -> Vec<String> {
+        self.budget_settled.lock().unwrap_or_else(|e| e.into_inner()).drain().collect()
     }
 
     /// Changes whenever work may have been queued since it was last read.
@@ -302,6 +310,10 @@ impl Hub {
                     self.cancel_run(id);
                 }
             }
+            CH_BUDGET => {
+                self.budget_settled.lock().unwrap_or_else(|e| e.into_inner()).insert(payload.to_string());
+                self.budget.notify_one();
+            }
             _ => {}
         }
     }
@@ -319,7 +331,7 @@ impl Hub {
                     continue;
                 }
             };
-            if let Err(e) = listener.listen_all([CH_QUEUED, CH_DONE, CH_CANCEL, CH_EVENT]).await {
+            if let Err(e) = listener.listen_all([CH_QUEUED, CH_DONE, CH_CANCEL, CH_EVENT, CH_BUDGET]).await {
                 tracing::warn!(error = %e, "LISTEN failed; retrying");
                 tokio::select! { _ = tokio::time::sleep(backoff) => {}, _ = shutdown.cancelled() => return }
                 continue;

@@ -1,6 +1,7 @@
 //! Running tasks: the worker and its runs (`worker`, `run`, `run_store`, `finish`), the
-//! long-running services of a worker process — the claim loop, heartbeat, rescuer, retention
-//! and webhook sender, each in its own file with a `pass` that runs once (the tests' hook) —
+//! long-running services of a worker process — the claim loop, heartbeat, rescuer, retention,
+//! webhook sender and budget waker, each in its own file with a `pass` that runs once (the
+//! tests' hook) —
 //! and the LISTEN/NOTIFY hub that ties the replicas together.
 //!
 //! May import: `engine`, `budget`, `tools`, `llm`, `store`, `view`, `config`, `telemetry`,
@@ -14,6 +15,7 @@ pub mod rescuer;
 pub mod retention;
 pub mod run;
 pub mod run_store;
+pub mod waits;
 pub mod webhooks;
 pub mod worker;
 
@@ -51,6 +53,13 @@ pub async fn run_worker(worker: Arc<Worker>, shutdown: CancellationToken, grace:
             pool: runner.pool.clone(),
             hub: runner.hub.clone(),
             caller: runner.tool_caller.clone(),
+        }
+        .start(background.clone()),
+        waits::BudgetWaker {
+            pool: runner.pool.clone(),
+            hub: runner.hub.clone(),
+            defaults: crate::budget::Defaults::from_config(&cfg).spend(),
+            every: Duration::from_secs(2),
         }
         .start(background.clone()),
     ];

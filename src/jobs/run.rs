@@ -14,10 +14,11 @@ use super::hub::Hub;
 use super::run_store::PgRunStore;
 use crate::budget::Defaults;
 use crate::config::Config;
-use crate::engine::agents::{compose_system_prompt, AgentType};
+use crate::engine::agents::AgentType;
 use crate::engine::spec::TaskOptions;
 use crate::engine::{self, Outcome, RunEnd, RunInput, StopCause, StopSignal};
 use crate::llm::{Message, ModelRef, Providers};
+use crate::store::budget::CallAsk;
 use crate::store::tasks::{FirstCall, NewTask, TaskRow};
 use crate::store::{retrying, runs, tools as tool_store, Fence};
 use crate::tools::{Caller, Target, TaskTools};
@@ -33,17 +34,6 @@ pub struct Runner {
     pub secrets: crate::cache::TtlCache<String>,
     /// Fired when the drain's grace runs out: a run registering after that stops at once.
     pub draining: CancellationToken,
-}
-
-/// A fresh task's conversation: `[system, user]`.
-fn fresh_start(prompt: &str, opts: &TaskOptions, agent: AgentType) -> Vec<Message> {
-    let base = opts
-        .system_prompt
-        .clone()
-        .or_else(|| opts.agent.as_ref().map(|d| d.system_prompt.clone()))
-        .unwrap_or_else(|| agent.system_prompt());
-    let system = compose_system_prompt(&base, opts.parent_context.as_deref());
-    engine::fresh_conversation(system, prompt.to_string())
 }
 
 /// Keeps `subagentd_active_runs` right however a run ends.
@@ -98,6 +88,7 @@ impl Runner {
         let store = PgRunStore {
             pool: self.pool.clone(),
             fence,
+            tenant: row.tenant.clone(),
             attempt: row.attempt,
             budgets: Defaults::from_config(&self.cfg).spend(),
             hub: self.hub.clone(),
@@ -192,7 +183,7 @@ impl Runner {
                 Err(o) => return o,
             }
         } else {
-            (vec![], fresh_start(&row.prompt, opts, agent))
+            (vec![], opts.fresh_conversation(&row.prompt, agent))
         };
         let tools = match self.task_tools(row, opts).await {
             Ok(t) => t,
@@ -226,19 +217,17 @@ impl Runner {
             tools: opts.tools.iter().map(|t| t.spec()).collect(),
             tool_concurrency: self.cfg.tool_concurrency.max(1),
             // The agent definition's, else the model's or its provider's, else the default.
-            max_tokens: Some(
-                opts.agent
-                    .as_ref()
-                    .and_then(|d| d.max_output_tokens)
-                    .or_else(|| self.providers.max_output_tokens(model))
-                    .unwrap_or(self.cfg.max_output_tokens)
-                    .max(1),
-            ),
+            max_tokens: Some(self.providers.max_tokens_for(
+                model,
+                opts.agent.as_ref().and_then(|d| d.max_output_tokens),
+                self.cfg.max_output_tokens,
+            )),
             traceparent: traceparent.map(Into::into),
             retry: self.providers.retry,
             agent: agent_name.to_string(),
             first_reserved: false,
             text_tool_calls: self.providers.text_tool_calls(model),
+            output_floor: crate::budget::OUTPUT_FLOOR,
         }
     }
 
@@ -253,10 +242,19 @@ impl Runner {
         }
         let agent = AgentType::parse(&t.subagent_type).unwrap_or(AgentType::General);
         let mut input = self.run_input(0, t.traceparent.as_deref(), &t.subagent_type, opts, &model);
-        input.new_messages = fresh_start(&t.prompt, opts, agent);
-        let (usd, tokens, started) = engine::first_reservation(&input);
+        input.new_messages = opts.fresh_conversation(&t.prompt, agent);
+        let (ask, started) = engine::first_reservation(&input);
+        let (usd, tokens) = ask.worst();
         let defaults = Defaults::from_config(&self.cfg).spend();
-        Some(FirstCall { usd, tokens: tokens.min(i64::MAX as u64) as i64, started, defaults })
+        // Written whole or not at all: the run's first call then asks for what it reserved.
+        let whole = CallAsk {
+            prompt_usd: ask.prompt_usd,
+            prompt_tokens: ask.prompt_tokens.min(i64::MAX as u64) as i64,
+            out_usd: ask.out_usd,
+            max_out: ask.max_out.min(i32::MAX as u32) as i32,
+            floor: ask.max_out.min(i32::MAX as u32) as i32,
+        };
+        Some(FirstCall { usd, tokens: tokens.min(i64::MAX as u64) as i64, started, defaults, ask: whole })
     }
 
     /// The run's tools, with what calling them needs: the tenant's signing secret for HTTP

@@ -9,8 +9,8 @@ use sqlx::PgPool;
 
 use super::hub::Hub;
 use crate::budget;
-use crate::engine::{CallRecord, LeaseLost, Refusal, RunStore, TurnCheckpoint};
-use crate::store::budget::{Reserve, SpendDefaults};
+use crate::engine::{Ask, BudgetWait, CallRecord, Grant, LeaseLost, Refusal, RunStore, TurnCheckpoint};
+use crate::store::budget::{CallAsk, Reserve, SpendDefaults};
 use crate::store::calls::CallRow;
 use crate::store::runs::{self, Committed, Finish};
 use crate::store::{events, retrying, Fence, StoreError, CH_EVENT};
@@ -18,6 +18,7 @@ use crate::store::{events, retrying, Fence, StoreError, CH_EVENT};
 pub struct PgRunStore {
     pub pool: PgPool,
     pub fence: Fence,
+    pub tenant: String,
     pub attempt: i32,
     pub budgets: SpendDefaults,
     /// Tells event streams on every replica that the task has new events.
@@ -78,6 +79,30 @@ impl PgRunStore {
         }
     }
 
+    /// Give the task back to the queue to wait for budget (`deadline`: its time limit), then
+    /// wake the tenant's waiters that fit — this one too, if what it waited for settled
+    /// meanwhile.
+    pub async fn wait_for_budget(
+        &self,
+        w: &BudgetWait,
+        deadline: Option<chrono::DateTime<chrono::Utc>>,
+    ) -> Result<bool, StoreError> {
+        let row = runs::BudgetWaitRow {
+            limit: w.limit.clone(),
+            need_usd: w.need_usd,
+            need_tokens: w.need_tokens.min(i64::MAX as u64) as i64,
+            want_usd: w.want_usd,
+            want_tokens: w.want_tokens.min(i64::MAX as u64) as i64,
+            deadline,
+        };
+        let waited = retrying(|| runs::wait_for_budget(&self.pool, self.fence, &row)).await?;
+        if waited {
+            self.hub.publish(CH_EVENT, self.fence.id.to_string());
+            retrying(|| budget::wake(&self.pool, &self.tenant, self.budgets)).await?;
+        }
+        Ok(waited)
+    }
+
     /// Give the task back to the queue (a drain), after committing a last turn if there is one.
     pub async fn release(&self, last_turn: Option<&TurnCheckpoint>) -> Result<bool, StoreError> {
         if let Some(cp) = last_turn {
@@ -102,12 +127,29 @@ fn lease_lost(r: Result<Committed, StoreError>, what: &str) -> Result<(), LeaseL
 
 #[async_trait::async_trait]
 impl RunStore for PgRunStore {
-    async fn reserve(&self, usd: Decimal, tokens: u64, started: Value) -> Result<(), Refusal> {
-        let r = retrying(|| budget::reserve(&self.pool, self.fence, usd, tokens, self.budgets, Some(&started))).await;
+    async fn reserve(&self, ask: &Ask, started: Value) -> Result<Grant, Refusal> {
+        let clamp = |n: u64| n.min(i64::MAX as u64) as i64;
+        let call = CallAsk {
+            prompt_usd: ask.prompt_usd,
+            prompt_tokens: clamp(ask.prompt_tokens),
+            out_usd: ask.out_usd,
+            max_out: ask.max_out.min(i32::MAX as u32) as i32,
+            floor: ask.floor.min(i32::MAX as u32) as i32,
+        };
+        let r = retrying(|| budget::reserve(&self.pool, self.fence, call, self.budgets, Some(&started))).await;
         match r {
-            Ok(Reserve::Reserved) => {
+            Ok(Reserve::Granted { max_tokens, usd, tokens }) => {
                 self.hub.publish(CH_EVENT, self.fence.id.to_string());
-                Ok(())
+                Ok(Grant { max_tokens, usd, tokens: tokens.max(0) as u64 })
+            }
+            Ok(Reserve::Wait { limit, need_usd, need_tokens, want_usd, want_tokens }) => {
+                Err(Refusal::Wait(BudgetWait {
+                    limit,
+                    need_usd,
+                    need_tokens: need_tokens.max(0) as u64,
+                    want_usd,
+                    want_tokens: want_tokens.max(0) as u64,
+                }))
             }
             Ok(Reserve::LeaseLost) => Err(Refusal::LeaseLost),
             Ok(Reserve::Refused(limit)) => Err(Refusal::Budget(limit)),

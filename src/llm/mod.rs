@@ -540,6 +540,12 @@ impl Providers {
         s.model_max_output_tokens.get(&m.model).copied().or(s.max_output_tokens)
     }
 
+    /// `max_tokens` of a call of `m`: an agent definition's `agent` override, else the model's
+    /// or its provider's setting, else `default`.
+    pub fn max_tokens_for(&self, m: &ModelRef, agent: Option<u32>, default: u32) -> u32 {
+        agent.or_else(|| self.max_output_tokens(m)).unwrap_or(default).max(1)
+    }
+
     /// Whether the model's provider reads tool calls written as text.
     pub fn text_tool_calls(&self, m: &ModelRef) -> bool {
         self.settings.get(&m.provider).is_some_and(|s| s.text_tool_calls)

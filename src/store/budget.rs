@@ -1,14 +1,16 @@
-//! The SQL side of budgets: a tenant's use against its limits, and the reservation of a provider
-//! call's worst case (`budget_reserve`, migration 0004), which locks the tenant's row while it
-//! checks. Settlement is part of the turn's checkpoint (`runs::commit_turn`). The rules that
-//! decide what these figures mean live in `crate::budget`.
+//! The SQL side of budgets: a tenant's use against its limits; the reservation of a provider
+//! call (`budget_reserve_call`, migration 0008), which locks the tenant's row while it checks and
+//! may grant, lower, ask to wait, or refuse; the waking of waiters (`budget_wake`). Settlement is
+//! part of the turn's checkpoint (`runs::commit_turn`), which tells waiters' workers (NOTIFY
+//! `subagentd_budget`). The rules that decide what these figures mean live in `crate::budget`.
 
 use rust_decimal::Decimal;
 use serde::Serialize;
 use serde_json::Value;
-use sqlx::PgConnection;
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
 
-use super::{Fence, StoreError};
+use super::{Fence, StoreError, CH_DONE};
 
 /// The configured spend limits of a tenant that sets none.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -18,42 +20,128 @@ pub struct SpendDefaults {
     pub tokens_per_day: Option<i64>,
 }
 
-/// What `budget_reserve` answered.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Reserve {
-    Reserved,
-    /// The lease is no longer held: nothing was written.
-    LeaseLost,
-    /// The named limit would be passed: nothing was written.
-    Refused(String),
+/// One provider call to reserve: its prompt (estimated) and the output it may produce.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CallAsk {
+    /// The prompt's estimated cost and tokens.
+    pub prompt_usd: Decimal,
+    pub prompt_tokens: i64,
+    /// The cost of one output token.
+    pub out_usd: Decimal,
+    /// The output tokens it asks for (`max_tokens`), and the fewest it can do with.
+    pub max_out: i32,
+    pub floor: i32,
 }
 
-/// Reserve a call's worst case against the task's and the tenant's budgets. `event`, if given,
-/// is the call's `llm_call_started` event, appended in the same statement.
+/// What `budget_reserve_call` answered.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reserve {
+    /// Reserved, with `max_tokens` output tokens (lowered when the budget affords no more):
+    /// `usd` and `tokens` are what is held until the call settles.
+    Granted { max_tokens: u32, usd: Decimal, tokens: i64 },
+    /// It fits what is settled but not while others' reservations are held (`limit`): wait for
+    /// them. `need`: its smallest call; `want`: the call it would make.
+    Wait { limit: String, need_usd: Decimal, need_tokens: i64, want_usd: Decimal, want_tokens: i64 },
+    /// Not even the smallest call fits under `limit` after the settled spend.
+    Refused(String),
+    /// The lease is no longer held: nothing was written.
+    LeaseLost,
+}
+
+#[derive(sqlx::FromRow)]
+struct ReserveRow {
+    result: String,
+    lim: Option<String>,
+    granted: Option<i32>,
+    need_usd: Option<Decimal>,
+    need_tokens: Option<i64>,
+    want_usd: Option<Decimal>,
+    want_tokens: Option<i64>,
+    r_usd: Option<Decimal>,
+    r_tok: Option<i64>,
+}
+
+/// Reserve a call against the task's and the tenant's budgets. `event`, if given, is the call's
+/// `llm_call_started` event, appended in the same statement with what was granted.
 pub async fn reserve(
     db: impl sqlx::PgExecutor<'_>,
     f: Fence,
-    usd: Decimal,
-    tokens: i64,
+    ask: CallAsk,
     d: SpendDefaults,
     event: Option<&Value>,
 ) -> Result<Reserve, StoreError> {
-    let r: String = sqlx::query_scalar("SELECT budget_reserve($1, $2, $3, $4, $5, $6, $7, $8)")
-        .bind(f.id)
-        .bind(f.lease)
-        .bind(usd)
-        .bind(tokens)
+    let r: ReserveRow =
+        sqlx::query_as("SELECT * FROM budget_reserve_call($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)")
+            .bind(f.id)
+            .bind(f.lease)
+            .bind(ask.prompt_usd)
+            .bind(ask.out_usd)
+            .bind(ask.prompt_tokens)
+            .bind(ask.max_out)
+            .bind(ask.floor)
+            .bind(d.usd_per_day)
+            .bind(d.usd_per_month)
+            .bind(d.tokens_per_day)
+            .bind(event)
+            .fetch_one(db)
+            .await?;
+    let lim = || r.lim.clone().unwrap_or_else(|| "budget".into());
+    Ok(match r.result.as_str() {
+        "granted" => Reserve::Granted {
+            max_tokens: r.granted.unwrap_or(0).max(0) as u32,
+            usd: r.r_usd.unwrap_or_default(),
+            tokens: r.r_tok.unwrap_or_default(),
+        },
+        "wait" => Reserve::Wait {
+            limit: lim(),
+            need_usd: r.need_usd.unwrap_or_default(),
+            need_tokens: r.need_tokens.unwrap_or_default(),
+            want_usd: r.want_usd.unwrap_or_default(),
+            want_tokens: r.want_tokens.unwrap_or_default(),
+        },
+        "refused" => Reserve::Refused(lim()),
+        _ => Reserve::LeaseLost,
+    })
+}
+
+/// Wake `tenant`'s budget waiters that fit (`budget_wake`); each woken task with how long it
+/// waited, in seconds.
+pub async fn wake(pool: &PgPool, tenant: &str, d: SpendDefaults) -> Result<Vec<(Uuid, f64)>, StoreError> {
+    Ok(sqlx::query_as("SELECT task_id, coalesce(waited_seconds, 0) FROM budget_wake($1, $2, $3, $4)")
+        .bind(tenant)
         .bind(d.usd_per_day)
         .bind(d.usd_per_month)
         .bind(d.tokens_per_day)
-        .bind(event)
-        .fetch_one(db)
-        .await?;
-    Ok(match r.as_str() {
-        "ok" => Reserve::Reserved,
-        "lease_lost" => Reserve::LeaseLost,
-        _ => Reserve::Refused(r),
-    })
+        .fetch_all(pool)
+        .await?)
+}
+
+/// Tenants with tasks waiting for budget, and how many wait.
+pub async fn waiting(pool: &PgPool) -> Result<Vec<(String, i64)>, StoreError> {
+    Ok(sqlx::query_as(
+        "SELECT tenant, count(*) FROM tasks WHERE waiting_for IS NOT NULL AND status = 'queued' GROUP BY tenant",
+    )
+    .fetch_all(pool)
+    .await?)
+}
+
+/// End the budget waits that ran past their task's time limit (`incomplete` / `timeout`).
+pub async fn end_expired_waits(pool: &PgPool) -> Result<Vec<Uuid>, StoreError> {
+    let sql = format!(
+        "WITH u AS (
+            UPDATE tasks SET status = 'incomplete', stop_reason = 'timeout', finished_at = now(), waiting_for = NULL,
+                summary = '(sub-agent ' || subagent_type || ' stopped: its time limit was reached while it waited for budget)',
+                last_event_seq = last_event_seq + 1
+            WHERE status = 'queued' AND waiting_for IS NOT NULL AND wait_deadline < now()
+            RETURNING id, last_event_seq
+         ), e AS (
+            INSERT INTO task_events (task_id, seq, kind, data)
+            SELECT id, last_event_seq, 'finished', '{{\"status\": \"incomplete\", \"stop_reason\": \"timeout\"}}' FROM u
+         )
+         SELECT id, pg_notify('{CH_DONE}', id::text)::text FROM u"
+    );
+    let rows: Vec<(Uuid, String)> = sqlx::query_as(&sql).fetch_all(pool).await?;
+    Ok(rows.into_iter().map(|r| r.0).collect())
 }
 
 /// What a tenant uses now, against its limits.

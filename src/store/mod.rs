@@ -25,6 +25,8 @@ pub const CH_DONE: &str = "subagentd_done";
 pub const CH_CANCEL: &str = "subagentd_cancel";
 /// A task has new events (payload: its id).
 pub const CH_EVENT: &str = "subagentd_event";
+/// A tenant with tasks waiting for budget settled a reservation (payload: the tenant).
+pub const CH_BUDGET: &str = "subagentd_budget";
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {

@@ -62,7 +62,7 @@ pub async fn claim(
          ), pick AS (
             SELECT c.id, room.running + row_number() OVER (PARTITION BY room.tenant ORDER BY c.id) AS load
             FROM room, LATERAL (
-                SELECT id FROM tasks q WHERE q.status = 'queued' AND q.tenant = room.tenant
+                SELECT id FROM tasks q WHERE q.status = 'queued' AND q.tenant = room.tenant AND q.waiting_for IS NULL
                 ORDER BY q.id LIMIT least(room.free, $1) FOR UPDATE SKIP LOCKED
             ) c
          ), chosen AS (
@@ -188,6 +188,14 @@ pub async fn commit_turn(
     })
 }
 
+/// A settlement's CTE: when the run's tenant has tasks waiting for budget, tell the workers
+/// (NOTIFY), which wake those that now fit. (An index probe on an index that is mostly empty.)
+const WAKE_WAITERS: &str = "w AS (
+            SELECT pg_notify('subagentd_budget', u.tenant) FROM u
+            WHERE EXISTS (SELECT 1 FROM tasks q WHERE q.tenant = u.tenant AND q.waiting_for IS NOT NULL
+                          AND q.status = 'queued')
+         )";
+
 /// `commit_turn`'s statement; `whole`: the one that also answers with the whole task.
 fn commit_turn_sql(whole: bool) -> String {
     format!(
@@ -233,8 +241,8 @@ fn commit_turn_sql(whole: bool) -> String {
             INSERT INTO task_events (task_id, seq, kind, data)
             SELECT $1, u.last_event_seq - cardinality($17::text[]) + x.ord, x.kind, x.data
             FROM u, unnest($17::text[], $18::jsonb[]) WITH ORDINALITY AS x(kind, data, ord)
-         )
-         SELECT {answer} FROM u",
+         ), {WAKE_WAITERS}
+         SELECT {answer} FROM u, (SELECT count(*) FROM w) AS woken",
         // The whole task only for the commit that ends it (for its waiters).
         returning = if whole { format!("{COLS}, last_event_seq") } else { "tenant, subagent_type, last_event_seq".into() },
         answer = if whole { COLS } else { "1" },
@@ -289,7 +297,7 @@ impl Finish {
 /// `finish`'s statement; `whole`: the one that also answers with the whole task.
 fn finish_sql(whole: bool) -> String {
     let (returning, answer) =
-        if whole { (format!("{COLS}, last_event_seq"), COLS) } else { ("id, last_event_seq".to_string(), "1") };
+        if whole { (format!("{COLS}, last_event_seq"), COLS) } else { ("id, tenant, last_event_seq".to_string(), "1") };
     format!(
         "WITH u AS (
             UPDATE tasks SET status = $3, stop_reason = $4, summary = $5, error_code = $6, error_message = $7,
@@ -301,8 +309,8 @@ fn finish_sql(whole: bool) -> String {
             INSERT INTO task_events (task_id, seq, kind, data)
             SELECT id, u.last_event_seq - cardinality($8::text[]) + x.ord, x.kind, x.data
             FROM u, unnest($8::text[], $9::jsonb[]) WITH ORDINALITY AS x(kind, data, ord)
-         )
-         SELECT {answer} FROM u"
+         ), {WAKE_WAITERS}
+         SELECT {answer} FROM u, (SELECT count(*) FROM w) AS woken"
     )
 }
 
@@ -344,6 +352,48 @@ pub async fn release(pool: &PgPool, f: Fence) -> Result<bool, StoreError> {
          )
          SELECT count(*)::int FROM u";
     let n: i32 = sqlx::query_scalar(sql).bind(f.id).bind(f.lease).fetch_one(pool).await?;
+    Ok(n == 1)
+}
+
+/// What a run waits for when its call's reservation must wait for others' to settle.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BudgetWaitRow {
+    pub limit: String,
+    pub need_usd: rust_decimal::Decimal,
+    pub need_tokens: i64,
+    pub want_usd: rust_decimal::Decimal,
+    pub want_tokens: i64,
+    /// The task's time limit: a wait past it ends the task.
+    pub deadline: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// Give a task back to the queue to wait for budget (not counting the attempt), with its
+/// `budget_wait` event. False (nothing written) if the lease is no longer held.
+pub async fn wait_for_budget(pool: &PgPool, f: Fence, w: &BudgetWaitRow) -> Result<bool, StoreError> {
+    let sql = "WITH u AS (
+            UPDATE tasks SET status = 'queued', attempt = attempt - 1, lease_token = NULL, lease_expires_at = NULL,
+                worker_id = NULL, reserved_usd = 0, reserved_tokens = 0, last_event_seq = last_event_seq + 1,
+                waiting_for = 'budget', waiting_since = now(), wait_need_usd = $3, wait_need_tokens = $4,
+                wait_want_usd = $5, wait_want_tokens = $6, wait_deadline = $7
+            WHERE id = $1 AND lease_token = $2 AND status = 'running'
+            RETURNING id, last_event_seq
+         ), e AS (
+            INSERT INTO task_events (task_id, seq, kind, data)
+            SELECT id, last_event_seq, 'budget_wait', jsonb_build_object('limit', $8::text, 'need_usd', $3::numeric,
+                'need_tokens', $4::bigint, 'want_usd', $5::numeric, 'want_tokens', $6::bigint) FROM u
+         )
+         SELECT count(*)::int FROM u";
+    let n: i32 = sqlx::query_scalar(sql)
+        .bind(f.id)
+        .bind(f.lease)
+        .bind(w.need_usd)
+        .bind(w.need_tokens)
+        .bind(w.want_usd)
+        .bind(w.want_tokens)
+        .bind(w.deadline)
+        .bind(&w.limit)
+        .fetch_one(pool)
+        .await?;
     Ok(n == 1)
 }
 

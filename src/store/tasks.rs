@@ -127,6 +127,8 @@ pub struct TaskRow {
     pub webhook_attempts: i32,
     pub webhook_last_error: Option<String>,
     pub webhook_delivered_at: Option<DateTime<Utc>>,
+    /// `budget` while a queued task waits for reservations to settle.
+    pub waiting_for: Option<String>,
 }
 
 impl TaskRow {
@@ -175,6 +177,8 @@ pub struct FirstCall {
     pub started: Value,
     /// The configured budgets of a tenant that sets none.
     pub defaults: SpendDefaults,
+    /// The same call as `budget_reserve_call` asks for it (whole, when a tenant budget applies).
+    pub ask: super::budget::CallAsk,
 }
 
 pub enum Inserted {
@@ -191,7 +195,7 @@ pub(crate) const COLS: &str =
     estimated_calls, attempt, \
     lease_token, lease_expires_at, worker_id, cancel_requested, idempotency_key, request_hash, metadata, created_at, \
     started_at, finished_at, parent_task_id, max_cost_usd, max_tokens, traceparent, webhook_url, webhook_status, \
-    webhook_attempts, webhook_last_error, webhook_delivered_at";
+    webhook_attempts, webhook_last_error, webhook_delivered_at, waiting_for";
 
 /// Insert a task with its `created` event, in one statement: queued, or with `t.start`
 /// already claimed (attempt 1, with its `claimed` event). A task started so has its first

@@ -18,7 +18,7 @@ use sha2::{Digest, Sha256};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::budget::{self, BudgetError, Defaults, Limits};
+use crate::budget::{self, BudgetError, Defaults, Limits, Smallest};
 use crate::cache::TtlCache;
 use crate::config::Config;
 use crate::engine::agents::AgentType;
@@ -162,6 +162,8 @@ pub struct Submitter {
 struct Prepared {
     new: NewTask,
     options: TaskOptions,
+    /// Its smallest first call, which a spend budget must still hold for it to be admitted.
+    smallest: Smallest,
 }
 
 impl Submitter {
@@ -200,7 +202,7 @@ impl Submitter {
                     .map_err(|e| SubmitError::Internal(format!("submission task failed: {e}")))??
             }
             None => {
-                let (inserted, _) = self.admit(&limits, &p.new).await?;
+                let (inserted, _) = self.admit(&limits, &p).await?;
                 if matches!(inserted, Inserted::New(..)) {
                     self.hub.publish(CH_QUEUED, String::new());
                 }
@@ -223,7 +225,7 @@ impl Submitter {
         w: &Arc<Worker>,
         slot: Slot,
     ) -> Result<Inserted, SubmitError> {
-        match self.admit(limits, &p.new).await {
+        match self.admit(limits, p).await {
             Ok((Inserted::New(r, reserved_with_it), reserved)) => {
                 self.hub.publish(CH_EVENT, r.id.to_string());
                 w.start(r.clone(), p.options.clone(), slot, reserved);
@@ -243,7 +245,8 @@ impl Submitter {
     /// limits, the tenant row is locked so that concurrent submissions cannot both take the
     /// last place. A task that starts here (`new.start`) has its first provider call reserved
     /// in the same commit; then the second value is true.
-    async fn admit(&self, limits: &Limits, new: &NewTask) -> Result<(Inserted, bool), SubmitError> {
+    async fn admit(&self, limits: &Limits, p: &Prepared) -> Result<(Inserted, bool), SubmitError> {
+        let new = &p.new;
         let first = new.start.as_ref().and_then(|s| s.first_call.as_ref());
         if !budget::guards_admission(limits) {
             // One statement, which also writes the first call's reservation when it can.
@@ -253,16 +256,18 @@ impl Submitter {
             return Ok((r, reserved));
         }
         let mut tx = self.pool.begin().await.map_err(StoreError::from)?;
-        budget::admission_checks(&mut tx, limits, &new.tenant).await?;
+        budget::admission_checks(&mut tx, limits, &new.tenant, p.smallest).await?;
         let r = tasks::insert(&mut tx, new).await?;
         // With a spend budget, the reservation is checked against it in the same transaction.
         let reserved = match (&r, first) {
             (Inserted::New(_, true), Some(_)) => true,
             (Inserted::New(TaskRow { id, lease_token: Some(lease), .. }, false), Some(f)) => {
+                // Whole or not at all (the run reserves for itself, and may wait, if not).
                 let fence = Fence { id: *id, lease: *lease };
-                let tokens = f.tokens.max(0) as u64;
-                budget::reserve(&mut *tx, fence, f.usd, tokens, f.defaults, Some(&f.started)).await?
-                    == Reserve::Reserved
+                matches!(
+                    crate::store::budget::reserve(&mut *tx, fence, f.ask, f.defaults, Some(&f.started)).await?,
+                    Reserve::Granted { .. }
+                )
             }
             _ => false,
         };
@@ -424,6 +429,11 @@ impl Submitter {
             }
         }
         let tools = self.whitelist(&s.tenant, agent, definition.as_ref(), body).await?;
+        let max_out = self.providers.max_tokens_for(
+            &model,
+            definition.as_ref().and_then(|d| d.max_output_tokens),
+            self.cfg.max_output_tokens,
+        );
         let options = TaskOptions {
             max_turns: MaxTurns::for_agent(agent, turns),
             system_prompt: body.system_prompt.clone(),
@@ -457,7 +467,18 @@ impl Submitter {
             webhook_url: body.webhook_url.clone(),
             start: None,
         };
-        Ok(Prepared { new, options })
+        // What a spend budget must still hold for the task: its first call at the smallest.
+        let spends = limits.usd_per_day.is_some() || limits.usd_per_month.is_some() || limits.tokens_per_day.is_some();
+        let smallest = if spends {
+            let messages = options.fresh_conversation(&new.prompt, agent);
+            let specs = options.tools.iter().map(|t| t.spec()).collect();
+            let floor = budget::OUTPUT_FLOOR.min(max_out);
+            let (usd, tokens) = crate::engine::smallest_call(messages, specs, self.providers.price(&model), floor);
+            Smallest { usd, tokens: tokens.min(i64::MAX as u64) as i64 }
+        } else {
+            Smallest::default()
+        };
+        Ok(Prepared { new, options, smallest })
     }
 
     /// The task `resume_from` names, if it can be resumed, with its options.

@@ -5,6 +5,7 @@ mod faults;
 mod helpers;
 
 mod agents;
+mod budgets;
 mod chaos;
 mod health;
 mod observe;

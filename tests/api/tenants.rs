@@ -622,9 +622,12 @@ async fn a_first_call_that_does_not_fit_what_is_left_is_not_made(by_default: boo
     .execute(&app.db.pool)
     .await
     .unwrap();
+    // What is left is less than any call: the budget is spent, and admission says so (issue 14:
+    // until then it admitted the task, which ended `incomplete` / `budget` without a call).
     for _ in 0..3 {
-        let t = app.wait_task(json!({"prompt": "one more", "model": "mock/m"})).await;
-        assert_eq!((t["status"].as_str(), t["stop_reason"].as_str()), (Some("incomplete"), Some("budget")), "{t}");
+        let r = app.post_json("/tasks?wait=true&timeout=30", json!({"prompt": "one more", "model": "mock/m"})).await;
+        let p = assert_problem(r, 402, "budget_exhausted").await;
+        assert_eq!(p["limit"], "usd_per_day");
     }
     let calls: i64 = sqlx::query_scalar("SELECT count(*) FROM llm_calls").fetch_one(&app.db.pool).await.unwrap();
     assert_eq!(calls, 0, "a call that does not fit the budget must not be made");

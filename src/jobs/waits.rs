@@ -1,0 +1,68 @@
+//! The budget waker: wakes the tasks waiting for budget (`budget_wait`) when reservations of
+//! their tenant settle — told by NOTIFY from whichever replica settled — oldest first while what
+//! each waits for fits; and, every few seconds, as a fallback for a lost notification, wakes
+//! every tenant's waiters that fit and ends the waits that ran past their task's time limit.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::hub::Hub;
+use crate::budget;
+use crate::store::budget::{self as sql, SpendDefaults};
+use crate::store::StoreError;
+
+pub struct BudgetWaker {
+    pub pool: PgPool,
+    pub hub: Arc<Hub>,
+    pub defaults: SpendDefaults,
+    /// The fallback sweep's period.
+    pub every: Duration,
+}
+
+/// What one sweep did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Swept {
+    pub woken: usize,
+    /// Waits ended by their task's time limit.
+    pub timed_out: usize,
+}
+
+impl BudgetWaker {
+    /// One sweep: end the waits past their time limit, wake every tenant's waiters that fit.
+    pub async fn pass(&self) -> Result<Swept, StoreError> {
+        let timed_out = sql::end_expired_waits(&self.pool).await?.len();
+        let mut woken = 0;
+        for (tenant, _) in sql::waiting(&self.pool).await? {
+            woken += budget::wake(&self.pool, &tenant, self.defaults).await?;
+        }
+        Ok(Swept { woken, timed_out })
+    }
+
+    pub fn start(self, stop: CancellationToken) -> JoinHandle<()> {
+        tokio::spawn(async move {
+            let mut sweep = tokio::time::interval(self.every);
+            sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = self.hub.budget.notified() => {
+                        for tenant in self.hub.take_settled() {
+                            if let Err(e) = budget::wake(&self.pool, &tenant, self.defaults).await {
+                                tracing::warn!(error = %e, tenant, "waking budget waiters failed");
+                            }
+                        }
+                    }
+                    _ = sweep.tick() => {
+                        if let Err(e) = self.pass().await {
+                            tracing::warn!(error = %e, "budget waiter sweep failed");
+                        }
+                    }
+                    _ = stop.cancelled() => return,
+                }
+            }
+        })
+    }
+}

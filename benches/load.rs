@@ -591,6 +591,114 @@ async fn admission(env: &Env, report: &Report, secs: u64, rate: u64) {
     report.lock().unwrap().push(line);
 }
 
+/// Scenario 6, the console's reads on a big table: a million tasks over 30 days (20 tenants) and five
+/// million ledger rows, with the rollup they make; the overview and the task list, as the admin
+/// (every tenant) and as one tenant, with the list's filters, timed over 40 requests each.
+async fn console(env: &Env, report: &Report) {
+    const ADMIN: &str = "bench-admin";
+    let svc =
+        env.service("bench_console", &["serve", "--no-workers"], &[("SUBAGENTD_ADMIN_TOKEN", ADMIN.into())]).await;
+    let pool = subagentd::db::connect(&svc.db_url, 2).await.unwrap();
+    let t0 = Instant::now();
+    // Ids are UUID v7 of their creation time, as the service makes them.
+    let fill = [
+        "INSERT INTO tenants (name) SELECT 'tenant-' || g FROM generate_series(1, 20) g ON CONFLICT DO NOTHING",
+        "INSERT INTO tasks (id, tenant, status, stop_reason, subagent_type, prompt, model, options, metadata, summary,
+                            turns, input_tokens, output_tokens, cost_usd, attempt, last_event_seq, created_at,
+                            started_at, finished_at, error_code)
+         SELECT (lpad(to_hex((extract(epoch FROM c) * 1000)::bigint), 12, '0') || '7' || substr(h, 1, 3) || '8'
+                 || substr(h, 4, 15))::uuid,
+                'tenant-' || (g % 20 + 1), s,
+                CASE s WHEN 'completed' THEN 'final_answer' WHEN 'incomplete' THEN 'max_turns' ELSE NULL END,
+                (ARRAY['general', 'research', 'explore', 'plan'])[g % 4 + 1], 'a prompt of some length, task ' || g,
+                (ARRAY['fake/gpt-4o', 'fake/gpt-4o-mini', 'fake/claude-sonnet', 'fake/local'])[g % 4 + 1],
+                '{\"max_turns\": 5}', jsonb_build_object('batch', 'b' || (g / 1000)),
+                CASE WHEN s IN ('completed', 'incomplete') THEN 'A summary of the findings, ' || g END,
+                5, 5000, 500, 0.0125, 1, 12, c, c + interval '1 second',
+                CASE WHEN s IN ('queued', 'running') THEN NULL ELSE c + interval '20 seconds' END,
+                CASE WHEN s = 'failed' THEN 'provider_unavailable' END
+         FROM (SELECT g, now() - (1000000 - g) * interval '2.592 seconds' AS c, md5(g::text) AS h,
+                      CASE WHEN g > 999950 THEN (ARRAY['queued', 'running'])[g % 2 + 1]
+                           WHEN g % 97 = 0 THEN 'failed' WHEN g % 31 = 0 THEN 'incomplete'
+                           WHEN g % 211 = 0 THEN 'cancelled' ELSE 'completed' END AS s
+               FROM generate_series(1, 1000000) g) x",
+        "UPDATE tasks SET lease_token = gen_random_uuid(), lease_expires_at = now() + interval '1 hour',
+                worker_id = 'host-' || (abs(hashtext(id::text)) % 3) WHERE status = 'running'",
+        "INSERT INTO llm_calls (call_key, task_id, tenant, turn, attempt, try, provider, model, input_tokens,
+                                output_tokens, cached_tokens, cost_usd, latency_ms, http_status, outcome, created_at)
+         SELECT gen_random_uuid(), t.id, t.tenant, k, 1, 1, 'fake', split_part(t.model, '/', 2), 1000, 100, 0, 0.0025,
+                800, 200, CASE WHEN k = 5 AND t.status = 'failed' THEN 'error' ELSE 'ok' END,
+                t.created_at + k * interval '3 seconds'
+         FROM tasks t, generate_series(1, 5) k",
+        "INSERT INTO usage_daily (day, tenant, model, agent_type, api_key, shard, calls, ok, failed, input_tokens,
+                                  output_tokens, cached_tokens, cost_usd)
+         SELECT (c.created_at AT TIME ZONE 'UTC')::date, c.tenant, c.provider || '/' || c.model, t.subagent_type, '', 0,
+                count(*), count(*) FILTER (WHERE c.outcome = 'ok'), count(*) FILTER (WHERE c.outcome <> 'ok'),
+                sum(c.input_tokens), sum(c.output_tokens), 0, sum(c.cost_usd)
+         FROM llm_calls c JOIN tasks t ON t.id = c.task_id GROUP BY 1, 2, 3, 4",
+        "UPDATE tenants SET usd_per_day = 500, usd_per_month = 10000 WHERE name IN ('tenant-1', 'tenant-2')",
+        "ANALYZE",
+    ];
+    for sql in fill {
+        sqlx::query(sql).execute(&pool).await.unwrap_or_else(|e| panic!("{e}: {sql}"));
+    }
+    let (tasks, calls): (i64, i64) =
+        sqlx::query_as("SELECT (SELECT count(*) FROM tasks), (SELECT count(*) FROM llm_calls)")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    println!("console: {tasks} tasks and {calls} ledger rows made in {:.0} s", t0.elapsed().as_secs_f64());
+    let key: Value = reqwest::Client::new()
+        .post(format!("{}/admin/keys", svc.base))
+        .bearer_auth(ADMIN)
+        .json(&json!({"tenant": "tenant-7"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let key = key["key"].as_str().unwrap().to_string();
+    let c = reqwest::Client::new();
+    let day_ago = (chrono::Utc::now() - chrono::Duration::days(1)).to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let checks: Vec<(&str, String, &str)> = vec![
+        ("overview, every tenant", "/overview".into(), ADMIN),
+        ("overview, one tenant", "/overview".into(), &key),
+        ("task list, every tenant", "/tasks?limit=50".into(), ADMIN),
+        ("task list, one tenant", "/tasks?limit=50".into(), &key),
+        ("… status=failed, every tenant", "/tasks?status=failed&limit=50".into(), ADMIN),
+        ("… status=failed, one tenant", "/tasks?status=failed&limit=50".into(), &key),
+        ("… model, one tenant", "/tasks?model=fake/local&limit=50".into(), &key),
+        ("… metadata, one tenant", "/tasks?metadata=%7B%22batch%22%3A%22b500%22%7D&limit=50".into(), &key),
+        ("… created_before a day ago, every tenant", format!("/tasks?created_before={day_ago}&limit=50"), ADMIN),
+    ];
+    let mut rows = vec![];
+    let mut worst: f64 = 0.0;
+    for (name, path, who) in &checks {
+        let mut v = vec![];
+        for i in 0..40 {
+            let t = Instant::now();
+            let r = c.get(format!("{}{path}", svc.base)).bearer_auth(who).send().await.unwrap();
+            assert!(r.status().is_success(), "{path}: {}", r.status());
+            let _ = r.bytes().await.unwrap();
+            if i >= 5 {
+                v.push(t.elapsed().as_secs_f64() * 1000.0);
+            }
+        }
+        let (p50, p99) = (pct(&mut v, 0.5), pct(&mut v, 0.99));
+        worst = worst.max(p99);
+        println!("console: {name}: p50 {p50:.1} ms, p99 {p99:.1} ms");
+        rows.push(format!("{name} {p50:.1} / {p99:.1} ms"));
+    }
+    let line = format!(
+        "| 6. Console reads: {tasks} tasks, {calls} ledger rows; overview and task list (p50 / p99 over 35 requests each) | under 100 ms | **{}** | {} |",
+        rows.join("; "),
+        if worst < 100.0 { "met" } else { "not met" }
+    );
+    println!("{line}");
+    report.lock().unwrap().push(line);
+}
+
 /// 5. The same machine's pgbench simple-update TPS.
 async fn pgbench(env: &Env, report: &Report) {
     // PATH may hold symlinks to the server binaries only: pgbench sits beside the real ones.
@@ -655,6 +763,9 @@ async fn main() {
     }
     if want("pgbench") {
         pgbench(&env, &report).await;
+    }
+    if which.iter().any(|w| w == "console") {
+        console(&env, &report).await;
     }
     if all {
         let commit = Command::new("git")

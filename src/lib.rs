@@ -3,6 +3,7 @@
 pub mod budget;
 pub mod cache;
 pub mod config;
+pub mod console;
 pub mod db;
 pub mod engine;
 pub mod http;

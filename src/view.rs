@@ -15,6 +15,7 @@ use crate::store::tasks::{TaskRow, TaskStatus};
 #[derive(Debug, Serialize)]
 pub struct TaskView {
     pub id: Uuid,
+    pub tenant: String,
     pub status: TaskStatus,
     pub stop_reason: Option<String>,
     pub subagent_type: String,
@@ -61,6 +62,7 @@ impl From<TaskRow> for TaskView {
         };
         TaskView {
             id: r.id,
+            tenant: r.tenant,
             status: r.status,
             stop_reason: r.stop_reason,
             subagent_type: r.subagent_type,

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderValue, Method, StatusCode};
 
 use super::error::ApiError;
 use super::AppState;
@@ -55,7 +55,7 @@ impl Auth {
         *self.any_keys.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
 
-    async fn single_user_allowed(&self, st: &AppState) -> Result<bool, ApiError> {
+    pub async fn single_user_allowed(&self, st: &AppState) -> Result<bool, ApiError> {
         match self.mode {
             Mode::None => Ok(true),
             Mode::Keys => Ok(false),
@@ -75,7 +75,7 @@ impl Auth {
         }
     }
 
-    async fn tenant_of(&self, st: &AppState, key: &str) -> Result<Option<String>, ApiError> {
+    pub async fn tenant_of(&self, st: &AppState, key: &str) -> Result<Option<String>, ApiError> {
         if let Some((t, at)) = self.keys.lock().unwrap_or_else(|e| e.into_inner()).get(key) {
             if at.elapsed() < CACHE_TTL {
                 return Ok(Some(t.clone()));
@@ -100,6 +100,79 @@ fn bearer(parts: &Parts) -> Option<&str> {
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }
 
+/// The console's session cookie.
+pub const SESSION_COOKIE: &str = "subagentd_session";
+
+/// The value of a cookie of the request.
+pub fn cookie<'a>(headers: &'a axum::http::HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get_all(header::COOKIE).iter().filter_map(|v| v.to_str().ok()).find_map(|v| {
+        v.split(';').map(str::trim).find_map(|c| c.split_once('=').filter(|(k, _)| *k == name).map(|(_, v)| v))
+    })
+}
+
+/// The prefix of the API key a request carries (`sk_xxxxxxxx`), for the usage rollup.
+pub fn key_prefix(headers: &axum::http::HeaderMap) -> Option<String> {
+    let v = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, key) = v.split_once(' ')?;
+    let key = key.trim();
+    let (prefix, _) =
+        key.rsplit_once('_').filter(|_| scheme.eq_ignore_ascii_case("bearer") && key.starts_with("sk_"))?;
+    Some(prefix.to_string())
+}
+
+/// Who is calling, however they proved it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Principal {
+    /// The admin token, or a session made with it: every tenant.
+    Admin,
+    Tenant(String),
+}
+
+/// Resolve the caller once per request: a bearer key or the admin token, else the console's
+/// session cookie (whose writes must carry its CSRF token), else single-user mode.
+async fn principal(parts: &mut Parts, st: &AppState) -> Result<Principal, ApiError> {
+    if let Some(p) = parts.extensions.get::<Principal>() {
+        return Ok(p.clone());
+    }
+    let p = match bearer(parts) {
+        Some(_) if is_admin(parts, st) => Principal::Admin,
+        Some(key) => match st.auth.tenant_of(st, key).await? {
+            Some(t) => Principal::Tenant(t),
+            None => return Err(unauthorized("the API key is not valid (unknown or revoked)")),
+        },
+        None => match cookie(&parts.headers, SESSION_COOKIE) {
+            Some(value) => {
+                let s = crate::store::sessions::get(&st.pool, value)
+                    .await?
+                    .ok_or_else(|| unauthorized("the console session has ended: sign in again"))?;
+                let safe = matches!(parts.method, Method::GET | Method::HEAD | Method::OPTIONS);
+                let sent = parts.headers.get("x-csrf-token").and_then(|v| v.to_str().ok());
+                let same = sent.is_some_and(|t| tenants::constant_time_eq(t.as_bytes(), s.csrf.as_bytes()));
+                if !safe && !same {
+                    return Err(ApiError::new(
+                        StatusCode::FORBIDDEN,
+                        "csrf_failed",
+                        "Missing CSRF token",
+                        "a write made with the console's session cookie must carry its X-CSRF-Token header",
+                    ));
+                }
+                match s.tenant {
+                    Some(t) if !s.admin => Principal::Tenant(t),
+                    _ => Principal::Admin,
+                }
+            }
+            None if st.auth.single_user_allowed(st).await? => Principal::Tenant(st.cfg.tenant.clone()),
+            None => {
+                return Err(unauthorized(
+                    "send an API key as `Authorization: Bearer sk_…` (create one with `subagentd keys create --tenant NAME`)",
+                ))
+            }
+        },
+    };
+    parts.extensions.insert(p.clone());
+    Ok(p)
+}
+
 /// The caller's tenant. Every read and write is scoped to it.
 pub struct Tenant(pub String);
 
@@ -107,16 +180,47 @@ impl FromRequestParts<AppState> for Tenant {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, st: &AppState) -> Result<Self, ApiError> {
-        match bearer(parts) {
-            Some(key) => match st.auth.tenant_of(st, key).await? {
-                Some(t) => Ok(Tenant(t)),
-                None => Err(unauthorized("the API key is not valid (unknown or revoked)")),
-            },
-            None if st.auth.single_user_allowed(st).await? => Ok(Tenant(st.cfg.tenant.clone())),
-            None => Err(unauthorized(
-                "send an API key as `Authorization: Bearer sk_…` (create one with `subagentd keys create --tenant NAME`)",
+        // The admin token is not a key: as before, it is not a tenant.
+        if bearer(parts).is_some() && is_admin(parts, st) {
+            return Err(unauthorized("the API key is not valid (unknown or revoked)"));
+        }
+        match principal(parts, st).await? {
+            Principal::Tenant(t) => Ok(Tenant(t)),
+            Principal::Admin => Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "tenant_required",
+                "A tenant is required",
+                "this operation acts for one tenant: use that tenant's API key",
             )),
         }
+    }
+}
+
+/// What the caller may read: one tenant's tasks, or every tenant's (the admin).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scope {
+    All,
+    Tenant(String),
+}
+
+impl Scope {
+    /// The tenant to filter by (`None`: every tenant).
+    pub fn tenant(&self) -> Option<&str> {
+        match self {
+            Scope::All => None,
+            Scope::Tenant(t) => Some(t),
+        }
+    }
+}
+
+impl FromRequestParts<AppState> for Scope {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, st: &AppState) -> Result<Self, ApiError> {
+        Ok(match principal(parts, st).await? {
+            Principal::Admin => Scope::All,
+            Principal::Tenant(t) => Scope::Tenant(t),
+        })
     }
 }
 
@@ -155,9 +259,9 @@ impl FromRequestParts<AppState> for Caller {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, st: &AppState) -> Result<Self, ApiError> {
-        if is_admin(parts, st) {
-            return Ok(Caller::Admin);
-        }
-        Ok(Caller::Tenant(Tenant::from_request_parts(parts, st).await?.0))
+        Ok(match principal(parts, st).await? {
+            Principal::Admin => Caller::Admin,
+            Principal::Tenant(t) => Caller::Tenant(t),
+        })
     }
 }

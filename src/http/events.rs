@@ -14,9 +14,10 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::json;
 
+use super::auth::Scope;
 use super::error::ApiError;
 use super::extract::{ApiQuery, TaskId};
-use super::{AppState, Tenant};
+use super::AppState;
 use crate::store::{events, tasks};
 
 pub fn router() -> Router<AppState> {
@@ -34,7 +35,7 @@ struct Page {
 
 async fn list(
     State(st): State<AppState>,
-    Tenant(tenant): Tenant,
+    scope: Scope,
     TaskId(id): TaskId,
     ApiQuery(q): ApiQuery<Page>,
     headers: HeaderMap,
@@ -46,7 +47,8 @@ async fn list(
     if q.after.is_some_and(|a| a < 0) {
         return Err(ApiError::bad_param("after", "must be 0 or more"));
     }
-    let task = tasks::get(&st.pool, &tenant, id).await?.ok_or_else(|| ApiError::not_found("task"))?;
+    let task = tasks::get_in(&st.pool, scope.tenant(), id).await?.ok_or_else(|| ApiError::not_found("task"))?;
+    let tenant = task.tenant.clone();
     let wants_stream =
         headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(|a| a.contains("text/event-stream"));
     if !wants_stream {

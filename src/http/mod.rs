@@ -8,11 +8,13 @@
 pub mod admin;
 pub mod agents;
 pub mod auth;
+pub mod console;
 pub mod error;
 pub mod events;
 pub mod extract;
 pub mod health;
 pub mod metrics;
+pub mod overview;
 pub mod tasks;
 pub mod tools;
 pub mod usage;
@@ -63,8 +65,10 @@ pub fn router(state: AppState) -> Router {
         .merge(usage::router())
         .merge(events::router())
         .merge(metrics::router())
+        .merge(overview::router())
         .merge(admin::router())
         .merge(health::router())
+        .merge(console::router())
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "route_not_found", "Not found", "no such route") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(

@@ -13,6 +13,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use uuid::Uuid;
 
+use super::auth::Scope;
 use super::error::ApiError;
 use super::extract::{ApiJson, ApiQuery, TaskId};
 use super::{AppState, Tenant};
@@ -120,7 +121,16 @@ async fn create(
     let id = Uuid::now_v7();
     // Registered before the insert: the inserted row then needs no second read before waiting.
     let early = wait.map(|_| st.hub.waiter(id));
-    let s = Submission { id, tenant: tenant.clone(), request, idempotency_key, traceparent, waiting: wait.is_some() };
+    let api_key = super::auth::key_prefix(&headers);
+    let s = Submission {
+        id,
+        tenant: tenant.clone(),
+        request,
+        idempotency_key,
+        traceparent,
+        waiting: wait.is_some(),
+        api_key,
+    };
     let (row, created) = match st.submit.submit(s).await? {
         Submitted::Created(r) => (r, true),
         Submitted::Existing(r) => (r, false),
@@ -128,27 +138,27 @@ async fn create(
     let ok = if created { StatusCode::CREATED } else { StatusCode::OK };
     match (wait, early) {
         (None, _) => Ok(respond(ok, row)),
-        (Some(d), Some(waiter)) if created => wait_on(&st, &tenant, row, d, waiter).await,
-        (Some(d), _) => waited(&st, &tenant, row, d).await,
+        (Some(d), Some(waiter)) if created => wait_on(&st, Some(&tenant), row, d, waiter).await,
+        (Some(d), _) => waited(&st, Some(&tenant), row, d).await,
     }
 }
 
 /// Wait for a task to become terminal: 200 with the finished task, or 202 with the task as
 /// it stands (and `Location`) when the wait runs out or the server drains.
-async fn waited(st: &AppState, tenant: &str, row: TaskRow, d: Duration) -> Result<Response, ApiError> {
+async fn waited(st: &AppState, tenant: Option<&str>, row: TaskRow, d: Duration) -> Result<Response, ApiError> {
     if row.is_terminal() {
         return Ok(respond(StatusCode::OK, row));
     }
     let waiter = st.hub.waiter(row.id);
     // Read again: the task may have finished before the waiter was registered.
-    let row = tasks::get(&st.pool, tenant, row.id).await?.ok_or_else(|| ApiError::not_found("task"))?;
+    let row = tasks::get_in(&st.pool, tenant, row.id).await?.ok_or_else(|| ApiError::not_found("task"))?;
     wait_on(st, tenant, row, d, waiter).await
 }
 
 /// `waited`, for a `row` read after `waiter` was registered (so no completion is missed).
 async fn wait_on(
     st: &AppState,
-    tenant: &str,
+    tenant: Option<&str>,
     mut row: TaskRow,
     d: Duration,
     waiter: crate::jobs::hub::Waiter<'_>,
@@ -169,24 +179,24 @@ async fn wait_on(
             _ = tokio::time::sleep(std::time::Duration::from_secs(5)) => None,
         };
         // Finished in this process: the row as its final commit wrote it, with no second read.
-        row = match handed.filter(|r| r.tenant == tenant) {
+        row = match handed.filter(|r| tenant.is_none_or(|t| r.tenant == t)) {
             Some(r) => r,
-            None => tasks::get(&st.pool, tenant, row.id).await?.ok_or_else(|| ApiError::not_found("task"))?,
+            None => tasks::get_in(&st.pool, tenant, row.id).await?.ok_or_else(|| ApiError::not_found("task"))?,
         };
     }
 }
 
 async fn read(
     State(st): State<AppState>,
-    Tenant(tenant): Tenant,
+    scope: Scope,
     TaskId(id): TaskId,
     ApiQuery(q): ApiQuery<WaitQuery>,
 ) -> Result<Response, ApiError> {
     let wait = q.wait_for(&st)?;
-    let row = tasks::get(&st.pool, &tenant, id).await?.ok_or_else(|| ApiError::not_found("task"))?;
+    let row = tasks::get_in(&st.pool, scope.tenant(), id).await?.ok_or_else(|| ApiError::not_found("task"))?;
     match wait {
         None => Ok(respond(StatusCode::OK, row)),
-        Some(d) => waited(&st, &tenant, row, d).await,
+        Some(d) => waited(&st, scope.tenant(), row, d).await,
     }
 }
 
@@ -197,6 +207,15 @@ pub struct ListQuery {
     status: Option<String>,
     #[serde(default)]
     subagent_type: Option<String>,
+    /// `provider/model`.
+    #[serde(default)]
+    model: Option<String>,
+    /// A JSON object the task's metadata must contain.
+    #[serde(default)]
+    metadata: Option<String>,
+    /// The admin's reads: one tenant's tasks (default: every tenant's).
+    #[serde(default)]
+    tenant: Option<String>,
     #[serde(default)]
     created_after: Option<String>,
     #[serde(default)]
@@ -219,9 +238,27 @@ fn time_param(field: &str, v: &Option<String>) -> Result<Option<DateTime<Utc>>, 
 
 async fn list(
     State(st): State<AppState>,
-    Tenant(tenant): Tenant,
+    scope: Scope,
     ApiQuery(q): ApiQuery<ListQuery>,
 ) -> Result<Response, ApiError> {
+    let tenant = match (&scope, &q.tenant) {
+        (_, Some(t)) if t.is_empty() => return Err(ApiError::bad_param("tenant", "must not be empty")),
+        (Scope::All, t) => t.clone(),
+        (Scope::Tenant(_), Some(_)) => {
+            return Err(ApiError::bad_param("tenant", "only the admin token may choose a tenant"))
+        }
+        (Scope::Tenant(t), None) => Some(t.clone()),
+    };
+    let metadata = match q.metadata.as_deref() {
+        None => None,
+        Some(m) => match serde_json::from_str::<Value>(m) {
+            Ok(v @ Value::Object(_)) => Some(v),
+            _ => return Err(ApiError::bad_param("metadata", "must be a JSON object, e.g. {\"batch\":\"a\"}")),
+        },
+    };
+    if q.model.as_deref().is_some_and(str::is_empty) {
+        return Err(ApiError::bad_param("model", "must not be empty"));
+    }
     let status = q
         .status
         .as_deref()
@@ -248,12 +285,14 @@ async fn list(
     let f = ListFilter {
         status,
         subagent_type,
+        model: q.model.clone(),
+        metadata,
         created_after: time_param("created_after", &q.created_after)?,
         created_before: time_param("created_before", &q.created_before)?,
         before_id,
         limit: limit + 1,
     };
-    let mut rows = tasks::list(&st.pool, &tenant, &f).await?;
+    let mut rows = tasks::list(&st.pool, tenant.as_deref(), &f).await?;
     let next_cursor = if rows.len() as i64 > limit {
         rows.truncate(limit as usize);
         rows.last().map(|r| r.id.to_string())
@@ -264,8 +303,8 @@ async fn list(
     Ok(Json(json!({"tasks": tasks, "next_cursor": next_cursor})).into_response())
 }
 
-async fn cancel(State(st): State<AppState>, Tenant(tenant): Tenant, TaskId(id): TaskId) -> Result<Response, ApiError> {
-    let row = tasks::cancel(&st.pool, &tenant, id).await?.ok_or_else(|| ApiError::not_found("task"))?;
+async fn cancel(State(st): State<AppState>, scope: Scope, TaskId(id): TaskId) -> Result<Response, ApiError> {
+    let row = tasks::cancel(&st.pool, scope.tenant(), id).await?.ok_or_else(|| ApiError::not_found("task"))?;
     // A running task is told through NOTIFY; if its worker is in this process, tell it now.
     if row.status == TaskStatus::Running {
         st.hub.cancel_run(id);

@@ -1,21 +1,26 @@
-//! `/usage`: the caller's aggregates from the daily rollup (the admin may see every tenant),
-//! and `/tasks/{id}/calls`: one task's ledger.
+//! `/usage`: the caller's aggregates from the daily rollup (the admin may see every tenant), as
+//! JSON or CSV; `/tasks/{id}/calls`: one task's ledger; `/tasks/{id}/messages`: its conversation.
 
 use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use chrono::NaiveDate;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::auth::Caller;
+use super::auth::{Caller, Scope};
 use super::error::ApiError;
 use super::extract::{ApiQuery, TaskId};
-use super::{AppState, Tenant};
+use super::AppState;
 use crate::store::tenants;
 
 pub fn router() -> Router<AppState> {
-    Router::new().route("/usage", get(usage)).route("/tasks/{id}/calls", get(calls))
+    Router::new()
+        .route("/usage", get(usage))
+        .route("/tasks/{id}/calls", get(calls))
+        .route("/tasks/{id}/messages", get(messages))
 }
 
 #[derive(Debug, Deserialize)]
@@ -29,6 +34,9 @@ struct UsageQuery {
     group_by: Option<String>,
     #[serde(default)]
     tenant: Option<String>,
+    /// `json` (default) or `csv`.
+    #[serde(default)]
+    format: Option<String>,
 }
 
 fn date(field: &str, v: &Option<String>, default: NaiveDate) -> Result<NaiveDate, ApiError> {
@@ -44,7 +52,7 @@ async fn usage(
     State(st): State<AppState>,
     caller: Caller,
     ApiQuery(q): ApiQuery<UsageQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     let today = chrono::Utc::now().date_naive();
     let to = date("to", &q.to, today)?;
     let from = date("from", &q.from, to - chrono::Duration::days(29))?;
@@ -56,13 +64,13 @@ async fn usage(
     let admin = matches!(caller, Caller::Admin);
     for g in &groups {
         match *g {
-            "day" | "model" | "agent_type" => {}
+            "day" | "model" | "agent_type" | "api_key" => {}
             "tenant" if admin => {}
             "tenant" => return Err(ApiError::bad_param("group_by", "grouping by tenant needs the admin token")),
             other => {
                 return Err(ApiError::bad_param(
                     "group_by",
-                    format!("{other:?} is not one of day, model, agent_type, tenant"),
+                    format!("{other:?} is not one of day, model, agent_type, api_key, tenant"),
                 ))
             }
         }
@@ -74,15 +82,35 @@ async fn usage(
         }
         (Caller::Admin, t) => t.clone(),
     };
+    let csv = match q.format.as_deref() {
+        None | Some("json") => false,
+        Some("csv") => true,
+        Some(other) => return Err(ApiError::bad_param("format", format!("{other:?} is not json or csv"))),
+    };
+    if q.tenant.as_deref().is_some_and(str::is_empty) {
+        return Err(ApiError::bad_param("tenant", "must not be empty"));
+    }
     let rows = tenants::usage(&st.pool, tenant.as_deref(), from, to, &groups).await?;
-    Ok(Json(json!({"from": from, "to": to, "group_by": groups, "rows": rows})))
+    if csv {
+        let body = tenants::usage_csv(&rows);
+        let disposition = format!("attachment; filename=\"usage-{from}-{to}.csv\"");
+        return Ok((
+            [(header::CONTENT_TYPE, "text/csv; charset=utf-8".to_string()), (header::CONTENT_DISPOSITION, disposition)],
+            body,
+        )
+            .into_response());
+    }
+    Ok(Json(json!({"from": from, "to": to, "group_by": groups, "rows": rows})).into_response())
 }
 
-async fn calls(
-    State(st): State<AppState>,
-    Tenant(tenant): Tenant,
-    TaskId(id): TaskId,
-) -> Result<Json<Value>, ApiError> {
-    crate::store::tasks::get(&st.pool, &tenant, id).await?.ok_or_else(|| ApiError::not_found("task"))?;
+async fn calls(State(st): State<AppState>, scope: Scope, TaskId(id): TaskId) -> Result<Json<Value>, ApiError> {
+    crate::store::tasks::get_in(&st.pool, scope.tenant(), id).await?.ok_or_else(|| ApiError::not_found("task"))?;
     Ok(Json(json!({"calls": crate::store::calls::of_task(&st.pool, id).await?})))
+}
+
+/// A task's conversation as checkpointed: each message with its turn (purged with the task's
+/// events after `SUBAGENTD_RETENTION_DAYS`).
+async fn messages(State(st): State<AppState>, scope: Scope, TaskId(id): TaskId) -> Result<Json<Value>, ApiError> {
+    crate::store::tasks::get_in(&st.pool, scope.tenant(), id).await?.ok_or_else(|| ApiError::not_found("task"))?;
+    Ok(Json(json!({"messages": crate::store::runs::conversation(&st.pool, id).await?})))
 }

@@ -109,6 +109,23 @@ pub async fn heartbeat(pool: &PgPool, held: &[Fence], lease_secs: f64) -> Result
     .await?)
 }
 
+/// One message of a task's saved conversation, as `GET /tasks/{id}/messages` shows it.
+#[derive(Debug, Clone, serde::Serialize, sqlx::FromRow)]
+pub struct MessageRow {
+    pub seq: i32,
+    pub turn: i32,
+    pub message: Value,
+    pub created_at: chrono::DateTime<chrono::Utc>,
+}
+
+/// A task's saved conversation with each message's place and time.
+pub async fn conversation(pool: &PgPool, id: Uuid) -> Result<Vec<MessageRow>, StoreError> {
+    Ok(sqlx::query_as("SELECT seq, turn, message, created_at FROM task_messages WHERE task_id = $1 ORDER BY seq")
+        .bind(id)
+        .fetch_all(pool)
+        .await?)
+}
+
 /// The saved conversation of a task, in order.
 pub async fn messages(pool: &PgPool, id: Uuid) -> Result<Vec<Value>, StoreError> {
     Ok(sqlx::query_scalar("SELECT message FROM task_messages WHERE task_id = $1 ORDER BY seq")
@@ -224,11 +241,12 @@ fn commit_turn_sql(whole: bool) -> String {
                 output_tokens, cached_tokens, cost_usd, latency_ms, http_status, outcome, error, usage_estimated)
             SELECT $20, $1, tenant, $4, $5, $6, $7, $19, $8, $9, $10, $11, $12, $13, $14, $15, $28 FROM u
          ), r AS (
-            INSERT INTO usage_daily AS d (day, tenant, model, agent_type, shard, calls, ok, failed, input_tokens,
+            INSERT INTO usage_daily AS d (day, tenant, model, agent_type, api_key, shard, calls, ok, failed, input_tokens,
                 output_tokens, cached_tokens, cost_usd, estimated_calls)
-            SELECT (now() AT TIME ZONE 'UTC')::date, tenant, $7 || '/' || $19, subagent_type, pg_backend_pid() % 16, 1,
-                ($14 = 'ok')::int, ($14 <> 'ok')::int, $8, $9, $10, coalesce($11, 0), $28::bool::int FROM u
-            ON CONFLICT (tenant, day, model, agent_type, shard) DO UPDATE SET calls = d.calls + 1, ok = d.ok + EXCLUDED.ok,
+            SELECT (now() AT TIME ZONE 'UTC')::date, tenant, $7 || '/' || $19, subagent_type, coalesce(api_key, ''),
+                pg_backend_pid() % 16, 1, ($14 = 'ok')::int, ($14 <> 'ok')::int, $8, $9, $10, coalesce($11, 0),
+                $28::bool::int FROM u
+            ON CONFLICT (tenant, day, model, agent_type, api_key, shard) DO UPDATE SET calls = d.calls + 1, ok = d.ok + EXCLUDED.ok,
                 failed = d.failed + EXCLUDED.failed, input_tokens = d.input_tokens + EXCLUDED.input_tokens,
                 output_tokens = d.output_tokens + EXCLUDED.output_tokens,
                 cached_tokens = d.cached_tokens + EXCLUDED.cached_tokens, cost_usd = d.cost_usd + EXCLUDED.cost_usd,
@@ -244,7 +262,7 @@ fn commit_turn_sql(whole: bool) -> String {
          ), {WAKE_WAITERS}
          SELECT {answer} FROM u, (SELECT count(*) FROM w) AS woken",
         // The whole task only for the commit that ends it (for its waiters).
-        returning = if whole { format!("{COLS}, last_event_seq") } else { "tenant, subagent_type, last_event_seq".into() },
+        returning = if whole { format!("{COLS}, last_event_seq") } else { "tenant, subagent_type, api_key, last_event_seq".into() },
         answer = if whole { COLS } else { "1" },
     )
 }

@@ -129,6 +129,8 @@ pub struct TaskRow {
     pub webhook_delivered_at: Option<DateTime<Utc>>,
     /// `budget` while a queued task waits for reservations to settle.
     pub waiting_for: Option<String>,
+    /// The prefix of the API key it was submitted with.
+    pub api_key: Option<String>,
 }
 
 impl TaskRow {
@@ -154,6 +156,8 @@ pub struct NewTask {
     pub max_tokens: Option<i64>,
     pub traceparent: Option<String>,
     pub webhook_url: Option<String>,
+    /// The prefix of the API key it is submitted with.
+    pub api_key: Option<String>,
     /// Insert the task already claimed, to run in this process (wait mode's fast path).
     pub start: Option<StartHere>,
 }
@@ -195,7 +199,7 @@ pub(crate) const COLS: &str =
     estimated_calls, attempt, \
     lease_token, lease_expires_at, worker_id, cancel_requested, idempotency_key, request_hash, metadata, created_at, \
     started_at, finished_at, parent_task_id, max_cost_usd, max_tokens, traceparent, webhook_url, webhook_status, \
-    webhook_attempts, webhook_last_error, webhook_delivered_at, waiting_for";
+    webhook_attempts, webhook_last_error, webhook_delivered_at, waiting_for, api_key";
 
 /// Insert a task with its `created` event, in one statement: queued, or with `t.start`
 /// already claimed (attempt 1, with its `claimed` event). A task started so has its first
@@ -209,7 +213,7 @@ pub async fn insert(conn: &mut PgConnection, t: &NewTask) -> Result<Inserted, St
 
 async fn insert_once(conn: &mut PgConnection, t: &NewTask, retried: bool) -> Result<Inserted, StoreError> {
     let row: Option<StartedRow> = match &t.start {
-        None => bind_common(sqlx::query_as(&INSERT_QUEUED), t).fetch_optional(&mut *conn).await?,
+        None => bind_common(sqlx::query_as(&INSERT_QUEUED), t).bind(&t.api_key).fetch_optional(&mut *conn).await?,
         Some(s) => {
             let first = s.first_call.as_ref();
             bind_common(sqlx::query_as(&INSERT_STARTED), t)
@@ -222,6 +226,7 @@ async fn insert_once(conn: &mut PgConnection, t: &NewTask, retried: bool) -> Res
                 .bind(first.and_then(|f| f.defaults.usd_per_day))
                 .bind(first.and_then(|f| f.defaults.usd_per_month))
                 .bind(first.and_then(|f| f.defaults.tokens_per_day))
+                .bind(&t.api_key)
                 .fetch_optional(&mut *conn)
                 .await?
         }
@@ -270,7 +275,7 @@ fn bind_common<'q>(q: Query<'q>, t: &'q NewTask) -> Query<'q> {
 
 const INSERT_COLS: &str = "id, tenant, subagent_type, description, prompt, model, options, metadata, idempotency_key, \
     request_hash, parent_task_id, max_cost_usd, max_tokens, traceparent, webhook_url, webhook_status, webhook_next_at, \
-    last_event_seq";
+    last_event_seq, api_key";
 
 /// A queued task and its `created` event.
 static INSERT_QUEUED: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
@@ -279,7 +284,7 @@ static INSERT_QUEUED: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| 
             INSERT INTO tasks ({INSERT_COLS})
             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
                     CASE WHEN $15::text IS NULL THEN NULL ELSE 'pending' END,
-                    CASE WHEN $15::text IS NULL THEN NULL ELSE now() END, 1)
+                    CASE WHEN $15::text IS NULL THEN NULL ELSE now() END, 1, $16)
             ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
             RETURNING {COLS}
          ), e AS (
@@ -309,7 +314,7 @@ static INSERT_STARTED: std::sync::LazyLock<String> = std::sync::LazyLock::new(||
             SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
                     CASE WHEN $15::text IS NULL THEN NULL ELSE 'pending' END,
                     CASE WHEN $15::text IS NULL THEN NULL ELSE now() END,
-                    CASE WHEN pre.reserved THEN 3 ELSE 2 END,
+                    CASE WHEN pre.reserved THEN 3 ELSE 2 END, $25,
                     'running', 1, $16::uuid, clock_timestamp() + make_interval(secs => $18::float8), now(), $17::text,
                     CASE WHEN pre.reserved THEN $19 ELSE 0 END,
                     CASE WHEN pre.reserved THEN $20 ELSE 0 END
@@ -350,14 +355,25 @@ pub async fn by_idempotency_key(pool: &PgPool, tenant: &str, key: &str) -> Resul
 }
 
 pub async fn get(pool: &PgPool, tenant: &str, id: Uuid) -> Result<Option<TaskRow>, StoreError> {
-    let sql = format!("SELECT {COLS} FROM tasks WHERE tenant = $1 AND id = $2");
-    Ok(sqlx::query_as(&sql).bind(tenant).bind(id).fetch_optional(pool).await?)
+    get_in(pool, Some(tenant), id).await
+}
+
+/// A task of `tenant`, or of any tenant (`None`: the admin's reads).
+pub async fn get_in(pool: &PgPool, tenant: Option<&str>, id: Uuid) -> Result<Option<TaskRow>, StoreError> {
+    static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        format!("SELECT {COLS} FROM tasks WHERE ($1::text IS NULL OR tenant = $1) AND id = $2")
+    });
+    Ok(sqlx::query_as(&SQL).bind(tenant).bind(id).fetch_optional(pool).await?)
 }
 
 #[derive(Debug, Clone, Default)]
 pub struct ListFilter {
     pub status: Option<TaskStatus>,
     pub subagent_type: Option<String>,
+    /// `provider/model`.
+    pub model: Option<String>,
+    /// JSON the task's metadata must contain (`@>`).
+    pub metadata: Option<Value>,
     pub created_after: Option<DateTime<Utc>>,
     pub created_before: Option<DateTime<Utc>>,
     /// Keyset cursor: only tasks older than this id.
@@ -365,21 +381,42 @@ pub struct ListFilter {
     pub limit: i64,
 }
 
-/// Newest first (UUID v7 ids are time-ordered), keyset-paginated.
-pub async fn list(pool: &PgPool, tenant: &str, f: &ListFilter) -> Result<Vec<TaskRow>, StoreError> {
-    let mut q: QueryBuilder<Postgres> = QueryBuilder::new(format!("SELECT {COLS} FROM tasks WHERE tenant = "));
-    q.push_bind(tenant);
+/// How far a task's id (made by the replica that accepted it) may be from its `created_at`.
+const ID_CLOCK_MARGIN: chrono::Duration = chrono::Duration::minutes(5);
+
+/// The smallest UUID v7 of the millisecond `t` (v7 ids start with their creation time).
+fn v7_floor(t: DateTime<Utc>) -> Uuid {
+    let ms = t.timestamp_millis().max(0) as u64 & 0xFFFF_FFFF_FFFF;
+    Uuid::from_u64_pair((ms << 16) | 0x7000, 0x8000_0000_0000_0000)
+}
+
+/// Newest first (UUID v7 ids are time-ordered), keyset-paginated; `tenant = None`: every
+/// tenant's (the admin's reads). Time bounds also bound the id, so that they use its indexes,
+/// with a margin for ids made on a clock a little off the database's.
+pub async fn list(pool: &PgPool, tenant: Option<&str>, f: &ListFilter) -> Result<Vec<TaskRow>, StoreError> {
+    let mut q: QueryBuilder<Postgres> = QueryBuilder::new(format!("SELECT {COLS} FROM tasks WHERE true"));
+    if let Some(tenant) = tenant {
+        q.push(" AND tenant = ").push_bind(tenant);
+    }
     if let Some(s) = &f.status {
         q.push(" AND status = ").push_bind(s);
     }
     if let Some(s) = &f.subagent_type {
         q.push(" AND subagent_type = ").push_bind(s);
     }
+    if let Some(m) = &f.model {
+        q.push(" AND model = ").push_bind(m);
+    }
+    if let Some(m) = &f.metadata {
+        q.push(" AND metadata @> ").push_bind(m);
+    }
     if let Some(t) = f.created_after {
         q.push(" AND created_at > ").push_bind(t);
+        q.push(" AND id >= ").push_bind(v7_floor(t - ID_CLOCK_MARGIN));
     }
     if let Some(t) = f.created_before {
         q.push(" AND created_at < ").push_bind(t);
+        q.push(" AND id < ").push_bind(v7_floor(t + ID_CLOCK_MARGIN));
     }
     if let Some(id) = f.before_id {
         q.push(" AND id < ").push_bind(id);
@@ -439,11 +476,13 @@ pub async fn cancel_matching(
     Ok(rows.into_iter().map(|(id, s, _)| (id, s)).collect())
 }
 
-/// Cancel one task (idempotent). `None`: no such task.
-pub async fn cancel(pool: &PgPool, tenant: &str, id: Uuid) -> Result<Option<TaskRow>, StoreError> {
+/// Cancel one task (idempotent) of `tenant`, or of any tenant (`None`: the admin). `None`
+/// back: no such task.
+pub async fn cancel(pool: &PgPool, tenant: Option<&str>, id: Uuid) -> Result<Option<TaskRow>, StoreError> {
+    let Some(t) = get_in(pool, tenant, id).await? else { return Ok(None) };
     let f = CancelFilter { id: Some(id), statuses: vec![TaskStatus::Queued, TaskStatus::Running], metadata: None };
-    cancel_matching(pool, tenant, &f).await?;
-    get(pool, tenant, id).await
+    cancel_matching(pool, &t.tenant, &f).await?;
+    get(pool, &t.tenant, id).await
 }
 
 /// Tasks queued and running, across tenants (partial-index scans).

@@ -163,6 +163,8 @@ pub struct UsageRow {
     pub tenant: Option<String>,
     pub model: Option<String>,
     pub agent_type: Option<String>,
+    /// The prefix of the API key the tasks were submitted with (`""`: none).
+    pub api_key: Option<String>,
     pub calls: i64,
     pub ok: i64,
     pub failed: i64,
@@ -191,9 +193,9 @@ pub async fn usage(
         }
     };
     let groups: Vec<&str> =
-        ["day", "tenant", "model", "agent_type"].into_iter().filter(|c| group_by.contains(c)).collect();
+        ["day", "tenant", "model", "agent_type", "api_key"].into_iter().filter(|c| group_by.contains(c)).collect();
     let sql = format!(
-        "SELECT {}, {}, {}, {}, coalesce(sum(calls), 0)::bigint AS calls, coalesce(sum(ok), 0)::bigint AS ok,
+        "SELECT {}, {}, {}, {}, {}, coalesce(sum(calls), 0)::bigint AS calls, coalesce(sum(ok), 0)::bigint AS ok,
                 coalesce(sum(failed), 0)::bigint AS failed, coalesce(sum(input_tokens), 0)::bigint AS input_tokens,
                 coalesce(sum(output_tokens), 0)::bigint AS output_tokens,
                 coalesce(sum(cached_tokens), 0)::bigint AS cached_tokens, coalesce(sum(cost_usd), 0) AS cost_usd,
@@ -204,10 +206,45 @@ pub async fn usage(
         col("tenant", "text"),
         col("model", "text"),
         col("agent_type", "text"),
+        col("api_key", "text"),
         if groups.is_empty() { String::new() } else { format!("GROUP BY {}", groups.join(", ")) },
         if groups.is_empty() { String::new() } else { format!("ORDER BY {}", groups.join(", ")) },
     );
     let rows: Vec<UsageRow> = sqlx::query_as(&sql).bind(tenant).bind(from).bind(to).fetch_all(pool).await?;
     // With no grouping and no data, sum() gives one row of NULLs: report nothing instead.
     Ok(rows.into_iter().filter(|r| r.calls > 0 || !groups.is_empty()).collect())
+}
+
+/// Usage rows as CSV (RFC 4180), the same columns as the JSON.
+pub fn usage_csv(rows: &[UsageRow]) -> String {
+    fn field(s: &str) -> String {
+        if s.contains([',', '"', '\n', '\r']) {
+            format!("\"{}\"", s.replace('"', "\"\""))
+        } else {
+            s.to_string()
+        }
+    }
+    let mut out = String::from(
+        "day,tenant,model,agent_type,api_key,calls,ok,failed,input_tokens,output_tokens,cached_tokens,cost_usd,estimated_calls\r\n",
+    );
+    for r in rows {
+        let text = |v: &Option<String>| field(v.as_deref().unwrap_or(""));
+        out.push_str(&format!(
+            "{},{},{},{},{},{},{},{},{},{},{},{},{}\r\n",
+            r.day.map(|d| d.to_string()).unwrap_or_default(),
+            text(&r.tenant),
+            text(&r.model),
+            text(&r.agent_type),
+            text(&r.api_key),
+            r.calls,
+            r.ok,
+            r.failed,
+            r.input_tokens,
+            r.output_tokens,
+            r.cached_tokens,
+            r.cost_usd.normalize(),
+            r.estimated_calls
+        ));
+    }
+    out
 }

@@ -91,6 +91,8 @@ pub struct Submission {
     pub traceparent: Option<String>,
     /// A caller waits for the end: the task may start in this process.
     pub waiting: bool,
+    /// The prefix of the API key it came with (the usage rollup's `api_key`).
+    pub api_key: Option<String>,
 }
 
 /// What a submission became.
@@ -465,6 +467,7 @@ impl Submitter {
             max_tokens,
             traceparent: s.traceparent.clone(),
             webhook_url: body.webhook_url.clone(),
+            api_key: s.api_key.clone(),
             start: None,
         };
         // What a spend budget must still hold for the task: its first call at the smallest.

@@ -5,8 +5,10 @@ mod faults;
 mod helpers;
 
 mod agents;
+mod browser;
 mod budgets;
 mod chaos;
+mod console;
 mod health;
 mod observe;
 mod openapi;

@@ -40,6 +40,7 @@ fn submission(body: serde_json::Value, key: Option<&str>) -> Submission {
         idempotency_key: key.map(Into::into),
         traceparent: None,
         waiting: false,
+        api_key: None,
     }
 }
 

@@ -668,7 +668,8 @@ async fn console(env: &Env, report: &Report) {
         ("task list, one tenant", "/tasks?limit=50".into(), &key),
         ("… status=failed, every tenant", "/tasks?status=failed&limit=50".into(), ADMIN),
         ("… status=failed, one tenant", "/tasks?status=failed&limit=50".into(), &key),
-        ("… model, one tenant", "/tasks?model=fake/local&limit=50".into(), &key),
+        ("… model, one tenant", "/tasks?model=fake/claude-sonnet&limit=50".into(), &key),
+        ("… model, every tenant", "/tasks?model=fake/local&limit=50".into(), ADMIN),
         ("… metadata, one tenant", "/tasks?metadata=%7B%22batch%22%3A%22b500%22%7D&limit=50".into(), &key),
         ("… created_before a day ago, every tenant", format!("/tasks?created_before={day_ago}&limit=50"), ADMIN),
     ];

@@ -129,6 +129,11 @@ pub struct Config {
     #[arg(long, env = "SUBAGENTD_MAX_TASK_TIMEOUT_SECONDS", default_value_t = 3600, global = true)]
     pub max_task_timeout_seconds: u64,
 
+    /// Longest a paused run waits for its actions to be answered (a task's
+    /// `action_timeout_seconds` is capped by it, and defaults to it), in seconds.
+    #[arg(long, env = "SUBAGENTD_MAX_ACTION_TIMEOUT_SECONDS", default_value_t = 86400, global = true)]
+    pub max_action_timeout_seconds: u64,
+
     /// Days after which the conversation and events of finished tasks are purged (tasks and
     /// the usage ledger stay). 0 keeps them forever.
     #[arg(long, env = "SUBAGENTD_RETENTION_DAYS", default_value_t = 30, global = true)]

@@ -12,7 +12,7 @@ use crate::engine::spec::TaskOptions;
 use crate::store::tasks::{TaskRow, TaskStatus};
 
 /// The task as the API shows it.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Default, Serialize)]
 pub struct TaskView {
     pub id: Uuid,
     pub tenant: String,
@@ -49,6 +49,36 @@ pub struct TaskView {
     pub webhook: Option<Value>,
     /// What a queued task waits for (`budget`: reservations of its tenant to settle).
     pub waiting_for: Option<String>,
+    /// While `requires_action`: what it waits for, each to be answered by its own `id`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pending_actions: Option<Vec<crate::store::actions::ActionRow>>,
+}
+
+impl TaskView {
+    /// Views of `rows`, the paused ones with their pending actions (read in one query).
+    pub async fn of(pool: &sqlx::PgPool, rows: Vec<TaskRow>) -> Result<Vec<TaskView>, crate::store::StoreError> {
+        let paused: Vec<Uuid> = rows.iter().filter(|r| r.status == TaskStatus::RequiresAction).map(|r| r.id).collect();
+        let mut actions = crate::store::actions::pending_of(pool, &paused).await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| {
+                let paused = r.status == TaskStatus::RequiresAction;
+                let id = r.id;
+                let mut v = TaskView::from(r);
+                if paused {
+                    let (mine, rest): (Vec<_>, Vec<_>) = actions.drain(..).partition(|a| a.task_id == id);
+                    actions = rest;
+                    v.pending_actions = Some(mine);
+                }
+                v
+            })
+            .collect())
+    }
+
+    /// The view of one row (see `of`).
+    pub async fn one(pool: &sqlx::PgPool, row: TaskRow) -> Result<TaskView, crate::store::StoreError> {
+        Ok(TaskView::of(pool, vec![row]).await?.pop().unwrap_or_default())
+    }
 }
 
 impl From<TaskRow> for TaskView {
@@ -93,9 +123,11 @@ impl From<TaskRow> for TaskView {
             parent_task_id: r.parent_task_id,
             trace_id: r.traceparent.as_deref().map(|t| crate::telemetry::trace_id(t).to_string()),
             waiting_for: r.waiting_for.filter(|_| r.status == TaskStatus::Queued),
+            pending_actions: None,
             webhook: r.webhook_url.as_ref().map(|u| {
-                json!({"url": u, "status": r.webhook_status, "attempts": r.webhook_attempts,
-                       "last_error": r.webhook_last_error, "delivered_at": r.webhook_delivered_at})
+                let d = r.webhook.clone().unwrap_or_else(|| json!({}));
+                json!({"url": u, "status": d["status"], "attempts": d["attempts"].as_i64().unwrap_or(0),
+                       "last_error": d["last_error"], "delivered_at": d["delivered_at"]})
             }),
         }
     }

@@ -126,6 +126,9 @@ pub fn validate(l: &Limits) -> Result<(), BudgetError> {
             return negative(f);
         }
     }
+    if l.approval.as_deref().is_some_and(|a| !matches!(a, "none" | "propose" | "all")) {
+        return Err(BudgetError::Invalid { field: "approval", message: "must be one of none, propose, all".into() });
+    }
     Ok(())
 }
 

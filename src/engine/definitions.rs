@@ -68,6 +68,9 @@ pub struct AgentDefinition {
     /// `max_tokens` of this agent's provider calls (wins over the model's and provider's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_output_tokens: Option<u32>,
+    /// Which of its tool calls wait for a decision (wins over the tenant's default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<super::spec::Approval>,
 }
 
 /// What is wrong with a definition, and where.
@@ -118,6 +121,7 @@ struct FrontMatter {
     max_turns: Option<i64>,
     #[serde(alias = "maxOutputTokens")]
     max_output_tokens: Option<i64>,
+    approval: Option<String>,
     // Claude Code fields that have no meaning here: accepted so its files load, then ignored.
     #[serde(rename = "color")]
     _color: Option<serde_yaml::Value>,
@@ -199,6 +203,13 @@ pub fn parse_markdown(source: &str, text: &str) -> Result<AgentDefinition, Defin
         model,
         max_turns,
         max_output_tokens,
+        approval: match fm.approval.as_deref() {
+            None => None,
+            Some(a) => Some(
+                super::spec::Approval::parse(a.trim())
+                    .ok_or_else(|| err(Some("approval"), "must be one of none, propose, all".into()))?,
+            ),
+        },
     })
 }
 

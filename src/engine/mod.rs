@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::llm::pricing::Price;
 use crate::llm::retry::RetryPolicy;
-use crate::llm::{ChatRequest, FinishReason, LlmError, Message, Progress, Provider, ToolSpec, Usage};
+use crate::llm::{ChatRequest, FinishReason, LlmError, Message, Progress, Provider, ToolCall, ToolSpec, Usage};
 pub use crate::tools::{ToolOutput, ToolRunner};
 
 /// Everything a run needs, decided before it starts.
@@ -58,6 +58,47 @@ pub struct RunInput {
     /// The fewest output tokens a call can usefully have: when the budget cannot afford its
     /// `max_tokens`, it may go ahead with fewer, never fewer than this.
     pub output_floor: u32,
+    /// Tools whose calls wait for someone: a decision (approval) or the caller's output. A turn
+    /// that calls any of them runs the others, then pauses the run.
+    pub gates: Vec<(String, Gate)>,
+    /// The answers to the pause this run resumes from, applied before its next call.
+    pub answers: Vec<Answer>,
+}
+
+/// What a tool call waits for before it can go on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gate {
+    /// A decision: approve (it runs) or deny (the model is told).
+    Approval,
+    /// The caller runs the tool and submits its output.
+    Output,
+}
+
+/// A tool call a paused run waits on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PendingCall {
+    pub call: ToolCall,
+    pub gate: Gate,
+}
+
+/// How a pending call was answered.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Resolution {
+    Approved,
+    Denied {
+        message: Option<String>,
+    },
+    /// The caller's output, as the tool result.
+    Output(String),
+    /// No answer came in time.
+    Expired(Gate),
+}
+
+/// An answered pending call, applied when the run resumes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answer {
+    pub call: ToolCall,
+    pub resolution: Resolution,
 }
 
 /// One provider call attempt, as the ledger records it.
@@ -220,6 +261,9 @@ pub enum Outcome {
     },
     /// Stopped from outside before finishing.
     Stopped(StopCause),
+    /// Some of the last turn's tool calls wait for a decision or the caller's output: the run
+    /// pauses (its last turn, with the results of the calls that ran, is committed with it).
+    Paused(Vec<PendingCall>),
 }
 
 /// How a run ended: its outcome, and its last turn when that turn is not committed yet — the
@@ -256,6 +300,14 @@ pub async fn run(
     let mut messages = input.history.clone();
     let mut pending: Vec<Message> = input.new_messages.clone();
     messages.extend(pending.iter().cloned());
+    // A resumed pause: the answered calls' results complete the paused turn, in the model's
+    // order (an approved call runs now, once; its idempotency key is the same if it repeats).
+    let applied = match apply_answers(&input, tools, stop).await {
+        Ok(m) => m,
+        Err(cause) => return Outcome::Stopped(cause).into(),
+    };
+    messages.extend(applied.iter().cloned());
+    pending.extend(applied);
     let mut last_text: Option<String> = None;
     // (tool name, arguments) of consecutive identical calls, for loop detection.
     let mut streak: (Option<(String, String)>, usize) = (None, 0);
@@ -398,6 +450,21 @@ pub async fn run(
                 to_run.push(i);
             }
         }
+        // Calls that wait for someone do not run now: the others do, then the run pauses.
+        let gate_of = |name: &str| input.gates.iter().find(|(n, _)| n == name).map(|g| g.1);
+        let mut waits: Vec<PendingCall> = vec![];
+        if !loop_stop {
+            to_run.retain(|&i| {
+                let tc = &resp.tool_calls[i];
+                match gate_of(&tc.name) {
+                    Some(gate) => {
+                        waits.push(PendingCall { call: tc.clone(), gate });
+                        false
+                    }
+                    None => true,
+                }
+            });
+        }
         if !to_run.is_empty() {
             let calls: Vec<Value> = to_run
                 .iter()
@@ -446,6 +513,10 @@ pub async fn run(
             results[i] = Some(out);
         }
         for (tc, out) in resp.tool_calls.iter().zip(results) {
+            if waits.iter().any(|w| w.call.id == tc.id) {
+                // Its result comes with the answer.
+                continue;
+            }
             let out = out.unwrap_or(ToolOutput { content: "tool not run".into(), is_error: true });
             let m = Message::Tool {
                 tool_call_id: tc.id.clone(),
@@ -455,6 +526,18 @@ pub async fn run(
             };
             messages.push(m.clone());
             pending.push(m);
+        }
+        if !waits.is_empty() {
+            let listed: Vec<Value> = waits
+                .iter()
+                .map(|w| {
+                    json!({"tool_call_id": w.call.id, "name": w.call.name,
+                                "kind": if w.gate == Gate::Approval { "approval" } else { "output" }})
+                })
+                .collect();
+            events.push(("tool_calls_waiting", json!({"turn": turn, "calls": listed})));
+            let cp = TurnCheckpoint { turn, messages: std::mem::take(&mut pending), call, events };
+            return RunEnd { outcome: Outcome::Paused(waits), last_turn: Some(cp) };
         }
         let cp = TurnCheckpoint { turn, messages: std::mem::take(&mut pending), call, events };
         let outcome = if loop_stop {
@@ -478,6 +561,46 @@ pub async fn run(
         return RunEnd { outcome, last_turn: Some(cp) };
     }
     max_turns_reached(&input, last_text, turn).into()
+}
+
+/// The tool results of a resumed pause's answered calls, in the order of `input.answers`.
+async fn apply_answers(input: &RunInput, tools: &dyn ToolRunner, stop: &StopSignal) -> Result<Vec<Message>, StopCause> {
+    let mut out = vec![];
+    for a in &input.answers {
+        let name = &a.call.name;
+        let result = match &a.resolution {
+            Resolution::Approved => {
+                let span = tracing::info_span!("tool_call", tool = %name, tool_call_id = %a.call.id, approved = true);
+                tokio::select! {
+                    r = tracing::Instrument::instrument(tools.run(&a.call), span) => r,
+                    cause = stop.stopped() => return Err(cause),
+                }
+            }
+            Resolution::Denied { message } => ToolOutput {
+                content: match message.as_deref().map(str::trim).filter(|m| !m.is_empty()) {
+                    Some(m) => format!("The call to `{name}` was denied and not run: {m}"),
+                    None => format!("The call to `{name}` was denied and not run."),
+                },
+                is_error: true,
+            },
+            Resolution::Output(text) => ToolOutput { content: text.clone(), is_error: false },
+            Resolution::Expired(Gate::Approval) => ToolOutput {
+                content: format!("No decision came in time for the call to `{name}`: it was denied and not run."),
+                is_error: true,
+            },
+            Resolution::Expired(Gate::Output) => ToolOutput {
+                content: format!("The output of `{name}` did not come in time: the tool gave no result."),
+                is_error: true,
+            },
+        };
+        out.push(Message::Tool {
+            tool_call_id: a.call.id.clone(),
+            name: name.clone(),
+            content: result.content,
+            is_error: result.is_error,
+        });
+    }
+    Ok(out)
 }
 
 fn max_turns_reached(input: &RunInput, last_text: Option<String>, turn: u32) -> Outcome {

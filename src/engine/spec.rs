@@ -84,6 +84,30 @@ impl From<Usd> for Decimal {
     }
 }
 
+/// Which tool calls need a decision before they run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Approval {
+    /// None: every call runs unattended.
+    #[default]
+    None,
+    /// Calls of tools with policy `propose` (writes, side effects).
+    Propose,
+    /// Every call.
+    All,
+}
+
+impl Approval {
+    pub fn parse(s: &str) -> Option<Approval> {
+        match s {
+            "none" => Some(Approval::None),
+            "propose" => Some(Approval::Propose),
+            "all" => Some(Approval::All),
+            _ => None,
+        }
+    }
+}
+
 /// What a task asks of its run; stored in `tasks.options`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TaskOptions {
@@ -105,9 +129,36 @@ pub struct TaskOptions {
     /// The whitelist: the tools this run is offered, resolved at submission.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tools: Vec<ToolDef>,
+    /// Which calls wait for a decision (the request's, else the definition's, else the tenant's).
+    #[serde(default, skip_serializing_if = "is_none_approval")]
+    pub approval: Approval,
+    /// How long a pause waits for its answers, in seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action_timeout_seconds: Option<f64>,
+}
+
+fn is_none_approval(a: &Approval) -> bool {
+    *a == Approval::None
 }
 
 impl TaskOptions {
+    /// What each gated tool's calls wait for: a caller tool its output; with approval, a
+    /// `propose` tool (or, with `all`, any tool) a decision.
+    pub fn gates(&self) -> Vec<(String, super::Gate)> {
+        use crate::tools::{Policy, Target};
+        self.tools
+            .iter()
+            .filter_map(|t| {
+                let gate = match (&t.target, self.approval, t.policy) {
+                    (Target::Caller, _, _) => super::Gate::Output,
+                    (_, Approval::All, _) | (_, Approval::Propose, Policy::Propose) => super::Gate::Approval,
+                    _ => return None,
+                };
+                Some((t.name.clone(), gate))
+            })
+            .collect()
+    }
+
     /// A fresh task's conversation: `[system, user]`, the system prompt being the request's
     /// override, else the definition's, else the type's, with the parent's context under it.
     pub fn fresh_conversation(&self, prompt: &str, agent: AgentType) -> Vec<crate::llm::Message> {

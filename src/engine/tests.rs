@@ -141,6 +141,8 @@ fn input() -> RunInput {
         first_reserved: false,
         text_tool_calls: false,
         output_floor: 0,
+        gates: vec![],
+        answers: vec![],
     }
 }
 
@@ -360,4 +362,49 @@ async fn a_refused_reservation_ends_the_run_incomplete_with_budget_and_the_parti
     let cp = s.checkpoints.lock().unwrap();
     assert!(cp[0].call.reserved_usd > Decimal::ZERO);
     assert_eq!(cp[0].call.reserved_tokens, 1000 + (cp[0].call.reserved_tokens - 1000));
+}
+
+#[tokio::test]
+async fn a_gated_call_pauses_the_run_after_the_others_ran_and_its_answer_completes_the_turn() {
+    let p =
+        Scripted::new(vec![Ok(calls(&[("get_thing", json!({"a": 1})), ("list_things", json!({}))])), Ok(text("done"))]);
+    let inp = RunInput { gates: vec![("get_thing".into(), Gate::Approval)], ..input() };
+    let (s, t) = (Store::default(), Tools::default());
+    let end = run(inp.clone(), &p, &t, &s, &StopSignal::new()).await;
+    let Outcome::Paused(waits) = &end.outcome else { panic!("{:?}", end.outcome) };
+    assert_eq!((waits.len(), waits[0].call.name.as_str(), waits[0].gate), (1, "get_thing", Gate::Approval));
+    assert_eq!(*t.ran.lock().unwrap(), ["list_things"], "the ungated call ran, the gated one did not");
+    let cp = end.last_turn.expect("the paused turn is returned to be committed with the pause");
+    let results: Vec<&str> = cp
+        .messages
+        .iter()
+        .filter_map(|m| if let Message::Tool { name, .. } = m { Some(name.as_str()) } else { None })
+        .collect();
+    assert_eq!(results, ["list_things"]);
+    // Resumed with its approval: it runs once, and the turn's results reach the model.
+    let history = [inp.new_messages.clone(), cp.messages.clone()].concat();
+    let answers = vec![Answer { call: waits[0].call.clone(), resolution: Resolution::Approved }];
+    let resumed = RunInput { history, new_messages: vec![], turns_done: 1, answers, ..inp };
+    let o = run_to_end(resumed, &p, &t, &s, &StopSignal::new()).await;
+    assert_eq!(o, Outcome::Completed { summary: "done".into() });
+    assert_eq!(*t.ran.lock().unwrap(), ["list_things", "get_thing"]);
+    let last = p.requests().last().unwrap().messages.clone();
+    let ids: Vec<&str> = last
+        .iter()
+        .filter_map(|m| if let Message::Tool { tool_call_id, .. } = m { Some(tool_call_id.as_str()) } else { None })
+        .collect();
+    assert_eq!(ids, ["c1", "c0"], "both calls answered before the next call");
+}
+
+#[tokio::test]
+async fn a_denied_call_reaches_the_model_as_an_error_with_the_message() {
+    let call = ToolCall { id: "c9".into(), name: "get_thing".into(), arguments: json!({}) };
+    let answers = vec![Answer { call, resolution: Resolution::Denied { message: Some("not on prod".into()) } }];
+    let p = Scripted::new(vec![Ok(text("ok"))]);
+    let (o, _, t) = go(&p, RunInput { answers, ..input() }).await;
+    assert_eq!(o, Outcome::Completed { summary: "ok".into() });
+    assert!(t.ran.lock().unwrap().is_empty());
+    let sent = &p.requests()[0].messages;
+    let Some(Message::Tool { content, is_error, .. }) = sent.last() else { panic!("{sent:?}") };
+    assert!(*is_error && content.contains("denied") && content.contains("not on prod"), "{content}");
 }

@@ -80,6 +80,8 @@ struct PutAgent {
     max_turns: Option<i64>,
     #[serde(default)]
     max_output_tokens: Option<i64>,
+    #[serde(default)]
+    approval: Option<String>,
 }
 
 fn definition_error(e: crate::engine::definitions::DefinitionError) -> ApiError {
@@ -139,6 +141,13 @@ fn parse_body(name: &str, headers: &HeaderMap, body: &Bytes) -> Result<AgentDefi
                         return Err(ApiError::invalid("max_output_tokens", "must be a positive number of tokens"))
                     }
                     n => n.map(|n| n as u32),
+                },
+                approval: match p.approval.as_deref() {
+                    None => None,
+                    Some(a) => Some(
+                        crate::engine::spec::Approval::parse(a)
+                            .ok_or_else(|| ApiError::invalid("approval", "must be one of none, propose, all"))?,
+                    ),
                 },
             })
         }

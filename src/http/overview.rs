@@ -49,7 +49,7 @@ async fn read(State(st): State<AppState>, scope: Scope) -> Result<Json<Value>, A
                    "cost_usd": m.cost_usd.to_f64().unwrap_or(0.0)})
         })
         .collect();
-    let latest: Vec<TaskView> = latest.into_iter().map(TaskView::from).collect();
+    let latest: Vec<TaskView> = TaskView::of(&st.pool, latest).await?;
     Ok(Json(json!({"now": now, "finished_per_minute": per_minute, "models": models, "spend": spend,
                    "replicas": replicas, "latest": latest})))
 }

@@ -27,6 +27,7 @@ pub fn router() -> Router<AppState> {
         .route("/tasks", post(create).get(list))
         .route("/tasks/{id}", get(read))
         .route("/tasks/{id}/cancel", post(cancel))
+        .route("/tasks/{id}/actions", post(answer))
         .route("/tasks/cancel", post(cancel_bulk))
 }
 
@@ -61,13 +62,14 @@ fn location(id: Uuid) -> HeaderValue {
     HeaderValue::from_str(&format!("/tasks/{id}")).unwrap_or_else(|_| HeaderValue::from_static("/tasks"))
 }
 
-fn respond(status: StatusCode, row: TaskRow) -> Response {
+/// The task as the API shows it (a paused one with its pending actions).
+async fn respond(st: &AppState, status: StatusCode, row: TaskRow) -> Result<Response, ApiError> {
     let loc = location(row.id);
-    let mut resp = (status, Json(TaskView::from(row))).into_response();
+    let mut resp = (status, Json(TaskView::one(&st.pool, row).await?)).into_response();
     if matches!(status, StatusCode::CREATED | StatusCode::ACCEPTED) {
         resp.headers_mut().insert(header::LOCATION, loc);
     }
-    resp
+    Ok(resp)
 }
 
 /// Refuse calls made from inside a sub-agent's tool: sub-agents are one level deep.
@@ -137,17 +139,22 @@ async fn create(
     };
     let ok = if created { StatusCode::CREATED } else { StatusCode::OK };
     match (wait, early) {
-        (None, _) => Ok(respond(ok, row)),
+        (None, _) => respond(&st, ok, row).await,
         (Some(d), Some(waiter)) if created => wait_on(&st, Some(&tenant), row, d, waiter).await,
         (Some(d), _) => waited(&st, Some(&tenant), row, d).await,
     }
 }
 
-/// Wait for a task to become terminal: 200 with the finished task, or 202 with the task as
-/// it stands (and `Location`) when the wait runs out or the server drains.
+/// What a waiting request waits for: the task's end, or a pause (the caller may answer it).
+fn answered(row: &TaskRow) -> bool {
+    row.is_terminal() || row.status == TaskStatus::RequiresAction
+}
+
+/// Wait for a task to become terminal or to require action: 200 with the task, or 202 with the
+/// task as it stands (and `Location`) when the wait runs out or the server drains.
 async fn waited(st: &AppState, tenant: Option<&str>, row: TaskRow, d: Duration) -> Result<Response, ApiError> {
-    if row.is_terminal() {
-        return Ok(respond(StatusCode::OK, row));
+    if answered(&row) {
+        return respond(st, StatusCode::OK, row).await;
     }
     let waiter = st.hub.waiter(row.id);
     // Read again: the task may have finished before the waiter was registered.
@@ -165,11 +172,11 @@ async fn wait_on(
 ) -> Result<Response, ApiError> {
     let deadline = tokio::time::Instant::now() + d;
     loop {
-        if row.is_terminal() {
-            return Ok(respond(StatusCode::OK, row));
+        if answered(&row) {
+            return respond(st, StatusCode::OK, row).await;
         }
         if tokio::time::Instant::now() >= deadline || st.shutdown.is_cancelled() {
-            return Ok(respond(StatusCode::ACCEPTED, row));
+            return respond(st, StatusCode::ACCEPTED, row).await;
         }
         let handed = tokio::select! {
             r = waiter.notified() => r,
@@ -195,7 +202,7 @@ async fn read(
     let wait = q.wait_for(&st)?;
     let row = tasks::get_in(&st.pool, scope.tenant(), id).await?.ok_or_else(|| ApiError::not_found("task"))?;
     match wait {
-        None => Ok(respond(StatusCode::OK, row)),
+        None => respond(&st, StatusCode::OK, row).await,
         Some(d) => waited(&st, scope.tenant(), row, d).await,
     }
 }
@@ -299,7 +306,7 @@ async fn list(
     } else {
         None
     };
-    let tasks: Vec<TaskView> = rows.into_iter().map(TaskView::from).collect();
+    let tasks: Vec<TaskView> = TaskView::of(&st.pool, rows).await?;
     Ok(Json(json!({"tasks": tasks, "next_cursor": next_cursor})).into_response())
 }
 
@@ -309,13 +316,13 @@ async fn cancel(State(st): State<AppState>, scope: Scope, TaskId(id): TaskId) ->
     if row.status == TaskStatus::Running {
         st.hub.cancel_run(id);
     }
-    Ok(respond(StatusCode::OK, row))
+    respond(&st, StatusCode::OK, row).await
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BulkCancel {
-    /// `queued`, `running`, or both (the default).
+    /// Among `queued`, `running` and `requires_action` (default: all three).
     #[serde(default)]
     status: Option<Vec<String>>,
     /// Only tasks whose metadata contains this object.
@@ -330,17 +337,14 @@ async fn cancel_bulk(
     ApiJson(body): ApiJson<BulkCancel>,
 ) -> Result<Response, ApiError> {
     let statuses: Option<Vec<TaskStatus>> = match body.status {
-        None => Some(vec![TaskStatus::Queued, TaskStatus::Running]),
+        None => Some(vec![TaskStatus::Queued, TaskStatus::Running, TaskStatus::RequiresAction]),
         Some(v) if v.is_empty() => None,
-        Some(v) => v
-            .iter()
-            .map(|s| TaskStatus::parse(s).filter(|t| matches!(t, TaskStatus::Queued | TaskStatus::Running)))
-            .collect(),
+        Some(v) => v.iter().map(|s| TaskStatus::parse(s).filter(|t| !t.is_terminal())).collect(),
     };
     let Some(statuses) = statuses else {
         return Err(ApiError::invalid(
             "status",
-            "must list `queued` and/or `running` (terminal tasks cannot be cancelled)",
+            "must list `queued`, `running` and/or `requires_action` (terminal tasks cannot be cancelled)",
         ));
     };
     if body.metadata.as_ref().is_some_and(|m| !m.is_object()) {
@@ -359,4 +363,132 @@ async fn cancel_bulk(
         }
     }
     Ok(Json(json!({"cancelled": cancelled, "cancel_requested": requested})).into_response())
+}
+
+/// One answer of `POST /tasks/{id}/actions`: a decision for an approval, or an output.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ActionAnswer {
+    id: Uuid,
+    #[serde(default)]
+    decision: Option<String>,
+    #[serde(default)]
+    message: Option<String>,
+    #[serde(default)]
+    output: Option<Value>,
+}
+
+const MAX_ANSWERS: usize = 100;
+const MAX_MESSAGE_CHARS: usize = 4000;
+
+/// Answer a paused task's pending actions, each by its own id: approve or deny a call, or give
+/// the output of a caller tool. Stored before it is acknowledged; the same answer again is
+/// accepted; the last answer of a pause queues the task again.
+async fn answer(
+    State(st): State<AppState>,
+    scope: Scope,
+    headers: HeaderMap,
+    TaskId(id): TaskId,
+    ApiJson(body): ApiJson<Vec<ActionAnswer>>,
+) -> Result<Response, ApiError> {
+    use crate::store::actions::{self, Refused};
+    if body.is_empty() || body.len() > MAX_ANSWERS {
+        return Err(ApiError::invalid("body", format!("must list 1 to {MAX_ANSWERS} answers")));
+    }
+    let cap = st.cfg.tool_result_max_bytes;
+    let mut answers = vec![];
+    for (i, a) in body.into_iter().enumerate() {
+        let at = |f: &str| format!("[{i}].{f}");
+        let decision = match (a.decision.as_deref(), &a.output) {
+            (Some("approve"), None) => Some("approve"),
+            (Some("deny"), None) => Some("deny"),
+            (Some(other), None) => {
+                return Err(ApiError::invalid(&at("decision"), format!("{other:?} is not approve or deny")))
+            }
+            (None, Some(_)) => None,
+            _ => return Err(ApiError::invalid(&at("decision"), "give either a decision or an output")),
+        };
+        if decision.is_none() && a.message.is_some() {
+            return Err(ApiError::invalid(&at("message"), "goes with a decision, not an output"));
+        }
+        if a.message.as_ref().is_some_and(|m| m.chars().count() > MAX_MESSAGE_CHARS || m.contains('\0')) {
+            return Err(ApiError::invalid(&at("message"), format!("must be at most {MAX_MESSAGE_CHARS} characters")));
+        }
+        if let Some(o) = &a.output {
+            let size = match o {
+                Value::String(s) => s.len(),
+                other => other.to_string().len(),
+            };
+            if size > cap || o.to_string().contains("\\u0000") {
+                return Err(ApiError::invalid(
+                    &at("output"),
+                    format!("must be at most {cap} bytes (SUBAGENTD_TOOL_RESULT_MAX_BYTES), like any tool result"),
+                ));
+            }
+        }
+        answers.push(actions::Answer { id: a.id, decision, message: a.message, output: a.output });
+    }
+    let by = match (&scope, super::auth::key_prefix(&headers)) {
+        (Scope::All, _) => "admin".to_string(),
+        (Scope::Tenant(_), Some(prefix)) => format!("key:{prefix}"),
+        (Scope::Tenant(t), None) => format!("tenant:{t}"),
+    };
+    let outcome = actions::answer(&st.pool, scope.tenant(), id, &answers, &by).await?;
+    let done = match outcome {
+        Ok(done) => done,
+        Err(Refused::NoTask) => return Err(ApiError::not_found("task")),
+        Err(Refused::NotPaused(status)) => {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "task_not_paused",
+                "Task is not waiting",
+                format!("the task is {status}: only a task that requires action takes answers"),
+            ))
+        }
+        Err(Refused::Unknown { index, id }) => {
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "unknown_action",
+                "Unknown action",
+                format!("[{index}].id: {id} is not an action of this task"),
+            )
+            .with(
+                json!({"errors": [{"field": format!("[{index}].id"), "message": "unknown action"}], "action_id": id}),
+            ))
+        }
+        Err(Refused::WrongKind { index, id, kind }) => {
+            let wants = if kind == "output" { "an output, not a decision" } else { "a decision, not an output" };
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "wrong_action_kind",
+                "Wrong kind of answer",
+                format!("[{index}]: action {id} waits for {wants}"),
+            )
+            .with(json!({"errors": [{"field": format!("[{index}]"), "message": format!("waits for {wants}")}], "action_id": id})));
+        }
+        Err(Refused::Conflict { index, id, by }) => {
+            let why = if by == "expired" {
+                "expired (no answer came in time)".to_string()
+            } else {
+                format!("answered otherwise by {by}")
+            };
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "action_already_answered",
+                "Action already answered",
+                format!("[{index}]: action {id} was {why}"),
+            )
+            .with(json!({"action_id": id})));
+        }
+    };
+    for a in &answers {
+        let kind = a.decision.unwrap_or("output");
+        metrics::counter!("subagentd_actions_answered_total", "answer" => kind).increment(1);
+    }
+    st.hub.publish(crate::store::CH_EVENT, id.to_string());
+    if done.left == 0 {
+        st.hub.publish(crate::store::CH_QUEUED, String::new());
+    }
+    let row = tasks::get(&st.pool, &done.tenant, id).await?.ok_or_else(|| ApiError::not_found("task"))?;
+    respond(&st, StatusCode::OK, row).await
 }

@@ -39,6 +39,10 @@ fn view(d: &ToolDef, source: &str) -> Value {
             v["tool_source"] = json!(source);
             v["mcp_tool"] = json!(tool);
         }
+        Target::Caller => {
+            v["endpoint"] = json!(null);
+            v["run_by"] = json!("caller");
+        }
     }
     v
 }

@@ -3,7 +3,8 @@
 //! committed with the run's last turn in one statement, and the finished task is handed to
 //! this process's waiters from that commit.
 
-use crate::engine::{BudgetWait, Outcome, RunEnd, StopCause};
+use crate::engine::{BudgetWait, Gate, Outcome, PendingCall, RunEnd, StopCause};
+use crate::store::actions::NewAction;
 use crate::store::runs::{Committed, Finish};
 use crate::store::tasks::TaskStatus;
 use crate::store::{CH_DONE, CH_QUEUED};
@@ -19,6 +20,8 @@ pub enum End {
     Release,
     /// Back to the queue to wait for budget, without counting the attempt.
     Wait(BudgetWait),
+    /// `requires_action` until its pending calls are answered.
+    Pause(Vec<PendingCall>),
     /// Nothing: another attempt owns the task.
     LeaseLost,
 }
@@ -34,6 +37,10 @@ pub struct RunFacts<'a> {
     pub model: &'a str,
     /// The provider's host, if it has one.
     pub host: Option<&'a str>,
+    /// How long a pause waits for its answers, in seconds.
+    pub action_timeout: f64,
+    /// When the task's time limit runs out (its paused time not counted).
+    pub deadline: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// How `outcome` is written to the task.
@@ -78,6 +85,7 @@ pub fn decide(outcome: &Outcome, facts: RunFacts<'_>) -> End {
         ),
         Outcome::Stopped(StopCause::Drain) => End::Release,
         Outcome::Stopped(StopCause::BudgetWait(w)) => End::Wait(w.clone()),
+        Outcome::Paused(calls) => End::Pause(calls.clone()),
         Outcome::Stopped(StopCause::LeaseLost) => End::LeaseLost,
     }
 }
@@ -99,13 +107,32 @@ pub async fn apply(
             Ok(false) => {}
             Err(e) => tracing::warn!(error = %e, "release failed; the lease will expire and the task be rescued"),
         },
+        End::Pause(calls) => {
+            let Some(cp) = end.last_turn.as_ref() else {
+                return tracing::error!("a pause without its turn: nothing written; the lease will expire");
+            };
+            let actions: Vec<NewAction> = calls
+                .iter()
+                .map(|c| NewAction {
+                    tool_call_id: c.call.id.clone(),
+                    kind: if c.gate == Gate::Approval { "approval" } else { "output" },
+                    name: c.call.name.clone(),
+                    arguments: c.call.arguments.clone(),
+                })
+                .collect();
+            match store.pause(cp, &actions, facts.action_timeout).await {
+                Ok(Some(n)) => {
+                    metrics::counter!("subagentd_pauses_total").increment(1);
+                    tracing::info!(pause = n, actions = actions.len(), "paused: requires action");
+                }
+                Ok(None) => tracing::warn!("lease lost before the pause; another attempt owns the task"),
+                Err(e) => tracing::error!(error = %e, "pause failed; the lease will expire and the task be rescued"),
+            }
+        }
         End::Wait(w) => {
             // The time limit runs on while the task waits.
-            let deadline = started_at.zip(facts.time_limit).and_then(|(s, secs)| {
-                s.checked_add_signed(chrono::Duration::milliseconds((secs * 1000.0).min(1e12) as i64))
-            });
             tracing::info!(limit = %w.limit, "waiting for budget: back to the queue");
-            if let Err(e) = store.wait_for_budget(&w, deadline).await {
+            if let Err(e) = store.wait_for_budget(&w, facts.deadline).await {
                 tracing::warn!(error = %e, "budget wait not written; the lease will expire and the task be rescued");
             }
         }
@@ -149,7 +176,14 @@ pub async fn apply(
 mod tests {
     use super::*;
 
-    const FACTS: RunFacts<'static> = RunFacts { agent: "plan", time_limit: Some(2.5), model: "mock/m", host: None };
+    const FACTS: RunFacts<'static> = RunFacts {
+        agent: "plan",
+        time_limit: Some(2.5),
+        model: "mock/m",
+        host: None,
+        action_timeout: 60.0,
+        deadline: None,
+    };
 
     #[test]
     fn each_outcome_becomes_one_end() {

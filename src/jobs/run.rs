@@ -16,8 +16,8 @@ use crate::budget::Defaults;
 use crate::config::Config;
 use crate::engine::agents::AgentType;
 use crate::engine::spec::TaskOptions;
-use crate::engine::{self, Outcome, RunEnd, RunInput, StopCause, StopSignal};
-use crate::llm::{Message, ModelRef, Providers};
+use crate::engine::{self, Answer, Gate, Outcome, Resolution, RunEnd, RunInput, StopCause, StopSignal};
+use crate::llm::{Message, ModelRef, Providers, ToolCall};
 use crate::store::budget::CallAsk;
 use crate::store::tasks::{FirstCall, NewTask, TaskRow};
 use crate::store::{retrying, runs, tools as tool_store, Fence};
@@ -94,8 +94,14 @@ impl Runner {
             hub: self.hub.clone(),
         };
         let host = self.providers.resolve(&row.model).ok().and_then(|m| self.providers.get(&m.provider)?.host());
-        let mut facts =
-            RunFacts { agent: &row.subagent_type, time_limit: None, model: &row.model, host: host.as_deref() };
+        let mut facts = RunFacts {
+            agent: &row.subagent_type,
+            time_limit: None,
+            model: &row.model,
+            host: host.as_deref(),
+            action_timeout: self.cfg.max_action_timeout_seconds as f64,
+            deadline: None,
+        };
         // The task's options, read once for the whole run.
         let opts = match opts.map_or_else(|| TaskOptions::from_stored(&row.options), Ok) {
             Ok(o) => o,
@@ -105,7 +111,14 @@ impl Runner {
             }
         };
         facts.time_limit = opts.timeout_seconds;
-        let timer = facts.time_limit.map(|secs| self.time_limit(&row, secs, &stop));
+        facts.action_timeout = opts.action_timeout_seconds.unwrap_or(facts.action_timeout);
+        // The time limit runs from the task's first start, across attempts, paused time apart.
+        facts.deadline = opts.timeout_seconds.and_then(|secs| {
+            let started = row.started_at.unwrap_or_else(chrono::Utc::now);
+            let limit = chrono::Duration::milliseconds((secs * 1000.0).min(1e12) as i64 + row.paused_ms.max(0));
+            started.checked_add_signed(limit)
+        });
+        let timer = facts.deadline.map(|d| self.time_limit(d, &stop));
         let end = self.prepare_and_run(&row, &opts, &store, &stop, first_reserved).await;
         if let Some(t) = timer {
             t.abort();
@@ -113,14 +126,9 @@ impl Runner {
         finish::apply(&store, end, facts, row.started_at).await;
     }
 
-    /// Stop the run when the task's time limit, which runs from its first start across
-    /// attempts, is reached.
-    fn time_limit(&self, row: &TaskRow, secs: f64, stop: &StopSignal) -> tokio::task::JoinHandle<()> {
-        let started = row.started_at.unwrap_or_else(chrono::Utc::now);
-        let limit = chrono::Duration::milliseconds((secs * 1000.0).min(1e12) as i64);
-        let left =
-            started.checked_add_signed(limit).map_or(chrono::Duration::days(365), |end| end - chrono::Utc::now());
-        let left = left.to_std().unwrap_or(Duration::ZERO);
+    /// Stop the run at the task's `deadline`.
+    fn time_limit(&self, deadline: chrono::DateTime<chrono::Utc>, stop: &StopSignal) -> tokio::task::JoinHandle<()> {
+        let left = (deadline - chrono::Utc::now()).to_std().unwrap_or(Duration::ZERO);
         let stop = stop.clone();
         tokio::spawn(async move {
             tokio::time::sleep(left).await;
@@ -189,11 +197,61 @@ impl Runner {
             Ok(t) => t,
             Err(o) => return o.into(),
         };
+        let answers = match self.answers(row, &history).await {
+            Ok(a) => a,
+            Err(e) => return e,
+        };
         let mut input = self.run_input(row.turns, row.traceparent.as_deref(), &row.subagent_type, opts, &model);
         input.history = history;
         input.new_messages = new_messages;
         input.first_reserved = first_reserved;
+        input.answers = answers;
         engine::run(input, provider.as_ref(), &tools, store, stop).await
+    }
+
+    /// A resumed pause's answers: for each call of the conversation's last turn that has no
+    /// result yet, how its action was answered, in the model's order.
+    async fn answers(&self, row: &TaskRow, history: &[Message]) -> Result<Vec<Answer>, RunEnd> {
+        if row.pauses == 0 {
+            return Ok(vec![]);
+        }
+        let Some(at) = history.iter().rposition(|m| matches!(m, Message::Assistant { .. })) else { return Ok(vec![]) };
+        let Message::Assistant { tool_calls, .. } = &history[at] else { return Ok(vec![]) };
+        let answered: Vec<&str> = history[at..]
+            .iter()
+            .filter_map(|m| if let Message::Tool { tool_call_id, .. } = m { Some(tool_call_id.as_str()) } else { None })
+            .collect();
+        let open: Vec<&ToolCall> = tool_calls.iter().filter(|c| !answered.contains(&c.id.as_str())).collect();
+        if open.is_empty() {
+            return Ok(vec![]);
+        }
+        let actions = retrying(|| crate::store::actions::of_pause(&self.pool, row.id, row.pauses))
+            .await
+            .map_err(|_| RunEnd::from(Outcome::Stopped(StopCause::LeaseLost)))?;
+        Ok(open
+            .into_iter()
+            .map(|call| {
+                let a = actions.iter().find(|a| a.tool_call_id == call.id);
+                let gate = if a.is_some_and(|a| a.kind == "output") { Gate::Output } else { Gate::Approval };
+                let resolution = match a {
+                    Some(a) if a.answered_at.is_none() || a.answered_by.as_deref() == Some("expired") => {
+                        Resolution::Expired(gate)
+                    }
+                    Some(a) if a.kind == "output" => {
+                        let text = match &a.output {
+                            Some(serde_json::Value::String(s)) => s.clone(),
+                            Some(v) => v.to_string(),
+                            None => String::new(),
+                        };
+                        Resolution::Output(crate::tools::cap(text, self.tool_caller.max_result_bytes))
+                    }
+                    Some(a) if a.decision.as_deref() == Some("approve") => Resolution::Approved,
+                    Some(a) => Resolution::Denied { message: a.message.clone() },
+                    None => Resolution::Expired(gate),
+                };
+                Answer { call: call.clone(), resolution }
+            })
+            .collect())
     }
 
     /// The run's input, its conversation left empty; `turns`, `traceparent` and `agent_name`
@@ -228,6 +286,8 @@ impl Runner {
             first_reserved: false,
             text_tool_calls: self.providers.text_tool_calls(model),
             output_floor: crate::budget::OUTPUT_FLOOR,
+            gates: opts.gates(),
+            answers: vec![],
         }
     }
 

@@ -53,14 +53,54 @@ impl PgRunStore {
     /// Commit a turn (its messages, its call's ledger row, its events and a `checkpoint` event)
     /// and, with `fin`, the run's end in the same statement.
     async fn commit_turn(&self, cp: &TurnCheckpoint, fin: Option<&Finish>) -> Result<Committed, StoreError> {
+        let (row, msgs, events) = self.turn_rows(cp);
+        let r = retrying(|| async {
+            let mut conn = self.pool.acquire().await?;
+            runs::commit_turn(&mut conn, self.fence, Some(cp.turn as i32), &row, &msgs, &events, fin).await
+        })
+        .await;
+        self.published(r)
+    }
+
+    /// A turn as the statements write it: its ledger row, messages and events (with `checkpoint`).
+    fn turn_rows(&self, cp: &TurnCheckpoint) -> (CallRow, Vec<Value>, Vec<(&'static str, Value)>) {
         observe(&cp.call);
         let row = ledger_row(&cp.call, self.attempt);
         let msgs: Vec<Value> = cp.messages.iter().map(|m| serde_json::to_value(m).unwrap_or(Value::Null)).collect();
-        let mut events: Vec<(&str, Value)> = cp.events.iter().map(|(k, v)| (*k, v.clone())).collect();
+        let mut events: Vec<(&'static str, Value)> = cp.events.clone();
         events.push(("checkpoint", serde_json::json!({"turn": cp.turn, "messages": msgs.len()})));
-        let r = retrying(|| runs::commit_turn(&self.pool, self.fence, Some(cp.turn as i32), &row, &msgs, &events, fin))
-            .await;
-        self.published(r)
+        (row, msgs, events)
+    }
+
+    /// Pause the run: its last turn (with the results of the calls that ran) and the pause —
+    /// `requires_action`, the actions, no lease or reservation — in one transaction. The pause's
+    /// number, or `None` if the lease was lost.
+    pub async fn pause(
+        &self,
+        cp: &TurnCheckpoint,
+        actions: &[crate::store::actions::NewAction],
+        timeout_secs: f64,
+    ) -> Result<Option<i32>, StoreError> {
+        let (row, msgs, events) = self.turn_rows(cp);
+        let r = retrying(|| async {
+            let mut tx = self.pool.begin().await?;
+            let turn = Some(cp.turn as i32);
+            let c = runs::commit_turn(&mut tx, self.fence, turn, &row, &msgs, &events, None).await?;
+            if !matches!(c, Committed::Applied) {
+                return Ok(None);
+            }
+            let paused =
+                crate::store::actions::pause(&mut tx, self.fence, cp.turn as i32, actions, timeout_secs).await?;
+            tx.commit().await?;
+            Ok(paused)
+        })
+        .await?;
+        if r.is_some() {
+            self.hub.publish(CH_EVENT, self.fence.id.to_string());
+            // Waiting requests return on a pause, and its webhook is due.
+            self.hub.publish(crate::store::CH_DONE, self.fence.id.to_string());
+        }
+        Ok(r)
     }
 
     /// Tell the task's event streams, on every replica, of a write that was applied.
@@ -177,7 +217,11 @@ impl RunStore for PgRunStore {
         let ev = serde_json::json!({"turn": call.turn, "try": call.try_no, "http_status": call.http_status,
                                     "error": call.error, "latency_ms": call.latency_ms});
         let events = [("llm_call_failed", ev)];
-        let r = retrying(|| runs::commit_turn(&self.pool, self.fence, None, &row, &[], &events, None)).await;
+        let r = retrying(|| async {
+            let mut conn = self.pool.acquire().await?;
+            runs::commit_turn(&mut conn, self.fence, None, &row, &[], &events, None).await
+        })
+        .await;
         lease_lost(self.published(r), "ledger write")
     }
 

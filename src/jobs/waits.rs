@@ -1,7 +1,8 @@
-//! The budget waker: wakes the tasks waiting for budget (`budget_wait`) when reservations of
+//! The waits' keeper: wakes the tasks waiting for budget (`budget_wait`) when reservations of
 //! their tenant settle — told by NOTIFY from whichever replica settled — oldest first while what
 //! each waits for fits; and, every few seconds, as a fallback for a lost notification, wakes
-//! every tenant's waiters that fit and ends the waits that ran past their task's time limit.
+//! every tenant's waiters that fit, ends the budget waits that ran past their task's time limit,
+//! and answers the paused runs' actions whose time ran out (which queues those runs again).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,6 +30,8 @@ pub struct Swept {
     pub woken: usize,
     /// Waits ended by their task's time limit.
     pub timed_out: usize,
+    /// Paused runs queued again because their actions' time ran out.
+    pub expired_pauses: usize,
 }
 
 impl BudgetWaker {
@@ -39,7 +42,11 @@ impl BudgetWaker {
         for (tenant, _) in sql::waiting(&self.pool).await? {
             woken += budget::wake(&self.pool, &tenant, self.defaults).await?;
         }
-        Ok(Swept { woken, timed_out })
+        let expired_pauses = crate::store::actions::expire(&self.pool).await?;
+        for id in &expired_pauses {
+            self.hub.publish(crate::store::CH_EVENT, id.to_string());
+        }
+        Ok(Swept { woken, timed_out, expired_pauses: expired_pauses.len() })
     }
 
     pub fn start(self, stop: CancellationToken) -> JoinHandle<()> {

@@ -6,8 +6,8 @@
 //! | --- | --- |
 //! | `[mock:reply=TEXT]` | the final answer is `TEXT` (default: `Mock summary: <prompt>`) |
 //! | `[mock:tool_turns=N]` | the first `N` turns answer with tool calls instead of text |
-//! | `[mock:tool=NAME]` | the tool to call (default: the first tool offered, else `lookup`) |
-//! | `[mock:parallel=K]` | tool calls per tool turn (default 1) |
+//! | `[mock:tool=NAME]` | the tool to call (default: the first tool offered, else `lookup`); `A,B` calls each in turn |
+//! | `[mock:parallel=K]` | tool calls per tool turn (default 1, at least one per named tool) |
 //! | `[mock:args=JSON]` | arguments of each tool call (default `{"turn": N, "call": K}`) |
 //! | `[mock:loop]` | never give a final answer (every turn calls a tool with the same arguments) |
 //! | `[mock:delay_ms=N]` | wait `N` ms before answering |
@@ -142,19 +142,21 @@ impl Provider for MockProvider {
         }
         let input_tokens = (req.messages.iter().map(Message::chars).sum::<usize>() as u64).div_ceil(4);
         if script.looping || turn < script.tool_turns {
-            let name = script
-                .tool
-                .clone()
-                .or_else(|| req.tools.first().map(|t| t.name.clone()))
-                .unwrap_or_else(|| "lookup".to_string());
-            let tool_calls: Vec<ToolCall> = (0..script.parallel)
+            let names: Vec<String> = match &script.tool {
+                Some(list) => list.split(',').map(|n| n.trim().to_string()).filter(|n| !n.is_empty()).collect(),
+                None => vec![req.tools.first().map_or_else(|| "lookup".to_string(), |t| t.name.clone())],
+            };
+            let names = if names.is_empty() { vec!["lookup".to_string()] } else { names };
+            let calls = script.parallel.max(names.len() as u32);
+            let tool_calls: Vec<ToolCall> = (0..calls)
                 .map(|k| {
+                    let name = names[k as usize % names.len()].clone();
                     let arguments = match (&script.args, script.looping) {
                         (Some(a), _) => a.clone(),
                         (None, true) => serde_json::json!({}),
                         (None, false) => serde_json::json!({ "turn": turn + 1, "call": k + 1 }),
                     };
-                    ToolCall { id: format!("call_{}_{}", turn + 1, k + 1), name: name.clone(), arguments }
+                    ToolCall { id: format!("call_{}_{}", turn + 1, k + 1), name, arguments }
                 })
                 .collect();
             let out = tool_calls.iter().map(|t| t.name.len() + t.arguments.to_string().len()).sum::<usize>() as u64;
@@ -209,6 +211,16 @@ mod tests {
         r.messages.push(Message::Assistant { content: None, tool_calls: first.tool_calls });
         let second = MockProvider.chat(&r).await.unwrap();
         assert_eq!(second.text.as_deref(), Some("done"));
+    }
+
+    #[tokio::test]
+    async fn a_list_of_tools_calls_each_in_one_turn() {
+        let r = MockProvider.chat(&req("[mock:tool_turns=1] [mock:tool=ask, fetch]")).await.unwrap();
+        let names: Vec<&str> = r.tool_calls.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["ask", "fetch"]);
+        let r = MockProvider.chat(&req("[mock:tool_turns=1] [mock:tool=ask,fetch] [mock:parallel=3]")).await.unwrap();
+        let names: Vec<&str> = r.tool_calls.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["ask", "fetch", "ask"]);
     }
 
     #[tokio::test]

@@ -4,6 +4,7 @@
 //! engine, tool, budget or HTTP type: conversion to those happens in the layers above.
 //! Every write a worker makes is one statement fenced on `(id, lease_token)` (`Fence`).
 
+pub mod actions;
 pub mod agents;
 pub mod budget;
 pub mod calls;

@@ -6,7 +6,7 @@ use sqlx::{FromRow, PgPool};
 use uuid::Uuid;
 
 use super::calls::CallRow;
-use super::tasks::{TaskRow, TaskStatus, COLS};
+use super::tasks::{TaskRow, TaskStatus, COLS, WEBHOOK};
 pub use super::Fence;
 use super::{StoreError, CH_DONE, CH_QUEUED};
 
@@ -140,7 +140,7 @@ pub async fn messages(pool: &PgPool, id: Uuid) -> Result<Vec<Value>, StoreError>
 /// Returns false (and writes nothing) if the lease is no longer held; true if written, now or
 /// by an earlier try whose answer was lost with its connection.
 pub async fn commit_turn(
-    pool: &PgPool,
+    conn: &mut sqlx::PgConnection,
     f: Fence,
     turn: Option<i32>,
     call: &CallRow,
@@ -187,7 +187,7 @@ pub async fn commit_turn(
         .bind(fin.and_then(|f| f.error_code.as_deref())) // 26
         .bind(fin.and_then(|f| f.error_message.as_deref())) // 27
         .bind(call.usage_estimated) // 28
-        .fetch_optional(pool)
+        .fetch_optional(&mut *conn)
         .await?;
     match (row, fin) {
         (Some(r), Some(_)) => return Committed::finished(whole.then_some(&r)),
@@ -195,9 +195,10 @@ pub async fn commit_turn(
         (None, _) => {}
     }
     // Not applied now: either the lease is gone, or a retry of a commit whose answer was lost.
-    let sql =
-        format!("SELECT {COLS} FROM tasks WHERE id = $1 AND EXISTS (SELECT 1 FROM llm_calls WHERE call_key = $2)");
-    let done: Option<TaskRow> = sqlx::query_as(&sql).bind(f.id).bind(call.call_key).fetch_optional(pool).await?;
+    let sql = format!(
+        "SELECT {COLS}, {WEBHOOK} FROM tasks WHERE id = $1 AND EXISTS (SELECT 1 FROM llm_calls WHERE call_key = $2)"
+    );
+    let done: Option<TaskRow> = sqlx::query_as(&sql).bind(f.id).bind(call.call_key).fetch_optional(&mut *conn).await?;
     Ok(match (done, fin) {
         (None, _) => Committed::LeaseLost,
         (Some(r), Some(_)) => Committed::Finished(whole.then(|| Box::new(r))),
@@ -262,8 +263,8 @@ fn commit_turn_sql(whole: bool) -> String {
          ), {WAKE_WAITERS}
          SELECT {answer} FROM u, (SELECT count(*) FROM w) AS woken",
         // The whole task only for the commit that ends it (for its waiters).
-        returning = if whole { format!("{COLS}, last_event_seq") } else { "tenant, subagent_type, api_key, last_event_seq".into() },
-        answer = if whole { COLS } else { "1" },
+        returning = if whole { format!("{COLS}, {WEBHOOK}, last_event_seq") } else { "tenant, subagent_type, api_key, last_event_seq".into() },
+        answer = if whole { format!("{COLS}, webhook") } else { "1".into() },
     )
 }
 
@@ -314,8 +315,11 @@ impl Finish {
 
 /// `finish`'s statement; `whole`: the one that also answers with the whole task.
 fn finish_sql(whole: bool) -> String {
-    let (returning, answer) =
-        if whole { (format!("{COLS}, last_event_seq"), COLS) } else { ("id, tenant, last_event_seq".to_string(), "1") };
+    let (returning, answer) = if whole {
+        (format!("{COLS}, {WEBHOOK}, last_event_seq"), format!("{COLS}, webhook"))
+    } else {
+        ("id, tenant, last_event_seq".to_string(), "1".to_string())
+    };
     format!(
         "WITH u AS (
             UPDATE tasks SET status = $3, stop_reason = $4, summary = $5, error_code = $6, error_message = $7,

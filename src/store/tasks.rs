@@ -17,6 +17,8 @@ pub enum TaskStatus {
     #[default]
     Queued,
     Running,
+    /// Paused until the caller answers its pending actions (decisions or tool outputs).
+    RequiresAction,
     Completed,
     Incomplete,
     Failed,
@@ -24,9 +26,10 @@ pub enum TaskStatus {
 }
 
 impl TaskStatus {
-    pub const ALL: [TaskStatus; 6] = [
+    pub const ALL: [TaskStatus; 7] = [
         TaskStatus::Queued,
         TaskStatus::Running,
+        TaskStatus::RequiresAction,
         TaskStatus::Completed,
         TaskStatus::Incomplete,
         TaskStatus::Failed,
@@ -37,6 +40,7 @@ impl TaskStatus {
         match self {
             TaskStatus::Queued => "queued",
             TaskStatus::Running => "running",
+            TaskStatus::RequiresAction => "requires_action",
             TaskStatus::Completed => "completed",
             TaskStatus::Incomplete => "incomplete",
             TaskStatus::Failed => "failed",
@@ -50,7 +54,7 @@ impl TaskStatus {
 
     /// No run will change it again.
     pub fn is_terminal(self) -> bool {
-        !matches!(self, TaskStatus::Queued | TaskStatus::Running)
+        !matches!(self, TaskStatus::Queued | TaskStatus::Running | TaskStatus::RequiresAction)
     }
 }
 
@@ -123,14 +127,17 @@ pub struct TaskRow {
     pub max_tokens: Option<i64>,
     pub traceparent: Option<String>,
     pub webhook_url: Option<String>,
-    pub webhook_status: Option<String>,
-    pub webhook_attempts: i32,
-    pub webhook_last_error: Option<String>,
-    pub webhook_delivered_at: Option<DateTime<Utc>>,
     /// `budget` while a queued task waits for reservations to settle.
     pub waiting_for: Option<String>,
     /// The prefix of the API key it was submitted with.
     pub api_key: Option<String>,
+    /// How many times the run paused, and the time spent paused (in ms).
+    pub pauses: i32,
+    pub paused_ms: i64,
+    /// Its `task.finished` delivery (`{status, attempts, last_error, delivered_at}`), where the
+    /// statement read it (`WEBHOOK`).
+    #[sqlx(default)]
+    pub webhook: Option<Value>,
 }
 
 impl TaskRow {
@@ -198,8 +205,17 @@ pub(crate) const COLS: &str =
     error_code, error_message, turns, input_tokens, output_tokens, cached_tokens, cost_usd, unpriced_calls, \
     estimated_calls, attempt, \
     lease_token, lease_expires_at, worker_id, cancel_requested, idempotency_key, request_hash, metadata, created_at, \
-    started_at, finished_at, parent_task_id, max_cost_usd, max_tokens, traceparent, webhook_url, webhook_status, \
-    webhook_attempts, webhook_last_error, webhook_delivered_at, waiting_for, api_key";
+    started_at, finished_at, parent_task_id, max_cost_usd, max_tokens, traceparent, webhook_url, waiting_for, api_key, \
+    pauses, paused_ms";
+
+/// A task's completion webhook as views show it: its `task.finished` delivery.
+pub(crate) const WEBHOOK: &str = "(SELECT jsonb_build_object('status', d.status, 'attempts', d.attempts, \
+    'last_error', d.last_error, 'delivered_at', d.delivered_at) FROM webhook_deliveries d \
+    WHERE d.task_id = tasks.id AND d.event = 'task.finished') AS webhook";
+
+/// The same for a task being inserted (its delivery is written by the same statement).
+const NEW_WEBHOOK: &str = "CASE WHEN webhook_url IS NULL THEN NULL ELSE jsonb_build_object('status', 'pending', \
+    'attempts', 0, 'last_error', NULL, 'delivered_at', NULL) END AS webhook";
 
 /// Insert a task with its `created` event, in one statement: queued, or with `t.start`
 /// already claimed (attempt 1, with its `claimed` event). A task started so has its first
@@ -274,22 +290,21 @@ fn bind_common<'q>(q: Query<'q>, t: &'q NewTask) -> Query<'q> {
 }
 
 const INSERT_COLS: &str = "id, tenant, subagent_type, description, prompt, model, options, metadata, idempotency_key, \
-    request_hash, parent_task_id, max_cost_usd, max_tokens, traceparent, webhook_url, webhook_status, webhook_next_at, \
-    last_event_seq, api_key";
+    request_hash, parent_task_id, max_cost_usd, max_tokens, traceparent, webhook_url, last_event_seq, api_key";
 
 /// A queued task and its `created` event.
 static INSERT_QUEUED: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
         "WITH t AS (
             INSERT INTO tasks ({INSERT_COLS})
-            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
-                    CASE WHEN $15::text IS NULL THEN NULL ELSE 'pending' END,
-                    CASE WHEN $15::text IS NULL THEN NULL ELSE now() END, 1, $16)
+            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, 1, $16)
             ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-            RETURNING {COLS}
+            RETURNING {COLS}, {NEW_WEBHOOK}
          ), e AS (
             INSERT INTO task_events (task_id, seq, kind, data)
             SELECT id, 1, 'created', jsonb_build_object('subagent_type', subagent_type, 'model', model) FROM t
+         ), w AS (
+            INSERT INTO webhook_deliveries (task_id, event) SELECT id, 'task.finished' FROM t WHERE webhook_url IS NOT NULL
          )
          SELECT t.*, false AS reserved FROM t"
     )
@@ -312,15 +327,15 @@ static INSERT_STARTED: std::sync::LazyLock<String> = std::sync::LazyLock::new(||
             INSERT INTO tasks ({INSERT_COLS}, status, attempt, lease_token, lease_expires_at, started_at, worker_id,
                                reserved_usd, reserved_tokens)
             SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
-                    CASE WHEN $15::text IS NULL THEN NULL ELSE 'pending' END,
-                    CASE WHEN $15::text IS NULL THEN NULL ELSE now() END,
                     CASE WHEN pre.reserved THEN 3 ELSE 2 END, $25,
                     'running', 1, $16::uuid, clock_timestamp() + make_interval(secs => $18::float8), now(), $17::text,
                     CASE WHEN pre.reserved THEN $19 ELSE 0 END,
                     CASE WHEN pre.reserved THEN $20 ELSE 0 END
             FROM pre
             ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-            RETURNING {COLS}
+            RETURNING {COLS}, {NEW_WEBHOOK}
+         ), w AS (
+            INSERT INTO webhook_deliveries (task_id, event) SELECT id, 'task.finished' FROM t WHERE webhook_url IS NOT NULL
          ), e AS (
             INSERT INTO task_events (task_id, seq, kind, data)
             SELECT id, 1, 'created', jsonb_build_object('subagent_type', subagent_type, 'model', model) FROM t
@@ -341,7 +356,7 @@ struct StartedRow {
 }
 
 async fn existing(conn: &mut PgConnection, t: &NewTask) -> Result<Inserted, StoreError> {
-    let sql = format!("SELECT {COLS} FROM tasks WHERE tenant = $1 AND idempotency_key = $2");
+    let sql = format!("SELECT {COLS}, {WEBHOOK} FROM tasks WHERE tenant = $1 AND idempotency_key = $2");
     let row: TaskRow = sqlx::query_as(&sql).bind(&t.tenant).bind(&t.idempotency_key).fetch_one(conn).await?;
     Ok(Inserted::Existing(row))
 }
@@ -349,7 +364,8 @@ async fn existing(conn: &mut PgConnection, t: &NewTask) -> Result<Inserted, Stor
 /// The task an idempotency key (still within its 24 hours) belongs to.
 pub async fn by_idempotency_key(pool: &PgPool, tenant: &str, key: &str) -> Result<Option<TaskRow>, StoreError> {
     let sql = format!(
-        "SELECT {COLS} FROM tasks WHERE tenant = $1 AND idempotency_key = $2 AND created_at >= now() - interval '24 hours'"
+        "SELECT {COLS}, {WEBHOOK} FROM tasks WHERE tenant = $1 AND idempotency_key = $2
+         AND created_at >= now() - interval '24 hours'"
     );
     Ok(sqlx::query_as(&sql).bind(tenant).bind(key).fetch_optional(pool).await?)
 }
@@ -361,7 +377,7 @@ pub async fn get(pool: &PgPool, tenant: &str, id: Uuid) -> Result<Option<TaskRow
 /// A task of `tenant`, or of any tenant (`None`: the admin's reads).
 pub async fn get_in(pool: &PgPool, tenant: Option<&str>, id: Uuid) -> Result<Option<TaskRow>, StoreError> {
     static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-        format!("SELECT {COLS} FROM tasks WHERE ($1::text IS NULL OR tenant = $1) AND id = $2")
+        format!("SELECT {COLS}, {WEBHOOK} FROM tasks WHERE ($1::text IS NULL OR tenant = $1) AND id = $2")
     });
     Ok(sqlx::query_as(&SQL).bind(tenant).bind(id).fetch_optional(pool).await?)
 }
@@ -394,7 +410,7 @@ fn v7_floor(t: DateTime<Utc>) -> Uuid {
 /// tenant's (the admin's reads). Time bounds also bound the id, so that they use its indexes,
 /// with a margin for ids made on a clock a little off the database's.
 pub async fn list(pool: &PgPool, tenant: Option<&str>, f: &ListFilter) -> Result<Vec<TaskRow>, StoreError> {
-    let mut q: QueryBuilder<Postgres> = QueryBuilder::new(format!("SELECT {COLS} FROM tasks WHERE true"));
+    let mut q: QueryBuilder<Postgres> = QueryBuilder::new(format!("SELECT {COLS}, {WEBHOOK} FROM tasks WHERE true"));
     if let Some(tenant) = tenant {
         q.push(" AND tenant = ").push_bind(tenant);
     }
@@ -429,14 +445,14 @@ pub async fn list(pool: &PgPool, tenant: Option<&str>, f: &ListFilter) -> Result
 #[derive(Debug, Clone, Default)]
 pub struct CancelFilter {
     pub id: Option<Uuid>,
-    /// Among `queued` and `running`.
+    /// Among `queued`, `running` and `requires_action`.
     pub statuses: Vec<TaskStatus>,
     /// JSON the task's metadata must contain (`@>`).
     pub metadata: Option<Value>,
 }
 
-/// Cancel matching tasks: a queued one ends at once; a running one is flagged and its worker
-/// told (on whichever replica holds it). Terminal tasks are left as they are. Returns each
+/// Cancel matching tasks: a queued or paused one ends at once; a running one is flagged and its
+/// worker told (on whichever replica holds it). Terminal tasks are left as they are. Returns each
 /// affected task with its status before the cancel.
 pub async fn cancel_matching(
     pool: &PgPool,
@@ -452,19 +468,22 @@ pub async fn cancel_matching(
             ORDER BY id FOR UPDATE
          ), u AS (
             UPDATE tasks t SET
-                status = CASE WHEN old.status = 'queued' THEN 'cancelled' ELSE t.status END,
-                stop_reason = CASE WHEN old.status = 'queued' THEN 'cancelled' ELSE t.stop_reason END,
-                finished_at = CASE WHEN old.status = 'queued' THEN now() ELSE t.finished_at END,
+                status = CASE WHEN old.status <> 'running' THEN 'cancelled' ELSE t.status END,
+                stop_reason = CASE WHEN old.status <> 'running' THEN 'cancelled' ELSE t.stop_reason END,
+                finished_at = CASE WHEN old.status <> 'running' THEN now() ELSE t.finished_at END,
+                waiting_for = NULL, paused_at = NULL,
+                paused_ms = t.paused_ms + CASE WHEN t.paused_at IS NULL THEN 0
+                    ELSE (extract(epoch FROM now() - t.paused_at) * 1000)::bigint END,
                 cancel_requested = true,
                 last_event_seq = t.last_event_seq + 1
             FROM old WHERE t.id = old.id
             RETURNING t.id, t.last_event_seq, old.status AS old_status
          ), e AS (
             INSERT INTO task_events (task_id, seq, kind, data)
-            SELECT id, last_event_seq, CASE WHEN old_status = 'queued' THEN 'cancelled' ELSE 'cancel_requested' END, '{{}}'
+            SELECT id, last_event_seq, CASE WHEN old_status <> 'running' THEN 'cancelled' ELSE 'cancel_requested' END, '{{}}'
             FROM u
          )
-         SELECT id, old_status, pg_notify(CASE WHEN old_status = 'queued' THEN '{done}' ELSE '{cancel}' END, id::text)::text
+         SELECT id, old_status, pg_notify(CASE WHEN old_status <> 'running' THEN '{done}' ELSE '{cancel}' END, id::text)::text
                 || pg_notify('subagentd_event', id::text)::text
          FROM u",
         done = super::CH_DONE,
@@ -480,7 +499,11 @@ pub async fn cancel_matching(
 /// back: no such task.
 pub async fn cancel(pool: &PgPool, tenant: Option<&str>, id: Uuid) -> Result<Option<TaskRow>, StoreError> {
     let Some(t) = get_in(pool, tenant, id).await? else { return Ok(None) };
-    let f = CancelFilter { id: Some(id), statuses: vec![TaskStatus::Queued, TaskStatus::Running], metadata: None };
+    let f = CancelFilter {
+        id: Some(id),
+        statuses: vec![TaskStatus::Queued, TaskStatus::Running, TaskStatus::RequiresAction],
+        metadata: None,
+    };
     cancel_matching(pool, &t.tenant, &f).await?;
     get(pool, &t.tenant, id).await
 }
@@ -489,39 +512,64 @@ pub async fn cancel(pool: &PgPool, tenant: Option<&str>, id: Uuid) -> Result<Opt
 pub async fn open_counts(pool: &PgPool) -> Result<Vec<(TaskStatus, i64)>, StoreError> {
     Ok(sqlx::query_as(
         "SELECT 'queued', count(*) FROM tasks WHERE status = 'queued'
-         UNION ALL SELECT 'running', count(*) FROM tasks WHERE status = 'running'",
+         UNION ALL SELECT 'running', count(*) FROM tasks WHERE status = 'running'
+         UNION ALL SELECT 'requires_action', count(*) FROM tasks WHERE status = 'requires_action'",
     )
     .fetch_all(pool)
     .await?)
 }
 
-/// Finished tasks whose webhook is due, taken for delivery: their next attempt is pushed out
-/// by `lease_secs`, so another replica does not deliver them at the same time.
-pub async fn take_due_webhooks(pool: &PgPool, limit: i64, lease_secs: f64) -> Result<Vec<TaskRow>, StoreError> {
-    let sql = format!(
+/// A webhook delivery due now, taken for sending: its next attempt is pushed out by the lease,
+/// so another replica does not send it at the same time.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct Delivery {
+    pub id: i64,
+    pub task_id: Uuid,
+    /// `task.finished` or `task.requires_action`.
+    pub event: String,
+    /// The pause a `task.requires_action` delivery is about.
+    pub seq: i32,
+    pub attempts: i32,
+}
+
+/// Deliveries that are due: a `task.finished` one once its task has finished. A task's
+/// deliveries go in order: each pause's `task.requires_action` after the one before it is
+/// delivered (or given up), and `task.finished` after them all.
+pub async fn take_due_webhooks(pool: &PgPool, limit: i64, lease_secs: f64) -> Result<Vec<Delivery>, StoreError> {
+    Ok(sqlx::query_as(
         "WITH due AS (
-            SELECT id FROM tasks WHERE webhook_status = 'pending' AND webhook_next_at <= now() AND finished_at IS NOT NULL
-            ORDER BY webhook_next_at LIMIT $1 FOR UPDATE SKIP LOCKED
+            SELECT d.id FROM webhook_deliveries d JOIN tasks t ON t.id = d.task_id
+            WHERE d.status = 'pending' AND d.next_at <= now() AND (d.event <> 'task.finished' OR t.finished_at IS NOT NULL)
+              AND NOT EXISTS (SELECT 1 FROM webhook_deliveries p WHERE p.task_id = d.task_id AND p.status = 'pending'
+                              AND p.event = 'task.requires_action' AND (d.event = 'task.finished' OR p.seq < d.seq))
+            ORDER BY d.next_at LIMIT $1 FOR UPDATE OF d SKIP LOCKED
          )
-         UPDATE tasks t SET webhook_next_at = now() + make_interval(secs => $2) FROM due WHERE t.id = due.id
-         RETURNING {}",
-        COLS.split(", ").map(|c| format!("t.{}", c.trim())).collect::<Vec<_>>().join(", ")
-    );
-    Ok(sqlx::query_as(&sql).bind(limit).bind(lease_secs).fetch_all(pool).await?)
+         UPDATE webhook_deliveries d SET next_at = now() + make_interval(secs => $2) FROM due WHERE d.id = due.id
+         RETURNING d.id, d.task_id, d.event, d.seq, d.attempts",
+    )
+    .bind(limit)
+    .bind(lease_secs)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// A task of any tenant, by id, as views show it (for a webhook's body).
+pub async fn get_any(pool: &PgPool, id: Uuid) -> Result<Option<TaskRow>, StoreError> {
+    get_in(pool, None, id).await
 }
 
 /// Record a delivery attempt: delivered, retried after `retry_in`, or given up.
 pub async fn webhook_attempted(
     pool: &PgPool,
-    id: Uuid,
+    id: i64,
     outcome: Result<(), String>,
     retry_in: Option<std::time::Duration>,
 ) -> Result<(), StoreError> {
     match outcome {
         Ok(()) => {
             sqlx::query(
-                "UPDATE tasks SET webhook_status = 'delivered', webhook_attempts = webhook_attempts + 1,
-                 webhook_delivered_at = now(), webhook_next_at = NULL, webhook_last_error = NULL WHERE id = $1",
+                "UPDATE webhook_deliveries SET status = 'delivered', attempts = attempts + 1, delivered_at = now(),
+                 last_error = NULL WHERE id = $1",
             )
             .bind(id)
             .execute(pool)
@@ -529,10 +577,10 @@ pub async fn webhook_attempted(
         }
         Err(e) => {
             sqlx::query(
-                "UPDATE tasks SET webhook_attempts = webhook_attempts + 1, webhook_last_error = $2,
-                 webhook_status = CASE WHEN $3::float8 IS NULL THEN 'failed' ELSE 'pending' END,
-                 webhook_next_at = CASE WHEN $3::float8 IS NULL THEN NULL ELSE now() + make_interval(secs => $3) END
-             WHERE id = $1",
+                "UPDATE webhook_deliveries SET attempts = attempts + 1, last_error = $2,
+                 status = CASE WHEN $3::float8 IS NULL THEN 'failed' ELSE 'pending' END,
+                 next_at = CASE WHEN $3::float8 IS NULL THEN next_at ELSE now() + make_interval(secs => $3) END
+                 WHERE id = $1",
             )
             .bind(id)
             .bind(e)

@@ -31,10 +31,13 @@ pub struct Limits {
     pub max_task_turns: Option<i32>,
     #[arg(long)]
     pub max_task_timeout_seconds: Option<i32>,
+    /// The tenant's default approval mode: `none`, `propose` or `all`.
+    #[arg(long)]
+    pub approval: Option<String>,
 }
 
 const LIMIT_COLS: &str = "usd_per_day, usd_per_month, tokens_per_day, max_running, max_queued, max_task_cost_usd, \
-    max_task_tokens, max_task_turns, max_task_timeout_seconds";
+    max_task_tokens, max_task_turns, max_task_timeout_seconds, approval";
 
 pub async fn ensure(pool: &PgPool, tenant: &str) -> Result<(), StoreError> {
     sqlx::query("INSERT INTO tenants (name) VALUES ($1) ON CONFLICT DO NOTHING").bind(tenant).execute(pool).await?;
@@ -50,13 +53,14 @@ pub async fn limits(conn: &mut PgConnection, tenant: &str, lock: bool) -> Result
 pub async fn put_limits(pool: &PgPool, tenant: &str, l: &Limits) -> Result<bool, StoreError> {
     Ok(sqlx::query_scalar(
         "INSERT INTO tenants (name, usd_per_day, usd_per_month, tokens_per_day, max_running, max_queued,
-             max_task_cost_usd, max_task_tokens, max_task_turns, max_task_timeout_seconds)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+             max_task_cost_usd, max_task_tokens, max_task_turns, max_task_timeout_seconds, approval)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
          ON CONFLICT (name) DO UPDATE SET usd_per_day = EXCLUDED.usd_per_day, usd_per_month = EXCLUDED.usd_per_month,
              tokens_per_day = EXCLUDED.tokens_per_day, max_running = EXCLUDED.max_running,
              max_queued = EXCLUDED.max_queued, max_task_cost_usd = EXCLUDED.max_task_cost_usd,
              max_task_tokens = EXCLUDED.max_task_tokens, max_task_turns = EXCLUDED.max_task_turns,
-             max_task_timeout_seconds = EXCLUDED.max_task_timeout_seconds, updated_at = now()
+             max_task_timeout_seconds = EXCLUDED.max_task_timeout_seconds, approval = EXCLUDED.approval,
+             updated_at = now()
          RETURNING (xmax = 0)",
     )
     .bind(tenant)
@@ -69,6 +73,7 @@ pub async fn put_limits(pool: &PgPool, tenant: &str, l: &Limits) -> Result<bool,
     .bind(l.max_task_tokens)
     .bind(l.max_task_turns)
     .bind(l.max_task_timeout_seconds)
+    .bind(&l.approval)
     .fetch_one(pool)
     .await?)
 }

@@ -17,7 +17,8 @@ pub struct ToolRow {
     pub description: String,
     pub parameters: Value,
     pub policy: String,
-    pub endpoint: String,
+    /// `None`: a caller tool.
+    pub endpoint: Option<String>,
     pub timeout_ms: i32,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,

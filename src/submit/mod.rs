@@ -23,7 +23,7 @@ use crate::cache::TtlCache;
 use crate::config::Config;
 use crate::engine::agents::AgentType;
 use crate::engine::definitions::FileAgents;
-use crate::engine::spec::{MaxTurns, TaskOptions, Usd};
+use crate::engine::spec::{Approval, MaxTurns, TaskOptions, Usd};
 use crate::jobs::hub::Hub;
 use crate::jobs::worker::{Slot, Worker};
 use crate::llm::{ModelRef, Providers, ResolveError};
@@ -75,9 +75,16 @@ pub struct TaskRequest {
     /// Token limit (input + output) of this task (capped by the tenant's `max_task_tokens`).
     #[serde(default)]
     pub max_tokens: Option<i64>,
-    /// Where to POST the task when it finishes (signed; same allow-list as tools).
+    /// Where to POST the task when it finishes or pauses (signed; same allow-list as tools).
     #[serde(default)]
     pub webhook_url: Option<String>,
+    /// Which tool calls wait for a decision: `none`, `propose` or `all` (default: the agent
+    /// definition's, else the tenant's, else `none`).
+    #[serde(default)]
+    pub approval: Option<String>,
+    /// How long a pause waits for its answers (capped by SUBAGENTD_MAX_ACTION_TIMEOUT_SECONDS).
+    #[serde(default)]
+    pub action_timeout_seconds: Option<f64>,
 }
 
 /// One submission: the request and what came with it.
@@ -436,6 +443,23 @@ impl Submitter {
             definition.as_ref().and_then(|d| d.max_output_tokens),
             self.cfg.max_output_tokens,
         );
+        let approval = match body.approval.as_deref() {
+            Some(a) => Approval::parse(a)
+                .ok_or_else(|| SubmitError::invalid("approval", format!("{a:?} is not one of none, propose, all")))?,
+            None => definition
+                .as_ref()
+                .and_then(|d| d.approval)
+                .or_else(|| limits.approval.as_deref().and_then(Approval::parse))
+                .unwrap_or_default(),
+        };
+        let action_cap = self.cfg.max_action_timeout_seconds as f64;
+        let action_timeout_seconds = match body.action_timeout_seconds {
+            Some(t) if !t.is_finite() || t <= 0.0 => {
+                return Err(SubmitError::invalid("action_timeout_seconds", "must be a positive number of seconds"))
+            }
+            Some(t) => Some(t.min(action_cap)),
+            None => None,
+        };
         let options = TaskOptions {
             max_turns: MaxTurns::for_agent(agent, turns),
             system_prompt: body.system_prompt.clone(),
@@ -444,6 +468,8 @@ impl Submitter {
             resume_from: body.resume_from,
             timeout_seconds: Some(timeout_seconds),
             tools,
+            approval,
+            action_timeout_seconds,
         };
         let stored = options.to_stored();
         // The same key must come with the same request: hash what was asked, as resolved.

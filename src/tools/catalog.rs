@@ -21,7 +21,9 @@ pub struct ToolInput {
     pub description: Option<String>,
     pub parameters: Value,
     pub policy: Policy,
-    pub endpoint: String,
+    /// Where subagentd calls it; none: a caller tool (the caller runs it and submits its output).
+    #[serde(default)]
+    pub endpoint: Option<String>,
     #[serde(default)]
     pub timeout_ms: Option<u64>,
 }
@@ -61,7 +63,19 @@ pub fn validate(
     let at = |f: &str| format!("{field}{f}");
     check_tool_name(name).map_err(|m| ToolError::invalid(at("name"), m))?;
     check_parameters(&t.parameters).map_err(|m| ToolError::invalid(at("parameters"), m))?;
-    caller.allow.check_url(&t.endpoint).map_err(|e| ToolError::invalid(at("endpoint"), e.0))?;
+    let Some(endpoint) = &t.endpoint else {
+        if t.timeout_ms.is_some() {
+            return Err(ToolError::invalid(at("timeout_ms"), "a caller tool (no endpoint) has no timeout of its own"));
+        }
+        return Ok(ToolDef {
+            name: name.to_string(),
+            description: t.description.clone().unwrap_or_default(),
+            parameters: t.parameters.clone(),
+            policy: t.policy,
+            target: Target::Caller,
+        });
+    };
+    caller.allow.check_url(endpoint).map_err(|e| ToolError::invalid(at("endpoint"), e.0))?;
     let timeout_ms = match t.timeout_ms {
         Some(0) => return Err(ToolError::invalid(at("timeout_ms"), "must be at least 1")),
         Some(ms) if ms > MAX_TOOL_TIMEOUT_MS => {
@@ -75,7 +89,7 @@ pub fn validate(
         description: t.description.clone().unwrap_or_default(),
         parameters: t.parameters.clone(),
         policy: t.policy,
-        target: Target::Http { endpoint: t.endpoint.clone(), timeout_ms },
+        target: Target::Http { endpoint: endpoint.clone(), timeout_ms },
     })
 }
 
@@ -86,21 +100,28 @@ pub fn from_row(r: &ToolRow) -> ToolDef {
         description: r.description.clone(),
         parameters: r.parameters.clone(),
         policy: if r.policy == "auto" { Policy::Auto } else { Policy::Propose },
-        target: Target::Http { endpoint: r.endpoint.clone(), timeout_ms: r.timeout_ms.max(0) as u64 },
+        target: match &r.endpoint {
+            Some(endpoint) => Target::Http { endpoint: endpoint.clone(), timeout_ms: r.timeout_ms.max(0) as u64 },
+            None => Target::Caller,
+        },
     }
 }
 
 /// A catalog definition as the row to write (`None` for a tool the catalog does not hold: an
 /// MCP source's).
 pub fn to_row(d: &ToolDef) -> Option<ToolRow> {
-    let Target::Http { endpoint, timeout_ms } = &d.target else { return None };
+    let (endpoint, timeout_ms) = match &d.target {
+        Target::Http { endpoint, timeout_ms } => (Some(endpoint.clone()), (*timeout_ms).min(i32::MAX as u64) as i32),
+        Target::Caller => (None, 0),
+        Target::Mcp { .. } => return None,
+    };
     Some(ToolRow {
         name: d.name.clone(),
         description: d.description.clone(),
         parameters: d.parameters.clone(),
         policy: if d.policy == Policy::Auto { "auto" } else { "propose" }.into(),
-        endpoint: endpoint.clone(),
-        timeout_ms: (*timeout_ms).min(i32::MAX as u64) as i32,
+        endpoint,
+        timeout_ms,
         ..ToolRow::default()
     })
 }

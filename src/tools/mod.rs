@@ -65,8 +65,18 @@ pub enum Policy {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase")]
 pub enum Target {
-    Http { endpoint: String, timeout_ms: u64 },
-    Mcp { source: String, url: String, tool: String, timeout_ms: u64 },
+    Http {
+        endpoint: String,
+        timeout_ms: u64,
+    },
+    Mcp {
+        source: String,
+        url: String,
+        tool: String,
+        timeout_ms: u64,
+    },
+    /// No endpoint: the caller runs it and submits its output (the run pauses for it).
+    Caller,
 }
 
 /// A tool as a run knows it: what the model is offered, and where calls go.
@@ -216,6 +226,8 @@ impl ToolRunner for TaskTools {
                 let headers = self.mcp_headers.get(source).cloned().unwrap_or_default();
                 mcp::call(&self.caller, url, &headers, tool, call, Duration::from_millis(*timeout_ms)).await
             }
+            // Its calls pause the run for the caller's output; they never reach here.
+            Target::Caller => tool_error(format!("tool {} is run by the caller, not by subagentd", call.name)),
         };
         ToolOutput { content: cap(out.content, self.caller.max_result_bytes), is_error: out.is_error }
     }

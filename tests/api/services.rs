@@ -126,13 +126,17 @@ async fn a_claim_pass_takes_queued_work_for_the_free_places_and_runs_it() {
 #[tokio::test]
 async fn a_webhook_pass_attempts_the_due_deliveries_and_records_each_attempt() {
     let db = test_db().await;
-    let due = "webhook_url = 'http://127.0.0.1:9/hook', webhook_status = 'pending', webhook_next_at = now()";
-    let id = task(&db, "completed", due).await;
+    let id = task(&db, "completed", "webhook_url = 'http://127.0.0.1:9/hook'").await;
+    sqlx::query("INSERT INTO webhook_deliveries (task_id, event) VALUES ($1, 'task.finished')")
+        .bind(id)
+        .execute(&db.pool)
+        .await
+        .unwrap();
     let caller = subagentd::tools::Caller::from_config(&test_config(&db.url)).unwrap();
     let w = WebhookSender { pool: db.pool.clone(), hub: Hub::new(), caller };
     assert_eq!(w.pass().await.unwrap(), 1);
     let (attempts, err): (i32, Option<String>) =
-        sqlx::query_as("SELECT webhook_attempts, webhook_last_error FROM tasks WHERE id = $1")
+        sqlx::query_as("SELECT attempts, last_error FROM webhook_deliveries WHERE task_id = $1")
             .bind(id)
             .fetch_one(&db.pool)
             .await

@@ -276,6 +276,84 @@ async fn with_keys_the_console_asks_to_sign_in_reads_nothing_and_a_tenant_sees_o
     b.close().await;
 }
 
+/// A tool server that records the arguments of each call and answers `done`.
+async fn recording_tool() -> (std::sync::Arc<std::sync::Mutex<Vec<Value>>>, String) {
+    use axum::{routing::post, Json, Router};
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(vec![]));
+    let s = seen.clone();
+    let app = Router::new().route(
+        "/t",
+        post(move |Json(v): Json<Value>| {
+            let s = s.clone();
+            async move {
+                s.lock().unwrap().push(v["arguments"].clone());
+                Json(json!({"content": "done"}))
+            }
+        }),
+    );
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/t", l.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+    (seen, url)
+}
+
+#[tokio::test]
+async fn a_paused_task_is_approved_and_given_its_output_from_its_page() {
+    let (seen, url) = recording_tool().await;
+    let s = serve(&[("SUBAGENTD_TOOL_ALLOW", "*, 127.0.0.1/32")]).await;
+    let Some(b) = browser(1280, 900).await else { return };
+    let id = s
+        .submit(
+            json!({"prompt": "Restart the web tier [mock:tool_turns=1] [mock:tool=restart,ask_user] [mock:args={\"svc\":\"web\"}] [mock:reply=Restarted.]",
+                   "model": "mock/demo", "approval": "all",
+                   "tools": [{"name": "restart", "parameters": {"type": "object"}, "policy": "propose", "endpoint": url},
+                             {"name": "ask_user", "description": "Asks the operator", "parameters": {"type": "object"}, "policy": "auto"}]}),
+            None,
+        )
+        .await;
+    open(&b, &s, &format!("#/tasks/{id}")).await;
+    b.wait_until(
+        "two pending actions",
+        "return document.querySelectorAll('#pending-actions .pending-action').length === 2;",
+    )
+    .await;
+    assert_eq!(b.text("#task-status").await.trim(), "requires_action");
+    b.screenshot("console-pending").await;
+    // Approve the restart with a message.
+    b.wait_for("#pending-actions [data-kind=approval] [data-test=action-message]")
+        .await
+        .send_keys("go ahead")
+        .await
+        .unwrap();
+    b.wait_for("#pending-actions [data-kind=approval] button[data-decision=approve]").await.click().await.unwrap();
+    b.wait_until("one left", "return document.querySelectorAll('#pending-actions .pending-action').length === 1;")
+        .await;
+    // The caller tool's output: JSON (text that is not JSON goes as text).
+    b.wait_for("#pending-actions [data-kind=output] [data-test=action-output]")
+        .await
+        .send_keys(r#"{"answer": 42}"#)
+        .await
+        .unwrap();
+    b.wait_for("#pending-actions [data-kind=output] button[data-decision=output]").await.click().await.unwrap();
+    b.wait_until(
+        "it completes",
+        "const e = document.querySelector('#task-status'); return !!e && e.textContent.trim() === 'completed';",
+    )
+    .await;
+    assert!(b.text("#task-summary").await.contains("Restarted."));
+    let hidden = b.js("return document.querySelector('#pending-actions').hidden;").await;
+    assert_eq!(hidden, json!(true), "nothing pending any more");
+    assert_eq!(*seen.lock().unwrap(), [json!({"svc": "web"})], "the approved call ran once");
+    let t = s.finished(&id).await;
+    assert_eq!(t["status"], "completed");
+    let kinds =
+        b.js("return Array.from(document.querySelectorAll('#timeline li[data-seq]')).map(l => l.dataset.kind);").await;
+    let answered = kinds.as_array().unwrap().iter().filter(|k| *k == "action_answered").count();
+    assert_eq!(answered, 2, "{kinds}");
+    assert_eq!(b.severe_logs().await, Vec::<String>::new());
+    b.close().await;
+}
+
 #[tokio::test]
 async fn screenshots_of_the_main_pages_at_desktop_and_phone_size() {
     let s = serve(&[]).await;

@@ -12,6 +12,7 @@ mod console;
 mod health;
 mod observe;
 mod openapi;
+mod pauses;
 mod providers;
 mod servers;
 mod services;

@@ -11,7 +11,7 @@
   const EVENT_KINDS = ['created', 'claimed', 'llm_call_started', 'llm_call_finished', 'llm_call_failed',
     'tool_calls_started', 'tool_call_finished', 'tool_call_refused', 'tool_call_cut', 'loop_warning',
     'checkpoint', 'cancel_requested', 'cancelled', 'released', 'rescued', 'finished', 'budget_wait',
-    'answer_cut', 'text_tool_calls', 'requires_action', 'actions_answered'];
+    'answer_cut', 'text_tool_calls', 'requires_action', 'action_answered', 'actions_answered'];
   const OUTCOME_COLORS = { completed: '#16a34a', incomplete: '#d97706', failed: '#dc2626', cancelled: '#64748b' };
   const PALETTE = ['#2563eb', '#16a34a', '#d97706', '#dc2626', '#7c3aed', '#0891b2', '#db2777', '#65a30d',
     '#ea580c', '#4f46e5', '#0d9488', '#a16207'];
@@ -678,31 +678,72 @@
       paintPending(t);
     }
 
+    // Pending actions keep their element (and what was typed in it) while they stay pending.
+    const pendingEls = new Map(); // action id -> element
+
     function paintPending(t) {
       const actions = Array.isArray(t.pending_actions) ? t.pending_actions : [];
       pending.hidden = actions.length === 0;
+      const ids = new Set(actions.map((a) => String(a && a.id)));
+      for (const id of [...pendingEls.keys()]) if (!ids.has(id)) pendingEls.delete(id);
       pendingList.replaceChildren(...actions.map((a) => {
-        const aid = a && a.id != null ? String(a.id) : '';
-        const name = a.name || a.tool || a.tool_name || 'action';
-        const args = a.arguments !== undefined ? a.arguments : a.args;
-        const buttons = ['approve', 'deny'].map((decision) => h('button', {
-          type: 'button', class: 'btn ' + (decision === 'approve' ? 'btn-primary' : 'btn-danger'),
-          dataset: { actionId: aid, decision },
-        }, decision === 'approve' ? 'Approve' : 'Deny'));
-        buttons.forEach((b) => b.addEventListener('click', async () => {
-          buttons.forEach((x) => { x.disabled = true; });
-          try {
-            await api(base + '/actions', { method: 'POST', body: [{ id: aid, decision: b.dataset.decision }] });
-            clearError();
-            await refreshTask();
-          } catch (e) { handleError(e); }
-          finally { buttons.forEach((x) => { x.disabled = false; }); }
-        }));
-        return h('div', { class: 'pending-action', dataset: { actionId: aid } },
-          h('div', null, h('strong', null, String(name)), ' ', h('span', { class: 'mono muted' }, aid)),
-          args !== undefined ? collapsible(typeof args === 'string' ? args : json(args), TEXT_LIMIT, null, null, 'mono') : null,
-          h('div', { class: 'actions' }, buttons));
+        const aid = String(a.id);
+        if (!pendingEls.has(aid)) pendingEls.set(aid, pendingAction(a));
+        return pendingEls.get(aid);
       }));
+    }
+
+    async function sendAnswer(answer, controls, errorEl) {
+      controls.forEach((x) => { x.disabled = true; });
+      setText(errorEl, '');
+      try {
+        await api(base + '/actions', { method: 'POST', body: [answer] });
+        clearError();
+        await refreshTask();
+      } catch (e) {
+        setText(errorEl, (e && (e.detail || e.message)) || 'The answer was not taken.');
+      } finally { controls.forEach((x) => { x.disabled = false; }); }
+    }
+
+    // One pending action: an approval (Approve / Deny with an optional message) or the output
+    // of a caller tool (JSON, or else sent as text).
+    function pendingAction(a) {
+      const aid = String(a.id);
+      const kind = a.kind === 'output' ? 'output' : 'approval';
+      const errorEl = h('div', { class: 'error-text', dataset: { test: 'action-error' } });
+      const head = h('div', null,
+        h('span', { class: 'badge' }, kind === 'output' ? 'output needed' : 'approval needed'), ' ',
+        h('strong', null, String(a.name || 'tool')), ' ',
+        h('span', { class: 'mono muted' }, aid),
+        a.expires_at ? h('span', { class: 'muted' }, ' · expires ', timeEl(a.expires_at)) : null);
+      const args = a.arguments === undefined ? null : collapsible(json(a.arguments), TEXT_LIMIT, null, null, 'mono');
+      let controls;
+      let row;
+      if (kind === 'output') {
+        const text = h('textarea', { class: 'mono', rows: '3', placeholder: 'The tool\'s output (JSON or text)', 'aria-label': 'Output of ' + (a.name || 'tool'), dataset: { test: 'action-output' } });
+        const submit = h('button', { type: 'button', class: 'btn btn-primary', dataset: { actionId: aid, decision: 'output' } }, 'Submit output');
+        controls = [text, submit];
+        submit.addEventListener('click', () => {
+          let output = text.value;
+          try { output = JSON.parse(text.value); } catch (_) { /* text, as typed */ }
+          sendAnswer({ id: aid, output }, controls, errorEl);
+        });
+        row = h('div', { class: 'actions' }, submit);
+        return h('div', { class: 'pending-action', dataset: { actionId: aid, kind } }, head, args, text, row, errorEl);
+      }
+      const message = h('input', { type: 'text', placeholder: 'Message to the model (optional)', 'aria-label': 'Message', dataset: { test: 'action-message' } });
+      const buttons = ['approve', 'deny'].map((decision) => h('button', {
+        type: 'button', class: 'btn ' + (decision === 'approve' ? 'btn-primary' : 'btn-danger'),
+        dataset: { actionId: aid, decision },
+      }, decision === 'approve' ? 'Approve' : 'Deny'));
+      controls = [message, ...buttons];
+      buttons.forEach((b) => b.addEventListener('click', () => {
+        const answer = { id: aid, decision: b.dataset.decision };
+        if (message.value.trim()) answer.message = message.value.trim();
+        sendAnswer(answer, controls, errorEl);
+      }));
+      row = h('div', { class: 'actions' }, message, buttons);
+      return h('div', { class: 'pending-action', dataset: { actionId: aid, kind } }, head, args, row, errorEl);
     }
 
     const refreshTask = coalesce(async () => {

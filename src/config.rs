@@ -196,7 +196,7 @@ impl Config {
     }
 }
 
-/// The optional TOML file (`--config`): providers, model aliases, prices, retries.
+/// The optional TOML file (`--config`): providers, model aliases, prices, retries, tool aliases.
 #[derive(Debug, Clone, Default, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileConfig {
@@ -213,6 +213,10 @@ pub struct FileConfig {
     /// Per `provider/model` (or `provider`): concurrency, requests and tokens per minute.
     #[serde(default)]
     pub limits: std::collections::BTreeMap<String, LimitConfig>,
+    /// Tool names as agent definitions write them → the tools they mean here
+    /// (`Read = "docs__read"`).
+    #[serde(default)]
+    pub tool_aliases: std::collections::BTreeMap<String, String>,
 }
 
 /// `[limits."provider/model"]` or `[limits.provider]`: a provider's rate limits, per process.
@@ -318,5 +322,17 @@ impl FileConfig {
         let err = |message: String| ConfigError::File { path: path.display().to_string(), message };
         let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
         toml::from_str(&text).map_err(|e| err(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_example_config_file_reads() {
+        let f: FileConfig = toml::from_str(include_str!("../subagentd.example.toml")).unwrap();
+        assert_eq!(f.tool_aliases.get("Read").map(String::as_str), Some("docs__read"));
+        assert!(f.providers.contains_key("local"));
     }
 }

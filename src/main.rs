@@ -116,9 +116,16 @@ async fn main() {
     };
     let providers = Providers::from_config(&file, &|v| std::env::var(v).ok()).unwrap_or_else(|e| fail(e));
     tracing::info!(providers = ?providers.names(), "providers configured");
-    let file_agents = Arc::new(FileAgents::load(cfg.agents_dir.as_deref()));
+    let file_agents = Arc::new(FileAgents::load(cfg.agents_dir.as_deref()).with_aliases(file.tool_aliases.clone()));
     if let Some(dir) = &cfg.agents_dir {
         tracing::info!(dir = %dir.display(), loaded = file_agents.valid.len(), invalid = file_agents.invalid.len(), "agent definitions");
+        // What loaded but cannot be served as written (the same warnings GET /agents/{name} shows).
+        for d in &file_agents.valid {
+            let u = subagentd::submit::agents::unservable(d, &providers, None, &file_agents.tool_aliases);
+            for w in d.notices.iter().chain(&u.warnings) {
+                tracing::warn!(agent = %d.name, "agent definition: {w}");
+            }
+        }
     }
     let db = match Database::open(&cfg).await {
         Ok(db) => db,

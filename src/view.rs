@@ -26,6 +26,9 @@ pub struct TaskView {
     /// The tools the run is offered (its whitelist).
     pub tools: Vec<String>,
     pub summary: Option<String>,
+    /// With an `output_schema`: the final answer's value (valid against it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output: Option<Value>,
     pub error: Option<Value>,
     pub turns: i32,
     pub usage: Value,
@@ -102,6 +105,7 @@ impl From<TaskRow> for TaskView {
             max_turns: opts.as_ref().map(|o| o.max_turns.get()),
             tools: opts.map(|o| o.tools.into_iter().map(|t| t.name).collect()).unwrap_or_default(),
             summary: r.summary,
+            output: r.output,
             error,
             turns: r.turns,
             usage: json!({

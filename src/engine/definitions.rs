@@ -1,8 +1,12 @@
 //! Custom agent definitions: Markdown with YAML front matter, compatible with
 //! `.claude/agents/*.md` — `name`, `description`, `tools`, `disallowed_tools`, `model`,
-//! `max_turns`; the body is the system prompt.
+//! `max_turns`, `approval`, `output_schema`; the body is the system prompt. Claude Code's own
+//! fields are kept as written (`claude_code`), see `claude_code`.
 
+use std::collections::BTreeMap;
 use std::path::Path;
+
+use serde_json::Value;
 
 use serde::{Deserialize, Serialize};
 
@@ -71,6 +75,18 @@ pub struct AgentDefinition {
     /// Which of its tool calls wait for a decision (wins over the tenant's default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval: Option<super::spec::Approval>,
+    /// Only `auto` tools are offered (Claude Code's `permissionMode: plan`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub read_only: bool,
+    /// The JSON Schema its final answer must satisfy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_schema: Option<Value>,
+    /// Claude Code's own front-matter fields, kept as written.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub claude_code: BTreeMap<String, Value>,
+    /// What reading it noticed and did about it (front matter read leniently, a field mapped).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notices: Vec<String>,
 }
 
 /// What is wrong with a definition, and where.
@@ -122,17 +138,10 @@ struct FrontMatter {
     #[serde(alias = "maxOutputTokens")]
     max_output_tokens: Option<i64>,
     approval: Option<String>,
-    // Claude Code fields that have no meaning here: accepted so its files load, then ignored.
-    #[serde(rename = "color")]
-    _color: Option<serde_yaml::Value>,
-    #[serde(rename = "permissionMode")]
-    _permission_mode: Option<serde_yaml::Value>,
-    #[serde(rename = "skills")]
-    _skills: Option<serde_yaml::Value>,
-    #[serde(rename = "hooks")]
-    _hooks: Option<serde_yaml::Value>,
-    #[serde(rename = "mcpServers")]
-    _mcp_servers: Option<serde_yaml::Value>,
+    #[serde(alias = "readOnly")]
+    read_only: Option<bool>,
+    #[serde(alias = "outputSchema")]
+    output_schema: Option<serde_yaml::Value>,
 }
 
 /// Is `name` usable for a custom agent?
@@ -140,14 +149,29 @@ pub fn check_name(name: &str) -> Result<(), String> {
     let ok = !name.is_empty()
         && name.len() <= 64
         && name.chars().next().is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
-        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_');
+        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '-' | '_' | '.'));
     if !ok {
-        return Err("must be 1-64 characters of a-z, 0-9, '-' and '_', starting with a letter or digit".into());
+        return Err("must be 1-64 characters of a-z, 0-9, '-', '_' and '.', starting with a letter or digit".into());
     }
     if BUILTIN_NAMES.contains(&name) {
         return Err(format!("{name:?} is a built-in agent type and cannot be redefined"));
     }
     Ok(())
+}
+
+/// Is `model` a model name at all (`provider/model` or an alias)? Whether it can be served is
+/// another matter, checked when a task uses it: a definition may name a model that is not
+/// configured yet.
+pub fn check_model(model: &str) -> Result<(), String> {
+    let ok = !model.is_empty()
+        && model.len() <= 200
+        && !model.chars().any(|c| c.is_whitespace() || c.is_control())
+        && model.split_once('/').is_none_or(|(p, m)| !p.is_empty() && !m.is_empty());
+    if ok {
+        Ok(())
+    } else {
+        Err("must be `provider/model` or a model alias (no spaces, at most 200 characters)".into())
+    }
 }
 
 /// Parse one Markdown definition. `source` names it in errors.
@@ -170,7 +194,38 @@ pub fn parse_markdown(source: &str, text: &str) -> Result<AgentDefinition, Defin
         }
         None => return Err(err(None, "front matter has no closing `---` line".into())),
     };
-    let fm: FrontMatter = serde_yaml::from_str(yaml).map_err(|e| {
+    let mut notices = vec![];
+    let map = match serde_yaml::from_str::<serde_yaml::Value>(yaml) {
+        Ok(serde_yaml::Value::Mapping(m)) => m,
+        Ok(serde_yaml::Value::Null) => serde_yaml::Mapping::new(),
+        Ok(_) => return Err(err(None, "invalid front matter: must be `key: value` lines".into())),
+        Err(e) => match super::claude_code::lenient_front_matter(yaml) {
+            Some(m) => {
+                let why = e.to_string();
+                let why = why.split(" at line").next().unwrap_or(&why);
+                notices.push(format!(
+                    "the front matter is not valid YAML ({why}); it was read as plain `key: value` lines, \
+                     the first `: ` of each splitting it (quote values that hold `: ` to silence this)"
+                ));
+                m
+            }
+            None => return Err(err(None, format!("invalid front matter: {e}"))),
+        },
+    };
+    // Claude Code's own fields are kept as written; the rest must be ours.
+    let mut claude_code = BTreeMap::new();
+    let mut ours = serde_yaml::Mapping::new();
+    for (k, v) in map {
+        match k.as_str() {
+            Some(key) if super::claude_code::FIELDS.contains(&key) => {
+                claude_code.insert(key.to_string(), super::claude_code::to_json(&v));
+            }
+            _ => {
+                ours.insert(k, v);
+            }
+        }
+    }
+    let fm: FrontMatter = serde_yaml::from_value(serde_yaml::Value::Mapping(ours)).map_err(|e| {
         let msg = e.to_string();
         // serde names unknown fields as "unknown field `x`, expected ...".
         let field = msg.split_once("unknown field `").and_then(|(_, r)| r.split_once('`')).map(|(f, _)| f.to_string());
@@ -190,10 +245,49 @@ pub fn parse_markdown(source: &str, text: &str) -> Result<AgentDefinition, Defin
         n => n.map(|n| n as u32),
     };
     let model = fm.model.map(|m| m.trim().to_string()).filter(|m| !m.is_empty() && m != "inherit");
+    if let Some(m) = &model {
+        check_model(m).map_err(|e| err(Some("model"), e))?;
+    }
     let system_prompt = body.trim().to_string();
     if system_prompt.is_empty() {
         return Err(err(None, "the body (the system prompt) is empty".into()));
     }
+    let mut approval = match fm.approval.as_deref() {
+        None => None,
+        Some(a) => Some(
+            super::spec::Approval::parse(a.trim())
+                .ok_or_else(|| err(Some("approval"), "must be one of none, propose, all".into()))?,
+        ),
+    };
+    let mut read_only = fm.read_only.unwrap_or(false);
+    if let Some(mode) = claude_code.get("permissionMode") {
+        let mode = mode.as_str().unwrap_or_default();
+        match super::claude_code::permission_mode(mode) {
+            Some((mapped, ro)) => {
+                let mut did = vec![];
+                if let (None, Some(a)) = (approval, mapped) {
+                    approval = Some(a);
+                    did.push(format!("approval: {}", approval_name(a)));
+                }
+                if ro && fm.read_only.is_none() {
+                    read_only = true;
+                    did.push("read_only: true (only `auto` tools)".into());
+                }
+                if !did.is_empty() {
+                    notices.push(format!("permissionMode: {mode} is taken as {}", did.join(", ")));
+                }
+            }
+            None => notices.push(format!("permissionMode: {mode:?} has no meaning here; it is kept, not applied")),
+        }
+    }
+    let output_schema = match fm.output_schema {
+        None => None,
+        Some(v) => {
+            let v = super::claude_code::to_json(&v);
+            super::output::check_schema(&v).map_err(|m| err(Some("output_schema"), m))?;
+            Some(v)
+        }
+    };
     Ok(AgentDefinition {
         name,
         description: fm.description.unwrap_or_default().trim().to_string(),
@@ -203,14 +297,20 @@ pub fn parse_markdown(source: &str, text: &str) -> Result<AgentDefinition, Defin
         model,
         max_turns,
         max_output_tokens,
-        approval: match fm.approval.as_deref() {
-            None => None,
-            Some(a) => Some(
-                super::spec::Approval::parse(a.trim())
-                    .ok_or_else(|| err(Some("approval"), "must be one of none, propose, all".into()))?,
-            ),
-        },
+        approval,
+        read_only,
+        output_schema,
+        claude_code,
+        notices,
     })
+}
+
+fn approval_name(a: super::spec::Approval) -> &'static str {
+    match a {
+        super::spec::Approval::None => "none",
+        super::spec::Approval::Propose => "propose",
+        super::spec::Approval::All => "all",
+    }
 }
 
 /// A file that did not load, with why.
@@ -255,11 +355,14 @@ pub fn load_dir(dir: &Path) -> (Vec<AgentDefinition>, Vec<InvalidDefinition>) {
     (ok, bad)
 }
 
-/// The definitions loaded from the agents directory at start.
+/// The definitions loaded from the agents directory at start, and how any definition's tool
+/// names map to tools here (the config's `[tool_aliases]`).
 #[derive(Debug, Clone, Default)]
 pub struct FileAgents {
     pub valid: Vec<AgentDefinition>,
     pub invalid: Vec<InvalidDefinition>,
+    /// A name as definitions write it (Claude Code's `Read`, say) → the tool it means here.
+    pub tool_aliases: BTreeMap<String, String>,
 }
 
 impl FileAgents {
@@ -267,10 +370,16 @@ impl FileAgents {
         match dir {
             Some(d) => {
                 let (valid, invalid) = load_dir(d);
-                FileAgents { valid, invalid }
+                FileAgents { valid, invalid, tool_aliases: BTreeMap::new() }
             }
             None => FileAgents::default(),
         }
+    }
+
+    /// The same, with the config's `[tool_aliases]`.
+    pub fn with_aliases(mut self, aliases: BTreeMap<String, String>) -> FileAgents {
+        self.tool_aliases = aliases;
+        self
     }
 
     pub fn get(&self, name: &str) -> Option<&AgentDefinition> {

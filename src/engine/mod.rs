@@ -8,7 +8,9 @@
 //! written — the caller commits the last turn with the finish (`jobs::finish`).
 
 pub mod agents;
+pub mod claude_code;
 pub mod definitions;
+pub mod output;
 pub mod spec;
 
 use std::sync::{Arc, Mutex};
@@ -63,6 +65,8 @@ pub struct RunInput {
     pub gates: Vec<(String, Gate)>,
     /// The answers to the pause this run resumes from, applied before its next call.
     pub answers: Vec<Answer>,
+    /// The JSON Schema the final answer must satisfy (`output_schema`).
+    pub output_schema: Option<Value>,
 }
 
 /// What a tool call waits for before it can go on.
@@ -246,9 +250,15 @@ impl StopSignal {
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
-    /// The model gave its final answer.
+    /// The model gave its final answer (with an `output_schema`: `output` is its value).
     Completed {
         summary: String,
+        output: Option<Value>,
+    },
+    /// The final answer never matched the `output_schema` within the turn budget.
+    InvalidOutput {
+        summary: String,
+        errors: Vec<String>,
     },
     /// A limit stopped the run; the summary is partial or a fallback line.
     Incomplete {
@@ -309,13 +319,16 @@ pub async fn run(
     messages.extend(applied.iter().cloned());
     pending.extend(applied);
     let mut last_text: Option<String> = None;
+    let check = input.output_schema.as_ref().and_then(output::OutputCheck::new);
+    // After an answer that did not match the schema, the next call must answer.
+    let mut force_output = false;
     // (tool name, arguments) of consecutive identical calls, for loop detection.
     let mut streak: (Option<(String, String)>, usize) = (None, 0);
 
     let mut turn = input.turns_done;
     while turn < input.max_turns {
         turn += 1;
-        let mut req = request(&input, &messages);
+        let mut req = request(&input, &messages, force_output);
         let (mut resp, call) = match call_with_retries(&input, provider, store, stop, &mut req, turn).await {
             Ok(r) => r,
             Err(Outcome::Stopped(StopCause::Budget(limit))) => {
@@ -387,8 +400,37 @@ pub async fn run(
         }
 
         if resp.tool_calls.is_empty() {
+            if let Some(check) = &check {
+                let text = resp.text.clone().unwrap_or_default();
+                let errors = match check.read(&text) {
+                    Ok(value) => {
+                        let outcome = Outcome::Completed { summary: text, output: Some(value) };
+                        let cp = TurnCheckpoint { turn, messages: std::mem::take(&mut pending), call, events };
+                        return RunEnd { outcome, last_turn: Some(cp) };
+                    }
+                    Err(errors) => errors,
+                };
+                events.push(("output_invalid", json!({"turn": turn, "errors": errors})));
+                if turn < input.max_turns {
+                    // Turns remain: tell the model what is wrong, and have it answer again.
+                    let again = Message::User { content: output::repair_message(&errors) };
+                    messages.push(again.clone());
+                    pending.push(again);
+                    let cp = TurnCheckpoint { turn, messages: std::mem::take(&mut pending), call, events };
+                    if store.checkpoint(&cp).await.is_err() {
+                        return Outcome::Stopped(StopCause::LeaseLost).into();
+                    }
+                    force_output = true;
+                    continue;
+                }
+                let summary = last_text.unwrap_or_else(|| {
+                    format!("(sub-agent {} gave no answer that matches its output schema)", input.agent)
+                });
+                let cp = TurnCheckpoint { turn, messages: std::mem::take(&mut pending), call, events };
+                return RunEnd { outcome: Outcome::InvalidOutput { summary, errors }, last_turn: Some(cp) };
+            }
             let outcome = match last_text {
-                Some(summary) => Outcome::Completed { summary },
+                Some(summary) => Outcome::Completed { summary, output: None },
                 None => Outcome::Incomplete {
                     stop_reason: "final_answer_empty",
                     summary: format!("(sub-agent {} ended turn {turn} with an empty answer)", input.agent),
@@ -637,7 +679,8 @@ pub fn smallest_call(messages: Vec<Message>, tools: Vec<ToolSpec>, price: Option
 /// The most a call can use: its prompt at 3 characters a token, and every output token allowed.
 fn worst_case(req: &ChatRequest) -> Usage {
     let prompt_chars: usize = req.messages.iter().map(Message::chars).sum::<usize>()
-        + req.tools.iter().map(|t| t.name.len() + t.description.len() + t.parameters.to_string().len()).sum::<usize>();
+        + req.tools.iter().map(|t| t.name.len() + t.description.len() + t.parameters.to_string().len()).sum::<usize>()
+        + req.output_schema.as_ref().map_or(0, |s| s.to_string().len());
     Usage {
         input_tokens: (prompt_chars as u64).div_ceil(3),
         output_tokens: u64::from(req.max_tokens.unwrap_or(0)),
@@ -653,7 +696,7 @@ fn started_event(input: &RunInput, req: &ChatRequest, turn: u32, try_no: u32, us
 }
 
 /// The request of the run's next turn, over the conversation so far.
-fn request(input: &RunInput, messages: &[Message]) -> ChatRequest {
+fn request(input: &RunInput, messages: &[Message], force_output: bool) -> ChatRequest {
     ChatRequest {
         model: input.model.clone(),
         messages: messages.to_vec(),
@@ -661,6 +704,8 @@ fn request(input: &RunInput, messages: &[Message]) -> ChatRequest {
         max_tokens: input.max_tokens,
         traceparent: input.traceparent.as_deref().map(crate::telemetry::child),
         progress: Some(std::sync::Arc::new(Progress::default())),
+        output_schema: input.output_schema.clone(),
+        force_output,
     }
 }
 
@@ -669,7 +714,7 @@ fn request(input: &RunInput, messages: &[Message]) -> ChatRequest {
 /// (`RunInput::first_reserved` then tells the run).
 pub fn first_reservation(input: &RunInput) -> (Ask, Value) {
     let messages: Vec<Message> = input.history.iter().chain(&input.new_messages).cloned().collect();
-    let req = request(input, &messages);
+    let req = request(input, &messages, false);
     let a = ask(input, &req);
     let (usd, tokens) = a.worst();
     (a, started_event(input, &req, input.turns_done + 1, 1, usd, tokens))

@@ -135,6 +135,9 @@ pub struct TaskOptions {
     /// How long a pause waits for its answers, in seconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub action_timeout_seconds: Option<f64>,
+    /// The JSON Schema the final answer must satisfy (the request's, else the definition's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_schema: Option<serde_json::Value>,
 }
 
 fn is_none_approval(a: &Approval) -> bool {
@@ -167,7 +170,11 @@ impl TaskOptions {
             .clone()
             .or_else(|| self.agent.as_ref().map(|d| d.system_prompt.clone()))
             .unwrap_or_else(|| agent.system_prompt());
-        let system = super::agents::compose_system_prompt(&base, self.parent_context.as_deref());
+        let mut system = super::agents::compose_system_prompt(&base, self.parent_context.as_deref());
+        if let Some(schema) = &self.output_schema {
+            system.push_str("\n\n");
+            system.push_str(&super::output::instructions(schema));
+        }
         super::fresh_conversation(system, prompt.to_string())
     }
 

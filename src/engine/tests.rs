@@ -143,6 +143,7 @@ fn input() -> RunInput {
         output_floor: 0,
         gates: vec![],
         answers: vec![],
+        output_schema: None,
     }
 }
 
@@ -167,7 +168,7 @@ async fn go(p: &Scripted, inp: RunInput) -> (Outcome, Store, Tools) {
 async fn first_call_sees_exactly_system_then_user() {
     let p = Scripted::new(vec![Ok(text("ok"))]);
     let (o, _, _) = go(&p, input()).await;
-    assert_eq!(o, Outcome::Completed { summary: "ok".into() });
+    assert_eq!(o, Outcome::Completed { summary: "ok".into(), output: None });
     let first = &p.requests()[0];
     assert_eq!(
         first.messages,
@@ -187,7 +188,7 @@ async fn only_whitelisted_tools_are_offered() {
 async fn a_call_to_an_unoffered_tool_is_answered_as_an_error_and_never_run() {
     let p = Scripted::new(vec![Ok(calls(&[("delete_thing", json!({"id": 1}))])), Ok(text("gave up"))]);
     let (o, store, tools) = go(&p, input()).await;
-    assert_eq!(o, Outcome::Completed { summary: "gave up".into() });
+    assert_eq!(o, Outcome::Completed { summary: "gave up".into(), output: None });
     assert!(tools.ran.lock().unwrap().is_empty());
     let second = &p.requests()[1];
     match second.messages.last().unwrap() {
@@ -206,7 +207,7 @@ async fn a_call_to_an_unoffered_tool_is_answered_as_an_error_and_never_run() {
 async fn tool_call_then_result_then_summary() {
     let p = Scripted::new(vec![Ok(calls(&[("get_thing", json!({"id": 7}))])), Ok(text("thing 7 is blue"))]);
     let (o, store, tools) = go(&p, input()).await;
-    assert_eq!(o, Outcome::Completed { summary: "thing 7 is blue".into() });
+    assert_eq!(o, Outcome::Completed { summary: "thing 7 is blue".into(), output: None });
     assert_eq!(*tools.ran.lock().unwrap(), ["get_thing"]);
     assert_eq!(*store.events.lock().unwrap(), ["llm_call_started", "tool_calls_started", "llm_call_started"]);
     let cps = store.checkpoints.lock().unwrap();
@@ -278,7 +279,7 @@ async fn retryable_errors_are_retried_and_every_attempt_recorded() {
         Ok(text("fine")),
     ]);
     let (o, store, _) = go(&p, input()).await;
-    assert_eq!(o, Outcome::Completed { summary: "fine".into() });
+    assert_eq!(o, Outcome::Completed { summary: "fine".into(), output: None });
     let failed = store.failed.lock().unwrap();
     assert_eq!(failed.iter().map(|c| (c.try_no, c.http_status)).collect::<Vec<_>>(), [(1, Some(429)), (2, Some(529))]);
     assert_eq!(store.checkpoints.lock().unwrap()[0].call.try_no, 3);
@@ -339,7 +340,7 @@ async fn a_resumed_run_continues_the_saved_conversation_without_repeating_turns(
     let p = Scripted::new(vec![Ok(text("resumed"))]);
     let (o, store, _) =
         go(&p, RunInput { history: history.clone(), new_messages: vec![], turns_done: 1, ..input() }).await;
-    assert_eq!(o, Outcome::Completed { summary: "resumed".into() });
+    assert_eq!(o, Outcome::Completed { summary: "resumed".into(), output: None });
     assert_eq!(p.requests()[0].messages, history);
     let cps = store.checkpoints.lock().unwrap();
     assert_eq!(cps[0].turn, 2);
@@ -386,7 +387,7 @@ async fn a_gated_call_pauses_the_run_after_the_others_ran_and_its_answer_complet
     let answers = vec![Answer { call: waits[0].call.clone(), resolution: Resolution::Approved }];
     let resumed = RunInput { history, new_messages: vec![], turns_done: 1, answers, ..inp };
     let o = run_to_end(resumed, &p, &t, &s, &StopSignal::new()).await;
-    assert_eq!(o, Outcome::Completed { summary: "done".into() });
+    assert_eq!(o, Outcome::Completed { summary: "done".into(), output: None });
     assert_eq!(*t.ran.lock().unwrap(), ["list_things", "get_thing"]);
     let last = p.requests().last().unwrap().messages.clone();
     let ids: Vec<&str> = last
@@ -402,9 +403,39 @@ async fn a_denied_call_reaches_the_model_as_an_error_with_the_message() {
     let answers = vec![Answer { call, resolution: Resolution::Denied { message: Some("not on prod".into()) } }];
     let p = Scripted::new(vec![Ok(text("ok"))]);
     let (o, _, t) = go(&p, RunInput { answers, ..input() }).await;
-    assert_eq!(o, Outcome::Completed { summary: "ok".into() });
+    assert_eq!(o, Outcome::Completed { summary: "ok".into(), output: None });
     assert!(t.ran.lock().unwrap().is_empty());
     let sent = &p.requests()[0].messages;
     let Some(Message::Tool { content, is_error, .. }) = sent.last() else { panic!("{sent:?}") };
     assert!(*is_error && content.contains("denied") && content.contains("not on prod"), "{content}");
+}
+
+fn schema() -> Value {
+    json!({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]})
+}
+
+#[tokio::test]
+async fn a_wrong_structured_answer_is_repaired_within_the_turns_and_the_next_call_must_answer() {
+    let p = Scripted::new(vec![Ok(text(r#"{"n": "seven"}"#)), Ok(text(r#"{"n": 7}"#))]);
+    let (t, s, stop) = (Tools::default(), Store::default(), StopSignal::new());
+    let inp = RunInput { output_schema: Some(schema()), ..input() };
+    let o = run_to_end(inp, &p, &t, &s, &stop).await;
+    assert_eq!(o, Outcome::Completed { summary: r#"{"n": 7}"#.into(), output: Some(json!({"n": 7})) });
+    let reqs = p.requests();
+    assert_eq!(reqs.len(), 2);
+    assert!(reqs.iter().all(|r| r.output_schema == Some(schema())), "every call carries the schema");
+    assert!(!reqs[0].force_output && reqs[1].force_output, "only the repair call must answer");
+    let Message::User { content } = reqs[1].messages.last().unwrap() else { panic!("a repair message") };
+    assert!(content.contains("/n: ") && content.contains("does not match"), "{content}");
+}
+
+#[tokio::test]
+async fn no_matching_answer_within_the_turns_ends_invalid_output_with_the_errors() {
+    let p = Scripted::new(vec![Ok(text("not json")), Ok(text(r#"{"m": 1}"#))]);
+    let (t, s, stop) = (Tools::default(), Store::default(), StopSignal::new());
+    let inp = RunInput { output_schema: Some(schema()), max_turns: 2, ..input() };
+    let o = run_to_end(inp, &p, &t, &s, &stop).await;
+    let Outcome::InvalidOutput { summary, errors } = o else { panic!("{o:?}") };
+    assert_eq!(summary, r#"{"m": 1}"#, "the last answer is kept as the summary");
+    assert!(errors[0].contains("\"n\" is a required property"), "{errors:?}");
 }

@@ -14,7 +14,8 @@ use super::{AppState, Tenant};
 use crate::engine::agents::{AgentType, BUILTIN_NAMES, MAX_TURNS};
 use crate::engine::definitions::{parse_markdown, AgentDefinition, AgentName};
 use crate::store::agents;
-use crate::submit::agents::{resolve, tenant_definitions, Resolved};
+use crate::submit::agents::{resolve, tenant_definitions, unservable, Resolved};
+use crate::tools::ToolDef;
 
 pub fn router() -> Router<AppState> {
     Router::new().route("/agents", get(list)).route("/agents/{name}", get(read).put(put).delete(delete))
@@ -26,10 +27,27 @@ fn builtin_view(t: AgentType, name: &str) -> Value {
            "tools": if t.read_only() { json!("read-only (policy auto)") } else { json!("all the caller allows") }})
 }
 
-fn custom_view(d: &AgentDefinition, source: &str) -> Value {
+/// A custom definition as the API shows it: as written (Claude Code's own fields under
+/// `claude_code`), with `warnings` — what reading it noticed, and what it names that cannot be
+/// served here now (`unmatched_tools`: names of its `tools` that are no tool of the tenant's).
+fn custom_view(st: &AppState, d: &AgentDefinition, source: &str, tools: &[ToolDef]) -> Value {
     let mut v = serde_json::to_value(d).unwrap_or(Value::Null);
+    let u = unservable(d, &st.providers, Some(tools), &st.file_agents.tool_aliases);
+    if let Some(o) = v.as_object_mut() {
+        o.remove("notices");
+    }
+    let mut warnings = d.notices.clone();
+    warnings.extend(u.warnings);
+    v["warnings"] = json!(warnings);
+    if d.tools.is_some() {
+        v["unmatched_tools"] = json!(u.unmatched_tools);
+    }
     v["source"] = json!(source);
     v
+}
+
+async fn tenant_tools(st: &AppState, tenant: &str) -> Result<Vec<ToolDef>, ApiError> {
+    Ok(crate::tools::catalog::available(&st.pool, &st.tools_cache, tenant).await?)
 }
 
 async fn list(State(st): State<AppState>, Tenant(tenant): Tenant) -> Result<Json<Value>, ApiError> {
@@ -39,13 +57,14 @@ async fn list(State(st): State<AppState>, Tenant(tenant): Tenant) -> Result<Json
             out.push(builtin_view(t, name));
         }
     }
+    let tools = tenant_tools(&st, &tenant).await?;
     let mine = tenant_definitions(&st.pool, &tenant).await?;
     for d in &st.file_agents.valid {
         if !mine.iter().any(|m| m.name == d.name) {
-            out.push(custom_view(d, "file"));
+            out.push(custom_view(&st, d, "file", &tools));
         }
     }
-    out.extend(mine.iter().map(|d| custom_view(d, "api")));
+    out.extend(mine.iter().map(|d| custom_view(&st, d, "api", &tools)));
     Ok(Json(json!({"agents": out, "invalid": st.file_agents.invalid})))
 }
 
@@ -57,8 +76,9 @@ async fn read(
     match resolve(&st.pool, &st.file_agents, &tenant, &name).await? {
         Some(Resolved::Builtin(t)) => Ok(Json(builtin_view(t, &name))),
         Some(Resolved::Custom(d)) => {
-            let source = if st.file_agents.get(&name) == Some(&d) { "file" } else { "api" };
-            Ok(Json(custom_view(&d, source)))
+            let source = if st.file_agents.get(&name) == Some(&*d) { "file" } else { "api" };
+            let tools = tenant_tools(&st, &tenant).await?;
+            Ok(Json(custom_view(&st, &d, source, &tools)))
         }
         None => Err(ApiError::not_found("agent")),
     }
@@ -82,6 +102,10 @@ struct PutAgent {
     max_output_tokens: Option<i64>,
     #[serde(default)]
     approval: Option<String>,
+    #[serde(default)]
+    read_only: Option<bool>,
+    #[serde(default)]
+    output_schema: Option<Value>,
 }
 
 fn definition_error(e: crate::engine::definitions::DefinitionError) -> ApiError {
@@ -123,6 +147,10 @@ fn parse_body(name: &str, headers: &HeaderMap, body: &Bytes) -> Result<AgentDefi
             if p.system_prompt.trim().is_empty() {
                 return Err(ApiError::invalid("system_prompt", "must not be empty"));
             }
+            let model = p.model.map(|m| m.trim().to_string()).filter(|m| !m.is_empty() && m != "inherit");
+            if let Some(m) = &model {
+                crate::engine::definitions::check_model(m).map_err(|e| ApiError::invalid("model", e))?;
+            }
             let max_turns = match p.max_turns {
                 Some(n) if n < 1 => return Err(ApiError::invalid("max_turns", "must be at least 1")),
                 Some(n) => Some(n.min(MAX_TURNS as i64) as u32),
@@ -134,7 +162,7 @@ fn parse_body(name: &str, headers: &HeaderMap, body: &Bytes) -> Result<AgentDefi
                 system_prompt: p.system_prompt.trim().to_string(),
                 tools: p.tools,
                 disallowed_tools: p.disallowed_tools.unwrap_or_default(),
-                model: p.model.filter(|m| !m.trim().is_empty() && m != "inherit"),
+                model,
                 max_turns,
                 max_output_tokens: match p.max_output_tokens {
                     Some(n) if !(1..=u32::MAX as i64).contains(&n) => {
@@ -149,6 +177,17 @@ fn parse_body(name: &str, headers: &HeaderMap, body: &Bytes) -> Result<AgentDefi
                             .ok_or_else(|| ApiError::invalid("approval", "must be one of none, propose, all"))?,
                     ),
                 },
+                read_only: p.read_only.unwrap_or(false),
+                output_schema: match p.output_schema {
+                    Some(schema) => {
+                        crate::engine::output::check_schema(&schema)
+                            .map_err(|m| ApiError::invalid("output_schema", m))?;
+                        Some(schema)
+                    }
+                    None => None,
+                },
+                claude_code: Default::default(),
+                notices: vec![],
             })
         }
         _ => Err(ApiError::new(
@@ -169,18 +208,13 @@ async fn put(
 ) -> Result<Response, ApiError> {
     AgentName::parse(&name).map_err(|m| ApiError::invalid("name", m))?;
     let def = parse_body(&name, &headers, &body)?;
-    if let Some(m) = &def.model {
-        st.providers.resolve(m).map_err(|_| {
-            ApiError::invalid(
-                "model",
-                format!("{m:?} is not a configured model or alias (providers: {})", st.providers.names().join(", ")),
-            )
-        })?;
-    }
+    // A model that cannot be served now, or tool names that are no tools here, do not make the
+    // definition invalid: it is stored, and the answer (like GET) lists them under `warnings`.
     let stored = serde_json::to_value(&def).map_err(|_| ApiError::internal())?;
     let created = agents::put(&st.pool, &tenant, def.name.as_str(), &stored).await?;
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
-    Ok((status, Json(custom_view(&def, "api"))).into_response())
+    let tools = tenant_tools(&st, &tenant).await?;
+    Ok((status, Json(custom_view(&st, &def, "api", &tools))).into_response())
 }
 
 async fn delete(

@@ -50,13 +50,31 @@ pub fn decide(outcome: &Outcome, facts: RunFacts<'_>) -> End {
             status,
             stop_reason: stop_reason.map(Into::into),
             summary,
+            output: None,
             error_code: None,
             error_message: None,
             return_task: false,
         })
     };
     match outcome {
-        Outcome::Completed { summary } => fin(TaskStatus::Completed, Some("final_answer"), Some(summary.clone())),
+        Outcome::Completed { summary, output } => End::Finish(Finish {
+            status: TaskStatus::Completed,
+            stop_reason: Some("final_answer".into()),
+            summary: Some(summary.clone()),
+            output: output.clone(),
+            error_code: None,
+            error_message: None,
+            return_task: false,
+        }),
+        Outcome::InvalidOutput { summary, errors } => End::Finish(Finish {
+            status: TaskStatus::Incomplete,
+            stop_reason: Some("invalid_output".into()),
+            summary: Some(summary.clone()),
+            output: None,
+            error_code: Some("invalid_output".into()),
+            error_message: Some(format!("the final answer does not match the output schema: {}", errors.join("; "))),
+            return_task: false,
+        }),
         Outcome::Incomplete { stop_reason, summary } => {
             fin(TaskStatus::Incomplete, Some(stop_reason), Some(summary.clone()))
         }
@@ -64,6 +82,7 @@ pub fn decide(outcome: &Outcome, facts: RunFacts<'_>) -> End {
             status: TaskStatus::Failed,
             stop_reason: None,
             summary: None,
+            output: None,
             error_code: Some(code.clone()),
             error_message: Some(message.clone()),
             return_task: false,
@@ -187,7 +206,7 @@ mod tests {
 
     #[test]
     fn each_outcome_becomes_one_end() {
-        let End::Finish(f) = decide(&Outcome::Completed { summary: "s".into() }, FACTS) else { panic!() };
+        let End::Finish(f) = decide(&Outcome::Completed { summary: "s".into(), output: None }, FACTS) else { panic!() };
         assert_eq!(
             (f.status, f.stop_reason.as_deref(), f.summary.as_deref()),
             (TaskStatus::Completed, Some("final_answer"), Some("s"))

@@ -288,6 +288,7 @@ impl Runner {
             output_floor: crate::budget::OUTPUT_FLOOR,
             gates: opts.gates(),
             answers: vec![],
+            output_schema: opts.output_schema.clone(),
         }
     }
 

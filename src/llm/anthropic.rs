@@ -5,7 +5,9 @@ use serde_json::{json, Value};
 
 use super::sse::SseEvent;
 use super::wire::{cut_stream, exchange, protocol, Answer, Timeouts};
-use super::{ChatRequest, ChatResponse, FinishReason, LlmError, Message, Progress, Provider, ToolCall, Usage};
+use super::{
+    ChatRequest, ChatResponse, FinishReason, LlmError, Message, Progress, Provider, ToolCall, Usage, FINAL_ANSWER_TOOL,
+};
 
 pub const API_VERSION: &str = "2023-06-01";
 
@@ -264,12 +266,24 @@ impl Provider for Anthropic {
         if !system.is_empty() {
             body["system"] = json!(system);
         }
-        if !req.tools.is_empty() {
-            body["tools"] = req
-                .tools
-                .iter()
-                .map(|t| json!({"name": t.name, "description": t.description, "input_schema": t.parameters}))
-                .collect();
+        let mut tools: Vec<Value> = req
+            .tools
+            .iter()
+            .map(|t| json!({"name": t.name, "description": t.description, "input_schema": t.parameters}))
+            .collect();
+        // A structured answer is the input of a `final_answer` tool (unless a tool of the run
+        // already has that name: then the answer is read from the text).
+        let native = req.output_schema.as_ref().filter(|_| !req.tools.iter().any(|t| t.name == FINAL_ANSWER_TOOL));
+        if let Some(schema) = native {
+            tools.push(json!({"name": FINAL_ANSWER_TOOL, "input_schema": schema,
+                              "description": "Give your final answer by calling this tool, once, when you are done: \
+                                              its input is your answer."}));
+            if req.force_output {
+                body["tool_choice"] = json!({"type": "tool", "name": FINAL_ANSWER_TOOL});
+            }
+        }
+        if !tools.is_empty() {
+            body["tools"] = Value::Array(tools);
         }
         let mut r = self.client.post(format!("{}/v1/messages", self.base_url)).header("anthropic-version", API_VERSION);
         if let Some(k) = &self.api_key {
@@ -281,11 +295,25 @@ impl Provider for Anthropic {
         let mut acc = Streamed::default();
         let progress = req.progress.clone();
         let mut feed = |e: SseEvent| acc.feed(e, progress.as_deref());
-        match exchange(r, &body, self.timeouts, Some(max_tokens), &mut feed).await? {
+        let resp = match exchange(r, &body, self.timeouts, Some(max_tokens), &mut feed).await? {
             Answer::Json(status, v) => parse_response(status, &v),
             Answer::Streamed { status, .. } => acc.into_response(status),
+        }?;
+        Ok(if native.is_some() { final_answer_as_text(resp) } else { resp })
+    }
+}
+
+/// A call of the `final_answer` tool is the final answer: its input becomes the answer's text
+/// (and the other calls of the turn, if any, still run).
+fn final_answer_as_text(mut resp: ChatResponse) -> ChatResponse {
+    if let Some(i) = resp.tool_calls.iter().position(|c| c.name == FINAL_ANSWER_TOOL) {
+        let call = resp.tool_calls.remove(i);
+        resp.text = Some(call.arguments.to_string());
+        if resp.tool_calls.is_empty() && resp.finish == FinishReason::ToolCalls {
+            resp.finish = FinishReason::Stop;
         }
     }
+    resp
 }
 
 #[cfg(test)]

@@ -5,6 +5,8 @@
 //! | directive | effect |
 //! | --- | --- |
 //! | `[mock:reply=TEXT]` | the final answer is `TEXT` (default: `Mock summary: <prompt>`) |
+//! | `[mock:output=JSON]` | the final answer is `JSON` (for a task with an `output_schema`) |
+//! | `[mock:output_first=JSON]` | the first final answer is `JSON` (say, a wrong one), later ones `output` |
 //! | `[mock:tool_turns=N]` | the first `N` turns answer with tool calls instead of text |
 //! | `[mock:tool=NAME]` | the tool to call (default: the first tool offered, else `lookup`); `A,B` calls each in turn |
 //! | `[mock:parallel=K]` | tool calls per tool turn (default 1, at least one per named tool) |
@@ -25,6 +27,8 @@ pub struct MockProvider;
 #[derive(Debug, Default)]
 struct Script {
     reply: Option<String>,
+    output: Option<String>,
+    output_first: Option<String>,
     tool_turns: u32,
     tool: Option<String>,
     parallel: u32,
@@ -96,6 +100,8 @@ impl Script {
         for (k, v) in directives(text) {
             match k.as_str() {
                 "reply" => s.reply = Some(v),
+                "output" => s.output = Some(v.trim().to_string()),
+                "output_first" => s.output_first = Some(v.trim().to_string()),
                 "tool_turns" => s.tool_turns = v.trim().parse().unwrap_or(0),
                 "tool" => s.tool = Some(v.trim().to_string()),
                 "parallel" => s.parallel = v.trim().parse().unwrap_or(1).clamp(1, 16),
@@ -117,15 +123,23 @@ impl Provider for MockProvider {
     }
 
     async fn chat(&self, req: &ChatRequest) -> Result<ChatResponse, LlmError> {
-        // The script is the latest user message; the turn is how many answers came since.
-        let last_user = req.messages.iter().rposition(|m| matches!(m, Message::User { .. }));
-        let prompt = match last_user.map(|i| &req.messages[i]) {
+        // The script is the latest user message with directives (else the latest): later user
+        // messages without any (a repair, a re-ask) keep it. The turn is how many answers came
+        // since.
+        let is_user = |m: &Message| matches!(m, Message::User { .. });
+        let scripted =
+            req.messages.iter().rposition(|m| matches!(m, Message::User { content } if content.contains("[mock:")));
+        let at = scripted.or_else(|| req.messages.iter().rposition(is_user));
+        let prompt = match at.map(|i| &req.messages[i]) {
             Some(Message::User { content }) => content.as_str(),
             _ => "",
         };
-        let turn = last_user
-            .map_or(0, |i| req.messages[i..].iter().filter(|m| matches!(m, Message::Assistant { .. })).count())
-            as u32;
+        let since = at.map_or(&req.messages[..0], |i| &req.messages[i..]);
+        let turn = since.iter().filter(|m| matches!(m, Message::Assistant { .. })).count() as u32;
+        let finals_before = since
+            .iter()
+            .filter(|m| matches!(m, Message::Assistant { tool_calls, .. } if tool_calls.is_empty()))
+            .count();
         let script = Script::parse(prompt);
         if script.delay_ms > 0 {
             tokio::time::sleep(Duration::from_millis(script.delay_ms)).await;
@@ -168,7 +182,13 @@ impl Provider for MockProvider {
                 ..ChatResponse::default()
             });
         }
-        let text = script.reply.unwrap_or_else(|| {
+        let structured = match (&script.output_first, &script.output) {
+            (Some(first), _) if finals_before == 0 => Some(first.clone()),
+            (_, Some(out)) => Some(out.clone()),
+            (Some(first), None) => Some(first.clone()),
+            (None, None) => None,
+        };
+        let text = structured.or(script.reply).unwrap_or_else(|| {
             let p: String = strip_directives(prompt).chars().take(200).collect();
             format!("Mock summary: {p}")
         });

@@ -136,7 +136,17 @@ pub struct ChatRequest {
     pub traceparent: Option<String>,
     /// Where a streamed answer reports its progress.
     pub progress: Option<Arc<Progress>>,
+    /// The JSON Schema the final answer must satisfy: sent as the provider's native structured
+    /// output (OpenAI-compatible `response_format`; Anthropic, a `final_answer` tool whose call
+    /// comes back as the answer's text).
+    pub output_schema: Option<serde_json::Value>,
+    /// This call must give the final answer (no other tool call): after an answer that did not
+    /// match `output_schema`.
+    pub force_output: bool,
 }
+
+/// The Anthropic tool that carries a structured final answer.
+pub const FINAL_ANSWER_TOOL: &str = "final_answer";
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Usage {

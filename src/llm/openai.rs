@@ -243,6 +243,14 @@ impl Provider for OpenAi {
         if let Some(mt) = req.max_tokens {
             body[self.max_tokens_field.as_str()] = json!(mt);
         }
+        if let Some(schema) = &req.output_schema {
+            // Not `strict`: strict mode refuses schemas that do not list every property as
+            // required and forbid others; every answer is validated here anyway.
+            body["response_format"] = json!({"type": "json_schema", "json_schema": {"name": "final_answer", "schema": schema, "strict": false}});
+            if req.force_output && !req.tools.is_empty() {
+                body["tool_choice"] = json!("none");
+            }
+        }
         if self.stream {
             body["stream"] = json!(true);
             body["stream_options"] = json!({"include_usage": true});

@@ -187,6 +187,7 @@ pub async fn commit_turn(
         .bind(fin.and_then(|f| f.error_code.as_deref())) // 26
         .bind(fin.and_then(|f| f.error_message.as_deref())) // 27
         .bind(call.usage_estimated) // 28
+        .bind(fin.and_then(|f| f.output.as_ref())) // 29
         .fetch_optional(&mut *conn)
         .await?;
     match (row, fin) {
@@ -229,6 +230,7 @@ fn commit_turn_sql(whole: bool) -> String {
                 status = coalesce($23, status),
                 stop_reason = CASE WHEN $23::text IS NULL THEN stop_reason ELSE $24 END,
                 summary = CASE WHEN $23::text IS NULL THEN summary ELSE $25 END,
+                output = CASE WHEN $23::text IS NULL THEN output ELSE $29::jsonb END,
                 error_code = CASE WHEN $23::text IS NULL THEN error_code ELSE $26 END,
                 error_message = CASE WHEN $23::text IS NULL THEN error_message ELSE $27 END,
                 finished_at = CASE WHEN $23::text IS NULL THEN finished_at ELSE now() END,
@@ -294,6 +296,8 @@ pub struct Finish {
     pub status: TaskStatus,
     pub stop_reason: Option<String>,
     pub summary: Option<String>,
+    /// The final answer's value (with an `output_schema`).
+    pub output: Option<Value>,
     pub error_code: Option<String>,
     pub error_message: Option<String>,
     /// Read the finished task back (for waiters in this process; only then, as it costs a
@@ -323,7 +327,7 @@ fn finish_sql(whole: bool) -> String {
     format!(
         "WITH u AS (
             UPDATE tasks SET status = $3, stop_reason = $4, summary = $5, error_code = $6, error_message = $7,
-                finished_at = now(), lease_token = NULL, lease_expires_at = NULL,
+                output = $10::jsonb, finished_at = now(), lease_token = NULL, lease_expires_at = NULL,
                 reserved_usd = 0, reserved_tokens = 0, last_event_seq = last_event_seq + cardinality($8::text[])
             WHERE id = $1 AND lease_token = $2 AND status = 'running'
             RETURNING {returning}
@@ -354,6 +358,7 @@ pub async fn finish(pool: &PgPool, f: Fence, fin: &Finish) -> Result<Committed, 
         .bind(&fin.error_message)
         .bind(&kinds)
         .bind(&datas)
+        .bind(&fin.output)
         .fetch_optional(pool)
         .await?;
     match row {

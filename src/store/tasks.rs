@@ -101,6 +101,8 @@ pub struct TaskRow {
     pub model: String,
     pub options: Value,
     pub summary: Option<String>,
+    /// The final answer's value (with an `output_schema`).
+    pub output: Option<Value>,
     pub error_code: Option<String>,
     pub error_message: Option<String>,
     pub turns: i32,
@@ -201,7 +203,7 @@ pub enum Inserted {
 }
 
 pub(crate) const COLS: &str =
-    "id, tenant, status, stop_reason, subagent_type, description, prompt, model, options, summary, \
+    "id, tenant, status, stop_reason, subagent_type, description, prompt, model, options, summary, output, \
     error_code, error_message, turns, input_tokens, output_tokens, cached_tokens, cost_usd, unpriced_calls, \
     estimated_calls, attempt, \
     lease_token, lease_expires_at, worker_id, cancel_requested, idempotency_key, request_hash, metadata, created_at, \

@@ -9,7 +9,7 @@ use crate::store::{agents as store, StoreError};
 
 pub enum Resolved {
     Builtin(AgentType),
-    Custom(AgentDefinition),
+    Custom(Box<AgentDefinition>),
 }
 
 fn decode(v: serde_json::Value) -> Result<AgentDefinition, StoreError> {
@@ -32,9 +32,9 @@ pub async fn resolve(
         return Ok(Some(Resolved::Builtin(t)));
     }
     if let Some(d) = store::get(pool, tenant, name).await? {
-        return Ok(Some(Resolved::Custom(decode(d)?)));
+        return Ok(Some(Resolved::Custom(Box::new(decode(d)?))));
     }
-    Ok(files.get(name).cloned().map(Resolved::Custom))
+    Ok(files.get(name).cloned().map(|d| Resolved::Custom(Box::new(d))))
 }
 
 /// Every name `subagent_type` accepts for this tenant: the built-ins, then the custom ones.
@@ -46,4 +46,82 @@ pub async fn names(pool: &PgPool, files: &FileAgents, tenant: &str) -> Result<Ve
     custom.dedup();
     names.extend(custom);
     Ok(names)
+}
+
+/// What a definition names that cannot be served here now. A definition is valid without
+/// these (it is stored and listed, from a file or over the API alike); a task of it is refused
+/// while its model cannot be served, and is offered only the tools that exist.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Unservable {
+    pub warnings: Vec<String>,
+    /// Names of its `tools` list (as written) that name no tool of the tenant.
+    pub unmatched_tools: Vec<String>,
+}
+
+/// Check `d`'s model against `providers` and its tool names (through `aliases`) against the
+/// tenant's `available` tools; `None` for the tools: not known (at start, for the agents
+/// directory: then only Claude Code's own tool names, unmapped, are reported).
+pub fn unservable(
+    d: &AgentDefinition,
+    providers: &crate::llm::Providers,
+    available: Option<&[crate::tools::ToolDef]>,
+    aliases: &std::collections::BTreeMap<String, String>,
+) -> Unservable {
+    use crate::engine::claude_code;
+    let mut out = Unservable::default();
+    if let Some(m) = &d.model {
+        if let Err(e) = providers.resolve(m) {
+            let configured = providers.names().join(", ");
+            let why = match (e, providers.aliases.get(m)) {
+                (crate::llm::ResolveError::UnknownProvider { provider, model }, Some(_)) => format!(
+                    "model {m:?} is a model alias for {model:?}, whose provider {provider:?} is not configured (configured: {configured})"
+                ),
+                (crate::llm::ResolveError::UnknownProvider { provider, model }, None) => {
+                    format!("model {model:?} needs provider {provider:?}, which is not configured (configured: {configured})")
+                }
+                (crate::llm::ResolveError::Malformed(_), _) => {
+                    format!("model {m:?} is neither provider/model nor a configured alias")
+                }
+            };
+            out.warnings.push(format!(
+                "{why}: a task of this agent is refused (unknown_model) unless it names a model, until the model can be served"
+            ));
+        }
+    }
+    if let Some(names) = &d.tools {
+        for n in names {
+            let here = claude_code::tool_name(n, aliases);
+            let missing = match available {
+                Some(tools) => !tools.iter().any(|t| t.name == here),
+                None => here == *n && claude_code::BUILTIN_TOOLS.contains(&n.as_str()),
+            };
+            if missing {
+                out.unmatched_tools.push(n.clone());
+            }
+        }
+        if !out.unmatched_tools.is_empty() {
+            let listed = out
+                .unmatched_tools
+                .iter()
+                .map(|n| match claude_code::tool_name(n, aliases) {
+                    here if here != *n => format!("{n} (→ {here})"),
+                    _ => n.clone(),
+                })
+                .collect::<Vec<_>>()
+                .join(", ");
+            let offered: Vec<&str> =
+                names.iter().filter(|n| !out.unmatched_tools.contains(n)).map(String::as_str).collect();
+            out.warnings.push(format!(
+                "tools {listed} name no tool here{}: map them to tools under [tool_aliases] in the config file, or \
+                 register tools of those names; {}",
+                if available.is_none() { " unless a tenant registers them" } else { "" },
+                if offered.is_empty() {
+                    "until then the agent is offered no tools".to_string()
+                } else {
+                    format!("until then it is offered only {}", offered.join(", "))
+                }
+            ));
+        }
+    }
+    out
 }

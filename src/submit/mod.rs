@@ -22,6 +22,7 @@ use crate::budget::{self, BudgetError, Defaults, Limits, Smallest};
 use crate::cache::TtlCache;
 use crate::config::Config;
 use crate::engine::agents::AgentType;
+use crate::engine::claude_code;
 use crate::engine::definitions::FileAgents;
 use crate::engine::spec::{Approval, MaxTurns, TaskOptions, Usd};
 use crate::jobs::hub::Hub;
@@ -85,6 +86,9 @@ pub struct TaskRequest {
     /// How long a pause waits for its answers (capped by SUBAGENTD_MAX_ACTION_TIMEOUT_SECONDS).
     #[serde(default)]
     pub action_timeout_seconds: Option<f64>,
+    /// The JSON Schema the final answer must satisfy (default: the agent definition's).
+    #[serde(default)]
+    pub output_schema: Option<Value>,
 }
 
 /// One submission: the request and what came with it.
@@ -297,6 +301,11 @@ impl Submitter {
         self.providers.resolve(&name).map_err(|e| {
             let detail = match e {
                 ResolveError::Malformed(m) => format!("model: {m:?} is neither provider/model nor a configured alias"),
+                ResolveError::UnknownProvider { provider, model } if model != name => format!(
+                    "model: {name:?} (a model alias for {model:?}) needs provider {provider:?}, which is not configured \
+                     (configured: {})",
+                    providers.join(", ")
+                ),
                 ResolveError::UnknownProvider { provider, model } => format!(
                     "model: {model:?} needs provider {provider:?}, which is not configured (configured: {})",
                     providers.join(", ")
@@ -382,7 +391,7 @@ impl Submitter {
             _ => match agents::resolve(&self.pool, &self.file_agents, &s.tenant, &type_name).await? {
                 Some(Resolved::Builtin(t)) => (t, None),
                 // Custom agents run with general's tool policy and their own prompt and lists.
-                Some(Resolved::Custom(d)) => (AgentType::General, Some(d)),
+                Some(Resolved::Custom(d)) => (AgentType::General, Some(*d)),
                 None => {
                     let available = agents::names(&self.pool, &self.file_agents, &s.tenant).await?;
                     return Err(SubmitError::UnknownAgent { name: type_name, available });
@@ -460,6 +469,13 @@ impl Submitter {
             Some(t) => Some(t.min(action_cap)),
             None => None,
         };
+        let output_schema = match &body.output_schema {
+            Some(schema) => {
+                crate::engine::output::check_schema(schema).map_err(|m| SubmitError::invalid("output_schema", m))?;
+                Some(schema.clone())
+            }
+            None => definition.as_ref().and_then(|d| d.output_schema.clone()),
+        };
         let options = TaskOptions {
             max_turns: MaxTurns::for_agent(agent, turns),
             system_prompt: body.system_prompt.clone(),
@@ -470,6 +486,7 @@ impl Submitter {
             tools,
             approval,
             action_timeout_seconds,
+            output_schema,
         };
         let stored = options.to_stored();
         // The same key must come with the same request: hash what was asked, as resolved.
@@ -560,10 +577,14 @@ impl Submitter {
                 ));
             }
         }
+        // A definition's tool names as its author wrote them, mapped to tools here.
+        let aliases = &self.file_agents.tool_aliases;
+        let allow = definition.and_then(|d| d.tools.as_deref()).map(|t| claude_code::tool_names(t, aliases));
+        let deny = definition.map(|d| claude_code::tool_names(&d.disallowed_tools, aliases)).unwrap_or_default();
         let w = Whitelist {
-            read_only: agent.read_only(),
-            allow: definition.and_then(|d| d.tools.as_deref()),
-            deny: definition.map_or(&[], |d| d.disallowed_tools.as_slice()),
+            read_only: agent.read_only() || definition.is_some_and(|d| d.read_only),
+            allow: allow.as_deref(),
+            deny: &deny,
             requested: body.allowed_tools.as_deref(),
         };
         Ok(crate::tools::offered(available, w))

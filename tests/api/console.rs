@@ -368,11 +368,21 @@ async fn screenshots_of_the_main_pages_at_desktop_and_phone_size() {
         s.finished(&id).await;
     }
     s.submit(json!({"prompt": "Still working [mock:delay_ms=30000]", "model": "mock/demo"}), None).await;
+    // A Claude Code agent file whose model and tools cannot be served here: listed, with warnings.
+    let r = s
+        .client
+        .put(format!("{}/agents/api-designer", s.base))
+        .header("content-type", "text/markdown")
+        .body("---\nname: api-designer\ndescription: Designs APIs\ntools: Read, Write\nmodel: sonnet\n---\nYou design APIs.\n")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
     let Some(b) = browser(1280, 800).await else { return };
     for (name, hash, ready) in [
         ("console-overview", "", "#latest-tasks tr[data-task-id]"),
         ("console-tasks", "#/tasks", "#tasks-table tr[data-task-id]"),
-        ("console-catalog", "#/catalog", "#agents-table tr"),
+        ("console-catalog", "#/catalog", "#agents-table [data-test=agent-warnings] li"),
     ] {
         open(&b, &s, hash).await;
         b.wait_for(ready).await;

@@ -16,7 +16,7 @@ const FAST: Duration = Duration::from_millis(5);
 
 /// `local` (OpenAI-compatible, not the official API) and `ant` (Anthropic, faking the official
 /// one) at the fakes, with fast retries and `extra` TOML.
-fn providers(oai: &str, ant: &str, extra: &str) -> Providers {
+pub(crate) fn providers(oai: &str, ant: &str, extra: &str) -> Providers {
     let file: FileConfig = toml::from_str(&format!(
         r#"
         [providers.local]
@@ -38,7 +38,7 @@ fn providers(oai: &str, ant: &str, extra: &str) -> Providers {
     Providers::from_config(&file, &|_| None).unwrap()
 }
 
-async fn app_with(p: Providers, tweak: impl FnOnce(&mut subagentd::config::Config)) -> TestApp {
+pub(crate) async fn app_with(p: Providers, tweak: impl FnOnce(&mut subagentd::config::Config)) -> TestApp {
     spawn_app_opts(
         |c| {
             c.tool_allow = "*, 127.0.0.1/32".into();

@@ -451,7 +451,8 @@ mod mcp_server {
     }
 }
 
-async fn mcp_server() -> String {
+/// A real MCP server (rmcp's server side) with `lookup` (read-only) and `edit`; its URL.
+pub(crate) async fn mcp_server() -> String {
     use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
     use rmcp::transport::streamable_http_server::StreamableHttpService;
     let service: StreamableHttpService<mcp_server::Docs, LocalSessionManager> =

@@ -1059,7 +1059,7 @@
   // ================================================================ Catalog
   function renderCatalog(root) {
     const gen = state.gen;
-    const agents = makeTable('agents-table', ['Name', 'Source', 'Description', 'Model', ['Max turns', 'num'], 'Tools'], 'No agents.');
+    const agents = makeTable('agents-table', ['Name', 'Source', 'Description', 'Model', ['Max turns', 'num'], 'Tools', 'Warnings'], 'No agents.');
     const invalidList = h('ul', { class: 'invalid-list' });
     const invalid = h('div', { id: 'invalid-agents', class: 'invalid', hidden: true },
       h('h3', null, 'Invalid agent definitions'), invalidList);
@@ -1081,7 +1081,10 @@
       fillRows(agents, (d.agents || []).map((a) => h('tr', null,
         td(String(a.name), 'mono'), td(a.source || dash), td(a.description || dash, 'wrap'),
         td(a.model || dash, 'mono'), td(a.max_turns == null ? dash : String(a.max_turns), 'num'),
-        td(Array.isArray(a.tools) ? (a.tools.length ? a.tools.join(', ') : 'none') : (a.tools == null ? dash : String(a.tools)), 'wrap'))));
+        td(Array.isArray(a.tools) ? (a.tools.length ? a.tools.join(', ') : 'none') : (a.tools == null ? dash : String(a.tools)), 'wrap'),
+        td(Array.isArray(a.warnings) && a.warnings.length
+          ? h('ul', { class: 'warnings', dataset: { test: 'agent-warnings' } }, a.warnings.map((w) => h('li', null, String(w))))
+          : dash, 'wrap'))));
       const bad = d.invalid || [];
       invalid.hidden = bad.length === 0;
       invalidList.replaceChildren(...bad.map((b) => h('li', null,

@@ -328,6 +328,7 @@ impl Runner {
             tenant_secret: None,
             traceparent: row.traceparent.as_deref().map(crate::telemetry::child),
             mcp_headers: Default::default(),
+            on_source_error: None,
         };
         if opts.tools.iter().any(|d| matches!(d.target, Target::Http { .. })) {
             // Cached a minute: a rotated secret signs calls within that time.
@@ -350,6 +351,17 @@ impl Runner {
             for s in sources {
                 t.mcp_headers.insert(s.name, s.headers.0.into_iter().collect());
             }
+            // A source a call could not reach says so on its `last_error`.
+            let (pool, tenant) = (self.pool.clone(), row.tenant.clone());
+            t.on_source_error = Some(std::sync::Arc::new(move |source: &str, error: &str| {
+                let (pool, tenant, source, error) =
+                    (pool.clone(), tenant.clone(), source.to_string(), error.to_string());
+                tokio::spawn(async move {
+                    if let Err(e) = tool_store::source_unreachable(&pool, &tenant, &source, &error).await {
+                        tracing::warn!(error = %e, source = %source, "MCP source error not recorded");
+                    }
+                });
+            }));
         }
         Ok(t)
     }

@@ -97,6 +97,14 @@ pub async fn source(pool: &PgPool, tenant: &str, name: &str) -> Result<Option<So
         .await?)
 }
 
+/// What a discovery found: its tools (`None`: it failed), and what to say about it (the
+/// failure, or tools left out), for the source's `last_error`.
+#[derive(Debug, Clone, Default)]
+pub struct Discovery {
+    pub tools: Option<Value>,
+    pub note: Option<String>,
+}
+
 /// Insert or replace a source with its discovery result; true when created.
 pub async fn put_source(
     pool: &PgPool,
@@ -104,15 +112,11 @@ pub async fn put_source(
     name: &str,
     url: &str,
     headers: &BTreeMap<String, String>,
-    discovered: &Result<Value, String>,
+    d: &Discovery,
 ) -> Result<bool, StoreError> {
-    let (tools, error) = match discovered {
-        Ok(t) => (t.clone(), None),
-        Err(e) => (Value::Array(vec![]), Some(e.clone())),
-    };
     Ok(sqlx::query_scalar(
         "INSERT INTO tool_sources (tenant, name, url, headers, tools, refreshed_at, last_error)
-         VALUES ($1, $2, $3, $4, $5, CASE WHEN $6::text IS NULL THEN now() END, $6)
+         VALUES ($1, $2, $3, $4, coalesce($5, '[]'::jsonb), CASE WHEN $5::jsonb IS NOT NULL THEN now() END, $6)
          ON CONFLICT (tenant, name) DO UPDATE SET url = EXCLUDED.url, headers = EXCLUDED.headers, tools = EXCLUDED.tools,
              refreshed_at = EXCLUDED.refreshed_at, last_error = EXCLUDED.last_error, updated_at = now()
          RETURNING (xmax = 0)",
@@ -121,30 +125,37 @@ pub async fn put_source(
     .bind(name)
     .bind(url)
     .bind(Json(headers))
-    .bind(&tools)
-    .bind(error)
+    .bind(&d.tools)
+    .bind(&d.note)
     .fetch_one(pool)
     .await?)
 }
 
-/// Record a refresh: new tools on success; on failure the cached tools stay.
-pub async fn refreshed(pool: &PgPool, tenant: &str, name: &str, r: &Result<Value, String>) -> Result<(), StoreError> {
-    match r {
-        Ok(tools) => sqlx::query(
-            "UPDATE tool_sources SET tools = $3, refreshed_at = now(), last_error = NULL WHERE tenant = $1 AND name = $2",
-        )
+/// A call to the source failed to reach it: its `last_error` says why (a refresh that works
+/// clears it).
+pub async fn source_unreachable(pool: &PgPool, tenant: &str, name: &str, error: &str) -> Result<(), StoreError> {
+    sqlx::query("UPDATE tool_sources SET last_error = $3 WHERE tenant = $1 AND name = $2")
         .bind(tenant)
         .bind(name)
-        .bind(tools)
+        .bind(format!("tools/call at {}: {error}", chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ")))
         .execute(pool)
-        .await?,
-        Err(e) => sqlx::query("UPDATE tool_sources SET last_error = $3 WHERE tenant = $1 AND name = $2")
-            .bind(tenant)
-            .bind(name)
-            .bind(e)
-            .execute(pool)
-            .await?,
-    };
+        .await?;
+    Ok(())
+}
+
+/// Record a refresh: new tools on success; on failure the cached tools stay.
+pub async fn refreshed(pool: &PgPool, tenant: &str, name: &str, d: &Discovery) -> Result<(), StoreError> {
+    sqlx::query(
+        "UPDATE tool_sources SET tools = coalesce($3, tools),
+             refreshed_at = CASE WHEN $3::jsonb IS NULL THEN refreshed_at ELSE now() END, last_error = $4
+         WHERE tenant = $1 AND name = $2",
+    )
+    .bind(tenant)
+    .bind(name)
+    .bind(&d.tools)
+    .bind(&d.note)
+    .execute(pool)
+    .await?;
     Ok(())
 }
 

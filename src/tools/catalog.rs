@@ -132,10 +132,13 @@ pub fn source_tools(s: &SourceRow) -> Vec<ToolDef> {
 }
 
 /// Discovered tools as the source row stores them.
-pub fn stored_tools(found: &Result<Vec<ToolDef>, ToolError>) -> Result<Value, String> {
+pub fn stored_tools(found: &Result<super::mcp::Discovered, ToolError>) -> store::Discovery {
     match found {
-        Ok(t) => Ok(serde_json::to_value(t).unwrap_or(Value::Array(vec![]))),
-        Err(e) => Err(e.to_string()),
+        Ok(d) => store::Discovery {
+            tools: Some(serde_json::to_value(&d.tools).unwrap_or(Value::Array(vec![]))),
+            note: d.note(),
+        },
+        Err(e) => store::Discovery { tools: None, note: Some(e.to_string()) },
     }
 }
 

@@ -161,6 +161,8 @@ pub struct Caller {
     pub client: reqwest::Client,
     pub allow: Arc<ssrf::AllowList>,
     pub max_result_bytes: usize,
+    /// This process's MCP sessions (one per server, reused by every call).
+    pub mcp: Arc<mcp::Sessions>,
 }
 
 impl Caller {
@@ -173,6 +175,7 @@ impl Caller {
             client: ssrf::guarded_client(allow.clone()).map_err(ToolError::Config)?,
             allow,
             max_result_bytes: cfg.tool_result_max_bytes.max(256),
+            mcp: Arc::default(),
         })
     }
 }
@@ -186,7 +189,12 @@ pub struct TaskTools {
     pub traceparent: Option<String>,
     /// Headers of the task's MCP sources (by source name), for `tools/call`.
     pub mcp_headers: std::collections::HashMap<String, Vec<(String, String)>>,
+    /// Told when an MCP source could not be reached.
+    pub on_source_error: Option<SourceErrors>,
 }
+
+/// Told (source name, the error's full chain) when a call could not reach an MCP source.
+pub type SourceErrors = Arc<dyn Fn(&str, &str) + Send + Sync>;
 
 fn tool_error(msg: impl Into<String>) -> ToolOutput {
     ToolOutput { content: msg.into(), is_error: true }
@@ -224,7 +232,23 @@ impl ToolRunner for TaskTools {
             }
             Target::Mcp { source, url, tool, timeout_ms } => {
                 let headers = self.mcp_headers.get(source).cloned().unwrap_or_default();
-                mcp::call(&self.caller, url, &headers, tool, call, Duration::from_millis(*timeout_ms)).await
+                let c = mcp::McpCall {
+                    url,
+                    headers: &headers,
+                    tool,
+                    call,
+                    timeout: Duration::from_millis(*timeout_ms),
+                    traceparent: self.traceparent.as_deref(),
+                    idempotency_key: format!("{}:{}", self.task_id, call.id),
+                };
+                let (out, unreachable) = mcp::call(&self.caller, c).await;
+                if let Some(e) = unreachable {
+                    tracing::warn!(source = %source, tool = %call.name, error = %e, "MCP tool server could not be reached");
+                    if let Some(tell) = &self.on_source_error {
+                        tell(source, &e);
+                    }
+                }
+                out
             }
             // Its calls pause the run for the caller's output; they never reach here.
             Target::Caller => tool_error(format!("tool {} is run by the caller, not by subagentd", call.name)),

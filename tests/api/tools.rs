@@ -411,6 +411,8 @@ async fn bad_tool_definitions_are_refused_naming_the_field() {
 }
 
 mod mcp_server {
+    use std::sync::{Arc, Mutex};
+
     use rmcp::handler::server::router::tool::ToolRouter;
     use rmcp::handler::server::wrapper::Parameters;
     use rmcp::model::{ServerCapabilities, ServerConfig};
@@ -421,15 +423,41 @@ mod mcp_server {
         pub topic: String,
     }
 
+    /// What the server saw: each HTTP request's headers and body, and where `spawn` posts.
+    #[derive(Debug, Default)]
+    pub struct Seen {
+        pub requests: Mutex<Vec<(axum::http::HeaderMap, String)>>,
+        pub app_base: Mutex<String>,
+    }
+
     #[derive(Debug, Clone)]
     pub struct Docs {
         tool_router: ToolRouter<Self>,
+        seen: Arc<Seen>,
     }
 
     #[tool_router]
     impl Docs {
-        pub fn new() -> Self {
-            Docs { tool_router: Self::tool_router() }
+        pub fn new(seen: Arc<Seen>) -> Self {
+            Docs { tool_router: Self::tool_router(), seen }
+        }
+
+        /// Calls back into subagentd's `POST /tasks`, forwarding the depth header its own
+        /// request came with (as a well-behaved tool server does).
+        #[tool(description = "Start a sub-task")]
+        async fn spawn(&self, Parameters(Query { topic }): Parameters<Query>) -> String {
+            let depth = self.seen.requests.lock().unwrap().last().and_then(|(h, _)| h.get("subagent-depth").cloned());
+            let base = self.seen.app_base.lock().unwrap().clone();
+            let mut r = reqwest::Client::new()
+                .post(format!("{base}/tasks"))
+                .json(&serde_json::json!({"prompt": topic, "model": "mock/m"}));
+            if let Some(d) = depth {
+                r = r.header("subagent-depth", d.to_str().unwrap().to_string());
+            }
+            let r = r.send().await.unwrap();
+            let status = r.status().as_u16();
+            let body: serde_json::Value = r.json().await.unwrap();
+            format!("POST /tasks answered {status} {}", body["code"])
         }
 
         #[tool(description = "Look up a documentation page", annotations(read_only_hint = true))]
@@ -451,17 +479,40 @@ mod mcp_server {
     }
 }
 
-/// A real MCP server (rmcp's server side) with `lookup` (read-only) and `edit`; its URL.
+/// A real MCP server (rmcp's server side) with `lookup` (read-only), `edit` and `spawn`; its URL.
 pub(crate) async fn mcp_server() -> String {
+    mcp_server_seeing().await.0
+}
+
+/// The same, with what it sees.
+async fn mcp_server_seeing() -> (String, std::sync::Arc<mcp_server::Seen>) {
     use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
     use rmcp::transport::streamable_http_server::StreamableHttpService;
-    let service: StreamableHttpService<mcp_server::Docs, LocalSessionManager> =
-        StreamableHttpService::new(|| Ok(mcp_server::Docs::new()), Default::default(), Default::default());
-    let router = Router::new().nest_service("/mcp", service);
+    let seen = std::sync::Arc::new(mcp_server::Seen::default());
+    let s = seen.clone();
+    let service: StreamableHttpService<mcp_server::Docs, LocalSessionManager> = StreamableHttpService::new(
+        move || Ok(mcp_server::Docs::new(s.clone())),
+        Default::default(),
+        Default::default(),
+    );
+    let s = seen.clone();
+    let record = axum::middleware::from_fn(move |req: axum::extract::Request, next: axum::middleware::Next| {
+        let s = s.clone();
+        async move {
+            let (parts, body) = req.into_parts();
+            let bytes = axum::body::to_bytes(body, 1 << 20).await.unwrap_or_default();
+            s.requests.lock().unwrap().push((parts.headers.clone(), String::from_utf8_lossy(&bytes).into_owned()));
+            next.run(axum::extract::Request::from_parts(parts, axum::body::Body::from(bytes))).await
+        }
+    });
+    let router = Router::new().nest_service("/mcp", service).layer(record);
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/mcp", l.local_addr().unwrap());
+    let l = axum::serve::ListenerExt::tap_io(l, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     tokio::spawn(async move { axum::serve(l, router).await.unwrap() });
-    url
+    (url, seen)
 }
 
 #[tokio::test]
@@ -501,4 +552,169 @@ async fn an_mcp_server_is_a_tool_source_with_policies_from_read_only_hints() {
     let tools: Value = app.client.get(app.url("/tools")).send().await.unwrap().json().await.unwrap();
     assert_eq!(tools["tools"], json!([]));
     app.stop().await;
+}
+
+#[tokio::test]
+async fn mcp_calls_carry_depth_trace_and_idempotency_reuse_one_session_and_cannot_recurse() {
+    let (url, seen) = mcp_server_seeing().await;
+    let app = app_allowing_loopback(|_| {}).await;
+    *seen.app_base.lock().unwrap() = app.base.clone();
+    let r = app.client.put(app.url("/tool-sources/docs")).json(&json!({"url": url})).send().await.unwrap();
+    assert_eq!(r.status(), 201);
+    seen.requests.lock().unwrap().clear();
+    let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let r = app
+        .client
+        .post(app.url("/tasks?wait=true&timeout=30"))
+        .header("traceparent", tp)
+        .json(&json!({"prompt": r#"[mock:tool_turns=2] [mock:tool=docs__spawn] [mock:args={"topic":"nested"}]"#, "model": "mock/m"}))
+        .send()
+        .await
+        .unwrap();
+    let t: Value = r.json().await.unwrap();
+    assert_eq!(t["status"], "completed", "{t}");
+    let results = tool_results(&app, t["id"].as_str().unwrap()).await;
+    assert_eq!(results.len(), 2);
+    for r in &results {
+        assert_eq!(r["content"], "POST /tasks answered 422 \"recursion_refused\"", "one level deep through MCP: {r}");
+    }
+    assert_eq!(app.task_count().await, 1, "no nested task was created");
+    let requests = seen.requests.lock().unwrap().clone();
+    assert!(requests.iter().all(|(h, _)| h["subagent-depth"] == "1"), "every request of the session carries the depth");
+    let bodies: Vec<Value> = requests.iter().filter_map(|(_, b)| serde_json::from_str(b).ok()).collect();
+    let method = |m: &str| bodies.iter().filter(|b| b["method"] == m).count();
+    assert_eq!(method("initialize"), 1, "one session for both calls: {bodies:?}");
+    assert_eq!(method("tools/call"), 2);
+    for (i, call) in bodies.iter().filter(|b| b["method"] == "tools/call").enumerate() {
+        let meta = &call["params"]["_meta"];
+        assert_eq!(meta["idempotencyKey"], format!("{}:call_{}_1", t["id"].as_str().unwrap(), i + 1), "{call}");
+        let child = meta["traceparent"].as_str().unwrap();
+        assert!(child.starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-"), "the task's trace: {child}");
+    }
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_source_that_cannot_be_reached_is_one_plain_sentence_to_the_model_and_its_last_error() {
+    let (url, _seen) = mcp_server_seeing().await;
+    let app = app_allowing_loopback(|_| {}).await;
+    let r = app.client.put(app.url("/tool-sources/docs")).json(&json!({"url": url})).send().await.unwrap();
+    assert_eq!(r.status(), 201);
+    // The server goes away: point the source at a port nobody listens on, keeping its tools.
+    let dead = format!(
+        "http://127.0.0.1:{}/mcp",
+        std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    );
+    sqlx::query("UPDATE tool_sources SET url = $1, tools = replace(tools::text, $2, $1)::jsonb")
+        .bind(&dead)
+        .bind(&url)
+        .execute(&app.db.pool)
+        .await
+        .unwrap();
+    let t = finished(
+        &app,
+        json!({"prompt": r#"[mock:tool_turns=1] [mock:tool=docs__lookup] [mock:args={"topic":"x"}]"#, "model": "mock/m", "subagent_type": "research"}),
+    )
+    .await;
+    assert_eq!(t["status"], "completed", "the run goes on");
+    let r = tool_results(&app, t["id"].as_str().unwrap()).await;
+    let said = r[0]["content"].as_str().unwrap();
+    assert_eq!(
+        said,
+        "The tool `docs__lookup` could not be run: its tool server could not be reached. You may try it again later, or go on without it."
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let src = loop {
+        let src: Value = app.client.get(app.url("/tool-sources/docs")).send().await.unwrap().json().await.unwrap();
+        if !src["last_error"].is_null() {
+            break src;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "last_error not set by the failed call: {src}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let e = src["last_error"].as_str().unwrap();
+    assert!(e.starts_with("tools/call at ") && e.contains("MCP handshake"), "the full chain is kept: {e}");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn discovered_names_providers_would_refuse_are_left_out_and_named_not_shortened() {
+    let url = mcp_server().await;
+    let app = app_allowing_loopback(|_| {}).await;
+    // 57 + 2 + len(tool): `lookup` makes 65 characters (too long), `edit` 63 and `spawn` 64.
+    let source = "s".repeat(57);
+    let r =
+        app.client.put(app.url(&format!("/tool-sources/{source}"))).json(&json!({"url": url})).send().await.unwrap();
+    assert_eq!(r.status(), 201);
+    let src: Value = r.json().await.unwrap();
+    let mut names: Vec<&str> = src["tools"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
+    names.sort();
+    assert_eq!(names, [format!("{source}__edit"), format!("{source}__spawn")]);
+    let e = src["last_error"].as_str().unwrap();
+    assert!(e.contains(&format!("{source}__lookup")) && e.contains("64"), "{e}");
+    let refreshed: Value = app
+        .client
+        .post(app.url(&format!("/tool-sources/{source}/refresh")))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(refreshed["last_error"], src["last_error"], "a refresh says it again");
+    assert_eq!(refreshed["tools"].as_array().unwrap().len(), 2);
+    app.stop().await;
+}
+
+/// Calls per second to a local MCP server through the tool runner (sequential, and 8 at once).
+/// A measurement for BENCHMARKS.md, not an assertion: `cargo test --release --test api
+/// mcp_calls_per_second -- --ignored --nocapture`.
+#[tokio::test]
+#[ignore]
+async fn mcp_calls_per_second() {
+    use subagentd::engine::ToolRunner;
+    use subagentd::tools::{Caller, Policy, Target, TaskTools, ToolDef};
+    let url = mcp_server().await;
+    let mut cfg = test_config("postgres://unused");
+    cfg.tool_allow = "*, 127.0.0.1/32".into();
+    let tools = std::sync::Arc::new(TaskTools {
+        caller: Caller::from_config(&cfg).unwrap(),
+        defs: vec![ToolDef {
+            name: "docs__lookup".into(),
+            description: String::new(),
+            parameters: json!({"type": "object"}),
+            policy: Policy::Auto,
+            target: Target::Mcp { source: "docs".into(), url, tool: "lookup".into(), timeout_ms: 10_000 },
+        }],
+        task_id: uuid::Uuid::now_v7(),
+        tenant_secret: None,
+        traceparent: None,
+        mcp_headers: Default::default(),
+        on_source_error: None,
+    });
+    let call = |i: usize| subagentd::llm::ToolCall {
+        id: format!("c{i}"),
+        name: "docs__lookup".into(),
+        arguments: json!({"topic": format!("t{i}")}),
+    };
+    assert!(!tools.run(&call(0)).await.is_error);
+    let n = 300;
+    let t0 = std::time::Instant::now();
+    for i in 0..n {
+        assert!(!tools.run(&call(i)).await.is_error);
+    }
+    let seq = n as f64 / t0.elapsed().as_secs_f64();
+    let t0 = std::time::Instant::now();
+    let mut set = tokio::task::JoinSet::new();
+    for w in 0..8 {
+        let tools = tools.clone();
+        set.spawn(async move {
+            for i in 0..n / 8 {
+                assert!(!tools.run(&call(w * 1000 + i)).await.is_error);
+            }
+        });
+    }
+    while set.join_next().await.is_some() {}
+    let par = (n / 8 * 8) as f64 / t0.elapsed().as_secs_f64();
+    println!("MCP calls/s: sequential {seq:.0}, 8 at once {par:.0}");
 }

@@ -42,6 +42,7 @@ impl Service {
         let mode = crate::http::auth::Mode::parse(&cfg.auth)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
         crate::telemetry::prometheus();
+        crate::telemetry::register_metrics(&providers.names(), &providers.known_models());
         let shutdown = CancellationToken::new();
         let hub = Hub::new();
         // The listener outlives the drain, so that waiters and cancels keep working during it.

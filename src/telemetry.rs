@@ -21,6 +21,111 @@ pub fn prometheus() -> &'static PrometheusHandle {
     })
 }
 
+/// Every metric family: name, HELP text. (Its type is the macro that records it.)
+pub const COUNTERS: &[(&str, &str)] = &[
+    ("subagentd_tasks_finished_total", "Tasks that reached a terminal state, by status."),
+    ("subagentd_claims_total", "Claim statements that took at least one task."),
+    (
+        "subagentd_direct_starts_total",
+        "Tasks started in the process that accepted them (a waiting request's shortcut).",
+    ),
+    ("subagentd_rescued_total", "Tasks whose lease expired, by what became of them (queued again, or failed)."),
+    ("subagentd_pauses_total", "Runs that paused for a decision or a caller's tool output."),
+    ("subagentd_actions_answered_total", "Answers to pending actions, by answer (approve, deny, output)."),
+    ("subagentd_budget_refusals_total", "Refusals on a budget, by limit and stage (admission, in_flight)."),
+    ("subagentd_budget_waits_total", "Provider calls that waited for others' reservations to settle, by limit."),
+    ("subagentd_llm_calls_total", "Provider call attempts, by provider, model and outcome."),
+    ("subagentd_llm_retries_total", "Provider call attempts that were retries, by provider and model."),
+    ("subagentd_llm_errors_total", "Provider call attempts that failed, by provider, model and HTTP status."),
+    ("subagentd_tokens_total", "Tokens of provider calls, by model and kind (input, output, cached)."),
+    ("subagentd_cost_microusd_total", "Cost of provider calls in millionths of a US dollar, by model."),
+    ("subagentd_webhook_attempts_total", "Webhook delivery attempts, by outcome and event."),
+    ("subagentd_http_requests_total", "HTTP requests served, by method, route template and status."),
+];
+
+pub const GAUGES: &[(&str, &str)] = &[
+    (
+        "subagentd_tasks",
+        "Open tasks across all replicas, by status (queued, running, requires_action), read at scrape.",
+    ),
+    ("subagentd_active_runs", "Sub-agents running in this process now."),
+    (
+        "subagentd_waiters",
+        "Requests of this process waiting for a task (wait=true, and event streams following a run).",
+    ),
+    ("subagentd_budget_waiting", "Queued tasks waiting for their tenant's reservations to settle, read at scrape."),
+];
+
+pub const HISTOGRAMS: &[(&str, &str)] = &[
+    ("subagentd_queue_wait_seconds", "Time from a task's creation to its first claim."),
+    ("subagentd_run_duration_seconds", "Time from a task's first start to its end."),
+    ("subagentd_budget_wait_seconds", "Time a task waited for budget before it was woken."),
+    ("subagentd_llm_call_duration_seconds", "Provider call latency, by provider, model and outcome."),
+    ("subagentd_http_request_duration_seconds", "HTTP request latency, by method and route template."),
+];
+
+/// Describe every family (`# HELP`), and give the counters and histograms whose labels are
+/// known ahead a zero series, so that alerts see 0 rather than no data: `models` are the
+/// configured (provider, `provider/model`) pairs — each provider also once with an empty model.
+pub fn register_metrics(providers: &[String], models: &[(String, String)]) {
+    for (name, help) in COUNTERS {
+        metrics::describe_counter!(*name, *help);
+    }
+    for (name, help) in GAUGES {
+        metrics::describe_gauge!(*name, *help);
+    }
+    for (name, help) in HISTOGRAMS {
+        metrics::describe_histogram!(*name, metrics::Unit::Seconds, *help);
+    }
+    let zero = |name: &'static str, labels: &[(&'static str, String)]| {
+        let labels: Vec<metrics::Label> = labels.iter().map(|(k, v)| metrics::Label::new(*k, v.clone())).collect();
+        metrics::counter!(name, labels).increment(0);
+    };
+    for status in ["completed", "incomplete", "failed", "cancelled"] {
+        zero("subagentd_tasks_finished_total", &[("status", status.into())]);
+    }
+    for name in ["subagentd_claims_total", "subagentd_direct_starts_total", "subagentd_pauses_total"] {
+        zero(name, &[]);
+    }
+    for to in ["queued", "failed"] {
+        zero("subagentd_rescued_total", &[("to", to.into())]);
+    }
+    for answer in ["approve", "deny", "output"] {
+        zero("subagentd_actions_answered_total", &[("answer", answer.into())]);
+    }
+    for limit in ["usd_per_day", "usd_per_month", "tokens_per_day"] {
+        zero("subagentd_budget_waits_total", &[("limit", limit.into())]);
+        for stage in ["admission", "in_flight"] {
+            zero("subagentd_budget_refusals_total", &[("limit", limit.into()), ("stage", stage.into())]);
+        }
+    }
+    for event in ["task.finished", "task.requires_action"] {
+        for outcome in ["delivered", "failed"] {
+            zero("subagentd_webhook_attempts_total", &[("outcome", outcome.into()), ("event", event.into())]);
+        }
+    }
+    let pairs = providers.iter().map(|p| (p.clone(), String::new())).chain(models.iter().cloned());
+    for (provider, model) in pairs {
+        let pm = [("provider", provider.clone()), ("model", model.clone())];
+        zero("subagentd_llm_calls_total", &[pm[0].clone(), pm[1].clone(), ("outcome", "ok".into())]);
+        zero("subagentd_llm_retries_total", &pm);
+        zero("subagentd_llm_errors_total", &[pm[0].clone(), pm[1].clone(), ("http_status", "none".into())]);
+        for kind in ["input", "output", "cached"] {
+            zero("subagentd_tokens_total", &[("model", model.clone()), ("kind", kind.into())]);
+        }
+        zero("subagentd_cost_microusd_total", &[("model", model.clone())]);
+    }
+    for name in ["subagentd_queue_wait_seconds", "subagentd_run_duration_seconds", "subagentd_budget_wait_seconds"] {
+        let _ = metrics::histogram!(name);
+    }
+    for provider in providers.iter().cloned().chain(models.iter().map(|m| m.0.clone())) {
+        let _ = metrics::histogram!("subagentd_llm_call_duration_seconds", "provider" => provider, "model" => "", "outcome" => "ok");
+    }
+    for name in ["subagentd_active_runs", "subagentd_waiters", "subagentd_budget_waiting"] {
+        metrics::gauge!(name).set(0.0);
+    }
+}
+
 /// Install the tracing subscriber: logs to stderr (`text` or `json`; JSON lines carry the
 /// fields of their span — task_id, attempt, trace_id), and, when `otlp` is set, an OpenTelemetry
 /// layer exporting spans over OTLP/HTTP to `<otlp>/v1/traces`. Returns the provider to flush
@@ -91,6 +196,32 @@ pub fn continue_trace(span: &tracing::Span, traceparent: &str) {
     let _ = span.set_parent(cx);
 }
 
+/// A new trace, sampled: for a task submitted without a caller's trace, so that it has one.
+pub fn new_traceparent() -> String {
+    use rand::RngCore;
+    let (mut t, mut s) = ([0u8; 16], [0u8; 8]);
+    rand::thread_rng().fill_bytes(&mut t);
+    rand::thread_rng().fill_bytes(&mut s);
+    t[0] |= 1; // never all zeros
+    s[0] |= 1;
+    format!("00-{}-{}-01", hex::encode(t), hex::encode(s))
+}
+
+/// Mark `span` failed, the way trace backends find failures: status ERROR with `description`,
+/// and `error.type` (OpenTelemetry's semantic conventions).
+pub fn span_error(span: &tracing::Span, error_type: &str, description: &str) {
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+    span.set_attribute("error.type", error_type.to_string());
+    span.set_status(opentelemetry::trace::Status::error(description.to_string()));
+}
+
+/// A string-list attribute (tracing's fields cannot carry lists).
+pub fn span_strings(span: &tracing::Span, key: &'static str, values: &[&str]) {
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+    let list: Vec<opentelemetry::StringValue> = values.iter().map(|v| v.to_string().into()).collect();
+    span.set_attribute(key, opentelemetry::Value::Array(list.into()));
+}
+
 /// A valid `traceparent` (`00-<32 hex trace id>-<16 hex span id>-<2 hex flags>`), lower-cased.
 pub fn parse_traceparent(v: &str) -> Option<String> {
     let v = v.trim().to_ascii_lowercase();
@@ -135,5 +266,8 @@ mod tests {
         assert!(parse_traceparent(&c).is_some());
         assert!(parse_traceparent("00-00000000000000000000000000000000-00f067aa0ba902b7-01").is_none());
         assert!(parse_traceparent("garbage").is_none());
+        let fresh = new_traceparent();
+        assert_eq!(parse_traceparent(&fresh).as_deref(), Some(fresh.as_str()));
+        assert_ne!(trace_id(&fresh), trace_id(&new_traceparent()));
     }
 }

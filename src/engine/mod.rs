@@ -198,8 +198,9 @@ pub trait RunStore: Send + Sync {
     /// Reserve the next provider call against the budgets, and record its start (`started`:
     /// the `llm_call_started` event) in the same write.
     async fn reserve(&self, ask: &Ask, started: Value) -> Result<Grant, Refusal>;
-    /// Append a progress event (turn and tool-call starts) that is not part of a checkpoint.
-    async fn event(&self, kind: &'static str, data: Value) -> Result<(), LeaseLost>;
+    /// Append progress events (a turn's events so far, as its tools start), in order, outside
+    /// a checkpoint.
+    async fn events(&self, events: &[(&'static str, Value)]) -> Result<(), LeaseLost>;
     /// Record a provider attempt that completes no turn (failed, or interrupted by a stop).
     async fn record_failed_call(&self, call: &CallRecord) -> Result<(), LeaseLost>;
     /// Commit a completed turn: messages, its call's usage and its events, atomically. (The
@@ -512,7 +513,11 @@ pub async fn run(
                 .iter()
                 .map(|&i| json!({"tool_call_id": resp.tool_calls[i].id, "name": resp.tool_calls[i].name}))
                 .collect();
-            if store.event("tool_calls_started", json!({"turn": turn, "calls": calls})).await.is_err() {
+            // The turn's events so far (its call's `llm_call_finished` first) go out now, in the
+            // order they happened, ahead of the tools' own.
+            let mut progress = std::mem::take(&mut events);
+            progress.push(("tool_calls_started", json!({"turn": turn, "calls": calls})));
+            if store.events(&progress).await.is_err() {
                 return Outcome::Stopped(StopCause::LeaseLost).into();
             }
         }
@@ -522,10 +527,12 @@ pub async fn run(
                 let tc = &resp.tool_calls[i];
                 async move {
                     let started = Instant::now();
-                    let span =
-                        tracing::info_span!("tool_call", tool = %tc.name, tool_call_id = %tc.id, is_error = tracing::field::Empty);
+                    let span = tool_span(&tc.name, &tc.id);
                     let out = tracing::Instrument::instrument(tools.run(tc), span.clone()).await;
                     span.record("is_error", out.is_error);
+                    if out.is_error {
+                        crate::telemetry::span_error(&span, "tool_error", &out.content);
+                    }
                     (i, out, started.elapsed())
                 }
             })
@@ -612,11 +619,16 @@ async fn apply_answers(input: &RunInput, tools: &dyn ToolRunner, stop: &StopSign
         let name = &a.call.name;
         let result = match &a.resolution {
             Resolution::Approved => {
-                let span = tracing::info_span!("tool_call", tool = %name, tool_call_id = %a.call.id, approved = true);
-                tokio::select! {
-                    r = tracing::Instrument::instrument(tools.run(&a.call), span) => r,
+                let span = tool_span(name, &a.call.id);
+                let out = tokio::select! {
+                    r = tracing::Instrument::instrument(tools.run(&a.call), span.clone()) => r,
                     cause = stop.stopped() => return Err(cause),
+                };
+                span.record("is_error", out.is_error);
+                if out.is_error {
+                    crate::telemetry::span_error(&span, "tool_error", &out.content);
                 }
+                out
             }
             Resolution::Denied { message } => ToolOutput {
                 content: match message.as_deref().map(str::trim).filter(|m| !m.is_empty()) {
@@ -643,6 +655,22 @@ async fn apply_answers(input: &RunInput, tools: &dyn ToolRunner, stop: &StopSign
         });
     }
     Ok(out)
+}
+
+/// A tool call's span (OpenTelemetry GenAI `execute_tool`): kind CLIENT, as every tool runs
+/// outside, over HTTP or MCP.
+fn tool_span(name: &str, call_id: &str) -> tracing::Span {
+    tracing::info_span!(
+        "tool_call",
+        otel.name = %format!("execute_tool {name}"),
+        otel.kind = "client",
+        gen_ai.operation.name = "execute_tool",
+        gen_ai.tool.name = %name,
+        gen_ai.tool.call.id = %call_id,
+        tool = %name,
+        tool_call_id = %call_id,
+        is_error = tracing::field::Empty,
+    )
 }
 
 fn max_turns_reached(input: &RunInput, last_text: Option<String>, turn: u32) -> Outcome {
@@ -753,14 +781,20 @@ async fn call_with_retries(
             }
         };
         let started = Instant::now();
-        // OpenTelemetry GenAI semantic conventions, as span fields.
+        // OpenTelemetry GenAI semantic conventions, as span fields (numbers as i64: tracing's
+        // unsigned fields reach OpenTelemetry as strings).
         let span = tracing::info_span!(
             "llm_call",
+            otel.name = %format!("chat {}", input.model),
+            otel.kind = "client",
+            gen_ai.operation.name = "chat",
+            gen_ai.provider.name = %provider.system(),
             gen_ai.system = %input.provider_name,
             gen_ai.request.model = %input.model,
-            gen_ai.request.max_tokens = req.max_tokens.unwrap_or(0),
-            turn,
-            try_no,
+            gen_ai.request.max_tokens = i64::from(req.max_tokens.unwrap_or(0)),
+            turn = i64::from(turn),
+            try_no = i64::from(try_no),
+            gen_ai.response.model = tracing::field::Empty,
             gen_ai.usage.input_tokens = tracing::field::Empty,
             gen_ai.usage.output_tokens = tracing::field::Empty,
             error = tracing::field::Empty,
@@ -800,11 +834,14 @@ async fn call_with_retries(
         };
         match &result {
             Ok(r) => {
-                span.record("gen_ai.usage.input_tokens", r.usage.input_tokens);
-                span.record("gen_ai.usage.output_tokens", r.usage.output_tokens);
+                span.record("gen_ai.usage.input_tokens", r.usage.input_tokens.min(i64::MAX as u64) as i64);
+                span.record("gen_ai.usage.output_tokens", r.usage.output_tokens.min(i64::MAX as u64) as i64);
+                span.record("gen_ai.response.model", r.model.as_deref().unwrap_or(&input.model));
+                crate::telemetry::span_strings(&span, "gen_ai.response.finish_reasons", &[r.finish.as_str()]);
             }
             Err(e) => {
                 span.record("error", tracing::field::display(&e.message));
+                crate::telemetry::span_error(&span, e.code(), &e.message);
             }
         }
         let latency_ms = started.elapsed().as_millis().min(u32::MAX as u128) as u32;

@@ -56,6 +56,7 @@ fn calls(names: &[(&str, Value)]) -> ChatResponse {
         http_status: Some(200),
         finish: crate::llm::FinishReason::ToolCalls,
         usage_estimated: false,
+        model: None,
     }
 }
 
@@ -71,8 +72,8 @@ struct Store {
 
 #[async_trait::async_trait]
 impl RunStore for Store {
-    async fn event(&self, kind: &'static str, _data: Value) -> Result<(), LeaseLost> {
-        self.events.lock().unwrap().push(kind);
+    async fn events(&self, events: &[(&'static str, Value)]) -> Result<(), LeaseLost> {
+        self.events.lock().unwrap().extend(events.iter().map(|e| e.0));
         Ok(())
     }
     async fn reserve(&self, ask: &Ask, _started: Value) -> Result<Grant, Refusal> {
@@ -209,7 +210,11 @@ async fn tool_call_then_result_then_summary() {
     let (o, store, tools) = go(&p, input()).await;
     assert_eq!(o, Outcome::Completed { summary: "thing 7 is blue".into(), output: None });
     assert_eq!(*tools.ran.lock().unwrap(), ["get_thing"]);
-    assert_eq!(*store.events.lock().unwrap(), ["llm_call_started", "tool_calls_started", "llm_call_started"]);
+    // Events in the order they happened: the call's end before its tools' start.
+    assert_eq!(
+        *store.events.lock().unwrap(),
+        ["llm_call_started", "llm_call_finished", "tool_calls_started", "llm_call_started"]
+    );
     let cps = store.checkpoints.lock().unwrap();
     assert_eq!(cps.len(), 2);
     // Turn 1 checkpoints system, user, assistant(tool call), tool result; turn 2 the answer.

@@ -20,6 +20,9 @@ use super::extract::{ApiQuery, TaskId};
 use super::AppState;
 use crate::store::{events, tasks};
 
+/// The `retry:` hint sent at the start of every live stream.
+const RECONNECT_AFTER: Duration = Duration::from_secs(3);
+
 pub fn router() -> Router<AppState> {
     Router::new().route("/tasks/{id}/events", get(list))
 }
@@ -67,6 +70,11 @@ async fn list(
         None => None,
     };
     let start = resume.or(q.after).unwrap_or(0);
+    // A finished task's stream has ended for good: a client that reconnects after reading it
+    // all (an `EventSource` does, whenever a stream closes) is told to stop with 204.
+    if task.is_terminal() && events::after(&st.pool, id, start, 1).await?.is_empty() {
+        return Ok(axum::http::StatusCode::NO_CONTENT.into_response());
+    }
     let stream = futures_util::stream::unfold((st, tenant, start, false), move |(st, tenant, seq, done)| async move {
         if done {
             return None;
@@ -111,7 +119,9 @@ async fn list(
             }
         }
     });
-    let flat = futures_util::StreamExt::flatten(stream);
+    // How long a client waits before it reconnects, should the stream drop while the task runs.
+    let hint = futures_util::stream::once(async { Ok(Event::default().retry(RECONNECT_AFTER)) });
+    let flat = futures_util::StreamExt::chain(hint, futures_util::StreamExt::flatten(stream));
     Ok(Sse::new(flat).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))).into_response())
 }
 

@@ -156,6 +156,19 @@ pub async fn apply(
             }
         }
         End::Finish(fin) => {
+            // The run's span (the current one) tells trace backends a run did not complete.
+            match fin.status {
+                TaskStatus::Failed => crate::telemetry::span_error(
+                    &tracing::Span::current(),
+                    fin.error_code.as_deref().unwrap_or("failed"),
+                    fin.error_message.as_deref().unwrap_or("failed"),
+                ),
+                TaskStatus::Incomplete => {
+                    let reason = fin.stop_reason.as_deref().unwrap_or("incomplete");
+                    crate::telemetry::span_error(&tracing::Span::current(), reason, &format!("incomplete: {reason}"))
+                }
+                _ => {}
+            }
             if fin.status == TaskStatus::Failed {
                 tracing::warn!(
                     task_id = %id,

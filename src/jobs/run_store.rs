@@ -200,8 +200,8 @@ impl RunStore for PgRunStore {
         }
     }
 
-    async fn event(&self, kind: &'static str, data: Value) -> Result<(), LeaseLost> {
-        let r = retrying(|| events::append(&self.pool, self.fence, kind, &data)).await.map(|ok| {
+    async fn events(&self, evs: &[(&'static str, Value)]) -> Result<(), LeaseLost> {
+        let r = retrying(|| events::append(&self.pool, self.fence, evs)).await.map(|ok| {
             if ok {
                 Committed::Applied
             } else {

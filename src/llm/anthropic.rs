@@ -109,6 +109,7 @@ pub fn parse_response(status: u16, v: &Value) -> Result<ChatResponse, LlmError> 
         http_status: Some(status),
         finish: FinishReason::parse(stop),
         usage_estimated: false,
+        model: v.get("model").and_then(Value::as_str).map(str::to_string),
     })
 }
 
@@ -139,6 +140,7 @@ struct Streamed {
     usage: Option<Value>,
     stop: Option<String>,
     done: bool,
+    model: Option<String>,
 }
 
 impl Streamed {
@@ -150,7 +152,10 @@ impl Streamed {
             serde_json::from_str(&e.data).map_err(|err| protocol(200, format!("bad stream event: {err}")))?;
         let block = |v: &Value| v.get("index").and_then(Value::as_u64).unwrap_or(0) as usize;
         match v.get("type").and_then(Value::as_str).unwrap_or_default() {
-            "message_start" => self.usage = v.pointer("/message/usage").cloned(),
+            "message_start" => {
+                self.usage = v.pointer("/message/usage").cloned();
+                self.model = v.pointer("/message/model").and_then(Value::as_str).map(str::to_string);
+            }
             "content_block_start" => {
                 let i = block(&v);
                 while self.blocks.len() <= i {
@@ -238,6 +243,7 @@ impl Streamed {
             http_status: Some(status),
             finish: FinishReason::parse(&stop),
             usage_estimated: false,
+            model: self.model,
         })
     }
 }
@@ -246,6 +252,10 @@ impl Streamed {
 impl Provider for Anthropic {
     fn name(&self) -> &str {
         &self.name
+    }
+
+    fn system(&self) -> &str {
+        "anthropic"
     }
 
     fn host(&self) -> Option<String> {

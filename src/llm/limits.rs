@@ -43,6 +43,10 @@ impl Provider for Limited {
         self.inner.name()
     }
 
+    fn system(&self) -> &str {
+        self.inner.system()
+    }
+
     async fn chat(&self, req: &ChatRequest) -> Result<ChatResponse, LlmError> {
         let _slot = match &self.slots {
             Some(s) => {

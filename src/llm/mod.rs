@@ -213,6 +213,8 @@ pub struct ChatResponse {
     /// The provider reported no usage: `usage` is estimated from the text (a character is
     /// counted as a quarter of a token).
     pub usage_estimated: bool,
+    /// The model that answered, as the provider names it (may differ from the one asked for).
+    pub model: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -288,6 +290,11 @@ impl LlmError {
 pub trait Provider: Send + Sync {
     /// The name used in `provider/model`.
     fn name(&self) -> &str;
+    /// The API it speaks, as OpenTelemetry's `gen_ai.provider.name` names it (`openai`,
+    /// `anthropic`); its name by default.
+    fn system(&self) -> &str {
+        self.name()
+    }
     async fn chat(&self, req: &ChatRequest) -> Result<ChatResponse, LlmError>;
     /// The host calls go to, for logs (`None` for a provider with no server).
     fn host(&self) -> Option<String> {
@@ -508,6 +515,24 @@ impl Providers {
 
     pub fn get(&self, name: &str) -> Option<Arc<dyn Provider>> {
         self.map.get(name).cloned()
+    }
+
+    /// The models the configuration names (aliases' targets, the default, per-model settings)
+    /// whose provider is configured: (provider, `provider/model`).
+    pub fn known_models(&self) -> Vec<(String, String)> {
+        let mut named: Vec<&str> = self.aliases.values().map(String::as_str).collect();
+        named.extend(self.default_model.as_deref());
+        let per_model: Vec<String> = self
+            .settings
+            .iter()
+            .flat_map(|(p, s)| s.model_max_output_tokens.keys().map(move |m| format!("{p}/{m}")))
+            .collect();
+        named.extend(per_model.iter().map(String::as_str));
+        let mut out: Vec<(String, String)> =
+            named.into_iter().filter_map(|n| self.resolve(n).ok()).map(|m| (m.provider.clone(), m.full())).collect();
+        out.sort();
+        out.dedup();
+        out
     }
 
     pub fn names(&self) -> Vec<String> {

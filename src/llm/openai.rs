@@ -111,6 +111,7 @@ pub fn parse_response(status: u16, v: &Value) -> Result<ChatResponse, LlmError> 
         http_status: Some(status),
         finish: finish.unwrap_or_default(),
         usage_estimated: false,
+        model: v.get("model").and_then(Value::as_str).map(str::to_string),
     })
 }
 
@@ -123,6 +124,7 @@ struct Streamed {
     finish: Option<FinishReason>,
     usage: Option<Usage>,
     done: bool,
+    model: Option<String>,
 }
 
 impl Streamed {
@@ -144,6 +146,9 @@ impl Streamed {
         }
         if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
             self.usage = Some(usage_of(u));
+        }
+        if self.model.is_none() {
+            self.model = v.get("model").and_then(Value::as_str).map(str::to_string);
         }
         if let Some(choice) = v.pointer("/choices/0") {
             let delta = choice.get("delta").unwrap_or(&Value::Null);
@@ -214,6 +219,7 @@ impl Streamed {
             http_status: Some(status),
             finish: self.finish.unwrap_or_default(),
             usage_estimated,
+            model: self.model,
         })
     }
 }
@@ -222,6 +228,10 @@ impl Streamed {
 impl Provider for OpenAi {
     fn name(&self) -> &str {
         &self.name
+    }
+
+    fn system(&self) -> &str {
+        "openai"
     }
 
     fn host(&self) -> Option<String> {

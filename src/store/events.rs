@@ -27,17 +27,20 @@ pub async fn after(pool: &PgPool, task: Uuid, after: i32, limit: i64) -> Result<
     .await?)
 }
 
-/// Append an event from the worker holding the lease (the caller publishes `CH_EVENT`).
+/// Append events, in order, from the worker holding the lease (the caller publishes `CH_EVENT`).
 /// Returns false (writing nothing) if the lease is gone.
-pub async fn append(pool: &PgPool, f: Fence, kind: &str, data: &Value) -> Result<bool, StoreError> {
+pub async fn append(pool: &PgPool, f: Fence, events: &[(&str, Value)]) -> Result<bool, StoreError> {
+    let (kinds, datas): (Vec<&str>, Vec<&Value>) = events.iter().map(|(k, d)| (*k, d)).unzip();
     let sql = "WITH u AS (
-            UPDATE tasks SET last_event_seq = last_event_seq + 1
+            UPDATE tasks SET last_event_seq = last_event_seq + cardinality($3::text[])
             WHERE id = $1 AND lease_token = $2 AND status = 'running'
             RETURNING id, last_event_seq
          ), e AS (
-            INSERT INTO task_events (task_id, seq, kind, data) SELECT id, last_event_seq, $3, $4 FROM u
+            INSERT INTO task_events (task_id, seq, kind, data)
+            SELECT id, u.last_event_seq - cardinality($3::text[]) + x.ord, x.kind, x.data
+            FROM u, unnest($3::text[], $4::jsonb[]) WITH ORDINALITY AS x(kind, data, ord)
          )
          SELECT count(*)::int FROM u";
-    let n: i32 = sqlx::query_scalar(sql).bind(f.id).bind(f.lease).bind(kind).bind(data).fetch_one(pool).await?;
+    let n: i32 = sqlx::query_scalar(sql).bind(f.id).bind(f.lease).bind(&kinds).bind(&datas).fetch_one(pool).await?;
     Ok(n == 1)
 }

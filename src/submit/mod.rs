@@ -508,7 +508,8 @@ impl Submitter {
             parent_task_id: body.resume_from,
             max_cost_usd,
             max_tokens,
-            traceparent: s.traceparent.clone(),
+            // A task without a caller's trace gets one of its own: its runs and calls join it.
+            traceparent: Some(s.traceparent.clone().unwrap_or_else(crate::telemetry::new_traceparent)),
             webhook_url: body.webhook_url.clone(),
             api_key: s.api_key.clone(),
             start: None,

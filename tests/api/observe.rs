@@ -297,5 +297,270 @@ async fn spans_are_exported_over_otlp_and_continue_the_callers_trace() {
     let raw: Vec<u8> = (0..16).map(|i| u8::from_str_radix(&trace[i * 2..i * 2 + 2], 16).unwrap()).collect();
     let all: Vec<u8> = got.iter().flat_map(|g| g.1.clone()).collect();
     assert!(all.windows(16).any(|w| w == raw.as_slice()), "the run's spans continue the caller's trace id");
-    assert!(all.windows(8).any(|w| w == b"llm_call"), "an llm_call span was exported");
+    // The provider call's span, named as the GenAI conventions say (`chat <model>`).
+    assert!(all.windows(6).any(|w| w == b"chat m"), "an llm_call span was exported");
+}
+
+/// An attribute of an exported span, as OTLP carries it.
+fn attr<'a>(
+    span: &'a opentelemetry_proto::tonic::trace::v1::Span,
+    key: &str,
+) -> Option<&'a opentelemetry_proto::tonic::common::v1::any_value::Value> {
+    span.attributes.iter().find(|kv| kv.key == key).and_then(|kv| kv.value.as_ref()).and_then(|v| v.value.as_ref())
+}
+
+#[tokio::test]
+async fn exported_spans_follow_the_genai_conventions_and_failures_are_errors() {
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use opentelemetry_proto::tonic::common::v1::any_value::Value as V;
+    use opentelemetry_proto::tonic::trace::v1::{span::SpanKind, status::StatusCode as Code};
+    use prost::Message;
+
+    let bodies: Exports = Arc::default();
+    let b2 = bodies.clone();
+    let collector = Router::new().route(
+        "/v1/traces",
+        post(move |body: axum::body::Bytes| {
+            let b2 = b2.clone();
+            async move {
+                b2.lock().unwrap().push((String::new(), body.to_vec()));
+                StatusCode::OK
+            }
+        }),
+    );
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let otlp = format!("http://{}", l.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(l, collector).await.unwrap() });
+    let db = test_db().await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut svc = spawn_binary(
+        &["serve"],
+        &db.url,
+        &[
+            ("SUBAGENTD_OTLP_ENDPOINT", otlp.as_str()),
+            ("SUBAGENTD_LISTEN", &format!("127.0.0.1:{port}")),
+            ("SUBAGENTD_TOOL_ALLOW", "*, 127.0.0.1/32"),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ],
+    );
+    let client = reqwest::Client::new();
+    let base = format!("http://127.0.0.1:{port}");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while client.get(format!("{base}/readyz")).send().await.map(|r| r.status() != 200).unwrap_or(true) {
+        assert!(tokio::time::Instant::now() < deadline, "service did not start");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let dead_tool = format!(
+        "http://127.0.0.1:{}/t",
+        std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    );
+    let run = |body: Value| {
+        let client = client.clone();
+        let base = base.clone();
+        async move {
+            let r = client.post(format!("{base}/tasks?wait=true")).json(&body).send().await.unwrap();
+            assert_eq!(r.status(), 200);
+            r.json::<Value>().await.unwrap()
+        }
+    };
+    // No traceparent: the task gets a trace of its own. Its tool fails.
+    let ok = run(json!({"prompt": "[mock:tool_turns=1] [mock:tool=t]", "model": "mock/m",
+                        "tools": [{"name": "t", "parameters": {"type": "object"}, "policy": "auto", "endpoint": dead_tool}]}))
+    .await;
+    assert_eq!(ok["status"], "completed");
+    let trace = ok["trace_id"].as_str().expect("a trace id without a caller's traceparent").to_string();
+    assert_eq!(trace.len(), 32);
+    let failed = run(json!({"prompt": "[mock:fail=400]", "model": "mock/m"})).await;
+    assert_eq!(failed["status"], "failed");
+    unsafe { libc::kill(svc.child.id() as i32, libc::SIGTERM) };
+    while svc.child.try_wait().unwrap().is_none() {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let spans: Vec<_> = bodies
+        .lock()
+        .unwrap()
+        .iter()
+        .flat_map(|(_, b)| ExportTraceServiceRequest::decode(b.as_slice()).unwrap().resource_spans)
+        .flat_map(|r| r.scope_spans)
+        .flat_map(|s| s.spans)
+        .collect();
+    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    let of_task = |t: &str| spans.iter().filter(move |s| hex(&s.trace_id) == t).collect::<Vec<_>>();
+
+    let mine = of_task(&trace);
+    let chat = mine
+        .iter()
+        .find(|s| s.name == "chat m")
+        .unwrap_or_else(|| panic!("no chat span: {:?}", mine.iter().map(|s| &s.name).collect::<Vec<_>>()));
+    assert_eq!(chat.kind, SpanKind::Client as i32);
+    assert_eq!(attr(chat, "gen_ai.operation.name"), Some(&V::StringValue("chat".into())));
+    assert_eq!(attr(chat, "gen_ai.provider.name"), Some(&V::StringValue("mock".into())));
+    assert_eq!(attr(chat, "gen_ai.response.model"), Some(&V::StringValue("m".into())));
+    for key in ["gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens", "gen_ai.request.max_tokens"] {
+        assert!(
+            matches!(attr(chat, key), Some(V::IntValue(n)) if *n > 0),
+            "{key} is an integer: {:?}",
+            attr(chat, key)
+        );
+    }
+    let Some(V::ArrayValue(reasons)) = attr(chat, "gen_ai.response.finish_reasons") else { panic!("finish reasons") };
+    assert!(!reasons.values.is_empty());
+    let tool = mine.iter().find(|s| s.name == "execute_tool t").expect("a tool span");
+    assert_eq!(tool.kind, SpanKind::Client as i32);
+    assert_eq!(attr(tool, "gen_ai.operation.name"), Some(&V::StringValue("execute_tool".into())));
+    assert_eq!(tool.status.as_ref().map(|s| s.code), Some(Code::Error as i32), "a tool error is an error");
+    assert_eq!(attr(tool, "error.type"), Some(&V::StringValue("tool_error".into())));
+
+    let theirs = of_task(failed["trace_id"].as_str().unwrap());
+    let run_span = theirs.iter().find(|s| s.name == "run").expect("a run span");
+    assert_eq!(run_span.status.as_ref().map(|s| s.code), Some(Code::Error as i32), "a failed run is an error");
+    let call = theirs.iter().find(|s| s.name == "chat m").expect("the failed call's span");
+    assert_eq!(call.status.as_ref().map(|s| s.code), Some(Code::Error as i32));
+    assert_eq!(attr(call, "error.type"), Some(&V::StringValue("provider_rejected".into())));
+}
+
+/// `/metrics` of `base`, read by a Prometheus text-format parser.
+async fn scrape(client: &reqwest::Client, base: &str) -> prometheus_parse::Scrape {
+    let text = client.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
+    prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).unwrap()
+}
+
+fn sample<'a>(
+    s: &'a prometheus_parse::Scrape,
+    name: &str,
+    labels: &[(&str, &str)],
+) -> Option<&'a prometheus_parse::Value> {
+    s.samples
+        .iter()
+        .find(|x| x.metric == name && labels.iter().all(|(k, v)| x.labels.get(k) == Some(*v)))
+        .map(|x| &x.value)
+}
+
+#[tokio::test]
+async fn metrics_parse_as_prometheus_text_with_help_for_every_family_and_zeros_from_the_start() {
+    use prometheus_parse::Value as P;
+    let db = test_db().await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let _svc = spawn_binary(&["serve"], &db.url, &[("SUBAGENTD_LISTEN", &format!("127.0.0.1:{port}"))]);
+    let client = reqwest::Client::new();
+    let base = format!("http://127.0.0.1:{port}");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while client.get(format!("{base}/readyz")).send().await.map(|r| r.status() != 200).unwrap_or(true) {
+        assert!(tokio::time::Instant::now() < deadline, "service did not start");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let s = scrape(&client, &base).await;
+    // Every family has its HELP line, whether or not anything happened yet.
+    let families = subagentd::telemetry::COUNTERS
+        .iter()
+        .chain(subagentd::telemetry::GAUGES)
+        .chain(subagentd::telemetry::HISTOGRAMS);
+    for (name, help) in families {
+        let documented = s.docs.get(*name).map(String::as_str);
+        if *name == "subagentd_http_request_duration_seconds" && documented.is_none() {
+            continue; // (its first series comes with the first request it times: after this one)
+        }
+        assert_eq!(documented, Some(*help), "HELP of {name}");
+    }
+    // A fresh process: counters and histograms alerts watch are there, at zero.
+    for (name, labels) in [
+        ("subagentd_budget_refusals_total", vec![("limit", "usd_per_day"), ("stage", "admission")]),
+        ("subagentd_rescued_total", vec![("to", "failed")]),
+        ("subagentd_llm_errors_total", vec![("provider", "mock")]),
+        ("subagentd_llm_retries_total", vec![("provider", "mock")]),
+        ("subagentd_tasks_finished_total", vec![("status", "failed")]),
+        ("subagentd_pauses_total", vec![]),
+    ] {
+        assert_eq!(sample(&s, name, &labels), Some(&P::Counter(0.0)), "{name} {labels:?}");
+    }
+    for name in ["subagentd_waiters", "subagentd_active_runs", "subagentd_budget_waiting"] {
+        assert_eq!(sample(&s, name, &[]), Some(&P::Gauge(0.0)), "{name}");
+    }
+    let Some(P::Histogram(buckets)) = sample(&s, "subagentd_queue_wait_seconds", &[]) else {
+        panic!("queue wait histogram: {:?}", sample(&s, "subagentd_queue_wait_seconds", &[]))
+    };
+    assert!(buckets.iter().all(|b| b.count == 0.0) && buckets.len() > 5);
+    assert!(matches!(sample(&s, "subagentd_tasks", &[("status", "requires_action")]), Some(P::Gauge(_))));
+
+    // Then they count.
+    let r = client
+        .post(format!("{base}/tasks?wait=true"))
+        .json(&json!({"prompt": "x", "model": "mock/m"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let s = scrape(&client, &base).await;
+    assert_eq!(sample(&s, "subagentd_tasks_finished_total", &[("status", "completed")]), Some(&P::Counter(1.0)));
+    assert!(matches!(
+        sample(&s, "subagentd_llm_calls_total", &[("provider", "mock"), ("model", "mock/m")]),
+        Some(P::Counter(n)) if *n >= 1.0
+    ));
+    assert!(s.docs.contains_key("subagentd_http_request_duration_seconds"));
+}
+
+#[tokio::test]
+async fn a_finished_tasks_stream_ends_for_good_with_204_and_a_live_one_says_when_to_reconnect() {
+    let db = test_db().await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let _svc = spawn_binary(
+        &["serve"],
+        &db.url,
+        &[("SUBAGENTD_LISTEN", &format!("127.0.0.1:{port}")), ("SUBAGENTD_TOOL_ALLOW", "*, 127.0.0.1/32")],
+    );
+    let client = reqwest::Client::new();
+    let base = format!("http://127.0.0.1:{port}");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while client.get(format!("{base}/readyz")).send().await.map(|r| r.status() != 200).unwrap_or(true) {
+        assert!(tokio::time::Instant::now() < deadline, "service did not start");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let tool =
+        json!({"name": "t", "parameters": {"type": "object"}, "policy": "auto", "endpoint": "http://127.0.0.1:9/t"});
+    let t: Value = client
+        .post(format!("{base}/tasks"))
+        .json(&json!({"prompt": "x [mock:tool_turns=2] [mock:delay_ms=200]", "model": "mock/m", "tools": [tool]}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let url = format!("{base}/tasks/{}/events", t["id"].as_str().unwrap());
+    let sse = |last: Option<String>| {
+        let mut r = client.get(&url).header("accept", "text/event-stream");
+        if let Some(l) = last {
+            r = r.header("last-event-id", l);
+        }
+        r.send()
+    };
+    // Live: a retry hint first, then the events in the order they happened, to the end.
+    let r = sse(None).await.unwrap();
+    assert_eq!(r.status(), 200);
+    let body =
+        tokio::time::timeout(Duration::from_secs(20), r.text()).await.expect("the stream ends with the task").unwrap();
+    assert!(
+        body.starts_with("retry:") && body.lines().next().unwrap().trim_start_matches("retry:").trim() == "3000",
+        "{body}"
+    );
+    let kinds: Vec<&str> = body.lines().filter_map(|l| l.strip_prefix("event:")).map(str::trim).collect();
+    assert_eq!(kinds.last(), Some(&"finished"), "{body}");
+    for turn in 0..2 {
+        let finished = kinds.iter().enumerate().filter(|(_, k)| **k == "llm_call_finished").nth(turn).unwrap().0;
+        let tools = kinds.iter().enumerate().filter(|(_, k)| **k == "tool_calls_started").nth(turn).unwrap().0;
+        assert!(finished < tools, "turn {turn}: the call's end comes before its tools' start: {kinds:?}");
+    }
+    let last: String = body.lines().filter_map(|l| l.strip_prefix("id:")).map(str::trim).next_back().unwrap().to_string();
+    // The reconnect an EventSource makes after the end: 204, which tells it to stop.
+    let r = sse(Some(last.clone())).await.unwrap();
+    assert_eq!(r.status(), 204);
+    let r = client.get(format!("{url}?after={last}")).header("accept", "text/event-stream").send().await.unwrap();
+    assert_eq!(r.status(), 204);
+    // Earlier positions still replay what is left, then end.
+    let r = sse(Some("1".into())).await.unwrap();
+    assert_eq!(r.status(), 200);
+    let rest = r.text().await.unwrap();
+    let ids: Vec<&str> = rest.lines().filter_map(|l| l.strip_prefix("id:")).map(str::trim).collect();
+    assert_eq!(ids.first(), Some(&"2"), "{rest}");
+    assert!(rest.contains("finished"), "{rest}");
 }

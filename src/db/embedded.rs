@@ -102,13 +102,36 @@ impl EmbeddedPostgres {
             .to_str()
             .filter(|d| d.len() + "/.s.PGSQL.65535".len() < 100 && !d.contains(','))
             .map(|_| data_dir.clone());
-        match Self::spawn(opts, &bin, owner, &data_dir, &password, socket_dir.clone()) {
+        let port = free_port()?;
+        match Self::spawn(opts, &bin, owner, &data_dir, &password, socket_dir.clone(), port) {
             Err(e) if socket_dir.is_some() => {
                 tracing::warn!(error = %e, "embedded postgres did not start with a Unix socket; retrying on TCP only");
-                Self::spawn(opts, &bin, owner, &data_dir, &password, None)
+                Self::spawn(opts, &bin, owner, &data_dir, &password, None, port)
             }
             r => r,
         }
+    }
+
+    /// A crash of the database (for fault tests): the postmaster is told to shut down at once
+    /// (`pg_ctl stop -m immediate`: no checkpoint; the next start recovers from the WAL).
+    pub fn crash(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // SAFETY: plain kill(2) on our own child's pid.
+            unsafe {
+                libc::kill(child.id() as libc::pid_t, libc::SIGQUIT);
+            }
+            let _ = child.wait();
+        }
+    }
+
+    /// Start the server again after `crash` or `stop`, on the same port and socket.
+    pub fn start_again(&mut self, opts: &EmbeddedOptions) -> Result<(), BootstrapError> {
+        self.stop();
+        let bin = find_bin_dir(opts.bin_dir.as_deref()).ok_or(BootstrapError::NoBinaries)?;
+        let owner = run_as_user()?;
+        let again = Self::spawn(opts, &bin, owner, &self.data_dir, &self.password, self.socket_dir.clone(), self.port)?;
+        *self = again;
+        Ok(())
     }
 
     fn spawn(
@@ -118,8 +141,8 @@ impl EmbeddedPostgres {
         data_dir: &Path,
         password: &str,
         socket_dir: Option<PathBuf>,
+        port: u16,
     ) -> Result<Self, BootstrapError> {
-        let port = free_port()?;
         let log_path = data_dir.with_extension("log");
         let log = fs::OpenOptions::new()
             .create(true)

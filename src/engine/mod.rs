@@ -717,10 +717,12 @@ fn worst_case(req: &ChatRequest) -> Usage {
 }
 
 /// The `llm_call_started` event, written with the call's reservation.
-fn started_event(input: &RunInput, req: &ChatRequest, turn: u32, try_no: u32, usd: Decimal, tokens: u64) -> Value {
+fn started_event(input: &RunInput, req: &ChatRequest, a: &Ask, turn: u32, try_no: u32) -> Value {
+    let (usd, tokens) = a.worst();
+    // `prompt_tokens` and `max_tokens` let a rescue estimate the call, should its worker be lost.
     json!({"turn": turn, "try": try_no, "model": format!("{}/{}", input.provider_name, input.model),
            "messages": req.messages.len(), "tools": req.tools.len(),
-           "reserved_usd": usd, "reserved_tokens": tokens})
+           "reserved_usd": usd, "reserved_tokens": tokens, "prompt_tokens": a.prompt_tokens, "max_tokens": a.max_out})
 }
 
 /// The request of the run's next turn, over the conversation so far.
@@ -744,8 +746,7 @@ pub fn first_reservation(input: &RunInput) -> (Ask, Value) {
     let messages: Vec<Message> = input.history.iter().chain(&input.new_messages).cloned().collect();
     let req = request(input, &messages, false);
     let a = ask(input, &req);
-    let (usd, tokens) = a.worst();
-    (a, started_event(input, &req, input.turns_done + 1, 1, usd, tokens))
+    (a, started_event(input, &req, &a, input.turns_done + 1, 1))
 }
 
 async fn call_with_retries(
@@ -767,8 +768,7 @@ async fn call_with_retries(
         let (est_usd, est_tokens) = if written_ahead {
             a.worst()
         } else {
-            let (usd, tokens) = a.worst();
-            let started = started_event(input, req, turn, try_no, usd, tokens);
+            let started = started_event(input, req, &a, turn, try_no);
             match store.reserve(&a, started).await {
                 Ok(g) => {
                     // The budget may afford fewer output tokens than asked: the call asks for those.

@@ -19,13 +19,13 @@ async fn healthz() -> Json<Value> {
 }
 
 async fn readyz(State(st): State<AppState>) -> Result<Json<Value>, ApiError> {
-    match tokio::time::timeout(Duration::from_secs(2), crate::store::ready(&st.pool)).await {
+    match tokio::time::timeout(Duration::from_secs(1), crate::store::ready(&st.pool)).await {
         Ok(Ok(true)) => Ok(Json(json!({"status": "ready", "listener": st.hub.is_connected()}))),
         Ok(Ok(false)) => Err(ApiError::unavailable("database migrations are not applied (run `subagentd migrate`)")),
         Ok(Err(e)) => {
             tracing::warn!(error = %e, "readiness check failed");
             Err(ApiError::unavailable("the database is not reachable"))
         }
-        Err(_) => Err(ApiError::unavailable("the database did not answer within 2 s")),
+        Err(_) => Err(ApiError::unavailable("the database did not answer within 1 s")),
     }
 }

@@ -50,8 +50,11 @@ impl Heartbeat {
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tokio::select! { _ = tick.tick() => {}, _ = stop.cancelled() => return }
-                if let Err(e) = self.pass().await {
-                    tracing::warn!(error = %e, "heartbeat failed");
+                // A failed beat (the database away) is tried again every second, so that leases
+                // are renewed as soon as it is back.
+                while let Err(e) = self.pass().await {
+                    tracing::warn!(error = %e, "heartbeat failed; retrying in a second");
+                    tokio::select! { _ = tokio::time::sleep(Duration::from_secs(1)) => {}, _ = stop.cancelled() => return }
                 }
             }
         })

@@ -11,6 +11,7 @@ pub mod claim;
 pub mod finish;
 pub mod heartbeat;
 pub mod hub;
+pub mod presence;
 pub mod rescuer;
 pub mod retention;
 pub mod run;
@@ -25,6 +26,9 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use worker::Worker;
+
+/// How often every worker process looks for lost workers' runs.
+pub const RESCUE_EVERY: Duration = Duration::from_secs(1);
 
 /// Run a worker process's services until `shutdown`: claim, keep leases, rescue, purge and
 /// deliver; then drain (running sub-agents get `grace`, the rest go back to the queue) and
@@ -41,7 +45,13 @@ pub async fn run_worker(worker: Arc<Worker>, shutdown: CancellationToken, grace:
             every: cfg.heartbeat(),
         }
         .start(background.clone()),
-        rescuer::Rescuer { pool: runner.pool.clone(), max_attempts: cfg.max_attempts, every }.start(background.clone()),
+        rescuer::Rescuer {
+            pool: runner.pool.clone(),
+            max_attempts: cfg.max_attempts,
+            every: RESCUE_EVERY,
+            grace: cfg.lease(),
+        }
+        .start(background.clone()),
         retention::Retention {
             pool: runner.pool.clone(),
             days: cfg.retention_days,
@@ -63,8 +73,18 @@ pub async fn run_worker(worker: Arc<Worker>, shutdown: CancellationToken, grace:
         }
         .start(background.clone()),
     ];
+    let presence_stop = CancellationToken::new();
+    let presence = presence::Presence {
+        options: (*runner.pool.connect_options()).clone(),
+        worker: worker.id().to_string(),
+        every: Duration::from_secs(1),
+    }
+    .start(presence_stop.clone())
+    .await;
     claim::ClaimLoop::new(worker.clone()).run(shutdown).await;
     worker.drain(grace).await;
+    presence_stop.cancel();
+    let _ = presence.await;
     background.cancel();
     for s in services {
         let _ = s.await;

@@ -1,5 +1,7 @@
-//! The rescuer: re-queues running tasks whose lease expired, fails those out of attempts
-//! (`worker_lost`) and ends those whose cancel was requested. Safe on every replica at once.
+//! The rescuer: re-queues running tasks whose worker is gone — its lease expired, or its
+//! database session is gone (see `presence`) — recording the call it had in flight; fails those
+//! out of attempts (`worker_lost`) and ends those whose cancel was requested. Safe on every
+//! replica at once; every second.
 
 use std::time::Duration;
 
@@ -13,17 +15,21 @@ pub struct Rescuer {
     pub pool: PgPool,
     pub max_attempts: i32,
     pub every: Duration,
+    /// After a restart of the database, how long workers have to register again before their
+    /// runs count as lost (the lease, by default).
+    pub grace: Duration,
 }
 
 impl Rescuer {
     /// One sweep; returns how many tasks it rescued.
     pub async fn pass(&self) -> Result<usize, StoreError> {
-        let rescued = runs::rescue(&self.pool, self.max_attempts).await?;
+        let rescued = runs::rescue(&self.pool, self.max_attempts, self.grace.as_secs_f64()).await?;
         for (_, status) in &rescued {
             metrics::counter!("subagentd_rescued_total", "to" => status.as_str()).increment(1);
         }
         if !rescued.is_empty() {
-            tracing::warn!(count = rescued.len(), "rescued tasks with expired leases");
+            tracing::warn!(count = rescued.len(), "rescued tasks of lost workers (expired leases, or sessions gone)");
+            crate::store::workers::forget_dead(&self.pool, self.grace.as_secs_f64()).await?;
         }
         Ok(rescued.len())
     }

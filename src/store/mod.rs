@@ -16,6 +16,7 @@ pub mod sessions;
 pub mod tasks;
 pub mod tenants;
 pub mod tools;
+pub mod workers;
 
 use std::time::Duration;
 
@@ -41,6 +42,20 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// The database went away (a restart, a failover, a cut connection) rather than refused
+    /// the statement: worth waiting for.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            StoreError::Db(sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed) => true,
+            StoreError::Db(sqlx::Error::Tls(_) | sqlx::Error::Protocol(_)) => true,
+            // 57P01..57P03: admin shutdown, crash shutdown, cannot connect now; class 08: connection.
+            StoreError::Db(sqlx::Error::Database(d)) => {
+                d.code().is_some_and(|c| c.starts_with("57P") || c.starts_with("08"))
+            }
+            _ => false,
+        }
+    }
+
     /// Name of the unique constraint this error violated, if any.
     pub fn constraint(&self) -> Option<&str> {
         match self {
@@ -65,17 +80,27 @@ pub async fn ready(pool: &PgPool) -> Result<bool, StoreError> {
     Ok(applied.unwrap_or(0) >= latest)
 }
 
-/// Retry a database write through short outages (about 6 s in all; a lease outlives them).
+/// Retry a database write: through an unavailable database for up to `UNAVAILABLE_WAIT`, through
+/// other errors about 6 s in all (a lease outlives them).
 pub async fn retrying<T, F, Fut>(mut f: F) -> Result<T, StoreError>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, StoreError>>,
 {
     let mut delay = Duration::from_millis(100);
+    let started = std::time::Instant::now();
     let mut tries = 0;
     loop {
         match f().await {
             Ok(v) => return Ok(v),
+            // An unavailable database (a restart, a failover) is waited for as long as a lease:
+            // the run keeps its place, and its lease is renewed once the database is back.
+            Err(e) if e.is_unavailable() && started.elapsed() < UNAVAILABLE_WAIT => {
+                tries += 1;
+                tracing::warn!(error = %e, tries, "database unavailable; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(2));
+            }
             Err(e) if tries < 6 => {
                 tries += 1;
                 tracing::warn!(error = %e, tries, "database write failed; retrying");
@@ -86,3 +111,6 @@ where
         }
     }
 }
+
+/// How long a write waits for an unavailable database before it gives up.
+pub const UNAVAILABLE_WAIT: Duration = Duration::from_secs(30);

@@ -424,14 +424,33 @@ pub async fn wait_for_budget(pool: &PgPool, f: Fence, w: &BudgetWaitRow) -> Resu
     Ok(n == 1)
 }
 
-/// Re-queue running tasks whose lease expired; fail those out of attempts (`worker_lost`),
-/// and end those whose cancel was requested. Safe to run on every replica at once.
-pub async fn rescue(pool: &PgPool, max_attempts: i32) -> Result<Vec<(Uuid, TaskStatus)>, StoreError> {
+/// Rescue running tasks whose worker is gone: its lease expired, or its worker's database
+/// session is gone (a dead process; see `workers`). For `grace_secs` after the database
+/// started, neither rule applies to workers that were there before it: a restart dropped their
+/// sessions and stopped their heartbeats, and they are given that long to come back.
+/// A call the lost worker had in flight (a reservation not yet settled) is recorded first: the
+/// provider may have billed it, so it goes in the ledger as `interrupted`, its usage estimated
+/// from what was reserved (the prompt as estimated, and the output bound), and its reservation
+/// becomes that spend. Then each task is queued again (or failed, out of attempts; or cancelled,
+/// if that was asked), with its `rescued` event. All in one transaction.
+pub async fn rescue(pool: &PgPool, max_attempts: i32, grace_secs: f64) -> Result<Vec<(Uuid, TaskStatus)>, StoreError> {
+    let mut tx = pool.begin().await?;
+    let ids: Vec<Uuid> = sqlx::query_scalar(&format!(
+        "SELECT id FROM tasks WHERE status = 'running'
+           AND ((lease_expires_at < now() AND now() > pg_postmaster_start_time() + make_interval(secs => $1::float8))
+                OR worker_id IN ({}))
+         ORDER BY lease_expires_at LIMIT 500 FOR UPDATE SKIP LOCKED",
+        super::workers::dead_sql("$1")
+    ))
+    .bind(grace_secs)
+    .fetch_all(&mut *tx)
+    .await?;
+    if ids.is_empty() {
+        return Ok(vec![]);
+    }
+    sqlx::query(RECORD_INTERRUPTED).bind(&ids).execute(&mut *tx).await?;
     let sql = format!(
-        "WITH x AS (
-            SELECT id FROM tasks WHERE status = 'running' AND lease_expires_at < now()
-            ORDER BY lease_expires_at LIMIT 500 FOR UPDATE SKIP LOCKED
-         ), u AS (
+        "WITH u AS (
             UPDATE tasks t SET
                 status = CASE WHEN t.cancel_requested THEN 'cancelled'
                               WHEN t.attempt >= $1 THEN 'failed' ELSE 'queued' END,
@@ -443,7 +462,7 @@ pub async fn rescue(pool: &PgPool, max_attempts: i32) -> Result<Vec<(Uuid, TaskS
                 finished_at = CASE WHEN t.cancel_requested OR t.attempt >= $1 THEN now() ELSE NULL END,
                 lease_token = NULL, lease_expires_at = NULL, worker_id = NULL,
                 reserved_usd = 0, reserved_tokens = 0, last_event_seq = t.last_event_seq + 1
-            FROM x WHERE t.id = x.id
+            WHERE t.id = ANY($2)
             RETURNING t.id, t.status, t.last_event_seq, t.attempt
          ), e AS (
             INSERT INTO task_events (task_id, seq, kind, data)
@@ -452,6 +471,46 @@ pub async fn rescue(pool: &PgPool, max_attempts: i32) -> Result<Vec<(Uuid, TaskS
          SELECT id, status, pg_notify(CASE WHEN status = 'queued' THEN '{CH_QUEUED}' ELSE '{CH_DONE}' END,
                                       CASE WHEN status = 'queued' THEN '' ELSE id::text END)::text FROM u"
     );
-    let rows: Vec<(Uuid, TaskStatus, String)> = sqlx::query_as(&sql).bind(max_attempts).fetch_all(pool).await?;
+    let rows: Vec<(Uuid, TaskStatus, String)> =
+        sqlx::query_as(&sql).bind(max_attempts).bind(&ids).fetch_all(&mut *tx).await?;
+    tx.commit().await?;
     Ok(rows.into_iter().map(|(id, s, _)| (id, s)).collect())
 }
+
+/// The calls rescued tasks ($1) had in flight, in the ledger: `interrupted`, usage estimated
+/// from the reservation (the prompt as the call's `llm_call_started` event estimated it, the rest
+/// of the reserved tokens as output; the reserved cost), added to the task and the rollup.
+const RECORD_INTERRUPTED: &str = "WITH est AS (
+        SELECT t.id, t.tenant, t.attempt, t.subagent_type, coalesce(t.api_key, '') AS api_key,
+               split_part(t.model, '/', 1) AS provider, substr(t.model, strpos(t.model, '/') + 1) AS model,
+               t.reserved_usd, t.reserved_tokens,
+               least(coalesce((e.data->>'prompt_tokens')::bigint, 0), t.reserved_tokens) AS inp,
+               coalesce((e.data->>'turn')::int, t.turns + 1) AS turn, coalesce((e.data->>'try')::int, 1) AS try,
+               coalesce((extract(epoch FROM now() - e.created_at) * 1000)::int, 0) AS latency_ms
+        FROM tasks t
+        LEFT JOIN LATERAL (SELECT data, created_at FROM task_events
+                           WHERE task_id = t.id AND kind = 'llm_call_started' ORDER BY seq DESC LIMIT 1) e ON true
+        WHERE t.id = ANY($1) AND t.reserved_tokens > 0
+     ), c AS (
+        INSERT INTO llm_calls (call_key, task_id, tenant, turn, attempt, try, provider, model, input_tokens,
+            output_tokens, cached_tokens, cost_usd, latency_ms, http_status, outcome, error, usage_estimated)
+        SELECT gen_random_uuid(), id, tenant, turn, attempt, try, provider, model, inp, reserved_tokens - inp, 0,
+               CASE WHEN reserved_usd > 0 THEN reserved_usd END, latency_ms, NULL, 'interrupted',
+               'the worker was lost while the call was in flight: usage estimated from its reservation', true
+        FROM est
+     ), u AS (
+        UPDATE tasks t SET input_tokens = t.input_tokens + est.inp,
+            output_tokens = t.output_tokens + est.reserved_tokens - est.inp,
+            cost_usd = t.cost_usd + est.reserved_usd, estimated_calls = t.estimated_calls + 1
+        FROM est WHERE t.id = est.id
+     )
+     INSERT INTO usage_daily AS d (day, tenant, model, agent_type, api_key, shard, calls, ok, failed, input_tokens,
+         output_tokens, cached_tokens, cost_usd, estimated_calls)
+     SELECT (now() AT TIME ZONE 'UTC')::date, tenant, provider || '/' || model, subagent_type, api_key,
+            pg_backend_pid() % 16, count(*), 0, count(*), sum(inp), sum(reserved_tokens - inp), 0, sum(reserved_usd),
+            count(*)
+     FROM est GROUP BY tenant, provider, model, subagent_type, api_key
+     ON CONFLICT (tenant, day, model, agent_type, api_key, shard) DO UPDATE SET calls = d.calls + EXCLUDED.calls,
+         failed = d.failed + EXCLUDED.failed, input_tokens = d.input_tokens + EXCLUDED.input_tokens,
+         output_tokens = d.output_tokens + EXCLUDED.output_tokens, cost_usd = d.cost_usd + EXCLUDED.cost_usd,
+         estimated_calls = d.estimated_calls + EXCLUDED.estimated_calls";

@@ -550,7 +550,8 @@ async fn a_finished_tasks_stream_ends_for_good_with_204_and_a_live_one_says_when
         let tools = kinds.iter().enumerate().filter(|(_, k)| **k == "tool_calls_started").nth(turn).unwrap().0;
         assert!(finished < tools, "turn {turn}: the call's end comes before its tools' start: {kinds:?}");
     }
-    let last: String = body.lines().filter_map(|l| l.strip_prefix("id:")).map(str::trim).next_back().unwrap().to_string();
+    let last: String =
+        body.lines().filter_map(|l| l.strip_prefix("id:")).map(str::trim).next_back().unwrap().to_string();
     // The reconnect an EventSource makes after the end: 204, which tells it to stop.
     let r = sse(Some(last.clone())).await.unwrap();
     assert_eq!(r.status(), 204);

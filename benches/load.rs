@@ -3,7 +3,7 @@
 //! BENCHMARKS.md.
 //!
 //! cargo bench --bench load                 # every scenario, then BENCHMARKS.md
-//! cargo bench --bench load -- throughput   # one scenario: throughput, concurrency, wait, admission, pgbench
+//! cargo bench --bench load -- throughput   # one scenario: throughput, concurrency, wait, admission, pgbench, flood
 
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -591,6 +591,114 @@ async fn admission(env: &Env, report: &Report, secs: u64, rate: u64) {
     report.lock().unwrap().push(line);
 }
 
+/// Scenario 7, one tenant flooding: tenant A sends `POST /tasks` from 128 connections as fast as
+/// the service answers (several times its admission capacity) while tenant B submits 50 tasks a
+/// second; B's admission latency, with A unlimited and with A limited to `rate` requests/s.
+async fn flood(env: &Env, report: &Report, secs: u64, limit: Option<u32>) {
+    const ADMIN: &str = "bench-admin";
+    let name = if limit.is_some() { "bench_flood_limited" } else { "bench_flood" };
+    let svc = env
+        .service(
+            name,
+            &["serve", "--no-workers"],
+            &[("SUBAGENTD_ADMIN_TOKEN", ADMIN.into()), ("SUBAGENTD_DB_MAX_CONNECTIONS", "40".into())],
+        )
+        .await;
+    let client = reqwest::Client::builder().pool_max_idle_per_host(500).build().unwrap();
+    let key = |tenant: &'static str| {
+        let (c, base) = (client.clone(), svc.base.clone());
+        async move {
+            let r = c
+                .post(format!("{base}/admin/keys"))
+                .bearer_auth(ADMIN)
+                .json(&json!({"tenant": tenant}))
+                .send()
+                .await
+                .unwrap();
+            r.json::<Value>().await.unwrap()["key"].as_str().unwrap().to_string()
+        }
+    };
+    let (a, b) = (key("tenant-a").await, key("tenant-b").await);
+    if let Some(rate) = limit {
+        let r = client
+            .put(format!("{}/admin/tenants/tenant-a", svc.base))
+            .bearer_auth(ADMIN)
+            .json(&json!({"requests_per_second": rate}))
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success());
+    }
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (a_ok, a_limited) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let flooders: Vec<_> = (0..128)
+        .map(|_| {
+            let (c, base, a, stop, ok, limited) =
+                (client.clone(), svc.base.clone(), a.clone(), stop.clone(), a_ok.clone(), a_limited.clone());
+            tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let r = c
+                        .post(format!("{base}/tasks"))
+                        .bearer_auth(&a)
+                        .json(&json!({"prompt": "flood", "model": "fake/gpt-4o"}))
+                        .send()
+                        .await;
+                    match r.map(|r| r.status().as_u16()) {
+                        Ok(201) => ok.fetch_add(1, Ordering::Relaxed),
+                        Ok(429) => limited.fetch_add(1, Ordering::Relaxed),
+                        _ => 0,
+                    };
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let lat: Arc<Mutex<Vec<f64>>> = Arc::default();
+    let failed = Arc::new(AtomicU64::new(0));
+    let mut tick = tokio::time::interval(Duration::from_millis(20));
+    let mut hs = vec![];
+    let (a0, l0, t0) = (a_ok.load(Ordering::Relaxed), a_limited.load(Ordering::Relaxed), Instant::now());
+    for _ in 0..secs * 50 {
+        tick.tick().await;
+        let (c, base, b, lat, failed) = (client.clone(), svc.base.clone(), b.clone(), lat.clone(), failed.clone());
+        hs.push(tokio::spawn(async move {
+            let t = Instant::now();
+            let r = c
+                .post(format!("{base}/tasks"))
+                .bearer_auth(&b)
+                .json(&json!({"prompt": "b's work", "model": "fake/gpt-4o"}))
+                .send()
+                .await;
+            match r {
+                Ok(r) if r.status() == 201 => lat.lock().unwrap().push(t.elapsed().as_secs_f64() * 1000.0),
+                _ => {
+                    failed.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+    for h in hs {
+        let _ = h.await;
+    }
+    let el = t0.elapsed().as_secs_f64();
+    let a_rate = (a_ok.load(Ordering::Relaxed) - a0) as f64 / el;
+    let a_refused = (a_limited.load(Ordering::Relaxed) - l0) as f64 / el;
+    stop.store(true, Ordering::Relaxed);
+    for f in flooders {
+        let _ = f.await;
+    }
+    let mut v = lat.lock().unwrap().clone();
+    let (p50, p99) = (pct(&mut v, 0.5), pct(&mut v, 0.99));
+    let line = format!(
+        "| 7. Flood ({}: A floods `POST /tasks` from 128 connections, B submits 50/s for {secs} s) | B p99 < 20 ms with A limited | **B: p50 {p50:.1} ms, p99 {p99:.1} ms, {} failed; A: {a_rate:.0} accepted/s, {a_refused:.0} refused (429)/s** | {} |",
+        match limit { Some(r) => format!("A limited to {r} requests/s"), None => "no rate limits".into() },
+        failed.load(Ordering::Relaxed),
+        if limit.is_none() { "reference" } else if p99 < 20.0 && failed.load(Ordering::Relaxed) == 0 { "met" } else { "not met" }
+    );
+    println!("{line}");
+    report.lock().unwrap().push(line);
+}
+
 /// Scenario 6, the console's reads on a big table: a million tasks over 30 days (20 tenants) and five
 /// million ledger rows, with the rollup they make; the overview and the task list, as the admin
 /// (every tenant) and as one tenant, with the list's filters, timed over 40 requests each.
@@ -767,6 +875,10 @@ async fn main() {
     }
     if which.iter().any(|w| w == "console") {
         console(&env, &report).await;
+    }
+    if want("flood") {
+        flood(&env, &report, 20, None).await;
+        flood(&env, &report, 20, Some(100)).await;
     }
     if all {
         let commit = Command::new("git")

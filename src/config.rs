@@ -121,6 +121,15 @@ pub struct Config {
     #[arg(long, env = "SUBAGENTD_DEFAULT_MAX_QUEUED", global = true)]
     pub default_max_queued: Option<i32>,
 
+    /// Default API request rate per tenant, per process (a tenant's own rate wins); unset: no
+    /// rate limit. With N replicas a tenant may make N times this rate.
+    #[arg(long, env = "SUBAGENTD_DEFAULT_REQUESTS_PER_SECOND", global = true)]
+    pub default_requests_per_second: Option<f64>,
+
+    /// Default burst above the request rate (unset: one second's worth of the rate).
+    #[arg(long, env = "SUBAGENTD_DEFAULT_REQUEST_BURST", global = true)]
+    pub default_request_burst: Option<i32>,
+
     /// Output tokens a provider call may produce (sent as `max_tokens`, and reserved).
     #[arg(long, env = "SUBAGENTD_MAX_OUTPUT_TOKENS", default_value_t = 4096, global = true)]
     pub max_output_tokens: u32,

@@ -93,6 +93,17 @@ async fn main() {
     let otel = subagentd::telemetry::init_tracing(&cli.config.log_format, cli.config.otlp_endpoint.as_deref())
         .unwrap_or_else(|e| fail(e));
     let cfg = Arc::new(cli.config);
+    // The default request rate is checked like a tenant's own.
+    let rate = subagentd::budget::Limits {
+        requests_per_second: cfg.default_requests_per_second,
+        request_burst: cfg.default_request_burst,
+        ..Default::default()
+    };
+    if let Err(e) = subagentd::budget::validate(&rate) {
+        fail(format!(
+            "the default request rate (SUBAGENTD_DEFAULT_REQUESTS_PER_SECOND, SUBAGENTD_DEFAULT_REQUEST_BURST): {e}"
+        ));
+    }
     let roles = match cli.command {
         Command::Migrate => {
             let mut c = (*cfg).clone();

@@ -40,6 +40,7 @@ pub const COUNTERS: &[(&str, &str)] = &[
     ("subagentd_tokens_total", "Tokens of provider calls, by model and kind (input, output, cached)."),
     ("subagentd_cost_microusd_total", "Cost of provider calls in millionths of a US dollar, by model."),
     ("subagentd_webhook_attempts_total", "Webhook delivery attempts, by outcome and event."),
+    ("subagentd_rate_limited_total", "API requests refused with 429 for a tenant's request rate, by tenant."),
     ("subagentd_http_requests_total", "HTTP requests served, by method, route template and status."),
 ];
 
@@ -87,6 +88,8 @@ pub fn register_metrics(providers: &[String], models: &[(String, String)]) {
     for name in ["subagentd_claims_total", "subagentd_direct_starts_total", "subagentd_pauses_total"] {
         zero(name, &[]);
     }
+    // (Tenants come and go: the family is there from the start with an empty tenant.)
+    zero("subagentd_rate_limited_total", &[("tenant", String::new())]);
     for to in ["queued", "failed"] {
         zero("subagentd_rescued_total", &[("to", to.into())]);
     }

@@ -43,6 +43,8 @@ pub struct Defaults {
     pub tokens_per_day: Option<i64>,
     pub max_running: Option<i32>,
     pub max_queued: Option<i32>,
+    pub requests_per_second: Option<f64>,
+    pub request_burst: Option<i32>,
 }
 
 impl Defaults {
@@ -53,6 +55,8 @@ impl Defaults {
             tokens_per_day: c.default_tokens_per_day,
             max_running: c.default_max_running,
             max_queued: c.default_max_queued,
+            requests_per_second: c.default_requests_per_second,
+            request_burst: c.default_request_burst,
         }
     }
 
@@ -75,6 +79,10 @@ pub fn effective(own: Limits, d: &Defaults) -> Limits {
         tokens_per_day: own.tokens_per_day.or(d.tokens_per_day),
         max_running: own.max_running.or(d.max_running),
         max_queued: own.max_queued.or(d.max_queued),
+        // A rate and its burst go together: a tenant's own rate without a burst takes one
+        // second of that rate, not the default burst.
+        requests_per_second: own.requests_per_second.or(d.requests_per_second),
+        request_burst: if own.requests_per_second.is_some() { own.request_burst } else { d.request_burst },
         ..own
     }
 }
@@ -125,6 +133,15 @@ pub fn validate(l: &Limits) -> Result<(), BudgetError> {
         if v.is_some_and(|v| v < 0) {
             return negative(f);
         }
+    }
+    if l.requests_per_second.is_some_and(|r| !(r.is_finite() && r > 0.0 && r <= 1_000_000.0)) {
+        return Err(BudgetError::Invalid {
+            field: "requests_per_second",
+            message: "must be a number above 0 and at most 1000000".into(),
+        });
+    }
+    if l.request_burst.is_some_and(|b| !(1..=1_000_000).contains(&b)) {
+        return Err(BudgetError::Invalid { field: "request_burst", message: "must be from 1 to 1000000".into() });
     }
     if l.approval.as_deref().is_some_and(|a| !matches!(a, "none" | "propose" | "all")) {
         return Err(BudgetError::Invalid { field: "approval", message: "must be one of none, propose, all".into() });

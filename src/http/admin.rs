@@ -79,7 +79,8 @@ async fn read_tenant(_: Admin, State(st): State<AppState>, Path(name): Path<Stri
 fn defaults(st: &AppState) -> Value {
     let d = budget::Defaults::from_config(&st.cfg);
     json!({"usd_per_day": d.usd_per_day, "usd_per_month": d.usd_per_month, "tokens_per_day": d.tokens_per_day,
-           "max_running": d.max_running, "max_queued": d.max_queued})
+           "max_running": d.max_running, "max_queued": d.max_queued,
+           "requests_per_second": d.requests_per_second, "request_burst": d.request_burst})
 }
 
 async fn put_tenant(

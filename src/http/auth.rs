@@ -42,11 +42,13 @@ pub struct Auth {
     pub loopback: bool,
     keys: Mutex<HashMap<String, (String, Instant)>>,
     any_keys: Mutex<Option<(bool, Instant)>>,
+    /// Tenants' request rates, counted in this process.
+    pub rates: super::ratelimit::RateLimits,
 }
 
 impl Auth {
     pub fn new(mode: Mode, loopback: bool) -> Auth {
-        Auth { mode, loopback, keys: Mutex::default(), any_keys: Mutex::default() }
+        Auth { mode, loopback, keys: Mutex::default(), any_keys: Mutex::default(), rates: Default::default() }
     }
 
     /// Forget cached answers (after a key is created or revoked here).
@@ -169,8 +171,21 @@ async fn principal(parts: &mut Parts, st: &AppState) -> Result<Principal, ApiErr
             }
         },
     };
+    if let Principal::Tenant(t) = &p {
+        within_rate(st, t).await?;
+    }
     parts.extensions.insert(p.clone());
     Ok(p)
+}
+
+/// A tenant's request counts against its rate (when it has one), once per request.
+async fn within_rate(st: &AppState, tenant: &str) -> Result<(), ApiError> {
+    let limits = st.submit.limits(tenant).await?;
+    let Some(rate) = limits.requests_per_second else { return Ok(()) };
+    st.auth
+        .rates
+        .check(tenant, rate, limits.request_burst)
+        .map_err(|wait| super::ratelimit::too_many(tenant, rate, limits.request_burst, wait))
 }
 
 /// The caller's tenant. Every read and write is scoped to it.

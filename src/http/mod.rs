@@ -15,6 +15,7 @@ pub mod extract;
 pub mod health;
 pub mod metrics;
 pub mod overview;
+pub mod ratelimit;
 pub mod tasks;
 pub mod tools;
 pub mod usage;

@@ -34,10 +34,16 @@ pub struct Limits {
     /// The tenant's default approval mode: `none`, `propose` or `all`.
     #[arg(long)]
     pub approval: Option<String>,
+    /// API requests per second this tenant may make, counted by each process on its own.
+    #[arg(long)]
+    pub requests_per_second: Option<f64>,
+    /// Requests beyond the rate a tenant may make at once (default: one second's worth).
+    #[arg(long)]
+    pub request_burst: Option<i32>,
 }
 
 const LIMIT_COLS: &str = "usd_per_day, usd_per_month, tokens_per_day, max_running, max_queued, max_task_cost_usd, \
-    max_task_tokens, max_task_turns, max_task_timeout_seconds, approval";
+    max_task_tokens, max_task_turns, max_task_timeout_seconds, approval, requests_per_second, request_burst";
 
 pub async fn ensure(pool: &PgPool, tenant: &str) -> Result<(), StoreError> {
     sqlx::query("INSERT INTO tenants (name) VALUES ($1) ON CONFLICT DO NOTHING").bind(tenant).execute(pool).await?;
@@ -53,13 +59,15 @@ pub async fn limits(conn: &mut PgConnection, tenant: &str, lock: bool) -> Result
 pub async fn put_limits(pool: &PgPool, tenant: &str, l: &Limits) -> Result<bool, StoreError> {
     Ok(sqlx::query_scalar(
         "INSERT INTO tenants (name, usd_per_day, usd_per_month, tokens_per_day, max_running, max_queued,
-             max_task_cost_usd, max_task_tokens, max_task_turns, max_task_timeout_seconds, approval)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+             max_task_cost_usd, max_task_tokens, max_task_turns, max_task_timeout_seconds, approval,
+             requests_per_second, request_burst)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
          ON CONFLICT (name) DO UPDATE SET usd_per_day = EXCLUDED.usd_per_day, usd_per_month = EXCLUDED.usd_per_month,
              tokens_per_day = EXCLUDED.tokens_per_day, max_running = EXCLUDED.max_running,
              max_queued = EXCLUDED.max_queued, max_task_cost_usd = EXCLUDED.max_task_cost_usd,
              max_task_tokens = EXCLUDED.max_task_tokens, max_task_turns = EXCLUDED.max_task_turns,
              max_task_timeout_seconds = EXCLUDED.max_task_timeout_seconds, approval = EXCLUDED.approval,
+             requests_per_second = EXCLUDED.requests_per_second, request_burst = EXCLUDED.request_burst,
              updated_at = now()
          RETURNING (xmax = 0)",
     )
@@ -74,6 +82,8 @@ pub async fn put_limits(pool: &PgPool, tenant: &str, l: &Limits) -> Result<bool,
     .bind(l.max_task_turns)
     .bind(l.max_task_timeout_seconds)
     .bind(&l.approval)
+    .bind(l.requests_per_second)
+    .bind(l.request_burst)
     .fetch_one(pool)
     .await?)
 }

@@ -17,6 +17,7 @@ mod observe;
 mod openapi;
 mod pauses;
 mod providers;
+mod ratelimit;
 mod servers;
 mod services;
 mod structured;

@@ -108,6 +108,10 @@ pub fn check_tenant_name(name: &str) -> Result<(), BudgetError> {
     }
 }
 
+/// The largest spend limit in USD (a billion: beyond any real budget; the columns hold less
+/// than ten billion).
+pub const MAX_USD: i64 = 1_000_000_000;
+
 /// Limits that can be set: none negative.
 pub fn validate(l: &Limits) -> Result<(), BudgetError> {
     let negative = |field| Err(BudgetError::Invalid { field, message: "must not be negative".into() });
@@ -119,6 +123,9 @@ pub fn validate(l: &Limits) -> Result<(), BudgetError> {
     for (f, v) in usd {
         if v.is_some_and(|v| v.is_sign_negative() && !v.is_zero()) {
             return negative(f);
+        }
+        if v.is_some_and(|v| v > Decimal::from(MAX_USD)) {
+            return Err(BudgetError::Invalid { field: f, message: format!("must be at most {MAX_USD}") });
         }
     }
     let ints = [
@@ -134,10 +141,10 @@ pub fn validate(l: &Limits) -> Result<(), BudgetError> {
             return negative(f);
         }
     }
-    if l.requests_per_second.is_some_and(|r| !(r.is_finite() && r > 0.0 && r <= 1_000_000.0)) {
+    if l.requests_per_second.is_some_and(|r| !(0.001..=1_000_000.0).contains(&r)) {
         return Err(BudgetError::Invalid {
             field: "requests_per_second",
-            message: "must be a number above 0 and at most 1000000".into(),
+            message: "must be a number from 0.001 to 1000000".into(),
         });
     }
     if l.request_burst.is_some_and(|b| !(1..=1_000_000).contains(&b)) {

@@ -50,15 +50,7 @@ async fn list(
     if q.after.is_some_and(|a| a < 0) {
         return Err(ApiError::bad_param("after", "must be 0 or more"));
     }
-    let task = tasks::get_in(&st.pool, scope.tenant(), id).await?.ok_or_else(|| ApiError::not_found("task"))?;
-    let tenant = task.tenant.clone();
-    let wants_stream =
-        headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(|a| a.contains("text/event-stream"));
-    if !wants_stream {
-        let rows = events::after(&st.pool, id, q.after.unwrap_or(0), limit).await?;
-        let next = rows.last().map(|e| e.seq).or(q.after).unwrap_or(0);
-        return Ok(Json(json!({"events": rows, "next_after": next, "task_status": task.status})).into_response());
-    }
+    // `Last-Event-ID` means the same on both paths: resume after it (it wins over `after`).
     let resume = match headers.get("last-event-id") {
         Some(v) => Some(
             v.to_str()
@@ -70,6 +62,15 @@ async fn list(
         None => None,
     };
     let start = resume.or(q.after).unwrap_or(0);
+    let task = tasks::get_in(&st.pool, scope.tenant(), id).await?.ok_or_else(|| ApiError::not_found("task"))?;
+    let tenant = task.tenant.clone();
+    let wants_stream =
+        headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(|a| a.contains("text/event-stream"));
+    if !wants_stream {
+        let rows = events::after(&st.pool, id, start, limit).await?;
+        let next = rows.last().map(|e| e.seq).unwrap_or(start);
+        return Ok(Json(json!({"events": rows, "next_after": next, "task_status": task.status})).into_response());
+    }
     // A finished task's stream has ended for good: a client that reconnects after reading it
     // all (an `EventSource` does, whenever a stream closes) is told to stop with 204.
     if task.is_terminal() && events::after(&st.pool, id, start, 1).await?.is_empty() {

@@ -8,18 +8,60 @@ use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
 
-/// `Json<T>` with problem+json rejections.
-pub struct ApiJson<T>(pub T);
+/// `Json<T>` with problem+json rejections. The body is a JSON object unless `LIST` (then an
+/// array): serde would otherwise read a struct from an array of its fields in order.
+pub struct ApiJson<T, const LIST: bool = false>(pub T);
 
-impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
+impl<S: Send + Sync, T: DeserializeOwned, const LIST: bool> FromRequest<S> for ApiJson<T, LIST> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        match axum::Json::<T>::from_request(req, state).await {
+        let (parts, body) = req.into_parts();
+        let bytes = match axum::body::Bytes::from_request(Request::from_parts(parts.clone(), body), state).await {
+            Ok(b) => b,
+            Err(e) => return Err(json_rejection(JsonRejection::from(e))),
+        };
+        let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
+        if !LIST && first == Some(&b'[') {
+            return Err(ApiError::invalid("body", "must be a JSON object"));
+        }
+        match axum::Json::<T>::from_request(Request::from_parts(parts, bytes.clone().into()), state).await {
             Ok(axum::Json(v)) => Ok(ApiJson(v)),
+            // JSON Schema counts `2.0` as the integer 2: a whole number written with a fraction is
+            // read as that integer (tried only when the body did not fit as written).
+            Err(JsonRejection::JsonDataError(e)) => match whole_numbers(&bytes) {
+                Some(v) => {
+                    serde_json::from_value(v).map(ApiJson).map_err(|_| json_rejection(JsonRejection::JsonDataError(e)))
+                }
+                None => Err(json_rejection(JsonRejection::JsonDataError(e))),
+            },
             Err(r) => Err(json_rejection(r)),
         }
     }
+}
+
+/// The body with every float that is a whole number (and fits an `i64`/`u64`) made an integer;
+/// `None` when there is none.
+pub fn whole_numbers(bytes: &[u8]) -> Option<serde_json::Value> {
+    use serde_json::{Number, Value};
+    fn walk(v: &mut Value) -> bool {
+        match v {
+            Value::Number(n) if n.is_f64() => {
+                let f = n.as_f64().unwrap_or(f64::NAN);
+                // (Within the range of i64 below zero and of u64 above, where `as` is exact.)
+                let whole = f.fract() == 0.0 && (-9.223_372_036_854_776e18..1.844_674_407_370_955_2e19).contains(&f);
+                if whole {
+                    *n = if f < 0.0 { Number::from(f as i64) } else { Number::from(f as u64) };
+                }
+                whole
+            }
+            Value::Array(a) => a.iter_mut().fold(false, |c, x| walk(x) | c),
+            Value::Object(o) => o.values_mut().fold(false, |c, x| walk(x) | c),
+            _ => false,
+        }
+    }
+    let mut v: Value = serde_json::from_slice(bytes).ok()?;
+    walk(&mut v).then_some(v)
 }
 
 fn json_rejection(r: JsonRejection) -> ApiError {
@@ -101,5 +143,24 @@ impl<S: Send + Sync> FromRequestParts<S> for TaskId {
             .await
             .map_err(|r: PathRejection| ApiError::bad_param("id", r.body_text()))?;
         raw.parse().map(TaskId).map_err(|_| ApiError::bad_param("id", format!("{raw:?} is not a UUID")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_number_postgres_prints_in_full_reads_back() {
+        // jsonb keeps 1.7976931348623157e308 as a numeric and prints all 309 digits.
+        let full = format!("[179769313486231570{}]", "0".repeat(291));
+        let v: Vec<f64> = serde_json::from_str(&full).expect("reads back");
+        assert_eq!(v[0], 1.7976931348623157e308);
+    }
+
+    #[test]
+    fn whole_numbers_written_with_a_fraction_are_integers() {
+        let v =
+            super::whole_numbers(br#"{"a": 1790.0, "b": [2.5, -3.0], "c": "4.0", "d": 9007199254740992.0}"#).unwrap();
+        assert_eq!(v, serde_json::json!({"a": 1790, "b": [2.5, -3], "c": "4.0", "d": 9007199254740992u64}));
+        assert!(super::whole_numbers(br#"{"a": 1, "b": 2.5}"#).is_none());
     }
 }

@@ -19,7 +19,15 @@ async fn healthz() -> Json<Value> {
 }
 
 async fn readyz(State(st): State<AppState>) -> Result<Json<Value>, ApiError> {
-    match tokio::time::timeout(Duration::from_secs(1), crate::store::ready(&st.pool)).await {
+    // A connection the pool kept from before a database restart fails its first use: one more
+    // try, within the same second, asks a fresh one.
+    let check = async {
+        match crate::store::ready(&st.pool).await {
+            Err(e) if e.is_unavailable() => crate::store::ready(&st.pool).await,
+            r => r,
+        }
+    };
+    match tokio::time::timeout(Duration::from_secs(1), check).await {
         Ok(Ok(true)) => Ok(Json(json!({"status": "ready", "listener": st.hub.is_connected()}))),
         Ok(Ok(false)) => Err(ApiError::unavailable("database migrations are not applied (run `subagentd migrate`)")),
         Ok(Err(e)) => {

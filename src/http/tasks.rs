@@ -188,7 +188,13 @@ async fn wait_on(
         // Finished in this process: the row as its final commit wrote it, with no second read.
         row = match handed.filter(|r| tenant.is_none_or(|t| r.tenant == t)) {
             Some(r) => r,
-            None => tasks::get_in(&st.pool, tenant, row.id).await?.ok_or_else(|| ApiError::not_found("task"))?,
+            None => match tasks::get_in(&st.pool, tenant, row.id).await {
+                Ok(r) => r.ok_or_else(|| ApiError::not_found("task"))?,
+                // The database is away (a restart): go on waiting on what was last read; the
+                // task goes on, and the answer comes when it is back or the wait runs out.
+                Err(e) if e.is_unavailable() => row,
+                Err(e) => return Err(e.into()),
+            },
         };
     }
 }
@@ -389,7 +395,7 @@ async fn answer(
     scope: Scope,
     headers: HeaderMap,
     TaskId(id): TaskId,
-    ApiJson(body): ApiJson<Vec<ActionAnswer>>,
+    ApiJson(body): ApiJson<Vec<ActionAnswer>, true>,
 ) -> Result<Response, ApiError> {
     use crate::store::actions::{self, Refused};
     if body.is_empty() || body.len() > MAX_ANSWERS {

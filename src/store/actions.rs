@@ -195,6 +195,11 @@ pub async fn answer(
         .bind(task)
         .fetch_all(&mut *tx)
         .await?;
+    // A task that never paused has nothing to answer: that it is not waiting is the news, not
+    // which id was sent.
+    if all.is_empty() && status != "requires_action" {
+        return Ok(Err(Refused::NotPaused(status)));
+    }
     let mut fresh = vec![];
     for (index, a) in answers.iter().enumerate() {
         let Some(action) = all.iter().find(|x| x.id == a.id) else {

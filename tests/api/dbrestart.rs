@@ -22,7 +22,12 @@ struct Private {
 
 /// A cluster of its own, durable (fsync on: a crash must lose nothing committed), migrated.
 async fn private_cluster() -> Private {
-    let dir = std::env::temp_dir().join("subagentd-test-pg").join(format!("restart-{}", Uuid::new_v4().simple()));
+    // Under this process's own directory: the shared cluster's start removes every directory of
+    // the root not named by a live process id.
+    let dir = std::env::temp_dir()
+        .join("subagentd-test-pg")
+        .join(std::process::id().to_string())
+        .join(format!("restart-{}", Uuid::new_v4().simple()));
     let opts = EmbeddedOptions {
         data_dir: dir.join("pg"),
         bin_dir: std::env::var_os("SUBAGENTD_PG_BIN_DIR").map(Into::into),
@@ -33,7 +38,9 @@ async fn private_cluster() -> Private {
     std::fs::create_dir_all(&dir).unwrap();
     {
         use std::os::unix::fs::PermissionsExt;
-        let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755));
+        for d in [dir.parent().unwrap(), &dir] {
+            let _ = std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755));
+        }
     }
     let o2 =
         EmbeddedOptions { data_dir: opts.data_dir.clone(), bin_dir: opts.bin_dir.clone(), settings: vec![], ..opts };
@@ -96,8 +103,9 @@ async fn load(base: &str, n: usize, waiting: usize) -> (Vec<Uuid>, Vec<tokio::ta
     (ids, waits)
 }
 
-/// `/readyz` answers (0: none came), with when.
-type Seen = Arc<Mutex<Vec<(Instant, u16)>>>;
+/// `/readyz` answers: when asked, when answered, and the status (0: none came). An answer is
+/// true of some moment between the two.
+type Seen = Arc<Mutex<Vec<(Instant, Instant, u16)>>>;
 
 /// Watch `/readyz` every 100 ms until the token is cancelled.
 fn watch_readyz(base: &str) -> (Seen, tokio_util::sync::CancellationToken) {
@@ -107,8 +115,10 @@ fn watch_readyz(base: &str) -> (Seen, tokio_util::sync::CancellationToken) {
     tokio::spawn(async move {
         let client = reqwest::Client::builder().timeout(Duration::from_secs(2)).build().unwrap();
         while !st.is_cancelled() {
+            // Stamped when asked: an answer that took its second to come says how things were then.
+            let asked = Instant::now();
             let code = client.get(format!("{base}/readyz")).send().await.map(|r| r.status().as_u16()).unwrap_or(0);
-            s.lock().unwrap().push((Instant::now(), code));
+            s.lock().unwrap().push((asked, Instant::now(), code));
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     });
@@ -194,11 +204,13 @@ async fn scenario(name: &str, downtime: Option<Duration>) {
                 std::thread::sleep(d);
             }
         }
+        let starting = Instant::now();
         pg.start_again(&opts).unwrap();
-        pg
+        (pg, starting)
     })
     .await
     .unwrap();
+    let (pg, starting) = pg;
     let back = Instant::now();
     p.pg = Some(pg);
     // The test's own connections died with the server.
@@ -215,9 +227,13 @@ async fn scenario(name: &str, downtime: Option<Duration>) {
     }
     stop_watch.cancel();
     let seen = readyz.lock().unwrap().clone();
-    let during: Vec<u16> =
-        seen.iter().filter(|(t, _)| *t > down + Duration::from_millis(500) && *t < back).map(|s| s.1).collect();
-    let after: Vec<u16> = seen.iter().filter(|(t, _)| *t > back + to_service).map(|s| s.1).collect();
+    // Answered wholly while the database was down; asked once the service was back.
+    let during: Vec<u16> = seen
+        .iter()
+        .filter(|(asked, answered, _)| *asked > down + Duration::from_millis(500) && *answered < starting)
+        .map(|s| s.2)
+        .collect();
+    let after: Vec<u16> = seen.iter().filter(|(asked, _, _)| *asked > back + to_service).map(|s| s.2).collect();
     if downtime.is_some() {
         assert!(
             !during.is_empty() && during.iter().all(|c| *c != 200),

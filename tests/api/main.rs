@@ -9,6 +9,7 @@ mod browser;
 mod budgets;
 mod chaos;
 mod console;
+mod contract;
 mod dbrestart;
 mod health;
 mod imports;

@@ -119,6 +119,7 @@ async fn a_rate_that_cannot_be_kept_is_refused_and_the_limits_stay_as_they_were(
     assert_eq!(put_limits(&app, "acme", json!({"requests_per_second": 5})).await.status(), 201);
     for (body, field) in [
         (json!({"requests_per_second": 0}), "requests_per_second"),
+        (json!({"requests_per_second": 5e-324}), "requests_per_second"),
         (json!({"requests_per_second": -1}), "requests_per_second"),
         (json!({"requests_per_second": 2000000}), "requests_per_second"),
         (json!({"requests_per_second": 5, "request_burst": 0}), "request_burst"),

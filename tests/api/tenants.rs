@@ -527,6 +527,9 @@ async fn waiting_requests_against_a_daily_budget(by_default: bool) {
     if !by_default {
         set_limits(&app, "default", json!({"usd_per_day": limit})).await;
     }
+    // The worker's first claim (which finds the queue empty) is what lets a waiting request's
+    // task start here; on a busy machine the requests could otherwise all come before it.
+    tokio::time::sleep(Duration::from_millis(500)).await;
     // Each starts in this process with its first call reserved in its insert's transaction.
     let waits: Vec<_> = (0..40)
         .map(|i| {

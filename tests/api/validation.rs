@@ -232,3 +232,41 @@ async fn the_configured_default_model_is_used_when_the_request_names_none() {
     assert_eq!(t["model"], "mock/default");
     app.stop().await;
 }
+
+/// What the contract test (schemathesis) made exact: the answers a client can rely on.
+#[tokio::test]
+async fn the_answers_openapi_yaml_promises_for_edge_inputs() {
+    let app = spawn_app_with(|_| {}, false).await;
+    let c = &app.client;
+    // An object body sent as an array is refused, not read field by field.
+    let r = c.post(app.url("/tasks/cancel")).json(&json!([null, null])).send().await.unwrap();
+    let p = assert_problem(r, 422, "validation_failed").await;
+    assert_eq!(p["errors"][0]["field"], "body");
+    // A whole number written with a fraction is that integer (JSON Schema's reading).
+    let r = app.post_task(json!({"prompt": "x", "model": "mock/m", "max_turns": 3.0})).await;
+    assert_eq!(r.status(), 201);
+    assert_eq!(r.json::<serde_json::Value>().await.unwrap()["max_turns"], 3);
+    let r = app.post_task(json!({"prompt": "x", "model": "mock/m", "max_turns": 3.5})).await;
+    assert_problem(r, 422, "validation_failed").await;
+    // Answers to a task that never paused: it is not waiting (whatever the ids).
+    let t = app.submit(json!({"prompt": "x", "model": "mock/m"})).await;
+    let path = format!("/tasks/{}/actions", t["id"].as_str().unwrap());
+    let r = app.post_json(&path, json!([{"id": uuid::Uuid::now_v7(), "decision": "approve"}])).await;
+    assert_problem(r, 409, "task_not_paused").await;
+    assert_eq!(app.task_count().await, 2, "nothing else was written");
+}
+
+#[tokio::test]
+async fn last_event_id_means_the_same_on_the_json_page_as_on_the_stream() {
+    let app = spawn_app().await;
+    let t = app.wait_task(json!({"prompt": "x", "model": "mock/m"})).await;
+    let path = format!("/tasks/{}/events", t["id"].as_str().unwrap());
+    let all = app.get_json(&path).await;
+    assert!(all["events"].as_array().unwrap().len() > 2, "{all}");
+    let r = app.client.get(app.url(&path)).header("last-event-id", "2").send().await.unwrap();
+    let page: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(page["events"][0]["seq"], 3, "resumes after the id: {page}");
+    let r = app.client.get(app.url(&path)).header("last-event-id", "two").send().await.unwrap();
+    let p = assert_problem(r, 400, "invalid_parameter").await;
+    assert_eq!(p["errors"][0]["field"], "Last-Event-ID");
+}

@@ -1,0 +1,107 @@
+//! The written contract against the running binary: schemathesis (4.x, every check) generates
+//! requests from `openapi.yaml` — valid ones, which must be served as documented, and invalid
+//! ones, which must be refused — and checks every answer against the document. Test data that
+//! must exist in the service (a configured model, URLs the allow-list admits) comes from
+//! `tests/contract/hooks.py`.
+//!
+//! Needs schemathesis: `SUBAGENTD_SCHEMATHESIS` (the `st` program; `.ci/run` installs it in a
+//! virtual environment) or `st` on the PATH. Without it the test prints a notice and passes —
+//! unless `SUBAGENTD_REQUIRE_SCHEMATHESIS=1` (set by `.ci/run`), which makes that a failure.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::helpers::*;
+
+const ADMIN: &str = "contract-admin-token";
+/// Cases per operation and phase; with the seed, the run is the same every time (about 2,600
+/// requests, about 10 s).
+const EXAMPLES: &str = "40";
+const SEED: &str = "1";
+
+fn schemathesis() -> Option<PathBuf> {
+    if let Ok(p) = std::env::var("SUBAGENTD_SCHEMATHESIS") {
+        return Some(PathBuf::from(p));
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path).map(|d| d.join("st")).find(|p| p.is_file())
+}
+
+#[tokio::test]
+async fn schemathesis_finds_the_service_doing_what_openapi_yaml_says() {
+    let Some(st) = schemathesis() else {
+        if std::env::var("SUBAGENTD_REQUIRE_SCHEMATHESIS").is_ok_and(|v| v == "1") {
+            panic!(
+                "schemathesis is required (SUBAGENTD_REQUIRE_SCHEMATHESIS=1): set SUBAGENTD_SCHEMATHESIS to its `st`"
+            );
+        }
+        eprintln!("NOTICE: schemathesis not found (SUBAGENTD_SCHEMATHESIS or `st` on PATH): contract test skipped");
+        return;
+    };
+    let db = test_db().await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let listen = format!("127.0.0.1:{port}");
+    let _svc = spawn_binary(
+        &["serve"],
+        &db.url,
+        &[
+            ("SUBAGENTD_LISTEN", &listen),
+            ("SUBAGENTD_AUTH", "keys"),
+            ("SUBAGENTD_ADMIN_TOKEN", ADMIN),
+            ("SUBAGENTD_DEFAULT_MODEL", "mock/m"),
+            ("SUBAGENTD_TOOL_ALLOW", "127.0.0.1/32"),
+            ("RUST_LOG", "off"),
+        ],
+    );
+    let base = format!("http://{listen}");
+    let client = reqwest::Client::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while client.get(format!("{base}/readyz")).send().await.map(|r| r.status() != 200).unwrap_or(true) {
+        assert!(tokio::time::Instant::now() < deadline, "service did not start");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let r = client.post(format!("{base}/admin/keys")).bearer_auth(ADMIN).json(&json!({"tenant": "contract"})).send();
+    let key = r.await.unwrap().json::<Value>().await.unwrap()["key"].as_str().unwrap().to_string();
+
+    // schemathesis keeps its example database and reports where it runs: not in the clone.
+    let dir = std::env::temp_dir().join(format!("subagentd-contract-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for f in ["hooks.py", "schemathesis.toml"] {
+        std::fs::copy(here.join("tests/contract").join(f), dir.join(f)).unwrap();
+    }
+    let out = tokio::task::spawn_blocking({
+        let (dir, st) = (dir.clone(), st.clone());
+        let schema = here.join("openapi.yaml");
+        move || {
+            Command::new(st)
+                .current_dir(&dir)
+                .env("SUBAGENTD_CONTRACT_KEY", key)
+                .env("SUBAGENTD_CONTRACT_ADMIN", ADMIN)
+                .env("SCHEMATHESIS_HOOKS", "hooks")
+                .env("PYTHONPATH", &dir)
+                .args(["run", schema.to_str().unwrap(), "--url", &base, "--checks", "all"])
+                .args(["--max-examples", EXAMPLES, "--seed", SEED, "--no-color"])
+                .output()
+                .expect("run schemathesis")
+        }
+    })
+    .await
+    .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let summary: Vec<&str> = text.lines().filter(|l| l.contains(" generated, ") || l.contains("Tested:")).collect();
+    println!("CONTRACT schemathesis: {}", summary.join(" / ").trim());
+    assert!(
+        out.status.success(),
+        "schemathesis found the service and openapi.yaml disagreeing:\n{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // A run that tested nothing proves nothing.
+    let generated: u64 =
+        summary.iter().find_map(|l| l.trim().split(' ').next().and_then(|n| n.parse().ok())).unwrap_or(0);
+    assert!(generated >= 1000, "schemathesis generated only {generated} cases:\n{text}");
+}

@@ -39,13 +39,23 @@ impl Drop for InFlight {
 /// `run:<id>` named in the task's prompt: wait mode's overhead is measured over this.
 static PROVIDER_MS: Mutex<Option<std::collections::HashMap<String, f64>>> = Mutex::new(None);
 
+/// Every this many provider calls, one answers 503 (0: never): the soak's provider errors.
+static ERROR_EVERY: AtomicU64 = AtomicU64::new(0);
+static CALLS: AtomicU64 = AtomicU64::new(0);
+
 /// The fake provider: a tool call first (unless the prompt says `no-tools`), then an answer.
-async fn fake_chat(latency: Arc<AtomicU64>, Json(req): Json<Value>) -> Json<Value> {
+async fn fake_chat(latency: Arc<AtomicU64>, Json(req): Json<Value>) -> axum::response::Response {
+    use axum::response::IntoResponse;
     let _in_flight = InFlight::enter();
     let t = Instant::now();
     let ms = latency.load(Ordering::Relaxed);
     if ms > 0 {
         tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+    let every = ERROR_EVERY.load(Ordering::Relaxed);
+    if every > 0 && CALLS.fetch_add(1, Ordering::Relaxed) % every == every - 1 {
+        let body = json!({"error": {"message": "overloaded", "type": "server_error"}});
+        return (axum::http::StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
     }
     let msgs = req["messages"].as_array().cloned().unwrap_or_default();
     let last = msgs.last().cloned().unwrap_or(Value::Null);
@@ -62,11 +72,13 @@ async fn fake_chat(latency: Arc<AtomicU64>, Json(req): Json<Value>) -> Json<Valu
             json!({"choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "content": null,
             "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "echo", "arguments": "{\"q\":\"x\"}"}}]}}],
             "usage": usage}),
-        );
+        )
+        .into_response();
     }
     Json(
         json!({"choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "done"}}], "usage": usage}),
     )
+    .into_response()
 }
 
 async fn serve(app: Router) -> String {
@@ -591,6 +603,189 @@ async fn admission(env: &Env, report: &Report, secs: u64, rate: u64) {
     report.lock().unwrap().push(line);
 }
 
+fn rss_mib(pid: u32) -> f64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    s.lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|k| k.parse::<f64>().ok())
+        .map_or(f64::NAN, |k| k / 1024.0)
+}
+
+/// Table sizes (MiB, with indexes and TOAST) and live / dead tuples of the tables that grow.
+async fn tables(pool: &sqlx::PgPool) -> Vec<(String, f64, i64, i64)> {
+    sqlx::query_as(
+        "SELECT relname::text, pg_total_relation_size(relid)::float8 / 1048576, n_live_tup, n_dead_tup
+         FROM pg_stat_user_tables
+         WHERE relname IN ('tasks', 'llm_calls', 'task_messages', 'task_events', 'usage_daily', 'workers')
+         ORDER BY relname",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+/// Scenario 8, the soak: `secs` (default 30 minutes) at about half the machine's capacity with a
+/// mix — background tasks (one tool call each), wait-mode requests, one provider call in 100
+/// answered 503 (retried), 2% of tasks cancelled soon after submission — reporting per minute:
+/// admission and wait p99, errors, the service's RSS, and the tables' sizes and dead tuples.
+async fn soak(env: &Env, report: &Report, secs: u64, rate: u64) {
+    env.latency.store(20, Ordering::Relaxed);
+    ERROR_EVERY.store(100, Ordering::Relaxed);
+    let svc = env
+        .service(
+            "bench_soak",
+            &["serve"],
+            &[("SUBAGENTD_MAX_RUNNING", "256".into()), ("SUBAGENTD_DB_MAX_CONNECTIONS", "40".into())],
+        )
+        .await;
+    let pool = subagentd::db::connect(&svc.db_url, 2).await.unwrap();
+    let client = reqwest::Client::builder().pool_max_idle_per_host(500).build().unwrap();
+    #[derive(Default)]
+    struct Minute {
+        admit: Vec<f64>,
+        wait: Vec<f64>,
+        errors: u64,
+    }
+    let minute: Arc<Mutex<Minute>> = Arc::default();
+    let waiters = rate / 10;
+    let background = rate - waiters;
+    let t0 = Instant::now();
+    let end = t0 + Duration::from_secs(secs);
+    // Background submissions at `background`/s, every 50th cancelled 50 ms later.
+    let gen_bg = {
+        let (c, base, m) = (client.clone(), svc.base.clone(), minute.clone());
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / background));
+            let mut i = 0u64;
+            while Instant::now() < end {
+                tick.tick().await;
+                i += 1;
+                let (c, base, m) = (c.clone(), base.clone(), m.clone());
+                tokio::spawn(async move {
+                    let t = Instant::now();
+                    let r = c
+                        .post(format!("{base}/tasks"))
+                        .json(&json!({"prompt": "go", "model": "fake/gpt-4o"}))
+                        .send()
+                        .await;
+                    let ms = t.elapsed().as_secs_f64() * 1000.0;
+                    let id = match r {
+                        Ok(r) if r.status() == 201 => {
+                            m.lock().unwrap().admit.push(ms);
+                            r.json::<Value>().await.ok().and_then(|v| v["id"].as_str().map(String::from))
+                        }
+                        _ => {
+                            m.lock().unwrap().errors += 1;
+                            None
+                        }
+                    };
+                    if let (true, Some(id)) = (i.is_multiple_of(50), id) {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        let r = c.post(format!("{base}/tasks/{id}/cancel")).send().await;
+                        if !r.is_ok_and(|r| r.status() == 200) {
+                            m.lock().unwrap().errors += 1;
+                        }
+                    }
+                });
+            }
+        })
+    };
+    // Wait-mode requests at `waiters`/s.
+    let gen_wait = {
+        let (c, base, m) = (client.clone(), svc.base.clone(), minute.clone());
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / waiters.max(1)));
+            while Instant::now() < end {
+                tick.tick().await;
+                let (c, base, m) = (c.clone(), base.clone(), m.clone());
+                tokio::spawn(async move {
+                    let t = Instant::now();
+                    let r = c
+                        .post(format!("{base}/tasks?wait=true&timeout=30"))
+                        .json(&json!({"prompt": "go", "model": "fake/gpt-4o"}))
+                        .send()
+                        .await;
+                    let ms = t.elapsed().as_secs_f64() * 1000.0;
+                    match r {
+                        Ok(r) if r.status() == 200 => {
+                            let v: Value = r.json().await.unwrap_or(Value::Null);
+                            if v["status"] == "completed" {
+                                m.lock().unwrap().wait.push(ms);
+                            } else {
+                                m.lock().unwrap().errors += 1;
+                            }
+                        }
+                        _ => m.lock().unwrap().errors += 1,
+                    }
+                });
+            }
+        })
+    };
+    let pid = svc.child.id();
+    let mut rows = vec![];
+    let mut rss = vec![];
+    let mut first_tables = None;
+    let mut last_done = 0i64;
+    for min in 1..=secs.div_ceil(60) {
+        tokio::time::sleep_until((t0 + Duration::from_secs(min * 60).min(Duration::from_secs(secs))).into()).await;
+        let mut m = std::mem::take(&mut *minute.lock().unwrap());
+        let (done, _, _) = counts(&pool).await;
+        let failed: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM tasks WHERE status = 'failed'").fetch_one(&pool).await.unwrap();
+        let r = rss_mib(pid);
+        rss.push(r);
+        let t = tables(&pool).await;
+        let dead: i64 = t.iter().map(|x| x.3).sum();
+        let live: i64 = t.iter().map(|x| x.2).sum();
+        let mib: f64 = t.iter().map(|x| x.1).sum();
+        if min == 2 {
+            first_tables = Some((mib, done));
+        }
+        let line = format!(
+            "| {min} | {:.0}/s | {:.1} | {:.1} | {:.1} | {:.1} | {} | {failed} | {r:.0} | {mib:.0} | {:.1}% |",
+            (done - last_done) as f64 / 60.0,
+            pct(&mut m.admit, 0.5),
+            pct(&mut m.admit, 0.99),
+            pct(&mut m.wait, 0.5),
+            pct(&mut m.wait, 0.99),
+            m.errors,
+            100.0 * dead as f64 / (live + dead).max(1) as f64,
+        );
+        println!("{line}");
+        rows.push(line);
+        last_done = done;
+    }
+    let _ = gen_bg.await;
+    let _ = gen_wait.await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let by_status: Vec<(String, i64)> =
+        sqlx::query_as("SELECT status, count(*) FROM tasks GROUP BY status ORDER BY status")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    let t = tables(&pool).await;
+    let (done, _, _) = counts(&pool).await;
+    let mib: f64 = t.iter().map(|x| x.1).sum();
+    let (mib0, done0) = first_tables.unwrap_or((0.0, 0));
+    let after: Vec<f64> = rss.iter().skip(2).copied().collect();
+    let (lo, hi) = after.iter().fold((f64::MAX, 0.0f64), |(a, b), x| (a.min(*x), b.max(*x)));
+    let summary = format!(
+        "Soak: {secs} s at {rate} tasks/s offered ({background}/s background, {waiters}/s wait mode), provider 20 ms, 1 call in 100 answered 503, 2% of background tasks cancelled. Tasks by status at the end: {by_status:?}. Service RSS after minute 2: {lo:.0}–{hi:.0} MiB ({:+.1}% from its lowest). Tables: {mib:.0} MiB at the end, {:.2} KiB per task after minute 2.\n\nPer table at the end (MiB, live, dead): {}",
+        (hi - lo) / lo * 100.0,
+        (mib - mib0) * 1024.0 / (done - done0).max(1) as f64,
+        t.iter().map(|(n, m, l, d)| format!("{n} {m:.0} / {l} / {d}")).collect::<Vec<_>>().join("; ")
+    );
+    println!("{summary}");
+    let md = format!(
+        "| minute | completed | admission p50 ms | admission p99 ms | wait p50 ms | wait p99 ms | errors | failed tasks (total) | service RSS MiB | tables MiB | dead tuples |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n{}\n\n{summary}\n",
+        rows.join("\n")
+    );
+    std::fs::write(std::env::temp_dir().join("subagentd-soak.md"), &md).ok();
+    report.lock().unwrap().push(format!("@soak {summary}"));
+    ERROR_EVERY.store(0, Ordering::Relaxed);
+}
+
 /// Scenario 7, one tenant flooding: tenant A sends `POST /tasks` from 128 connections as fast as
 /// the service answers (several times its admission capacity) while tenant B submits 50 tasks a
 /// second; B's admission latency, with A unlimited and with A limited to `rate` requests/s.
@@ -875,6 +1070,11 @@ async fn main() {
     }
     if which.iter().any(|w| w == "console") {
         console(&env, &report).await;
+    }
+    if which.iter().any(|w| w == "soak") {
+        let secs = std::env::var("BENCH_SOAK_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(1800);
+        let rate = std::env::var("BENCH_SOAK_RATE").ok().and_then(|s| s.parse().ok()).unwrap_or(250);
+        soak(&env, &report, secs, rate).await;
     }
     if want("flood") {
         flood(&env, &report, 20, None).await;

@@ -130,14 +130,7 @@ fn parse_body(name: &str, headers: &HeaderMap, body: &Bytes) -> Result<AgentDefi
             Ok(d)
         }
         "application/json" => {
-            let parsed = serde_json::from_slice::<PutAgent>(body).or_else(|e| {
-                // `2.0` is the integer 2, as for every JSON body (see `ApiJson`).
-                match super::extract::whole_numbers(body) {
-                    Some(v) => serde_json::from_value(v).map_err(|_| e),
-                    None => Err(e),
-                }
-            });
-            let p: PutAgent = parsed.map_err(|e| {
+            let p: PutAgent = super::extract::from_slice(body).map_err(|e| {
                 let msg = e.to_string();
                 let field = ["unknown field `", "missing field `"]
                     .iter()

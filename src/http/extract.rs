@@ -16,8 +16,10 @@ impl<S: Send + Sync, T: DeserializeOwned, const LIST: bool> FromRequest<S> for A
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        let (parts, body) = req.into_parts();
-        let bytes = match axum::body::Bytes::from_request(Request::from_parts(parts.clone(), body), state).await {
+        if !json_content_type(req.headers()) {
+            return Err(unsupported_media_type());
+        }
+        let bytes = match axum::body::Bytes::from_request(req, state).await {
             Ok(b) => b,
             Err(e) => return Err(json_rejection(JsonRejection::from(e))),
         };
@@ -25,7 +27,7 @@ impl<S: Send + Sync, T: DeserializeOwned, const LIST: bool> FromRequest<S> for A
         if !LIST && first == Some(&b'[') {
             return Err(ApiError::invalid("body", "must be a JSON object"));
         }
-        match axum::Json::<T>::from_request(Request::from_parts(parts, bytes.clone().into()), state).await {
+        match axum::Json::<T>::from_bytes(&bytes) {
             Ok(axum::Json(v)) => Ok(ApiJson(v)),
             // JSON Schema counts `2.0` as the integer 2: a whole number written with a fraction is
             // read as that integer (tried only when the body did not fit as written).
@@ -40,9 +42,18 @@ impl<S: Send + Sync, T: DeserializeOwned, const LIST: bool> FromRequest<S> for A
     }
 }
 
+/// `serde_json::from_slice`, reading `2.0` as the integer 2 as `ApiJson` does (for bodies that
+/// are not always JSON); the error is the one for the body as written.
+pub fn from_slice<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, serde_json::Error> {
+    serde_json::from_slice(bytes).or_else(|e| match whole_numbers(bytes) {
+        Some(v) => serde_json::from_value(v).map_err(|_| e),
+        None => Err(e),
+    })
+}
+
 /// The body with every float that is a whole number (and fits an `i64`/`u64`) made an integer;
 /// `None` when there is none.
-pub fn whole_numbers(bytes: &[u8]) -> Option<serde_json::Value> {
+fn whole_numbers(bytes: &[u8]) -> Option<serde_json::Value> {
     use serde_json::{Number, Value};
     fn walk(v: &mut Value) -> bool {
         match v {
@@ -64,14 +75,27 @@ pub fn whole_numbers(bytes: &[u8]) -> Option<serde_json::Value> {
     walk(&mut v).then_some(v)
 }
 
+/// `application/json` or `application/<anything>+json`, as axum's `Json` accepts.
+fn json_content_type(headers: &axum::http::HeaderMap) -> bool {
+    let Some(ct) = headers.get(axum::http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()) else {
+        return false;
+    };
+    let mime = ct.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    mime.strip_prefix("application/").is_some_and(|sub| sub == "json" || sub.ends_with("+json"))
+}
+
+fn unsupported_media_type() -> ApiError {
+    ApiError::new(
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "unsupported_media_type",
+        "Unsupported media type",
+        "the body must be JSON with `Content-Type: application/json`",
+    )
+}
+
 fn json_rejection(r: JsonRejection) -> ApiError {
     match r {
-        JsonRejection::MissingJsonContentType(_) => ApiError::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "unsupported_media_type",
-            "Unsupported media type",
-            "the body must be JSON with `Content-Type: application/json`",
-        ),
+        JsonRejection::MissingJsonContentType(_) => unsupported_media_type(),
         JsonRejection::JsonSyntaxError(e) => {
             ApiError::new(StatusCode::BAD_REQUEST, "malformed_json", "Malformed JSON", e.body_text())
         }

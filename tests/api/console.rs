@@ -430,18 +430,8 @@ async fn the_console_is_served_with_a_strict_policy_and_versioned_assets() {
 #[tokio::test]
 async fn a_session_is_made_from_a_key_once_and_its_writes_need_the_csrf_token() {
     let app = spawn_app_with(|c| c.admin_token = Some(ADMIN.into()), true).await;
-    let key: Value = app
-        .client
-        .post(app.url("/admin/keys"))
-        .bearer_auth(ADMIN)
-        .json(&json!({"tenant": "acme"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let key = key["key"].as_str().unwrap();
+    let key = admin_key(&app, ADMIN, "acme").await;
+    let key = key.as_str();
     let r = app.post_json("/console/session", json!({"key": "sk_00000000_wrong"})).await;
     assert_problem(r, 401, "unauthorized").await;
     let r = app.post_json("/console/session", json!({"key": key})).await;

@@ -315,3 +315,20 @@ pub async fn assert_problem(r: reqwest::Response, status: u16, code: &str) -> Va
     assert!(body["detail"].as_str().is_some_and(|d| !d.is_empty()), "{body}");
     body
 }
+
+/// A new API key for `tenant`, made with the admin API (`admin`: its token). The key is shown
+/// once; its prefix is `sk_`.
+pub async fn admin_key(app: &TestApp, admin: &str, tenant: &str) -> String {
+    let r = app
+        .client
+        .post(app.url("/admin/keys"))
+        .bearer_auth(admin)
+        .json(&serde_json::json!({"tenant": tenant}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let v: Value = r.json().await.unwrap();
+    assert!(v["prefix"].as_str().unwrap().starts_with("sk_"));
+    v["key"].as_str().unwrap().to_string()
+}

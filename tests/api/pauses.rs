@@ -282,16 +282,7 @@ async fn snapshot(app: &TestApp, id: &str) -> (Value, Vec<Value>) {
 }
 
 async fn new_key(app: &TestApp, tenant: &str) -> String {
-    let r = app
-        .client
-        .post(app.url("/admin/keys"))
-        .bearer_auth(ADMIN)
-        .json(&json!({"tenant": tenant}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 201);
-    r.json::<Value>().await.unwrap()["key"].as_str().unwrap().to_string()
+    admin_key(app, ADMIN, tenant).await
 }
 
 /// A task of `key`'s tenant paused on `deploy` (approval) and `ask_user` (output).

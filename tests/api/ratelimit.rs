@@ -10,9 +10,7 @@ use crate::helpers::*;
 const ADMIN: &str = "rate-admin-token";
 
 async fn new_key(app: &TestApp, tenant: &str) -> String {
-    let r = app.client.post(app.url("/admin/keys")).bearer_auth(ADMIN).json(&json!({"tenant": tenant})).send().await;
-    let v: Value = r.unwrap().json().await.unwrap();
-    v["key"].as_str().unwrap().to_string()
+    admin_key(app, ADMIN, tenant).await
 }
 
 async fn put_limits(app: &TestApp, tenant: &str, limits: Value) -> reqwest::Response {

@@ -9,18 +9,7 @@ use crate::helpers::*;
 const ADMIN: &str = "admin-secret-token";
 
 async fn new_key(app: &TestApp, tenant: &str) -> String {
-    let r = app
-        .client
-        .post(app.url("/admin/keys"))
-        .bearer_auth(ADMIN)
-        .json(&json!({"tenant": tenant}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 201);
-    let v: Value = r.json().await.unwrap();
-    assert!(v["prefix"].as_str().unwrap().starts_with("sk_"));
-    v["key"].as_str().unwrap().to_string()
+    admin_key(app, ADMIN, tenant).await
 }
 
 async fn set_limits(app: &TestApp, tenant: &str, limits: Value) {

@@ -283,6 +283,12 @@ pub struct ProviderConfig {
     /// Bill this provider's models at the shipped list prices (default: only the official APIs;
     /// set it for Azure, OpenRouter, or a test double of an official API).
     pub shipped_prices: Option<bool>,
+    /// Use the provider's prompt cache. Anthropic: mark cache breakpoints (`cache_control`) on
+    /// every request (default on). OpenAI-compatible: caching is automatic on a byte-stable
+    /// prefix, which every request keeps; on, a `prompt_cache_key` per run is sent too, so a
+    /// run's turns reach the same cache (default: only for the official API, as other servers
+    /// may reject the field).
+    pub prompt_caching: Option<bool>,
 }
 
 /// One model of a provider.
@@ -305,8 +311,12 @@ fn default_idle_timeout() -> u64 {
 pub struct PriceConfig {
     pub input: rust_decimal::Decimal,
     pub output: rust_decimal::Decimal,
+    /// Cache reads, per million tokens (default: the input price).
     #[serde(default)]
     pub cached: Option<rust_decimal::Decimal>,
+    /// Cache writes, per million tokens (default: the input price; Anthropic bills 1.25×).
+    #[serde(default)]
+    pub cache_write: Option<rust_decimal::Decimal>,
 }
 
 #[derive(Debug, Clone, serde::Deserialize)]

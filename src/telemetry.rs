@@ -50,7 +50,7 @@ pub const COUNTERS: &[(&str, &str)] = &[
     ("subagentd_llm_calls_total", "Provider call attempts, by provider, model and outcome."),
     ("subagentd_llm_retries_total", "Provider call attempts that were retries, by provider and model."),
     ("subagentd_llm_errors_total", "Provider call attempts that failed, by provider, model and HTTP status."),
-    ("subagentd_tokens_total", "Tokens of provider calls, by model and kind (input, output, cached)."),
+    ("subagentd_tokens_total", "Tokens of provider calls, by model and kind (input, output, cached: read from the cache, cache_write: written to it)."),
     ("subagentd_cost_microusd_total", "Cost of provider calls in millionths of a US dollar, by model."),
     ("subagentd_webhook_attempts_total", "Webhook delivery attempts, by outcome and event."),
     ("subagentd_rate_limited_total", "API requests refused with 429 for a tenant's request rate, by tenant."),
@@ -126,7 +126,7 @@ pub fn register_metrics(providers: &[String], models: &[(String, String)]) {
         zero("subagentd_llm_calls_total", &[pm[0].clone(), pm[1].clone(), ("outcome", "ok".into())]);
         zero("subagentd_llm_retries_total", &pm);
         zero("subagentd_llm_errors_total", &[pm[0].clone(), pm[1].clone(), ("http_status", "none".into())]);
-        for kind in ["input", "output", "cached"] {
+        for kind in ["input", "output", "cached", "cache_write"] {
             zero("subagentd_tokens_total", &[("model", model.clone()), ("kind", kind.into())]);
         }
         zero("subagentd_cost_microusd_total", &[("model", model.clone())]);

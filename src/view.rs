@@ -108,12 +108,19 @@ impl From<TaskRow> for TaskView {
             output: r.output,
             error,
             turns: r.turns,
-            usage: json!({
-                "input_tokens": r.input_tokens,
-                "output_tokens": r.output_tokens,
-                "cached_tokens": r.cached_tokens,
-                "total_tokens": r.input_tokens + r.output_tokens,
-            }),
+            usage: {
+                let mut u = json!({
+                    "input_tokens": r.input_tokens,
+                    "output_tokens": r.output_tokens,
+                    "cached_tokens": r.cached_tokens,
+                    "total_tokens": r.input_tokens + r.output_tokens,
+                });
+                // Only where a provider wrote to its cache (Anthropic's, with breakpoints).
+                if r.cache_write_tokens > 0 {
+                    u["cache_write_tokens"] = json!(r.cache_write_tokens);
+                }
+                u
+            },
             cost_usd: r.cost_usd.normalize(),
             cost_complete: r.unpriced_calls == 0,
             usage_estimated: r.estimated_calls > 0,

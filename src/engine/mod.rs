@@ -351,7 +351,8 @@ pub async fn run(
             "llm_call_finished",
             json!({"turn": turn, "model": format!("{}/{}", input.provider_name, input.model),
                    "input_tokens": call.usage.input_tokens, "output_tokens": call.usage.output_tokens,
-                   "cached_tokens": call.usage.cached_tokens, "latency_ms": call.latency_ms, "try": call.try_no,
+                   "cached_tokens": call.usage.cached_tokens, "cache_write_tokens": call.usage.cache_write_tokens,
+                   "latency_ms": call.latency_ms, "try": call.try_no,
                    "finish_reason": resp.finish.as_str()}),
         )];
         // Cut at the output limit: the text is partial, and so may be a tool call's arguments.
@@ -685,7 +686,7 @@ fn max_turns_reached(input: &RunInput, last_text: Option<String>, turn: u32) -> 
 /// every output token the provider is allowed to produce.
 fn ask(input: &RunInput, req: &ChatRequest) -> Ask {
     let worst = worst_case(req);
-    let price = |u: Usage| input.price.map_or(Decimal::ZERO, |p| p.cost(&u));
+    let price = |u: Usage| input.price.map_or(Decimal::ZERO, |p| p.worst_cost(&u));
     let max_out = req.max_tokens.unwrap_or(0);
     Ask {
         prompt_usd: price(Usage { input_tokens: worst.input_tokens, ..Usage::default() }),
@@ -701,7 +702,7 @@ fn ask(input: &RunInput, req: &ChatRequest) -> Ask {
 pub fn smallest_call(messages: Vec<Message>, tools: Vec<ToolSpec>, price: Option<Price>, floor: u32) -> (Decimal, u64) {
     let req = ChatRequest { messages, tools, max_tokens: Some(floor), ..ChatRequest::default() };
     let u = worst_case(&req);
-    (price.map_or(Decimal::ZERO, |p| p.cost(&u)), u.input_tokens + u.output_tokens)
+    (price.map_or(Decimal::ZERO, |p| p.worst_cost(&u)), u.input_tokens + u.output_tokens)
 }
 
 /// The most a call can use: its prompt at 3 characters a token, and every output token allowed.
@@ -712,7 +713,7 @@ fn worst_case(req: &ChatRequest) -> Usage {
     Usage {
         input_tokens: (prompt_chars as u64).div_ceil(3),
         output_tokens: u64::from(req.max_tokens.unwrap_or(0)),
-        cached_tokens: 0,
+        ..Usage::default()
     }
 }
 

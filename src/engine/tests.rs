@@ -39,7 +39,7 @@ impl Provider for Scripted {
 }
 
 fn usage(i: u64, o: u64) -> Usage {
-    Usage { input_tokens: i, output_tokens: o, cached_tokens: 0 }
+    Usage { input_tokens: i, output_tokens: o, ..Usage::default() }
 }
 fn text(t: &str) -> ChatResponse {
     ChatResponse { text: Some(t.into()), usage: usage(10, 5), http_status: Some(200), ..ChatResponse::default() }
@@ -123,7 +123,12 @@ fn input() -> RunInput {
     RunInput {
         provider_name: "fake".into(),
         model: "m1".into(),
-        price: Some(Price { input_per_m: 1.into(), output_per_m: 2.into(), cached_per_m: 0.into() }),
+        price: Some(Price {
+            input_per_m: 1.into(),
+            output_per_m: 2.into(),
+            cached_per_m: 0.into(),
+            cache_write_per_m: 0.into(),
+        }),
         history: vec![],
         new_messages: fresh_conversation("SYS".into(), "do the task".into()),
         turns_done: 0,

@@ -37,6 +37,7 @@ fn ledger_row(c: &CallRecord, attempt: i32) -> CallRow {
         input_tokens: c.usage.input_tokens as i64,
         output_tokens: c.usage.output_tokens as i64,
         cached_tokens: c.usage.cached_tokens as i64,
+        cache_write_tokens: c.usage.cache_write_tokens as i64,
         cost_usd: c.cost_usd,
         latency_ms: c.latency_ms as i32,
         http_status: c.http_status.map(i32::from),
@@ -245,9 +246,12 @@ fn observe(c: &CallRecord) {
         metrics::counter!("subagentd_llm_errors_total", "provider" => c.provider.clone(), "model" => model.clone(), "http_status" => status)
             .increment(1);
     }
-    for (kind, n) in
-        [("input", c.usage.input_tokens), ("output", c.usage.output_tokens), ("cached", c.usage.cached_tokens)]
-    {
+    for (kind, n) in [
+        ("input", c.usage.input_tokens),
+        ("output", c.usage.output_tokens),
+        ("cached", c.usage.cached_tokens),
+        ("cache_write", c.usage.cache_write_tokens),
+    ] {
         metrics::counter!("subagentd_tokens_total", "model" => model.clone(), "kind" => kind).increment(n);
     }
     if let Some(cost) = c.cost_usd {

@@ -21,6 +21,9 @@ pub struct Anthropic {
     pub api_key: Option<super::Secret>,
     /// Ask for a streamed answer.
     pub stream: bool,
+    /// Mark prompt cache breakpoints (`cache_control`), so that each turn reads the turns before
+    /// it from the provider's cache (default on; off for a compatible server that rejects them).
+    pub prompt_caching: bool,
     pub timeouts: Timeouts,
     pub client: reqwest::Client,
 }
@@ -32,6 +35,7 @@ impl Anthropic {
             base_url: base_url.trim_end_matches('/').trim_end_matches("/v1").to_string(),
             api_key,
             stream: true,
+            prompt_caching: true,
             timeouts,
             client: super::http_client(),
         }
@@ -77,6 +81,40 @@ pub fn to_wire(messages: &[Message]) -> (String, Vec<Value>) {
     (system.join("\n\n"), out)
 }
 
+/// Mark a request's cache breakpoints (Anthropic allows four; this uses at most four): the last
+/// tool (tools are the start of the cached prefix, shared by every run with the same tools),
+/// the system prompt (shared by every run of the same agent and context), the message that was
+/// last in the run's previous request (this request reads everything up to it from the cache,
+/// however many blocks the last turn added) and the last message (written for the next turn).
+/// Content given as a string becomes one text block, in every message (a message reads the
+/// same on every turn, marked or not: only the marks move).
+pub fn mark_cache_breakpoints(body: &mut Value) {
+    let mark = || json!({"type": "ephemeral"});
+    if let Some(last) = body.get_mut("tools").and_then(Value::as_array_mut).and_then(|t| t.last_mut()) {
+        last["cache_control"] = mark();
+    }
+    if let Some(s) = body.get("system").and_then(Value::as_str).map(str::to_string) {
+        body["system"] = json!([{"type": "text", "text": s, "cache_control": mark()}]);
+    }
+    let Some(messages) = body.get_mut("messages").and_then(Value::as_array_mut) else { return };
+    for m in messages.iter_mut() {
+        if let Some(text) = m["content"].as_str().map(str::to_string) {
+            m["content"] = json!([{"type": "text", "text": text}]);
+        }
+    }
+    let Some(last) = messages.len().checked_sub(1) else { return };
+    // The previous request ended with the user message before the last assistant answer.
+    let previous = messages
+        .iter()
+        .rposition(|m| m["role"] == "assistant")
+        .and_then(|a| messages[..a].iter().rposition(|m| m["role"] == "user"));
+    for i in previous.into_iter().chain([last]) {
+        if let Some(block) = messages[i]["content"].as_array_mut().and_then(|b| b.last_mut()) {
+            block["cache_control"] = mark();
+        }
+    }
+}
+
 pub fn parse_response(status: u16, v: &Value) -> Result<ChatResponse, LlmError> {
     let blocks =
         v.get("content").and_then(Value::as_array).ok_or_else(|| protocol(status, "response has no content array"))?;
@@ -114,13 +152,14 @@ pub fn parse_response(status: u16, v: &Value) -> Result<ChatResponse, LlmError> 
 }
 
 /// Anthropic's `input_tokens` exclude cache reads and writes; ours include them, with reads
-/// also counted as cached.
+/// also counted as cached and writes as cache writes (each billed at its own rate).
 fn usage_of(u: &Value) -> Usage {
     let n = |k: &str| u.get(k).and_then(Value::as_u64).unwrap_or(0);
     Usage {
         input_tokens: n("input_tokens") + n("cache_read_input_tokens") + n("cache_creation_input_tokens"),
         output_tokens: n("output_tokens"),
         cached_tokens: n("cache_read_input_tokens"),
+        cache_write_tokens: n("cache_creation_input_tokens"),
     }
 }
 
@@ -295,6 +334,9 @@ impl Provider for Anthropic {
         if !tools.is_empty() {
             body["tools"] = Value::Array(tools);
         }
+        if self.prompt_caching {
+            mark_cache_breakpoints(&mut body);
+        }
         let mut r = self.client.post(format!("{}/v1/messages", self.base_url)).header("anthropic-version", API_VERSION);
         if let Some(k) = &self.api_key {
             r = r.header("x-api-key", k.expose());
@@ -376,7 +418,7 @@ mod tests {
         assert_eq!(r.text.as_deref(), Some("Checking"));
         assert_eq!(r.tool_calls[0].arguments, json!({"q": "x"}));
         assert_eq!(r.finish, FinishReason::ToolCalls);
-        assert_eq!(r.usage, Usage { input_tokens: 112, output_tokens: 20, cached_tokens: 100 });
+        assert_eq!(r.usage, Usage { input_tokens: 112, output_tokens: 20, cached_tokens: 100, cache_write_tokens: 0 });
         assert_eq!(progress.output_chars(), 8 + 10);
     }
 
@@ -398,11 +440,51 @@ mod tests {
     }
 
     #[test]
+    fn breakpoints_mark_tools_system_the_previous_turns_end_and_the_last_message() {
+        let (system, messages) = to_wire(&[
+            Message::System { content: "sys".into() },
+            Message::User { content: "q".into() },
+            Message::Assistant {
+                content: None,
+                tool_calls: vec![ToolCall { id: "a".into(), name: "x".into(), arguments: json!({}) }],
+            },
+            Message::Tool { tool_call_id: "a".into(), name: "x".into(), content: "r1".into(), is_error: false },
+        ]);
+        let mut body = json!({"system": system, "messages": messages,
+                              "tools": [{"name": "x", "input_schema": {}}, {"name": "y", "input_schema": {}}]});
+        mark_cache_breakpoints(&mut body);
+        let eph = json!({"type": "ephemeral"});
+        assert_eq!(body["tools"][0].get("cache_control"), None);
+        assert_eq!(body["tools"][1]["cache_control"], eph);
+        assert_eq!(body["system"], json!([{"type": "text", "text": "sys", "cache_control": eph}]));
+        let m = body["messages"].as_array().unwrap();
+        assert_eq!(m[0]["content"], json!([{"type": "text", "text": "q", "cache_control": eph}]), "the previous end");
+        assert_eq!(m[1]["content"][0].get("cache_control"), None);
+        assert_eq!(m[2]["content"][0]["cache_control"], eph, "the last message");
+        let marks = body.to_string().matches("cache_control").count();
+        assert_eq!(marks, 4, "within Anthropic's four breakpoints");
+
+        // The first turn: one user message, marked once.
+        let mut first = json!({"messages": [{"role": "user", "content": "q"}]});
+        mark_cache_breakpoints(&mut first);
+        assert_eq!(first.to_string().matches("cache_control").count(), 1);
+
+        // Later, the first message is no longer marked, and reads as it did.
+        let mut later = json!({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"},
+                                            {"role": "user", "content": "b"}, {"role": "assistant", "content": "c"},
+                                            {"role": "user", "content": "d"}]});
+        mark_cache_breakpoints(&mut later);
+        assert_eq!(later["messages"][0]["content"], json!([{"type": "text", "text": "q"}]));
+        assert_eq!(later["messages"][1]["content"], json!([{"type": "text", "text": "a"}]));
+        assert_eq!(later["messages"][2]["content"][0]["cache_control"], eph);
+    }
+
+    #[test]
     fn usage_counts_cache_reads_as_input_and_cached() {
         let v = json!({"content": [{"type": "text", "text": "hi"}], "stop_reason": "end_turn",
                        "usage": {"input_tokens": 10, "output_tokens": 5, "cache_read_input_tokens": 100, "cache_creation_input_tokens": 20}});
         let r = parse_response(200, &v).unwrap();
-        assert_eq!(r.usage, Usage { input_tokens: 130, output_tokens: 5, cached_tokens: 100 });
+        assert_eq!(r.usage, Usage { input_tokens: 130, output_tokens: 5, cached_tokens: 100, cache_write_tokens: 20 });
         assert_eq!(r.text.as_deref(), Some("hi"));
     }
 }

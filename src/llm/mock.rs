@@ -177,7 +177,7 @@ impl Provider for MockProvider {
             return Ok(ChatResponse {
                 text: None,
                 tool_calls,
-                usage: Usage { input_tokens, output_tokens: out.div_ceil(4).max(1), cached_tokens: 0 },
+                usage: Usage { input_tokens, output_tokens: out.div_ceil(4).max(1), ..Usage::default() },
                 finish: FinishReason::ToolCalls,
                 ..ChatResponse::default()
             });
@@ -193,7 +193,7 @@ impl Provider for MockProvider {
             format!("Mock summary: {p}")
         });
         Ok(ChatResponse {
-            usage: Usage { input_tokens, output_tokens: (text.len() as u64).div_ceil(4).max(1), cached_tokens: 0 },
+            usage: Usage { input_tokens, output_tokens: (text.len() as u64).div_ceil(4).max(1), ..Usage::default() },
             text: Some(text),
             ..ChatResponse::default()
         })

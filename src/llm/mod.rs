@@ -150,9 +150,15 @@ pub const FINAL_ANSWER_TOOL: &str = "final_answer";
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Usage {
+    /// Every prompt token, whether read from the provider's cache, written to it, or neither.
     pub input_tokens: u64,
     pub output_tokens: u64,
+    /// Prompt tokens read from the provider's cache (billed at its cached rate).
     pub cached_tokens: u64,
+    /// Prompt tokens written to the provider's cache (Anthropic bills them above the input
+    /// rate; OpenAI's automatic caching writes at no extra charge and reports none).
+    #[serde(default)]
+    pub cache_write_tokens: u64,
 }
 
 impl std::ops::AddAssign for Usage {
@@ -160,6 +166,7 @@ impl std::ops::AddAssign for Usage {
         self.input_tokens += o.input_tokens;
         self.output_tokens += o.output_tokens;
         self.cached_tokens += o.cached_tokens;
+        self.cache_write_tokens += o.cache_write_tokens;
     }
 }
 
@@ -427,11 +434,13 @@ impl Providers {
                     }
                     o.query = pc.query.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
                     o.stream = pc.stream.unwrap_or(true);
+                    o.prompt_cache_key = pc.prompt_caching.unwrap_or(official);
                     p.insert(Arc::new(o));
                 }
                 ProviderKind::Anthropic => {
                     let mut a = anthropic::Anthropic::new(name, &base, key, timeouts);
                     a.stream = pc.stream.unwrap_or(true);
+                    a.prompt_caching = pc.prompt_caching.unwrap_or(true);
                     p.insert(Arc::new(a));
                 }
             }
@@ -464,7 +473,9 @@ impl Providers {
             let key = Some(Secret::new(k));
             match kind {
                 ProviderKind::Openai => {
-                    p.insert(Arc::new(openai::OpenAi::new(name, &base, key, wire::Timeouts::default())))
+                    let mut o = openai::OpenAi::new(name, &base, key, wire::Timeouts::default());
+                    o.prompt_cache_key = official;
+                    p.insert(Arc::new(o))
                 }
                 ProviderKind::Anthropic => {
                     p.insert(Arc::new(anthropic::Anthropic::new(name, &base, key, wire::Timeouts::default())))
@@ -486,6 +497,7 @@ impl Providers {
                     input_per_m: pc.input,
                     output_per_m: pc.output,
                     cached_per_m: pc.cached.unwrap_or(pc.input),
+                    cache_write_per_m: pc.cache_write.unwrap_or(pc.input),
                 },
             );
         }
@@ -637,6 +649,20 @@ mod tests {
                 .unwrap();
         assert_eq!(env_only.names(), ["anthropic", "mock"]);
         assert_eq!(format!("{:?}", Secret::new("sk-secret")), "Secret(***)");
+    }
+
+    #[test]
+    fn configured_prices_take_cache_writes_and_default_them_to_input() {
+        let file: FileConfig = toml::from_str(
+            "[pricing]\n\"ant/c\" = {input = 3, output = 15, cached = 0.3, cache_write = 3.75}\n\
+             \"local/q\" = {input = 1, output = 2}\n",
+        )
+        .unwrap();
+        let p = Providers::from_config(&file, &|_| None).unwrap();
+        let c = p.prices.price(&ModelRef::parse("ant/c").unwrap(), false).unwrap();
+        assert_eq!(c.cache_write_per_m, rust_decimal::Decimal::new(375, 2));
+        let q = p.prices.price(&ModelRef::parse("local/q").unwrap(), false).unwrap();
+        assert_eq!((q.cached_per_m, q.cache_write_per_m), (q.input_per_m, q.input_per_m));
     }
 
     #[test]

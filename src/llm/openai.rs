@@ -23,6 +23,9 @@ pub struct OpenAi {
     pub max_tokens_field: String,
     /// Ask for a streamed answer.
     pub stream: bool,
+    /// Send `prompt_cache_key` (one per run: its system prompt and first message), so that
+    /// a run's turns are routed to the cache that holds their common prefix.
+    pub prompt_cache_key: bool,
     pub timeouts: Timeouts,
     pub client: reqwest::Client,
 }
@@ -37,6 +40,7 @@ impl OpenAi {
             query: vec![],
             max_tokens_field: "max_tokens".into(),
             stream: true,
+            prompt_cache_key: false,
             timeouts,
             client: super::http_client(),
         }
@@ -71,6 +75,19 @@ pub fn to_wire(m: &Message) -> Value {
 
 /// Arguments as the model wrote them: JSON, or (invalid, often cut) the raw text, which the
 /// tool layer reports back to the model.
+/// A run's `prompt_cache_key`: the same on every turn of the run (the model, and the first two
+/// messages: the system prompt and the task), different between runs.
+pub fn cache_key(req: &ChatRequest) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(req.model.as_bytes());
+    for m in req.messages.iter().take(2) {
+        h.update([0]);
+        h.update(serde_json::to_vec(m).unwrap_or_default());
+    }
+    format!("subagentd-{}", hex::encode(&h.finalize()[..12]))
+}
+
 fn arguments(raw: &str) -> Value {
     if raw.trim().is_empty() {
         json!({})
@@ -85,6 +102,10 @@ fn usage_of(u: &Value) -> Usage {
         input_tokens: n("/prompt_tokens"),
         output_tokens: n("/completion_tokens"),
         cached_tokens: n("/prompt_tokens_details/cached_tokens"),
+        // OpenAI bills no cache writes (its caching is automatic); a compatible server that
+        // reports them (`cache_creation_input_tokens`, as some gateways do) is read too.
+        cache_write_tokens: n("/prompt_tokens_details/cache_creation_input_tokens")
+            .max(n("/cache_creation_input_tokens")),
     }
 }
 
@@ -207,7 +228,7 @@ impl Streamed {
                 Usage {
                     input_tokens: (req.messages.iter().map(Message::chars).sum::<usize>() as u64).div_ceil(4),
                     output_tokens: (out_chars as u64).div_ceil(4),
-                    cached_tokens: 0,
+                    ..Usage::default()
                 },
                 true,
             ),
@@ -265,6 +286,9 @@ impl Provider for OpenAi {
             body["stream"] = json!(true);
             body["stream_options"] = json!({"include_usage": true});
         }
+        if self.prompt_cache_key {
+            body["prompt_cache_key"] = json!(cache_key(req));
+        }
         let mut r = self.client.post(format!("{}/chat/completions", self.base_url)).query(&self.query);
         if let Some(k) = &self.api_key {
             r = if self.auth_header.eq_ignore_ascii_case("authorization") {
@@ -315,7 +339,7 @@ mod tests {
             vec![ToolCall { id: "call_1".into(), name: "look".into(), arguments: json!({"q": 1}) }]
         );
         assert_eq!(r.finish, FinishReason::ToolCalls);
-        assert_eq!(r.usage, Usage { input_tokens: 9, output_tokens: 4, cached_tokens: 2 });
+        assert_eq!(r.usage, Usage { input_tokens: 9, output_tokens: 4, cached_tokens: 2, cache_write_tokens: 0 });
         assert!(!r.usage_estimated);
     }
 

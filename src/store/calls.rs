@@ -25,6 +25,9 @@ pub struct CallRow {
     pub input_tokens: i64,
     pub output_tokens: i64,
     pub cached_tokens: i64,
+    /// Prompt tokens written to the provider's cache (part of `input_tokens`).
+    #[sqlx(default)]
+    pub cache_write_tokens: i64,
     pub cost_usd: Option<Decimal>,
     pub latency_ms: i32,
     pub http_status: Option<i32>,
@@ -48,7 +51,8 @@ pub struct CallRow {
 /// A task's ledger, in order.
 pub async fn of_task(pool: &PgPool, task: Uuid) -> Result<Vec<CallRow>, StoreError> {
     Ok(sqlx::query_as(
-        "SELECT call_key, turn, attempt, try, provider, model, input_tokens, output_tokens, cached_tokens, cost_usd,
+        "SELECT call_key, turn, attempt, try, provider, model, input_tokens, output_tokens, cached_tokens,
+                cache_write_tokens, cost_usd,
                 latency_ms, http_status, outcome, error, usage_estimated, created_at
          FROM llm_calls WHERE task_id = $1 ORDER BY id",
     )

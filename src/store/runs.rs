@@ -188,6 +188,7 @@ pub async fn commit_turn(
         .bind(fin.and_then(|f| f.error_message.as_deref())) // 27
         .bind(call.usage_estimated) // 28
         .bind(fin.and_then(|f| f.output.as_ref())) // 29
+        .bind(call.cache_write_tokens) // 30
         .fetch_optional(&mut *conn)
         .await?;
     match (row, fin) {
@@ -221,7 +222,8 @@ fn commit_turn_sql(whole: bool) -> String {
         "WITH u AS (
             UPDATE tasks SET turns = coalesce($3, turns),
                 input_tokens = input_tokens + $8, output_tokens = output_tokens + $9,
-                cached_tokens = cached_tokens + $10, cost_usd = cost_usd + coalesce($11, 0),
+                cached_tokens = cached_tokens + $10, cache_write_tokens = cache_write_tokens + $30,
+                cost_usd = cost_usd + coalesce($11, 0),
                 unpriced_calls = unpriced_calls + ($11 IS NULL AND $14 = 'ok')::int,
                 estimated_calls = estimated_calls + $28::bool::int,
                 reserved_usd = CASE WHEN $23::text IS NULL THEN greatest(reserved_usd - $21, 0) ELSE 0 END,
@@ -241,19 +243,21 @@ fn commit_turn_sql(whole: bool) -> String {
             RETURNING {returning}
          ), c AS (
             INSERT INTO llm_calls (call_key, task_id, tenant, turn, attempt, try, provider, model, input_tokens,
-                output_tokens, cached_tokens, cost_usd, latency_ms, http_status, outcome, error, usage_estimated)
-            SELECT $20, $1, tenant, $4, $5, $6, $7, $19, $8, $9, $10, $11, $12, $13, $14, $15, $28 FROM u
+                output_tokens, cached_tokens, cache_write_tokens, cost_usd, latency_ms, http_status, outcome, error,
+                usage_estimated)
+            SELECT $20, $1, tenant, $4, $5, $6, $7, $19, $8, $9, $10, $30, $11, $12, $13, $14, $15, $28 FROM u
          ), r AS (
             INSERT INTO usage_daily AS d (day, tenant, model, agent_type, api_key, shard, calls, ok, failed, input_tokens,
-                output_tokens, cached_tokens, cost_usd, estimated_calls)
+                output_tokens, cached_tokens, cache_write_tokens, cost_usd, estimated_calls)
             SELECT (now() AT TIME ZONE 'UTC')::date, tenant, $7 || '/' || $19, subagent_type, coalesce(api_key, ''),
-                pg_backend_pid() % 16, 1, ($14 = 'ok')::int, ($14 <> 'ok')::int, $8, $9, $10, coalesce($11, 0),
+                pg_backend_pid() % 16, 1, ($14 = 'ok')::int, ($14 <> 'ok')::int, $8, $9, $10, $30, coalesce($11, 0),
                 $28::bool::int FROM u
             ON CONFLICT (tenant, day, model, agent_type, api_key, shard) DO UPDATE SET calls = d.calls + 1, ok = d.ok + EXCLUDED.ok,
                 failed = d.failed + EXCLUDED.failed, input_tokens = d.input_tokens + EXCLUDED.input_tokens,
                 output_tokens = d.output_tokens + EXCLUDED.output_tokens,
-                cached_tokens = d.cached_tokens + EXCLUDED.cached_tokens, cost_usd = d.cost_usd + EXCLUDED.cost_usd,
-                estimated_calls = d.estimated_calls + EXCLUDED.estimated_calls
+                cached_tokens = d.cached_tokens + EXCLUDED.cached_tokens,
+                cache_write_tokens = d.cache_write_tokens + EXCLUDED.cache_write_tokens,
+                cost_usd = d.cost_usd + EXCLUDED.cost_usd, estimated_calls = d.estimated_calls + EXCLUDED.estimated_calls
          ), m AS (
             INSERT INTO task_messages (task_id, seq, turn, message)
             SELECT $1, (SELECT coalesce(max(seq), 0) FROM task_messages WHERE task_id = $1) + x.ord, $4, x.msg

@@ -109,6 +109,8 @@ pub struct TaskRow {
     pub input_tokens: i64,
     pub output_tokens: i64,
     pub cached_tokens: i64,
+    #[sqlx(default)]
+    pub cache_write_tokens: i64,
     pub cost_usd: Decimal,
     pub unpriced_calls: i32,
     /// Calls whose usage is an estimate.
@@ -204,8 +206,8 @@ pub enum Inserted {
 
 pub(crate) const COLS: &str =
     "id, tenant, status, stop_reason, subagent_type, description, prompt, model, options, summary, output, \
-    error_code, error_message, turns, input_tokens, output_tokens, cached_tokens, cost_usd, unpriced_calls, \
-    estimated_calls, attempt, \
+    error_code, error_message, turns, input_tokens, output_tokens, cached_tokens, cache_write_tokens, cost_usd, \
+    unpriced_calls,     estimated_calls, attempt, \
     lease_token, lease_expires_at, worker_id, cancel_requested, idempotency_key, request_hash, metadata, created_at, \
     started_at, finished_at, parent_task_id, max_cost_usd, max_tokens, traceparent, webhook_url, waiting_for, api_key, \
     pauses, paused_ms";

@@ -189,6 +189,8 @@ pub struct UsageRow {
     pub cost_usd: Decimal,
     /// Calls whose usage is an estimate (their answer never came, or the provider gave none).
     pub estimated_calls: i64,
+    /// Prompt tokens written to the provider's cache (part of `input_tokens`).
+    pub cache_write_tokens: i64,
 }
 
 /// Aggregates of the daily rollup over `[from, to]`, grouped by the named columns
@@ -214,7 +216,8 @@ pub async fn usage(
                 coalesce(sum(failed), 0)::bigint AS failed, coalesce(sum(input_tokens), 0)::bigint AS input_tokens,
                 coalesce(sum(output_tokens), 0)::bigint AS output_tokens,
                 coalesce(sum(cached_tokens), 0)::bigint AS cached_tokens, coalesce(sum(cost_usd), 0) AS cost_usd,
-                coalesce(sum(estimated_calls), 0)::bigint AS estimated_calls
+                coalesce(sum(estimated_calls), 0)::bigint AS estimated_calls,
+                coalesce(sum(cache_write_tokens), 0)::bigint AS cache_write_tokens
          FROM usage_daily WHERE ($1::text IS NULL OR tenant = $1) AND day BETWEEN $2 AND $3
          {} {}",
         col("day", "date"),
@@ -240,12 +243,13 @@ pub fn usage_csv(rows: &[UsageRow]) -> String {
         }
     }
     let mut out = String::from(
-        "day,tenant,model,agent_type,api_key,calls,ok,failed,input_tokens,output_tokens,cached_tokens,cost_usd,estimated_calls\r\n",
+        "day,tenant,model,agent_type,api_key,calls,ok,failed,input_tokens,output_tokens,cached_tokens,cost_usd,estimated_calls,\
+         cache_write_tokens\r\n",
     );
     for r in rows {
         let text = |v: &Option<String>| field(v.as_deref().unwrap_or(""));
         out.push_str(&format!(
-            "{},{},{},{},{},{},{},{},{},{},{},{},{}\r\n",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{}\r\n",
             r.day.map(|d| d.to_string()).unwrap_or_default(),
             text(&r.tenant),
             text(&r.model),
@@ -258,7 +262,8 @@ pub fn usage_csv(rows: &[UsageRow]) -> String {
             r.output_tokens,
             r.cached_tokens,
             r.cost_usd.normalize(),
-            r.estimated_calls
+            r.estimated_calls,
+            r.cache_write_tokens
         ));
     }
     out

@@ -73,6 +73,8 @@ impl Answer {
 pub struct Seen {
     pub headers: HeaderMap,
     pub body: Value,
+    /// The body's bytes as sent.
+    pub raw: Bytes,
 }
 
 #[derive(Clone, Default)]
@@ -103,8 +105,9 @@ impl Drop for DropGuard {
 }
 
 async fn handle(State(f): State<Fake>, headers: HeaderMap, body: Bytes) -> Response {
-    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    f.seen.lock().unwrap().push(Seen { headers, body });
+    let raw = body;
+    let body: Value = serde_json::from_slice(&raw).unwrap_or(Value::Null);
+    f.seen.lock().unwrap().push(Seen { headers, body, raw });
     let a = f
         .answers
         .lock()

@@ -7,6 +7,7 @@ mod helpers;
 mod agents;
 mod browser;
 mod budgets;
+mod caching;
 mod chaos;
 mod console;
 mod contract;

@@ -24,6 +24,8 @@ fn providers(oai: &str, ant: &str, extra: &str) -> Providers {
         base_url = "{ant}"
         api_key_env = "FAKE_ANT_KEY"
         shipped_prices = true
+        # These tests pin the plain wire format; tests/api/caching.rs pins the cached one.
+        prompt_caching = false
         [retry]
         max_attempts = 3
         base_ms = 5

@@ -655,6 +655,7 @@
         ['Type', t.subagent_type], ['Description', t.description], ['Model', t.model, 'mono'], ['Tenant', t.tenant],
         ['Turns', `${t.turns == null ? dash : t.turns} / ${t.max_turns == null ? dash : t.max_turns}`],
         ['Tokens in / out / cached', `${fmtInt(u.input_tokens)} / ${fmtInt(u.output_tokens)} / ${fmtInt(u.cached_tokens)}`],
+        ...(u.cache_write_tokens ? [['Cache writes', fmtInt(u.cache_write_tokens)]] : []),
         ['Cost', cost], ['Attempt', t.attempt],
         ['Created', timeEl(t.created_at)], ['Started', t.started_at ? timeEl(t.started_at) : null],
         ['Finished', t.finished_at ? timeEl(t.finished_at) : null],
@@ -866,7 +867,7 @@
         td(c.model || dash, 'mono', c.provider ? 'provider: ' + c.provider : null),
         td(h('span', { class: 'outcome outcome-' + cssToken(c.outcome) }, String(c.outcome == null ? dash : c.outcome))),
         td(c.http_status == null ? dash : String(c.http_status), 'num'),
-        td(fmtInt(c.input_tokens), 'num'), td(fmtInt(c.output_tokens), 'num'), td(fmtInt(c.cached_tokens), 'num'),
+        td(fmtInt(c.input_tokens), 'num'), td(fmtInt(c.output_tokens), 'num'), td(fmtInt(c.cached_tokens), 'num', c.cache_write_tokens ? `${fmtInt(c.cache_write_tokens)} written to the cache` : null),
         td(fmtCost(c.cost_usd), 'num'), td(fmtInt(c.latency_ms), 'num'),
         td(c.usage_estimated ? 'est.' : ''),
         td(c.error ? truncate(c.error, 120) : '', 'error-text wrap', c.error || null))));
@@ -1044,7 +1045,7 @@
       fillRows(table, sorted.map((r) => h('tr', null,
         td(r.day == null ? dash : String(r.day), 'mono'), td(keyOf(r), 'mono'),
         td(fmtInt(r.calls), 'num'), td(fmtInt(r.ok), 'num'), td(fmtInt(r.failed), 'num'),
-        td(fmtInt(r.input_tokens), 'num'), td(fmtInt(r.output_tokens), 'num'), td(fmtInt(r.cached_tokens), 'num'),
+        td(fmtInt(r.input_tokens), 'num'), td(fmtInt(r.output_tokens), 'num'), td(fmtInt(r.cached_tokens), 'num', r.cache_write_tokens ? `${fmtInt(r.cache_write_tokens)} written to the cache` : null),
         td(fmtCost(r.cost_usd), 'num'), td(fmtInt(r.estimated_calls), 'num'))));
       if (rows.length) {
         const sum = (f) => rows.reduce((acc, r) => acc + (Number(r[f]) || 0), 0);

@@ -289,6 +289,10 @@ pub struct ProviderConfig {
     /// run's turns reach the same cache (default: only for the official API, as other servers
     /// may reject the field).
     pub prompt_caching: Option<bool>,
+    /// Calls in flight to this provider at once, per process (default 1,024); calls beyond it
+    /// wait their turn. Over HTTP/1.1 each is a connection with its buffers; over HTTP/2
+    /// (negotiated with a TLS server that offers it) they share a few connections.
+    pub max_connections: Option<u32>,
 }
 
 /// One model of a provider.

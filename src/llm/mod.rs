@@ -50,6 +50,21 @@ pub fn http_client() -> reqwest::Client {
         .unwrap_or_else(|_| reqwest::Client::new())
 }
 
+/// Calls in flight to one HTTP provider at once, per process, unless configured
+/// (`max_connections`): beyond it, calls wait their turn — 10,000 sub-agents in flight need not
+/// hold 10,000 connections and their buffers, and no real provider takes that many at once.
+pub const DEFAULT_MAX_CONNECTIONS: u32 = 1024;
+
+/// The permits of one provider's calls in flight.
+pub fn call_slots(n: u32) -> Arc<tokio::sync::Semaphore> {
+    Arc::new(tokio::sync::Semaphore::new(n.max(1) as usize))
+}
+
+/// Wait for a turn to call the provider.
+pub async fn call_slot(slots: &tokio::sync::Semaphore) -> Result<tokio::sync::SemaphorePermit<'_>, LlmError> {
+    slots.acquire().await.map_err(|_| LlmError::new(LlmErrorKind::Connection, "the provider's call slots are closed"))
+}
+
 /// What a streamed answer has produced so far, readable while the call is in flight (to
 /// record an interrupted call's output as it stood).
 #[derive(Debug, Default)]
@@ -435,12 +450,14 @@ impl Providers {
                     o.query = pc.query.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
                     o.stream = pc.stream.unwrap_or(true);
                     o.prompt_cache_key = pc.prompt_caching.unwrap_or(official);
+                    o.slots = call_slots(pc.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS));
                     p.insert(Arc::new(o));
                 }
                 ProviderKind::Anthropic => {
                     let mut a = anthropic::Anthropic::new(name, &base, key, timeouts);
                     a.stream = pc.stream.unwrap_or(true);
                     a.prompt_caching = pc.prompt_caching.unwrap_or(true);
+                    a.slots = call_slots(pc.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS));
                     p.insert(Arc::new(a));
                 }
             }

@@ -380,3 +380,42 @@ async fn the_binary_logs_why_a_task_failed() {
     let _ = std::fs::remove_dir_all(&dir);
     app.stop().await;
 }
+
+#[tokio::test]
+async fn calls_beyond_a_providers_max_connections_wait_their_turn_and_all_complete() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    // A provider that takes 300 ms a call and counts the calls it is serving at once.
+    let (now, peak) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (n2, p2) = (now.clone(), peak.clone());
+    let app = axum::Router::new().route(
+        "/v1/chat/completions",
+        axum::routing::post(move || {
+            let (now, peak) = (n2.clone(), p2.clone());
+            async move {
+                peak.fetch_max(now.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                now.fetch_sub(1, Ordering::SeqCst);
+                axum::Json(openai_text("done", 10, 2, 0))
+            }
+        }),
+    );
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", l.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+    let app = app_with(providers(&url, "http://127.0.0.1:9", "max_connections = 2"), |_| {}).await;
+
+    let started = Instant::now();
+    let ids: Vec<String> = futures_util::future::join_all(
+        (0..6).map(|i| app.submit(json!({"prompt": format!("task {i}"), "model": "local/m"}))),
+    )
+    .await
+    .into_iter()
+    .map(|t| t["id"].as_str().unwrap().to_string())
+    .collect();
+    for id in &ids {
+        assert_eq!(app.poll_until_terminal(id, Duration::from_secs(30)).await["status"], "completed");
+    }
+    assert_eq!(peak.load(Ordering::SeqCst), 2, "never more than max_connections calls at once");
+    assert!(started.elapsed() >= Duration::from_millis(900), "six 300 ms calls, two at a time");
+    app.stop().await;
+}

@@ -204,6 +204,13 @@ impl Env {
             .await
             .unwrap();
         assert!(r.status().is_success(), "tool registration failed");
+        // SQL to run once the service has migrated its database, for experiments (e.g. dropping
+        // an index to measure what it costs).
+        if let Ok(sql) = std::env::var("BENCH_SQL_AFTER_START") {
+            let pool = subagentd::db::connect(&db_url, 1).await.unwrap();
+            sqlx::raw_sql(&sql).execute(&pool).await.unwrap();
+            pool.close().await;
+        }
         Svc { child, base, db_url }
     }
 }

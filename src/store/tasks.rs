@@ -419,7 +419,9 @@ pub async fn list(pool: &PgPool, tenant: Option<&str>, f: &ListFilter) -> Result
         q.push(" AND tenant = ").push_bind(tenant);
     }
     if let Some(s) = &f.status {
-        q.push(" AND status = ").push_bind(s);
+        // A literal (from a closed set), not a parameter: the status indexes are partial
+        // (migration 0015), and only a plan made for this status can use them.
+        q.push(format_args!(" AND status = '{}'", s.as_str()));
     }
     if let Some(s) = &f.subagent_type {
         q.push(" AND subagent_type = ").push_bind(s);
@@ -428,6 +430,11 @@ pub async fn list(pool: &PgPool, tenant: Option<&str>, f: &ListFilter) -> Result
         q.push(" AND model = ").push_bind(m);
     }
     if let Some(m) = &f.metadata {
+        // Tasks without metadata are not in its index (0015); a non-empty filter never
+        // matches them, and saying so lets the planner use it.
+        if m.as_object().is_some_and(|o| !o.is_empty()) {
+            q.push(" AND metadata <> '{}'::jsonb");
+        }
         q.push(" AND metadata @> ").push_bind(m);
     }
     if let Some(t) = f.created_after {

@@ -24,8 +24,6 @@ pub struct Anthropic {
     /// Mark prompt cache breakpoints (`cache_control`), so that each turn reads the turns before
     /// it from the provider's cache (default on; off for a compatible server that rejects them).
     pub prompt_caching: bool,
-    /// Calls in flight at once (`max_connections`).
-    pub slots: std::sync::Arc<tokio::sync::Semaphore>,
     pub timeouts: Timeouts,
     pub client: reqwest::Client,
 }
@@ -38,7 +36,6 @@ impl Anthropic {
             api_key,
             stream: true,
             prompt_caching: true,
-            slots: super::call_slots(super::DEFAULT_MAX_CONNECTIONS),
             timeouts,
             client: super::http_client(),
         }
@@ -350,7 +347,6 @@ impl Provider for Anthropic {
         let mut acc = Streamed::default();
         let progress = req.progress.clone();
         let mut feed = |e: SseEvent| acc.feed(e, progress.as_deref());
-        let _slot = super::call_slot(&self.slots).await?;
         let resp = match exchange(r, &body, self.timeouts, Some(max_tokens), &mut feed).await? {
             Answer::Json(status, v) => parse_response(status, &v),
             Answer::Streamed { status, .. } => acc.into_response(status),

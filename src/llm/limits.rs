@@ -1,4 +1,5 @@
-//! Per-provider and per-model limits from the config file (`[limits."provider/model"]`):
+//! Per-provider and per-model limits from the config file (`[limits."provider/model"]`, and each
+//! HTTP provider's `max_connections`):
 //! concurrent calls, requests per minute, tokens per minute — so a provider's own rate limit is
 //! respected before it answers 429. Per process: with N replicas, give each 1/N.
 
@@ -45,6 +46,10 @@ impl Provider for Limited {
 
     fn system(&self) -> &str {
         self.inner.system()
+    }
+
+    fn host(&self) -> Option<String> {
+        self.inner.host()
     }
 
     async fn chat(&self, req: &ChatRequest) -> Result<ChatResponse, LlmError> {

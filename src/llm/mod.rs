@@ -55,14 +55,14 @@ pub fn http_client() -> reqwest::Client {
 /// hold 10,000 connections and their buffers, and no real provider takes that many at once.
 pub const DEFAULT_MAX_CONNECTIONS: u32 = 1024;
 
-/// The permits of one provider's calls in flight.
-pub fn call_slots(n: u32) -> Arc<tokio::sync::Semaphore> {
-    Arc::new(tokio::sync::Semaphore::new(n.max(1) as usize))
-}
-
-/// Wait for a turn to call the provider.
-pub async fn call_slot(slots: &tokio::sync::Semaphore) -> Result<tokio::sync::SemaphorePermit<'_>, LlmError> {
-    slots.acquire().await.map_err(|_| LlmError::new(LlmErrorKind::Connection, "the provider's call slots are closed"))
+/// An HTTP provider behind its `max_connections` (the same limiter as `[limits]`' concurrency,
+/// under any per-model limits, which wrap it).
+fn capped(p: Arc<dyn Provider>, max_connections: Option<u32>) -> Arc<dyn Provider> {
+    let cap = limits::LimitConfig {
+        concurrency: Some(max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS)),
+        ..Default::default()
+    };
+    Arc::new(limits::Limited::new(p, &cap))
 }
 
 /// What a streamed answer has produced so far, readable while the call is in flight (to
@@ -450,15 +450,13 @@ impl Providers {
                     o.query = pc.query.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
                     o.stream = pc.stream.unwrap_or(true);
                     o.prompt_cache_key = pc.prompt_caching.unwrap_or(official);
-                    o.slots = call_slots(pc.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS));
-                    p.insert(Arc::new(o));
+                    p.insert(capped(Arc::new(o), pc.max_connections));
                 }
                 ProviderKind::Anthropic => {
                     let mut a = anthropic::Anthropic::new(name, &base, key, timeouts);
                     a.stream = pc.stream.unwrap_or(true);
                     a.prompt_caching = pc.prompt_caching.unwrap_or(true);
-                    a.slots = call_slots(pc.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS));
-                    p.insert(Arc::new(a));
+                    p.insert(capped(Arc::new(a), pc.max_connections));
                 }
             }
             let mut model_max = BTreeMap::new();
@@ -492,11 +490,12 @@ impl Providers {
                 ProviderKind::Openai => {
                     let mut o = openai::OpenAi::new(name, &base, key, wire::Timeouts::default());
                     o.prompt_cache_key = official;
-                    p.insert(Arc::new(o))
+                    p.insert(capped(Arc::new(o), None))
                 }
-                ProviderKind::Anthropic => {
-                    p.insert(Arc::new(anthropic::Anthropic::new(name, &base, key, wire::Timeouts::default())))
-                }
+                ProviderKind::Anthropic => p.insert(capped(
+                    Arc::new(anthropic::Anthropic::new(name, &base, key, wire::Timeouts::default())),
+                    None,
+                )),
             }
             let s = ProviderSettings { text_tool_calls: !official, shipped_prices: official, ..Default::default() };
             p.settings.insert(name.into(), s);

@@ -26,8 +26,6 @@ pub struct OpenAi {
     /// Send `prompt_cache_key` (one per run: its system prompt and first message), so that
     /// a run's turns are routed to the cache that holds their common prefix.
     pub prompt_cache_key: bool,
-    /// Calls in flight at once (`max_connections`).
-    pub slots: std::sync::Arc<tokio::sync::Semaphore>,
     pub timeouts: Timeouts,
     pub client: reqwest::Client,
 }
@@ -43,7 +41,6 @@ impl OpenAi {
             max_tokens_field: "max_tokens".into(),
             stream: true,
             prompt_cache_key: false,
-            slots: super::call_slots(super::DEFAULT_MAX_CONNECTIONS),
             timeouts,
             client: super::http_client(),
         }
@@ -306,7 +303,6 @@ impl Provider for OpenAi {
         let mut acc = Streamed::default();
         let progress = req.progress.clone();
         let mut feed = |e: SseEvent| acc.feed(e, progress.as_deref());
-        let _slot = super::call_slot(&self.slots).await?;
         match exchange(r, &body, self.timeouts, req.max_tokens, &mut feed).await? {
             Answer::Json(status, v) => parse_response(status, &v),
             Answer::Streamed { status, .. } => acc.into_response(status, req),

@@ -138,9 +138,7 @@ async fn answer(State(f): State<CachingAnthropic>, body: axum::body::Bytes) -> J
 async fn caching_anthropic() -> (CachingAnthropic, String) {
     let f = CachingAnthropic::default();
     let app = Router::new().route("/v1/messages", post(answer)).with_state(f.clone());
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", l.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+    let base = serve_router(app).await;
     (f, base)
 }
 
@@ -158,9 +156,7 @@ async fn lookup_server() -> String {
             Json(json!({"content": text}))
         }),
     );
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", l.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+    let base = serve_router(app).await;
     base
 }
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::browser::{browser, Browser};
+use crate::fakes::serve_router;
 use crate::helpers::*;
 
 const ADMIN: &str = "console-admin-token";
@@ -28,11 +29,7 @@ async fn serve(env: &[(&str, &str)]) -> Served {
     let proc = spawn_binary(&["serve"], &db.url, &all);
     let base = format!("http://{listen}");
     let client = reqwest::Client::new();
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while client.get(format!("{base}/healthz")).send().await.map(|r| r.status() != 200).unwrap_or(true) {
-        assert!(std::time::Instant::now() < deadline, "the binary did not start");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until_ok(&client, &format!("{base}/healthz"), Duration::from_secs(30)).await;
     Served { base, _db: db, _proc: proc, client }
 }
 
@@ -291,9 +288,7 @@ async fn recording_tool() -> (std::sync::Arc<std::sync::Mutex<Vec<Value>>>, Stri
             }
         }),
     );
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/t", l.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+    let url = format!("{}/t", serve_router(app).await);
     (seen, url)
 }
 

@@ -58,11 +58,7 @@ async fn schemathesis_finds_the_service_doing_what_openapi_yaml_says() {
     );
     let base = format!("http://{listen}");
     let client = reqwest::Client::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while client.get(format!("{base}/readyz")).send().await.map(|r| r.status() != 200).unwrap_or(true) {
-        assert!(tokio::time::Instant::now() < deadline, "service did not start");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until_ok(&client, &format!("{base}/readyz"), Duration::from_secs(30)).await;
     let r = client.post(format!("{base}/admin/keys")).bearer_auth(ADMIN).json(&json!({"tenant": "contract"})).send();
     let key = r.await.unwrap().json::<Value>().await.unwrap()["key"].as_str().unwrap().to_string();
 

@@ -63,11 +63,7 @@ async fn start_service(p: &Private) -> (Vec<Proc>, String) {
     let procs = vec![spawn_binary(&["serve"], &p.url, &env), spawn_binary(&["worker"], &p.url, &env[1..])];
     let base = format!("http://{listen}");
     let client = reqwest::Client::new();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while client.get(format!("{base}/readyz")).send().await.map(|r| r.status() != 200).unwrap_or(true) {
-        assert!(Instant::now() < deadline, "service did not start");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until_ok(&client, &format!("{base}/readyz"), Duration::from_secs(30)).await;
     (procs, base)
 }
 

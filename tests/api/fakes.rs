@@ -158,6 +158,15 @@ fn serve_on(path: &str, listener: tokio::net::TcpListener) -> (Fake, String) {
     (fake, format!("http://{addr}"))
 }
 
+/// Serve `app` on an ephemeral loopback port (a fake tool, webhook receiver or provider);
+/// returns its base URL.
+pub async fn serve_router(app: Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    base
+}
+
 /// A server that is not up yet: its URL refuses connections until `after`, then `path` is
 /// served there. (The fake is returned at once, to script answers.)
 pub async fn serve_later(path: &str, after: Duration) -> (Fake, String) {

@@ -111,9 +111,7 @@ async fn slow_tool() -> (Arc<Mutex<HashMap<String, u32>>>, String) {
             }
         }),
     );
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/slow", l.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+    let url = format!("{}/slow", serve_router(app).await);
     (seen, url)
 }
 

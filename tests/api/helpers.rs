@@ -304,6 +304,18 @@ pub fn spawn_binary(args: &[&str], db_url: &str, env: &[(&str, &str)]) -> Proc {
     Proc { child: cmd.spawn().expect("spawn subagentd") }
 }
 
+/// Wait until `url` answers 200 (a spawned binary has started), for at most `within`.
+pub async fn wait_until_ok(client: &reqwest::Client, url: &str, within: Duration) {
+    let deadline = tokio::time::Instant::now() + within;
+    while client.get(url).send().await.map(|r| r.status() != 200).unwrap_or(true) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{url} did not answer 200 within {within:?}: the service did not start"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 pub async fn assert_problem(r: reqwest::Response, status: u16, code: &str) -> Value {
     assert_eq!(r.status().as_u16(), status, "wrong status for {code}");
     let ct = r.headers().get("content-type").map(|v| v.to_str().unwrap().to_string()).unwrap_or_default();

@@ -13,6 +13,7 @@ use rand::Rng;
 use serde_json::{json, Value};
 use uuid::Uuid;
 
+use crate::fakes::serve_router;
 use crate::helpers::*;
 
 /// What the fake provider served, by task (its prompt's `job N`): (input, output) tokens.
@@ -53,9 +54,7 @@ async fn provider(delay: Duration) -> (Served, String) {
         }),
     );
     let tool = Router::new().route("/t", post(|| async { Json(json!({"content": "ok"})) }));
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", l.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(l, app.merge(tool)).await.unwrap() });
+    let base = serve_router(app.merge(tool)).await;
     (served, base)
 }
 

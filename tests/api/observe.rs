@@ -9,6 +9,7 @@ use axum::Router;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 
+use crate::fakes::serve_router;
 use crate::helpers::*;
 
 /// Read an SSE stream until `stop` says so; returns (id, event kind) pairs.
@@ -120,9 +121,7 @@ async fn receive(axum::extract::State(r): axum::extract::State<Receiver>, h: Hea
 async fn receiver(fail_first: u32) -> (Receiver, String) {
     let r = Receiver { fail_first: Arc::new(Mutex::new(fail_first)), ..Default::default() };
     let app = Router::new().route("/hook", post(receive)).with_state(r.clone());
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/hook", l.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+    let url = format!("{}/hook", serve_router(app).await);
     (r, url)
 }
 
@@ -204,9 +203,7 @@ async fn a_traceparent_is_kept_and_continued_on_outbound_tool_calls() {
             }
         }),
     );
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", l.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(l, tool).await.unwrap() });
+    let base = serve_router(tool).await;
     let app = spawn_app_with(|c| c.tool_allow = "*, 127.0.0.1/32".into(), true).await;
     let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
     let r = app
@@ -245,9 +242,7 @@ async fn spans_are_exported_over_otlp_and_continue_the_callers_trace() {
             }
         }),
     );
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let otlp = format!("http://{}", l.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(l, collector).await.unwrap() });
+    let otlp = serve_router(collector).await;
 
     let db = test_db().await;
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
@@ -262,11 +257,7 @@ async fn spans_are_exported_over_otlp_and_continue_the_callers_trace() {
     );
     let client = reqwest::Client::new();
     let base = format!("http://127.0.0.1:{port}");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while client.get(format!("{base}/readyz")).send().await.map(|r| r.status() != 200).unwrap_or(true) {
-        assert!(tokio::time::Instant::now() < deadline, "service did not start");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until_ok(&client, &format!("{base}/readyz"), Duration::from_secs(20)).await;
     let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
     let r = client
         .post(format!("{base}/tasks?wait=true"))
@@ -328,9 +319,7 @@ async fn exported_spans_follow_the_genai_conventions_and_failures_are_errors() {
             }
         }),
     );
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let otlp = format!("http://{}", l.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(l, collector).await.unwrap() });
+    let otlp = serve_router(collector).await;
     let db = test_db().await;
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let mut svc = spawn_binary(
@@ -345,11 +334,7 @@ async fn exported_spans_follow_the_genai_conventions_and_failures_are_errors() {
     );
     let client = reqwest::Client::new();
     let base = format!("http://127.0.0.1:{port}");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while client.get(format!("{base}/readyz")).send().await.map(|r| r.status() != 200).unwrap_or(true) {
-        assert!(tokio::time::Instant::now() < deadline, "service did not start");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until_ok(&client, &format!("{base}/readyz"), Duration::from_secs(20)).await;
     let dead_tool = format!(
         "http://127.0.0.1:{}/t",
         std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
@@ -444,11 +429,7 @@ async fn metrics_parse_as_prometheus_text_with_help_for_every_family_and_zeros_f
     let _svc = spawn_binary(&["serve"], &db.url, &[("SUBAGENTD_LISTEN", &format!("127.0.0.1:{port}"))]);
     let client = reqwest::Client::new();
     let base = format!("http://127.0.0.1:{port}");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while client.get(format!("{base}/readyz")).send().await.map(|r| r.status() != 200).unwrap_or(true) {
-        assert!(tokio::time::Instant::now() < deadline, "service did not start");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until_ok(&client, &format!("{base}/readyz"), Duration::from_secs(20)).await;
     let s = scrape(&client, &base).await;
     // Every family has its HELP line, whether or not anything happened yet.
     let families = subagentd::telemetry::COUNTERS
@@ -510,11 +491,7 @@ async fn a_finished_tasks_stream_ends_for_good_with_204_and_a_live_one_says_when
     );
     let client = reqwest::Client::new();
     let base = format!("http://127.0.0.1:{port}");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while client.get(format!("{base}/readyz")).send().await.map(|r| r.status() != 200).unwrap_or(true) {
-        assert!(tokio::time::Instant::now() < deadline, "service did not start");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until_ok(&client, &format!("{base}/readyz"), Duration::from_secs(20)).await;
     let tool =
         json!({"name": "t", "parameters": {"type": "object"}, "policy": "auto", "endpoint": "http://127.0.0.1:9/t"});
     let t: Value = client

@@ -12,6 +12,7 @@ use axum::{Json, Router};
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 
+use crate::fakes::serve_router;
 use crate::helpers::*;
 
 const ADMIN: &str = "pause-admin";
@@ -31,9 +32,7 @@ async fn act(State(t): State<Tools>, h: HeaderMap, Json(body): Json<Value>) -> J
 async fn tools() -> (Tools, String) {
     let t = Tools::default();
     let app = Router::new().route("/act", post(act)).with_state(t.clone());
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}/act", l.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+    let base = format!("{}/act", serve_router(app).await);
     (t, base)
 }
 
@@ -516,9 +515,7 @@ async fn hook(State(h): State<Hooks>, headers: HeaderMap, body: String) -> Statu
 async fn the_event_stream_stays_open_across_a_pause_and_the_webhook_hears_of_it() {
     let hooks = Hooks::default();
     let router = Router::new().route("/hook", post(hook)).with_state(hooks.clone());
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let hook_url = format!("http://{}/hook", l.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(l, router).await.unwrap() });
+    let hook_url = format!("{}/hook", serve_router(router).await);
     let app = app(|_| {}).await;
     let t = app
         .submit(json!({"prompt": "[mock:tool_turns=1] [mock:tool=ask_user]", "model": "mock/m",

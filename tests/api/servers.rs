@@ -79,9 +79,7 @@ async fn counting_tool() -> (Arc<Mutex<Vec<Value>>>, String) {
             }
         }),
     );
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/tool", l.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+    let url = format!("{}/tool", serve_router(app).await);
     (calls, url)
 }
 
@@ -399,9 +397,7 @@ async fn calls_beyond_a_providers_max_connections_wait_their_turn_and_all_comple
             }
         }),
     );
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", l.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+    let url = serve_router(app).await;
     let app = app_with(providers(&url, "http://127.0.0.1:9", "max_connections = 2"), |_| {}).await;
 
     let started = Instant::now();

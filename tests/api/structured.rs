@@ -105,9 +105,7 @@ async fn the_mock_answers_wrongly_first_and_output_is_in_get_wait_and_the_webhoo
             }
         }),
     );
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let hook_url = format!("http://{}/hook", l.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(l, hook).await.unwrap() });
+    let hook_url = format!("{}/hook", serve_router(hook).await);
     let app = spawn_app_with(|c| c.tool_allow = "*, 127.0.0.1/32".into(), true).await;
 
     let prompt = r#"x [mock:output_first={"city": 5}] [mock:output={"city": "Lyon", "population": 522250}]"#;

@@ -10,6 +10,7 @@ use axum::routing::post;
 use axum::{Json, Router};
 use serde_json::{json, Value};
 
+use crate::fakes::serve_router;
 use crate::helpers::*;
 
 #[derive(Clone, Default)]
@@ -95,9 +96,7 @@ async fn tool_server() -> (ToolServer, String) {
         .route("/big", post(big))
         .route("/callback", post(callback))
         .with_state(s.clone());
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", l.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+    let base = serve_router(app).await;
     (s, base)
 }
 

@@ -283,14 +283,19 @@ pub async fn reserve(
     event: Option<&Value>,
 ) -> Result<Reserve, StoreError> {
     let r = sql::reserve(db, fence, ask, defaults, event).await?;
-    match &r {
+    counted(&r);
+    Ok(r)
+}
+
+/// Count a reservation's answer in the metrics (a refusal, a wait).
+pub fn counted(r: &Reserve) {
+    match r {
         Reserve::Refused(limit) => refused(limit, "in_flight"),
         Reserve::Wait { limit, .. } => {
             metrics::counter!("subagentd_budget_waits_total", "limit" => limit.clone()).increment(1)
         }
         _ => {}
     }
-    Ok(r)
 }
 
 /// Wake the tenant's waiters that the budget now fits (oldest first); returns how many.

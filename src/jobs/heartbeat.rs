@@ -22,26 +22,27 @@ pub struct Heartbeat {
 }
 
 impl Heartbeat {
-    /// One beat; returns how many leases it renewed.
+    /// One beat; returns how many leases it renewed (a lease whose row a write holds locked just
+    /// then waits for the next beat).
     pub async fn pass(&self) -> Result<usize, StoreError> {
         let held = self.hub.running_fences();
         if held.is_empty() {
             return Ok(0);
         }
-        let alive: HashMap<Uuid, bool> =
-            runs::heartbeat(&self.pool, &held, self.lease.as_secs_f64()).await?.into_iter().collect();
+        let beats = runs::heartbeat(&self.pool, &held, self.lease.as_secs_f64()).await?;
+        let alive: HashMap<Uuid, runs::Beat> = beats.into_iter().map(|b| (b.id, b)).collect();
         for f in &held {
             match alive.get(&f.id) {
                 None => {
                     self.hub.stop_run(f.id, StopCause::LeaseLost);
                 }
-                Some(true) => {
+                Some(b) if b.cancel_requested => {
                     self.hub.stop_run(f.id, StopCause::Cancelled);
                 }
-                Some(false) => {}
+                Some(_) => {}
             }
         }
-        Ok(alive.len())
+        Ok(alive.values().filter(|b| b.renewed).count())
     }
 
     pub fn start(self, stop: CancellationToken) -> JoinHandle<()> {

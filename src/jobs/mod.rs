@@ -8,6 +8,7 @@
 //! `cache`. Never `http` or `submit` (submission calls into the worker, not the reverse).
 
 pub mod claim;
+pub mod committer;
 pub mod finish;
 pub mod heartbeat;
 pub mod hub;

@@ -34,6 +34,8 @@ pub struct Runner {
     pub secrets: crate::cache::TtlCache<String>,
     /// Fired when the drain's grace runs out: a run registering after that stops at once.
     pub draining: CancellationToken,
+    /// Commits runs' turns in groups.
+    pub committer: Arc<super::committer::Committer>,
 }
 
 /// Keeps `subagentd_active_runs` right however a run ends.
@@ -92,6 +94,7 @@ impl Runner {
             attempt: row.attempt,
             budgets: Defaults::from_config(&self.cfg).spend(),
             hub: self.hub.clone(),
+            committer: self.committer.clone(),
         };
         let host = self.providers.resolve(&row.model).ok().and_then(|m| self.providers.get(&m.provider)?.host());
         let mut facts = RunFacts {

@@ -7,13 +7,15 @@ use rust_decimal::Decimal;
 use serde_json::Value;
 use sqlx::PgPool;
 
+use super::committer::Committer;
 use super::hub::Hub;
 use crate::budget;
 use crate::engine::{Ask, BudgetWait, CallRecord, Grant, LeaseLost, Refusal, RunStore, TurnCheckpoint};
-use crate::store::budget::{CallAsk, Reserve, SpendDefaults};
+use crate::store::budget::{CallAsk, Reserve, ReserveWrite, SpendDefaults};
 use crate::store::calls::CallRow;
-use crate::store::runs::{self, Committed, Finish};
-use crate::store::{events, retrying, Fence, StoreError, CH_EVENT};
+use crate::store::events::EventsWrite;
+use crate::store::runs::{self, Committed, Finish, TurnWrite};
+use crate::store::{retrying, Fence, StoreError, CH_EVENT};
 
 pub struct PgRunStore {
     pub pool: PgPool,
@@ -23,6 +25,8 @@ pub struct PgRunStore {
     pub budgets: SpendDefaults,
     /// Tells event streams on every replica that the task has new events.
     pub hub: Arc<Hub>,
+    /// Commits turns together with other runs' (group commit).
+    pub committer: Arc<Committer>,
 }
 
 /// One ledger row, as the engine recorded the call.
@@ -54,12 +58,10 @@ impl PgRunStore {
     /// Commit a turn (its messages, its call's ledger row, its events and a `checkpoint` event)
     /// and, with `fin`, the run's end in the same statement.
     async fn commit_turn(&self, cp: &TurnCheckpoint, fin: Option<&Finish>) -> Result<Committed, StoreError> {
-        let (row, msgs, events) = self.turn_rows(cp);
-        let r = retrying(|| async {
-            let mut conn = self.pool.acquire().await?;
-            runs::commit_turn(&mut conn, self.fence, Some(cp.turn as i32), &row, &msgs, &events, fin).await
-        })
-        .await;
+        let (call, messages, events) = self.turn_rows(cp);
+        let turn = Some(cp.turn as i32);
+        let w = TurnWrite { fence: self.fence, turn, call, messages, events, fin: fin.cloned() };
+        let r = self.committer.turns.write(w).await;
         self.published(r)
     }
 
@@ -177,7 +179,17 @@ impl RunStore for PgRunStore {
             max_out: ask.max_out.min(i32::MAX as u32) as i32,
             floor: ask.floor.min(i32::MAX as u32) as i32,
         };
-        let r = retrying(|| budget::reserve(&self.pool, self.fence, call, self.budgets, Some(&started))).await;
+        let w = ReserveWrite {
+            fence: self.fence,
+            tenant: self.tenant.clone(),
+            ask: call,
+            defaults: self.budgets,
+            event: Some(started),
+        };
+        let r = self.committer.reserves.write(w).await;
+        if let Ok(r) = &r {
+            budget::counted(r);
+        }
         match r {
             Ok(Reserve::Granted { max_tokens, usd, tokens }) => {
                 self.hub.publish(CH_EVENT, self.fence.id.to_string());
@@ -202,13 +214,9 @@ impl RunStore for PgRunStore {
     }
 
     async fn events(&self, evs: &[(&'static str, Value)]) -> Result<(), LeaseLost> {
-        let r = retrying(|| events::append(&self.pool, self.fence, evs)).await.map(|ok| {
-            if ok {
-                Committed::Applied
-            } else {
-                Committed::LeaseLost
-            }
-        });
+        let w = EventsWrite { fence: self.fence, events: evs.to_vec() };
+        let r =
+            self.committer.events.write(w).await.map(|ok| if ok { Committed::Applied } else { Committed::LeaseLost });
         lease_lost(self.published(r), "event write")
     }
 
@@ -217,12 +225,9 @@ impl RunStore for PgRunStore {
         let row = ledger_row(call, self.attempt);
         let ev = serde_json::json!({"turn": call.turn, "try": call.try_no, "http_status": call.http_status,
                                     "error": call.error, "latency_ms": call.latency_ms});
-        let events = [("llm_call_failed", ev)];
-        let r = retrying(|| async {
-            let mut conn = self.pool.acquire().await?;
-            runs::commit_turn(&mut conn, self.fence, None, &row, &[], &events, None).await
-        })
-        .await;
+        let events = vec![("llm_call_failed", ev)];
+        let w = TurnWrite { fence: self.fence, turn: None, call: row, messages: vec![], events, fin: None };
+        let r = self.committer.turns.write(w).await;
         lease_lost(self.published(r), "ledger write")
     }
 

@@ -56,6 +56,7 @@ impl Worker {
         Arc::new(Worker {
             sem: Arc::new(Semaphore::new(cfg.max_running.max(1))),
             runner: Arc::new(Runner {
+                committer: super::committer::Committer::start(pool.clone()),
                 pool,
                 hub,
                 providers,

@@ -7,7 +7,7 @@
 use rust_decimal::Decimal;
 use serde::Serialize;
 use serde_json::Value;
-use sqlx::{PgConnection, PgPool};
+use sqlx::{FromRow, PgConnection, PgPool, Row};
 use uuid::Uuid;
 
 use super::{Fence, StoreError, CH_DONE};
@@ -85,23 +85,79 @@ pub async fn reserve(
             .bind(event)
             .fetch_one(db)
             .await?;
-    let lim = || r.lim.clone().unwrap_or_else(|| "budget".into());
-    Ok(match r.result.as_str() {
-        "granted" => Reserve::Granted {
-            max_tokens: r.granted.unwrap_or(0).max(0) as u32,
-            usd: r.r_usd.unwrap_or_default(),
-            tokens: r.r_tok.unwrap_or_default(),
-        },
-        "wait" => Reserve::Wait {
-            limit: lim(),
-            need_usd: r.need_usd.unwrap_or_default(),
-            need_tokens: r.need_tokens.unwrap_or_default(),
-            want_usd: r.want_usd.unwrap_or_default(),
-            want_tokens: r.want_tokens.unwrap_or_default(),
-        },
-        "refused" => Reserve::Refused(lim()),
-        _ => Reserve::LeaseLost,
-    })
+    Ok(r.answer())
+}
+
+impl ReserveRow {
+    fn answer(self) -> Reserve {
+        let lim = || self.lim.clone().unwrap_or_else(|| "budget".into());
+        match self.result.as_str() {
+            "granted" => Reserve::Granted {
+                max_tokens: self.granted.unwrap_or(0).max(0) as u32,
+                usd: self.r_usd.unwrap_or_default(),
+                tokens: self.r_tok.unwrap_or_default(),
+            },
+            "wait" => Reserve::Wait {
+                limit: lim(),
+                need_usd: self.need_usd.unwrap_or_default(),
+                need_tokens: self.need_tokens.unwrap_or_default(),
+                want_usd: self.want_usd.unwrap_or_default(),
+                want_tokens: self.want_tokens.unwrap_or_default(),
+            },
+            "refused" => Reserve::Refused(lim()),
+            _ => Reserve::LeaseLost,
+        }
+    }
+}
+
+/// One run's reservation, owned, for `reserve_many` (the arguments of `reserve`).
+#[derive(Debug, Clone)]
+pub struct ReserveWrite {
+    pub fence: Fence,
+    /// The task's tenant: reservations are made in tenant order, the order their locks are
+    /// taken in.
+    pub tenant: String,
+    pub ask: CallAsk,
+    pub defaults: SpendDefaults,
+    pub event: Option<Value>,
+}
+
+/// Reserve several runs' calls in one statement: each as `reserve` would, in turn, in (tenant,
+/// task) order, each seeing those before it. Each one's answer, in the order given.
+pub async fn reserve_many(pool: &PgPool, items: &[&ReserveWrite]) -> Result<Vec<Reserve>, StoreError> {
+    let mut order: Vec<usize> = (0..items.len()).collect();
+    order.sort_by(|&a, &b| (&items[a].tenant, items[a].fence.id).cmp(&(&items[b].tenant, items[b].fence.id)));
+    let col = |f: &dyn Fn(&ReserveWrite) -> Option<Decimal>| order.iter().map(|&i| f(items[i])).collect::<Vec<_>>();
+    let (day, month) = (col(&|w| w.defaults.usd_per_day), col(&|w| w.defaults.usd_per_month));
+    let (prompt_usd, out_usd) = (col(&|w| Some(w.ask.prompt_usd)), col(&|w| Some(w.ask.out_usd)));
+    let rows = sqlx::query(
+        "SELECT b.i, r.* FROM unnest($1::uuid[], $2::uuid[], $3::numeric[], $4::numeric[], $5::int8[], $6::int[],
+                $7::int[], $8::numeric[], $9::numeric[], $10::int8[], $11::jsonb[])
+            WITH ORDINALITY AS b(task, lease, pu, ou, pt, mo, fl, dd, dm, dt, ev, i),
+         LATERAL budget_reserve_call(b.task, b.lease, b.pu, b.ou, b.pt, b.mo, b.fl, b.dd, b.dm, b.dt, b.ev) r",
+    )
+    .bind(order.iter().map(|&i| items[i].fence.id).collect::<Vec<_>>())
+    .bind(order.iter().map(|&i| items[i].fence.lease).collect::<Vec<_>>())
+    .bind(prompt_usd)
+    .bind(out_usd)
+    .bind(order.iter().map(|&i| items[i].ask.prompt_tokens).collect::<Vec<_>>())
+    .bind(order.iter().map(|&i| items[i].ask.max_out).collect::<Vec<_>>())
+    .bind(order.iter().map(|&i| items[i].ask.floor).collect::<Vec<_>>())
+    .bind(day)
+    .bind(month)
+    .bind(order.iter().map(|&i| items[i].defaults.tokens_per_day).collect::<Vec<_>>())
+    .bind(order.iter().map(|&i| items[i].event.as_ref()).collect::<Vec<_>>())
+    .fetch_all(pool)
+    .await?;
+    let mut out: Vec<Reserve> = vec![Reserve::LeaseLost; items.len()];
+    for row in rows {
+        let at: i64 = row.try_get("i")?;
+        let r = ReserveRow::from_row(&row)?.answer();
+        if let Some(&i) = usize::try_from(at - 1).ok().and_then(|k| order.get(k)) {
+            out[i] = r;
+        }
+    }
+    Ok(out)
 }
 
 /// Wake `tenant`'s budget waiters that fit (`budget_wake`); each woken task with how long it

@@ -44,3 +44,54 @@ pub async fn append(pool: &PgPool, f: Fence, events: &[(&str, Value)]) -> Result
     let n: i32 = sqlx::query_scalar(sql).bind(f.id).bind(f.lease).bind(&kinds).bind(&datas).fetch_one(pool).await?;
     Ok(n == 1)
 }
+
+/// One run's events, owned, for `append_many` (the arguments of `append`).
+#[derive(Debug, Clone)]
+pub struct EventsWrite {
+    pub fence: Fence,
+    pub events: Vec<(&'static str, Value)>,
+}
+
+/// Append several runs' events in one statement, each fenced on its own lease: for each, in the
+/// order given, whether it was written (false: its lease is gone, and nothing of it was).
+pub async fn append_many(pool: &PgPool, items: &[&EventsWrite]) -> Result<Vec<bool>, StoreError> {
+    let (mut of, mut kinds, mut datas) = (vec![], vec![], vec![]);
+    for (i, w) in items.iter().enumerate() {
+        for (k, d) in &w.events {
+            of.push(i as i64 + 1);
+            kinds.push(*k);
+            datas.push(d);
+        }
+    }
+    let sql = "WITH b AS (
+            SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::int[]) WITH ORDINALITY AS b(b_id, b_lease, b_n, b_i)
+            ORDER BY b_id
+         ), u AS (
+            UPDATE tasks SET last_event_seq = last_event_seq + b_n FROM b
+            WHERE id = b_id AND lease_token = b_lease AND status = 'running'
+            RETURNING b_i, b_id, b_n, last_event_seq AS u_seq
+         ), e AS (
+            INSERT INTO task_events (task_id, seq, kind, data)
+            SELECT b_id, u_seq - b_n + x.k, x.kind, x.data
+            FROM u JOIN (SELECT ei, kind, data, row_number() OVER (PARTITION BY ei ORDER BY ord) AS k
+                         FROM unnest($4::int8[], $5::text[], $6::jsonb[]) WITH ORDINALITY AS y(ei, kind, data, ord)) x
+                 ON x.ei = u.b_i
+         )
+         SELECT b_i FROM u";
+    let done: Vec<i64> = sqlx::query_scalar(sql)
+        .bind(items.iter().map(|w| w.fence.id).collect::<Vec<_>>())
+        .bind(items.iter().map(|w| w.fence.lease).collect::<Vec<_>>())
+        .bind(items.iter().map(|w| w.events.len() as i32).collect::<Vec<_>>())
+        .bind(&of)
+        .bind(&kinds)
+        .bind(&datas)
+        .fetch_all(pool)
+        .await?;
+    let mut out = vec![false; items.len()];
+    for i in done {
+        if let Some(o) = usize::try_from(i - 1).ok().and_then(|i| out.get_mut(i)) {
+            *o = true;
+        }
+    }
+    Ok(out)
+}

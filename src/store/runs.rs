@@ -2,7 +2,7 @@
 //! Every write by a worker is one statement fenced on `(id, lease_token)`.
 
 use serde_json::Value;
-use sqlx::{FromRow, PgPool};
+use sqlx::{FromRow, PgPool, Row};
 use uuid::Uuid;
 
 use super::calls::CallRow;
@@ -91,16 +91,40 @@ pub async fn claim(
     Ok(rows)
 }
 
+/// What a heartbeat found of one lease it holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::FromRow)]
+pub struct Beat {
+    pub id: Uuid,
+    /// A cancel was requested (known only for a renewed lease).
+    pub cancel_requested: bool,
+    /// Renewed now. False for a task whose row a write holds locked at this moment (its run's own
+    /// turn commit, say): it is still held, and renewed by the next beat. The heartbeat never
+    /// queues behind a run's write, nor holds up the runs behind it.
+    pub renewed: bool,
+}
+
 /// Renew the leases this worker holds. Returns, per task still held, whether a cancel was
-/// requested; a task missing from the answer has lost its lease.
-pub async fn heartbeat(pool: &PgPool, held: &[Fence], lease_secs: f64) -> Result<Vec<(Uuid, bool)>, StoreError> {
+/// requested and whether it was renewed; a task missing from the answer has lost its lease.
+pub async fn heartbeat(pool: &PgPool, held: &[Fence], lease_secs: f64) -> Result<Vec<Beat>, StoreError> {
+    let mut held = held.to_vec();
+    held.sort_by_key(|f| f.id);
     let ids: Vec<Uuid> = held.iter().map(|f| f.id).collect();
     let leases: Vec<Uuid> = held.iter().map(|f| f.lease).collect();
     Ok(sqlx::query_as(
-        "UPDATE tasks t SET lease_expires_at = now() + make_interval(secs => $3)
-         FROM unnest($1::uuid[], $2::uuid[]) AS h(id, lease)
-         WHERE t.id = h.id AND t.lease_token = h.lease AND t.status = 'running'
-         RETURNING t.id, t.cancel_requested",
+        "WITH h AS (
+            SELECT * FROM unnest($1::uuid[], $2::uuid[]) AS h(id, lease)
+         ), l AS (
+            SELECT t.id FROM tasks t JOIN h ON t.id = h.id AND t.lease_token = h.lease
+            WHERE t.status = 'running' ORDER BY t.id FOR UPDATE OF t SKIP LOCKED
+         ), u AS (
+            UPDATE tasks t SET lease_expires_at = now() + make_interval(secs => $3)
+            FROM l WHERE t.id = l.id
+            RETURNING t.id, t.cancel_requested
+         )
+         SELECT id, cancel_requested, true AS renewed FROM u
+         UNION ALL
+         SELECT t.id, false, false FROM tasks t JOIN h ON t.id = h.id AND t.lease_token = h.lease
+         WHERE t.status = 'running' AND t.id NOT IN (SELECT id FROM l)",
     )
     .bind(&ids)
     .bind(&leases)
@@ -196,7 +220,18 @@ pub async fn commit_turn(
         (Some(_), None) => return Ok(Committed::Applied),
         (None, _) => {}
     }
-    // Not applied now: either the lease is gone, or a retry of a commit whose answer was lost.
+    settle_unapplied(conn, f, call, fin).await
+}
+
+/// A turn's write that was not applied now: either the lease is gone (`LeaseLost`), or this is a
+/// retry of a commit whose answer was lost (its ledger row is there: it was applied then).
+async fn settle_unapplied(
+    conn: &mut sqlx::PgConnection,
+    f: Fence,
+    call: &CallRow,
+    fin: Option<&Finish>,
+) -> Result<Committed, StoreError> {
+    let whole = fin.is_some_and(|f| f.return_task);
     let sql = format!(
         "SELECT {COLS}, {WEBHOOK} FROM tasks WHERE id = $1 AND EXISTS (SELECT 1 FROM llm_calls WHERE call_key = $2)"
     );
@@ -277,6 +312,246 @@ fn commit_turn_sql(whole: bool) -> String {
 /// Built once: a run's checkpoint may wait for a connection, and thousands do at once.
 static COMMIT_TURN: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| commit_turn_sql(false));
 static COMMIT_TURN_ENDING: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| commit_turn_sql(true));
+
+/// One run's turn, owned, for `commit_turns` (the arguments of `commit_turn`).
+#[derive(Debug, Clone)]
+pub struct TurnWrite {
+    pub fence: Fence,
+    pub turn: Option<i32>,
+    pub call: CallRow,
+    pub messages: Vec<Value>,
+    pub events: Vec<(&'static str, Value)>,
+    pub fin: Option<Finish>,
+}
+
+impl TurnWrite {
+    /// Commit this turn alone (`commit_turn`).
+    pub async fn commit_alone(&self, conn: &mut sqlx::PgConnection) -> Result<Committed, StoreError> {
+        commit_turn(conn, self.fence, self.turn, &self.call, &self.messages, &self.events, self.fin.as_ref()).await
+    }
+
+    /// Its events, with the run's end's when it ends the task.
+    fn all_events(&self) -> Vec<(&'static str, Value)> {
+        let mut out = self.events.clone();
+        if let Some(fin) = &self.fin {
+            out.extend(fin.events());
+        }
+        out
+    }
+}
+
+/// Commit the turns of several runs in one statement (a group commit): what `commit_turn` writes
+/// for each, each fenced on its own lease, with one transaction and one rollup upsert per
+/// (tenant, model, agent, key) for all. The answer is each write's result, in order: a write
+/// whose lease is gone is `LeaseLost` and changes nothing, and does not stop the others. An
+/// error fails the whole statement and writes nothing (the caller commits each alone then).
+pub async fn commit_turns(pool: &PgPool, writes: &[&TurnWrite]) -> Result<Vec<Committed>, StoreError> {
+    let whole = writes.iter().any(|w| w.fin.as_ref().is_some_and(|f| f.return_task));
+    let n = writes.len();
+    let (mut ids, mut leases, mut keys) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
+    let (mut turns, mut cturns, mut attempts, mut tries) = (vec![], vec![], vec![], vec![]);
+    let (mut providers, mut models, mut outcomes, mut errors) = (vec![], vec![], vec![], vec![]);
+    let (mut inp, mut out, mut cached, mut cwrite, mut rtok) = (vec![], vec![], vec![], vec![], vec![]);
+    let (mut cost, mut rusd, mut latency, mut http, mut est) = (vec![], vec![], vec![], vec![], vec![]);
+    let (mut status, mut stop, mut summary, mut ecode, mut emsg) = (vec![], vec![], vec![], vec![], vec![]);
+    let (mut output, mut nev, mut wants) = (vec![], vec![], vec![]);
+    let (mut m_of, mut m_msg) = (vec![], vec![]);
+    let (mut e_of, mut e_kind, mut e_data) = (vec![], vec![], vec![]);
+    for (i, w) in writes.iter().enumerate() {
+        let (c, fin) = (&w.call, w.fin.as_ref());
+        let i = i as i64 + 1;
+        ids.push(w.fence.id);
+        leases.push(w.fence.lease);
+        keys.push(c.call_key);
+        turns.push(w.turn);
+        cturns.push(c.turn);
+        attempts.push(c.attempt);
+        tries.push(c.try_no);
+        providers.push(c.provider.as_str());
+        models.push(c.model.as_str());
+        outcomes.push(c.outcome.as_str());
+        errors.push(c.error.as_deref());
+        inp.push(c.input_tokens);
+        out.push(c.output_tokens);
+        cached.push(c.cached_tokens);
+        cwrite.push(c.cache_write_tokens);
+        rtok.push(c.reserved_tokens);
+        cost.push(c.cost_usd);
+        rusd.push(c.reserved_usd);
+        latency.push(c.latency_ms);
+        http.push(c.http_status);
+        est.push(c.usage_estimated);
+        status.push(fin.map(|f| f.status.as_str()));
+        stop.push(fin.and_then(|f| f.stop_reason.as_deref()));
+        summary.push(fin.and_then(|f| f.summary.as_deref()));
+        ecode.push(fin.and_then(|f| f.error_code.as_deref()));
+        emsg.push(fin.and_then(|f| f.error_message.as_deref()));
+        output.push(fin.and_then(|f| f.output.clone()));
+        wants.push(fin.is_some_and(|f| f.return_task));
+        for m in &w.messages {
+            m_of.push(i);
+            m_msg.push(m);
+        }
+        let evs = w.all_events();
+        nev.push(evs.len() as i32);
+        for (k, d) in evs {
+            e_of.push(i);
+            e_kind.push(k);
+            e_data.push(d);
+        }
+    }
+    let sql: &str = if whole { &COMMIT_TURNS_ENDING } else { &COMMIT_TURNS };
+    let rows = sqlx::query(sql)
+        .bind(&ids) // 1
+        .bind(&leases) // 2
+        .bind(&turns) // 3
+        .bind(&cturns) // 4
+        .bind(&attempts) // 5
+        .bind(&tries) // 6
+        .bind(&providers) // 7
+        .bind(&inp) // 8
+        .bind(&out) // 9
+        .bind(&cached) // 10
+        .bind(&cost) // 11
+        .bind(&latency) // 12
+        .bind(&http) // 13
+        .bind(&outcomes) // 14
+        .bind(&errors) // 15
+        .bind(&models) // 16
+        .bind(&keys) // 17
+        .bind(&rusd) // 18
+        .bind(&rtok) // 19
+        .bind(&status) // 20
+        .bind(&stop) // 21
+        .bind(&summary) // 22
+        .bind(&ecode) // 23
+        .bind(&emsg) // 24
+        .bind(&est) // 25
+        .bind(&output) // 26
+        .bind(&cwrite) // 27
+        .bind(&nev) // 28
+        .bind(&wants) // 29
+        .bind(&m_of) // 30
+        .bind(&m_msg) // 31
+        .bind(&e_of) // 32
+        .bind(&e_kind) // 33
+        .bind(&e_data) // 34
+        .fetch_all(pool)
+        .await?;
+    let mut done: Vec<Option<Committed>> = (0..n).map(|_| None).collect();
+    for r in &rows {
+        let i: i64 = r.try_get("b_i")?;
+        let Some(w) = usize::try_from(i - 1).ok().and_then(|i| writes.get(i).map(|w| (i, w))) else { continue };
+        done[w.0] = Some(match &w.1.fin {
+            None => Committed::Applied,
+            Some(f) => Committed::finished(f.return_task.then_some(r))?,
+        });
+    }
+    // Those not written now: a lease gone, or a write already made by an earlier try whose
+    // answer was lost (rare): settled one by one as `commit_turn` settles them.
+    let mut conn = None;
+    for (i, d) in done.iter_mut().enumerate() {
+        if d.is_none() {
+            let conn = match &mut conn {
+                Some(c) => c,
+                None => conn.insert(pool.acquire().await?),
+            };
+            *d = Some(settle_unapplied(conn, writes[i].fence, &writes[i].call, writes[i].fin.as_ref()).await?);
+        }
+    }
+    Ok(done.into_iter().map(|d| d.unwrap_or(Committed::LeaseLost)).collect())
+}
+
+/// `commit_turns`' statement; `whole`: the one that also answers with the whole task of each
+/// write that asks for it (NULLs for the others).
+fn commit_turns_sql(whole: bool) -> String {
+    let hook = WEBHOOK.strip_suffix(" AS webhook").unwrap_or(WEBHOOK);
+    let whole_cols = if whole {
+        let cols: Vec<String> =
+            COLS.split(',').map(str::trim).map(|c| format!("CASE WHEN b_want THEN {c} END AS {c}")).collect();
+        format!(", {}, CASE WHEN b_want THEN {hook} END AS webhook", cols.join(", "))
+    } else {
+        String::new()
+    };
+    let answer = if whole { format!(", {COLS}, webhook") } else { String::new() };
+    format!(
+        "WITH b AS (
+            SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::int[], $4::int[], $5::int[], $6::int[], $7::text[],
+                $8::int8[], $9::int8[], $10::int8[], $11::numeric[], $12::int[], $13::int[], $14::text[], $15::text[],
+                $16::text[], $17::uuid[], $18::numeric[], $19::int8[], $20::text[], $21::text[], $22::text[],
+                $23::text[], $24::text[], $25::bool[], $26::jsonb[], $27::int8[], $28::int[], $29::bool[])
+            WITH ORDINALITY AS b(b_id, b_lease, b_turn, b_cturn, b_attempt, b_try, b_provider, b_in, b_out, b_cached,
+                b_cost, b_latency, b_http, b_outcome, b_error, b_model, b_key, b_rusd, b_rtok, b_status, b_stop,
+                b_summary, b_ecode, b_emsg, b_est, b_output, b_cw, b_nev, b_want, b_i)
+            ORDER BY b_id
+         ), u AS (
+            UPDATE tasks SET turns = coalesce(b_turn, turns),
+                input_tokens = input_tokens + b_in, output_tokens = output_tokens + b_out,
+                cached_tokens = cached_tokens + b_cached, cache_write_tokens = cache_write_tokens + b_cw,
+                cost_usd = cost_usd + coalesce(b_cost, 0),
+                unpriced_calls = unpriced_calls + (b_cost IS NULL AND b_outcome = 'ok')::int,
+                estimated_calls = estimated_calls + b_est::int,
+                reserved_usd = CASE WHEN b_status IS NULL THEN greatest(reserved_usd - b_rusd, 0) ELSE 0 END,
+                reserved_tokens = CASE WHEN b_status IS NULL THEN greatest(reserved_tokens - b_rtok, 0) ELSE 0 END,
+                last_event_seq = last_event_seq + b_nev,
+                status = coalesce(b_status, status),
+                stop_reason = CASE WHEN b_status IS NULL THEN stop_reason ELSE b_stop END,
+                summary = CASE WHEN b_status IS NULL THEN summary ELSE b_summary END,
+                output = CASE WHEN b_status IS NULL THEN output ELSE b_output END,
+                error_code = CASE WHEN b_status IS NULL THEN error_code ELSE b_ecode END,
+                error_message = CASE WHEN b_status IS NULL THEN error_message ELSE b_emsg END,
+                finished_at = CASE WHEN b_status IS NULL THEN finished_at ELSE now() END,
+                lease_token = CASE WHEN b_status IS NULL THEN lease_token END,
+                lease_expires_at = CASE WHEN b_status IS NULL THEN lease_expires_at END
+            FROM b
+            WHERE id = b_id AND lease_token = b_lease AND status = 'running'
+              AND NOT EXISTS (SELECT 1 FROM llm_calls WHERE call_key = b_key)
+            RETURNING b.*, tasks.tenant AS u_tenant, tasks.subagent_type AS u_agent,
+                coalesce(tasks.api_key, '') AS u_api_key, tasks.last_event_seq AS u_seq{whole_cols}
+         ), c AS (
+            INSERT INTO llm_calls (call_key, task_id, tenant, turn, attempt, try, provider, model, input_tokens,
+                output_tokens, cached_tokens, cache_write_tokens, cost_usd, latency_ms, http_status, outcome, error,
+                usage_estimated)
+            SELECT b_key, b_id, u_tenant, b_cturn, b_attempt, b_try, b_provider, b_model, b_in, b_out, b_cached, b_cw,
+                b_cost, b_latency, b_http, b_outcome, b_error, b_est FROM u
+         ), r AS (
+            INSERT INTO usage_daily AS d (day, tenant, model, agent_type, api_key, shard, calls, ok, failed, input_tokens,
+                output_tokens, cached_tokens, cache_write_tokens, cost_usd, estimated_calls)
+            SELECT (now() AT TIME ZONE 'UTC')::date, u_tenant, b_provider || '/' || b_model, u_agent, u_api_key,
+                pg_backend_pid() % 16, count(*), count(*) FILTER (WHERE b_outcome = 'ok'),
+                count(*) FILTER (WHERE b_outcome <> 'ok'), sum(b_in), sum(b_out), sum(b_cached), sum(b_cw),
+                coalesce(sum(b_cost), 0), count(*) FILTER (WHERE b_est)
+            FROM u GROUP BY u_tenant, b_provider || '/' || b_model, u_agent, u_api_key
+            ORDER BY 2, 3, 4, 5
+            ON CONFLICT (tenant, day, model, agent_type, api_key, shard) DO UPDATE SET calls = d.calls + EXCLUDED.calls,
+                ok = d.ok + EXCLUDED.ok, failed = d.failed + EXCLUDED.failed,
+                input_tokens = d.input_tokens + EXCLUDED.input_tokens,
+                output_tokens = d.output_tokens + EXCLUDED.output_tokens,
+                cached_tokens = d.cached_tokens + EXCLUDED.cached_tokens,
+                cache_write_tokens = d.cache_write_tokens + EXCLUDED.cache_write_tokens,
+                cost_usd = d.cost_usd + EXCLUDED.cost_usd, estimated_calls = d.estimated_calls + EXCLUDED.estimated_calls
+         ), m AS (
+            INSERT INTO task_messages (task_id, seq, turn, message)
+            SELECT b_id, (SELECT coalesce(max(seq), 0) FROM task_messages WHERE task_id = b_id) + x.k, b_cturn, x.msg
+            FROM u JOIN (SELECT mi, msg, row_number() OVER (PARTITION BY mi ORDER BY ord) AS k
+                         FROM unnest($30::int8[], $31::jsonb[]) WITH ORDINALITY AS y(mi, msg, ord)) x ON x.mi = u.b_i
+         ), e AS (
+            INSERT INTO task_events (task_id, seq, kind, data)
+            SELECT b_id, u_seq - b_nev + x.k, x.kind, x.data
+            FROM u JOIN (SELECT ei, kind, data, row_number() OVER (PARTITION BY ei ORDER BY ord) AS k
+                         FROM unnest($32::int8[], $33::text[], $34::jsonb[]) WITH ORDINALITY AS y(ei, kind, data, ord)) x
+                 ON x.ei = u.b_i
+         ), w AS (
+            SELECT pg_notify('subagentd_budget', t.u_tenant) FROM (SELECT DISTINCT u_tenant FROM u) t
+            WHERE EXISTS (SELECT 1 FROM tasks q WHERE q.tenant = t.u_tenant AND q.waiting_for IS NOT NULL
+                          AND q.status = 'queued')
+         )
+         SELECT b_i{answer} FROM u, (SELECT count(*) FROM w) AS woken"
+    )
+}
+
+static COMMIT_TURNS: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| commit_turns_sql(false));
+static COMMIT_TURNS_ENDING: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| commit_turns_sql(true));
 
 /// What a fenced write of a run did.
 #[derive(Debug)]

@@ -55,6 +55,8 @@ pub const COUNTERS: &[(&str, &str)] = &[
     ("subagentd_webhook_attempts_total", "Webhook delivery attempts, by outcome and event."),
     ("subagentd_rate_limited_total", "API requests refused with 429 for a tenant's request rate, by tenant."),
     ("subagentd_http_requests_total", "HTTP requests served, by method, route template and status."),
+    ("subagentd_write_batches_total", "Group commits made, by kind of write (turn, reserve, events)."),
+    ("subagentd_writes_total", "Runs' writes made in group commits, by kind: writes / batches is the mean batch."),
 ];
 
 pub const GAUGES: &[(&str, &str)] = &[
@@ -76,6 +78,10 @@ pub const HISTOGRAMS: &[(&str, &str)] = &[
     ("subagentd_budget_wait_seconds", "Time a task waited for budget before it was woken."),
     ("subagentd_llm_call_duration_seconds", "Provider call latency, by provider, model and outcome."),
     ("subagentd_http_request_duration_seconds", "HTTP request latency, by method and route template."),
+    (
+        "subagentd_write_queue_seconds",
+        "Time a run's write (turn, reserve, events) waited for its group commit to start, by kind.",
+    ),
 ];
 
 /// Describe every family (`# HELP`), and give the counters and histograms whose labels are
@@ -133,6 +139,11 @@ pub fn register_metrics(providers: &[String], models: &[(String, String)]) {
     }
     for name in ["subagentd_queue_wait_seconds", "subagentd_run_duration_seconds", "subagentd_budget_wait_seconds"] {
         let _ = metrics::histogram!(name);
+    }
+    for kind in ["turn", "reserve", "events"] {
+        zero("subagentd_write_batches_total", &[("kind", kind.into())]);
+        zero("subagentd_writes_total", &[("kind", kind.into())]);
+        let _ = metrics::histogram!("subagentd_write_queue_seconds", "kind" => kind);
     }
     for provider in providers.iter().cloned().chain(models.iter().map(|m| m.0.clone())) {
         let _ = metrics::histogram!("subagentd_llm_call_duration_seconds", "provider" => provider, "model" => "", "outcome" => "ok");

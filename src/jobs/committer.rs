@@ -156,7 +156,8 @@ async fn lane<B: Batch>(pool: PgPool, rx: Arc<Mutex<mpsc::UnboundedReceiver<Job<
             metrics::histogram!("subagentd_write_queue_seconds", "kind" => B::KIND)
                 .record((now - j.queued).as_secs_f64());
         }
-        metrics::histogram!("subagentd_write_batch_size", "kind" => B::KIND).record(batch.len() as f64);
+        metrics::counter!("subagentd_write_batches_total", "kind" => B::KIND).increment(1);
+        metrics::counter!("subagentd_writes_total", "kind" => B::KIND).increment(batch.len() as u64);
         write_batch(&pool, batch).await;
     }
 }

@@ -5,6 +5,7 @@ mod faults;
 mod helpers;
 
 mod agents;
+mod batching;
 mod browser;
 mod budgets;
 mod caching;

@@ -19,7 +19,7 @@ use uuid::Uuid;
 use crate::helpers::*;
 
 /// A task row in `status`, written straight to the table (with its tenant's row).
-async fn task(db: &TestDb, status: &str, extra: &str) -> Uuid {
+pub(crate) async fn task(db: &TestDb, status: &str, extra: &str) -> Uuid {
     sqlx::query("INSERT INTO tenants (name) VALUES ('default') ON CONFLICT DO NOTHING")
         .execute(&db.pool)
         .await
@@ -41,7 +41,7 @@ async fn task(db: &TestDb, status: &str, extra: &str) -> Uuid {
     id
 }
 
-async fn status(db: &TestDb, id: Uuid) -> String {
+pub(crate) async fn status(db: &TestDb, id: Uuid) -> String {
     sqlx::query_scalar("SELECT status FROM tasks WHERE id = $1").bind(id).fetch_one(&db.pool).await.unwrap()
 }
 

@@ -1,0 +1,227 @@
+//! Group commit (`jobs::committer`, issue 20): the writes of runs that are ready at the same
+//! moment go to PostgreSQL as one statement, each still fenced on its own lease. Against a real
+//! database, at the store's level and through the committer's queues.
+
+use std::time::Duration;
+
+use rust_decimal::Decimal;
+use serde_json::{json, Value};
+use subagentd::engine::{StopCause, StopSignal};
+use subagentd::jobs::committer::Committer;
+use subagentd::jobs::heartbeat::Heartbeat;
+use subagentd::jobs::hub::Hub;
+use subagentd::store::budget::{reserve_many, CallAsk, Reserve, ReserveWrite, SpendDefaults};
+use subagentd::store::calls::CallRow;
+use subagentd::store::runs::{commit_turns, Committed, Finish, TurnWrite};
+use subagentd::store::tasks::TaskStatus;
+use subagentd::store::Fence;
+use uuid::Uuid;
+
+use crate::helpers::*;
+use crate::services::{status, task};
+
+/// A running task held under `lease`.
+async fn held(db: &TestDb, lease: Uuid) -> Fence {
+    let id =
+        task(db, "running", &format!("lease_token = '{lease}', lease_expires_at = now() + interval '1 hour'")).await;
+    Fence { id, lease }
+}
+
+/// Turn 1 of a run: one call of `input` tokens at $0.01, two messages, one event.
+fn turn(fence: Fence, input: i64, message: Value) -> TurnWrite {
+    let call = CallRow {
+        call_key: Uuid::new_v4(),
+        turn: 1,
+        attempt: 1,
+        try_no: 1,
+        provider: "mock".into(),
+        model: "m".into(),
+        input_tokens: input,
+        output_tokens: 5,
+        cost_usd: Some(Decimal::new(1, 2)),
+        outcome: "ok".into(),
+        ..CallRow::default()
+    };
+    let messages = vec![json!({"role": "assistant", "content": "calling"}), message];
+    TurnWrite {
+        fence,
+        turn: Some(1),
+        call,
+        messages,
+        events: vec![("llm_call_finished", json!({"turn": 1}))],
+        fin: None,
+    }
+}
+
+async fn scalar(db: &TestDb, sql: &str, id: Uuid) -> i64 {
+    sqlx::query_scalar(sql).bind(id).fetch_one(&db.pool).await.unwrap()
+}
+
+async fn calls_of(db: &TestDb, id: Uuid) -> i64 {
+    scalar(db, "SELECT count(*) FROM llm_calls WHERE task_id = $1", id).await
+}
+
+async fn rollup(db: &TestDb) -> (i64, i64) {
+    sqlx::query_as("SELECT coalesce(sum(calls), 0)::int8, coalesce(sum(input_tokens), 0)::int8 FROM usage_daily")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn turns_committed_together_are_each_fenced_on_their_own_lease_and_a_retry_writes_nothing_twice() {
+    let db = test_db().await;
+    let lease = Uuid::new_v4();
+    let (a, b) = (held(&db, lease).await, held(&db, lease).await);
+    let c = held(&db, Uuid::new_v4()).await;
+    let mut ending = turn(b, 200, json!({"role": "user", "content": "b"}));
+    ending.fin = Some(Finish {
+        status: TaskStatus::Completed,
+        stop_reason: Some("end_turn".into()),
+        summary: Some("done".into()),
+        output: None,
+        error_code: None,
+        error_message: None,
+        return_task: true,
+    });
+    let writes = [
+        turn(a, 100, json!({"role": "user", "content": "a"})),
+        ending,
+        // Under a lease that is not c's: fenced off.
+        turn(Fence { id: c.id, lease }, 400, json!({"role": "user", "content": "c"})),
+    ];
+    let refs: Vec<&TurnWrite> = writes.iter().collect();
+    for attempt in 0..2 {
+        // The second time is a retry after a lost answer: the same results, nothing written again.
+        let r = commit_turns(&db.pool, &refs).await.unwrap();
+        assert_eq!(r.len(), 3, "attempt {attempt}");
+        assert!(matches!(r[0], Committed::Applied), "{:?}", r[0]);
+        match &r[1] {
+            Committed::Finished(Some(row)) => {
+                assert_eq!((row.id, row.status, row.summary.as_deref()), (b.id, TaskStatus::Completed, Some("done")))
+            }
+            other => panic!("b: {other:?}"),
+        }
+        assert!(matches!(r[2], Committed::LeaseLost), "{:?}", r[2]);
+        assert_eq!((calls_of(&db, a.id).await, calls_of(&db, b.id).await, calls_of(&db, c.id).await), (1, 1, 0));
+        assert_eq!(rollup(&db).await, (2, 300), "one rollup for both, nothing for the fenced one");
+    }
+    // Each run's messages and events in its own sequence, after what it had.
+    let seqs = |table: &'static str| {
+        let pool = db.pool.clone();
+        move |id: Uuid| {
+            let pool = pool.clone();
+            async move {
+                sqlx::query_scalar::<_, i32>(&format!("SELECT seq FROM {table} WHERE task_id = $1 ORDER BY seq"))
+                    .bind(id)
+                    .fetch_all(&pool)
+                    .await
+                    .unwrap()
+            }
+        }
+    };
+    assert_eq!(seqs("task_messages")(a.id).await, vec![1, 2]);
+    assert_eq!(seqs("task_events")(a.id).await, vec![1]);
+    // b's turn event, then its end's `finished`.
+    assert_eq!(seqs("task_events")(b.id).await, vec![1, 2]);
+    assert_eq!(scalar(&db, "SELECT last_event_seq::int8 FROM tasks WHERE id = $1", b.id).await, 2);
+    assert!(seqs("task_events")(c.id).await.is_empty());
+    assert_eq!(
+        (status(&db, a.id).await, status(&db, b.id).await, status(&db, c.id).await),
+        ("running".into(), "completed".into(), "running".into())
+    );
+    assert_eq!(scalar(&db, "SELECT turns::int8 FROM tasks WHERE id = $1", c.id).await, 0);
+}
+
+#[tokio::test]
+async fn a_batch_postgres_refuses_writes_nothing_and_then_every_other_write_lands_alone() {
+    let db = test_db().await;
+    let lease = Uuid::new_v4();
+    let (a, b, c) = (held(&db, lease).await, held(&db, lease).await, held(&db, lease).await);
+    // PostgreSQL's jsonb refuses a NUL character: this write can never be made.
+    let poison = || turn(b, 100, json!({"role": "user", "content": "nul \u{0000} here"}));
+    let good = |f: Fence| turn(f, 100, json!({"role": "user", "content": "fine"}));
+    let writes = [good(a), poison(), good(c)];
+    assert!(commit_turns(&db.pool, &writes.iter().collect::<Vec<_>>()).await.is_err());
+    assert_eq!((calls_of(&db, a.id).await, calls_of(&db, c.id).await), (0, 0), "a failed batch writes nothing");
+    // Through the committer: queued together (all three are sent before its lanes first run, on
+    // this single-threaded runtime), the batch fails, and each write is made alone.
+    let committer = Committer::start(db.pool.clone());
+    let (ra, rb, rc) =
+        tokio::join!(committer.turns.write(good(a)), committer.turns.write(poison()), committer.turns.write(good(c)));
+    assert!(matches!(ra, Ok(Committed::Applied)), "{ra:?}");
+    assert!(rb.is_err(), "{rb:?}");
+    assert!(matches!(rc, Ok(Committed::Applied)), "{rc:?}");
+    assert_eq!((calls_of(&db, a.id).await, calls_of(&db, b.id).await, calls_of(&db, c.id).await), (1, 0, 1));
+    assert_eq!(rollup(&db).await, (2, 200));
+}
+
+#[tokio::test]
+async fn reservations_made_together_each_see_the_ones_before_them_and_answer_in_the_order_asked() {
+    let db = test_db().await;
+    let lease = Uuid::new_v4();
+    let (first, second) = (held(&db, lease).await, held(&db, lease).await);
+    let gone = held(&db, Uuid::new_v4()).await;
+    sqlx::query("UPDATE tenants SET usd_per_day = 1.0 WHERE name = 'default'").execute(&db.pool).await.unwrap();
+    // A call of $0.10 prompt and 600 output tokens at $0.001 holds $0.70: the day's $1.00 has
+    // room for one of them at a time.
+    let ask = CallAsk {
+        prompt_usd: Decimal::new(1, 1),
+        prompt_tokens: 1000,
+        out_usd: Decimal::new(1, 3),
+        max_out: 600,
+        floor: 256,
+    };
+    let w = |f: Fence| ReserveWrite {
+        fence: f,
+        tenant: "default".into(),
+        ask,
+        defaults: SpendDefaults::default(),
+        event: Some(json!({"turn": 1})),
+    };
+    // Asked out of order: they are made in task order, the order the locks are taken in.
+    let items = [w(Fence { id: gone.id, lease }), w(second), w(first)];
+    let r = reserve_many(&db.pool, &items.iter().collect::<Vec<_>>()).await.unwrap();
+    assert_eq!(r[0], Reserve::LeaseLost);
+    assert!(matches!(r[1], Reserve::Wait { ref limit, .. } if limit == "usd_per_day"), "{:?}", r[1]);
+    assert_eq!(r[2], Reserve::Granted { max_tokens: 600, usd: Decimal::new(70, 2), tokens: 1600 });
+    let held_usd: Decimal = sqlx::query_scalar("SELECT sum(reserved_usd) FROM tasks WHERE tenant = 'default'")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(held_usd, Decimal::new(70, 2));
+    assert_eq!(scalar(&db, "SELECT count(*) FROM task_events WHERE task_id = $1", first.id).await, 1);
+    assert_eq!(scalar(&db, "SELECT count(*) FROM task_events WHERE task_id = $1", second.id).await, 0);
+}
+
+#[tokio::test]
+async fn a_heartbeat_does_not_wait_for_a_row_a_write_holds_and_renews_it_on_the_next_beat() {
+    let db = test_db().await;
+    let lease = Uuid::new_v4();
+    let soon = format!("lease_token = '{lease}', lease_expires_at = now() + interval '1 second'");
+    let (busy, free) = (task(&db, "running", &soon).await, task(&db, "running", &soon).await);
+    let hub = Hub::new();
+    let signals = [StopSignal::new(), StopSignal::new()];
+    for (id, s) in [busy, free].into_iter().zip(&signals) {
+        hub.register_run(Fence { id, lease }, s.clone());
+    }
+    let hb = Heartbeat { pool: db.pool.clone(), hub, lease: Duration::from_secs(600), every: Duration::from_secs(1) };
+    // A run's write holds `busy`'s row (as a batch does while it commits).
+    let mut tx = db.pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM tasks WHERE id = $1 FOR UPDATE").bind(busy).execute(&mut *tx).await.unwrap();
+    let renewed = tokio::time::timeout(Duration::from_secs(5), hb.pass()).await.expect("the beat waited").unwrap();
+    assert_eq!(renewed, 1);
+    assert_eq!((signals[0].cause(), signals[1].cause()), (None, None), "a held row is not a lost lease");
+    tx.commit().await.unwrap();
+    assert_eq!(hb.pass().await.unwrap(), 2);
+    let later = "SELECT count(*) FROM tasks WHERE id = $1 AND lease_expires_at > now() + interval '5 minutes'";
+    assert_eq!(scalar(&db, later, busy).await, 1);
+    // A lease that is really gone still stops its run.
+    sqlx::query("UPDATE tasks SET lease_token = gen_random_uuid() WHERE id = $1")
+        .bind(free)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    hb.pass().await.unwrap();
+    assert_eq!(signals[1].cause(), Some(StopCause::LeaseLost));
+}

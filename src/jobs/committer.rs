@@ -26,8 +26,9 @@ use crate::store::{retrying, StoreError};
 
 /// The most writes in one statement: bounds a batch's time, and so any write's wait.
 pub const MAX_BATCH: usize = 64;
-/// Batches of one kind in flight at once.
-pub const LANES: usize = 3;
+/// Batches of one kind in flight at once. Two measured better than three (bigger batches: 1,098
+/// and 1,121 tasks/s against 947 and 990, alternating, on 2 cores), with wait mode within target.
+pub const LANES: usize = 2;
 
 /// A write that can be made with others of its kind in one statement.
 #[async_trait::async_trait]

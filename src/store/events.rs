@@ -63,22 +63,7 @@ pub async fn append_many(pool: &PgPool, items: &[&EventsWrite]) -> Result<Vec<bo
             datas.push(d);
         }
     }
-    let sql = "WITH b AS (
-            SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::int[]) WITH ORDINALITY AS b(b_id, b_lease, b_n, b_i)
-            ORDER BY b_id
-         ), u AS (
-            UPDATE tasks SET last_event_seq = last_event_seq + b_n FROM b
-            WHERE id = b_id AND lease_token = b_lease AND status = 'running'
-            RETURNING b_i, b_id, b_n, last_event_seq AS u_seq
-         ), e AS (
-            INSERT INTO task_events (task_id, seq, kind, data)
-            SELECT b_id, u_seq - b_n + x.k, x.kind, x.data
-            FROM u JOIN (SELECT ei, kind, data, row_number() OVER (PARTITION BY ei ORDER BY ord) AS k
-                         FROM unnest($4::int8[], $5::text[], $6::jsonb[]) WITH ORDINALITY AS y(ei, kind, data, ord)) x
-                 ON x.ei = u.b_i
-         )
-         SELECT b_i FROM u";
-    let done: Vec<i64> = sqlx::query_scalar(sql)
+    let done: Vec<i64> = sqlx::query_scalar(&APPEND_MANY)
         .bind(items.iter().map(|w| w.fence.id).collect::<Vec<_>>())
         .bind(items.iter().map(|w| w.fence.lease).collect::<Vec<_>>())
         .bind(items.iter().map(|w| w.events.len() as i32).collect::<Vec<_>>())
@@ -94,4 +79,33 @@ pub async fn append_many(pool: &PgPool, items: &[&EventsWrite]) -> Result<Vec<bo
         }
     }
     Ok(out)
+}
+
+static APPEND_MANY: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "WITH b AS (
+            SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::int[]) WITH ORDINALITY AS b(b_id, b_lease, b_nev, b_i)
+            ORDER BY b_id
+         ), u AS (
+            UPDATE tasks SET last_event_seq = last_event_seq + b_nev FROM b
+            WHERE id = b_id AND lease_token = b_lease AND status = 'running'
+            RETURNING b_i, b_id, b_nev, last_event_seq AS u_seq
+         ), e AS ({})
+         SELECT b_i FROM u",
+        insert_batched(4, 5, 6)
+    )
+});
+
+/// The events of a batch of runs, for a statement whose CTE `u` has, per run written, its place
+/// in the batch (`b_i`), task (`b_id`), event count (`b_nev`) and new `last_event_seq` (`u_seq`).
+/// The events are parameters `$of` (each one's run, `b_i`), `$kinds` and `$datas`, in order.
+pub(super) fn insert_batched(of: u8, kinds: u8, datas: u8) -> String {
+    format!(
+        "INSERT INTO task_events (task_id, seq, kind, data)
+            SELECT b_id, u_seq - b_nev + x.k, x.kind, x.data
+            FROM u JOIN (SELECT ei, kind, data, row_number() OVER (PARTITION BY ei ORDER BY ord) AS k
+                         FROM unnest(${of}::int8[], ${kinds}::text[], ${datas}::jsonb[])
+                         WITH ORDINALITY AS y(ei, kind, data, ord)) x
+                 ON x.ei = u.b_i"
+    )
 }

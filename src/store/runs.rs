@@ -251,6 +251,13 @@ const WAKE_WAITERS: &str = "w AS (
                           AND q.status = 'queued')
          )";
 
+/// A rollup upsert's update: the new row's figures added to the existing one's.
+const ROLLUP_ADD: &str = "calls = d.calls + EXCLUDED.calls, ok = d.ok + EXCLUDED.ok, failed = d.failed + EXCLUDED.failed,
+                input_tokens = d.input_tokens + EXCLUDED.input_tokens, output_tokens = d.output_tokens + EXCLUDED.output_tokens,
+                cached_tokens = d.cached_tokens + EXCLUDED.cached_tokens,
+                cache_write_tokens = d.cache_write_tokens + EXCLUDED.cache_write_tokens,
+                cost_usd = d.cost_usd + EXCLUDED.cost_usd, estimated_calls = d.estimated_calls + EXCLUDED.estimated_calls";
+
 /// `commit_turn`'s statement; `whole`: the one that also answers with the whole task.
 fn commit_turn_sql(whole: bool) -> String {
     format!(
@@ -287,12 +294,7 @@ fn commit_turn_sql(whole: bool) -> String {
             SELECT (now() AT TIME ZONE 'UTC')::date, tenant, $7 || '/' || $19, subagent_type, coalesce(api_key, ''),
                 pg_backend_pid() % 16, 1, ($14 = 'ok')::int, ($14 <> 'ok')::int, $8, $9, $10, $30, coalesce($11, 0),
                 $28::bool::int FROM u
-            ON CONFLICT (tenant, day, model, agent_type, api_key, shard) DO UPDATE SET calls = d.calls + 1, ok = d.ok + EXCLUDED.ok,
-                failed = d.failed + EXCLUDED.failed, input_tokens = d.input_tokens + EXCLUDED.input_tokens,
-                output_tokens = d.output_tokens + EXCLUDED.output_tokens,
-                cached_tokens = d.cached_tokens + EXCLUDED.cached_tokens,
-                cache_write_tokens = d.cache_write_tokens + EXCLUDED.cache_write_tokens,
-                cost_usd = d.cost_usd + EXCLUDED.cost_usd, estimated_calls = d.estimated_calls + EXCLUDED.estimated_calls
+            ON CONFLICT (tenant, day, model, agent_type, api_key, shard) DO UPDATE SET {ROLLUP_ADD}
          ), m AS (
             INSERT INTO task_messages (task_id, seq, turn, message)
             SELECT $1, (SELECT coalesce(max(seq), 0) FROM task_messages WHERE task_id = $1) + x.ord, $4, x.msg
@@ -523,30 +525,20 @@ fn commit_turns_sql(whole: bool) -> String {
                 coalesce(sum(b_cost), 0), count(*) FILTER (WHERE b_est)
             FROM u GROUP BY u_tenant, b_provider || '/' || b_model, u_agent, u_api_key
             ORDER BY 2, 3, 4, 5
-            ON CONFLICT (tenant, day, model, agent_type, api_key, shard) DO UPDATE SET calls = d.calls + EXCLUDED.calls,
-                ok = d.ok + EXCLUDED.ok, failed = d.failed + EXCLUDED.failed,
-                input_tokens = d.input_tokens + EXCLUDED.input_tokens,
-                output_tokens = d.output_tokens + EXCLUDED.output_tokens,
-                cached_tokens = d.cached_tokens + EXCLUDED.cached_tokens,
-                cache_write_tokens = d.cache_write_tokens + EXCLUDED.cache_write_tokens,
-                cost_usd = d.cost_usd + EXCLUDED.cost_usd, estimated_calls = d.estimated_calls + EXCLUDED.estimated_calls
+            ON CONFLICT (tenant, day, model, agent_type, api_key, shard) DO UPDATE SET {ROLLUP_ADD}
          ), m AS (
             INSERT INTO task_messages (task_id, seq, turn, message)
             SELECT b_id, (SELECT coalesce(max(seq), 0) FROM task_messages WHERE task_id = b_id) + x.k, b_cturn, x.msg
             FROM u JOIN (SELECT mi, msg, row_number() OVER (PARTITION BY mi ORDER BY ord) AS k
                          FROM unnest($30::int8[], $31::jsonb[]) WITH ORDINALITY AS y(mi, msg, ord)) x ON x.mi = u.b_i
-         ), e AS (
-            INSERT INTO task_events (task_id, seq, kind, data)
-            SELECT b_id, u_seq - b_nev + x.k, x.kind, x.data
-            FROM u JOIN (SELECT ei, kind, data, row_number() OVER (PARTITION BY ei ORDER BY ord) AS k
-                         FROM unnest($32::int8[], $33::text[], $34::jsonb[]) WITH ORDINALITY AS y(ei, kind, data, ord)) x
-                 ON x.ei = u.b_i
+         ), e AS ({events}
          ), w AS (
             SELECT pg_notify('subagentd_budget', t.u_tenant) FROM (SELECT DISTINCT u_tenant FROM u) t
             WHERE EXISTS (SELECT 1 FROM tasks q WHERE q.tenant = t.u_tenant AND q.waiting_for IS NOT NULL
                           AND q.status = 'queued')
          )
-         SELECT b_i{answer} FROM u, (SELECT count(*) FROM w) AS woken"
+         SELECT b_i{answer} FROM u, (SELECT count(*) FROM w) AS woken",
+        events = super::events::insert_batched(32, 33, 34),
     )
 }
 

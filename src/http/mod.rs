@@ -40,7 +40,8 @@ pub struct AppState {
     pub pool: PgPool,
     pub cfg: Arc<Config>,
     pub hub: Arc<Hub>,
-    pub providers: Providers,
+    /// Shared: the router clones the state for every request.
+    pub providers: Arc<Providers>,
     pub file_agents: Arc<FileAgents>,
     pub auth: Arc<auth::Auth>,
     /// Tenants' limits as last read (a tenant row exists for each entry), for admission.

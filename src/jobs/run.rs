@@ -27,7 +27,7 @@ use crate::tools::{Caller, Target, TaskTools};
 pub struct Runner {
     pub pool: PgPool,
     pub hub: Arc<Hub>,
-    pub providers: Providers,
+    pub providers: Arc<Providers>,
     pub tool_caller: Caller,
     pub cfg: Arc<Config>,
     /// Tenants' signing secrets, cached a minute.

@@ -48,7 +48,7 @@ impl Worker {
     pub fn new(
         pool: PgPool,
         hub: Arc<Hub>,
-        providers: Providers,
+        providers: impl Into<Arc<Providers>>,
         tool_caller: Caller,
         cfg: Arc<Config>,
     ) -> Arc<Worker> {
@@ -59,7 +59,7 @@ impl Worker {
                 committer: super::committer::Committer::start(pool.clone()),
                 pool,
                 hub,
-                providers,
+                providers: providers.into(),
                 tool_caller,
                 cfg,
                 secrets: crate::cache::TtlCache::new(Duration::from_secs(60)),

@@ -159,7 +159,7 @@ impl From<crate::tools::ToolError> for SubmitError {
 pub struct Submitter {
     pub pool: PgPool,
     pub cfg: Arc<Config>,
-    pub providers: Providers,
+    pub providers: Arc<Providers>,
     pub file_agents: Arc<FileAgents>,
     pub tool_caller: Caller,
     pub hub: Arc<Hub>,

@@ -22,7 +22,7 @@ fn submitter(db: &TestDb, tweak: impl FnOnce(&mut Config)) -> Submitter {
         pool: db.pool.clone(),
         tool_caller: subagentd::tools::Caller::from_config(&cfg).unwrap(),
         cfg: Arc::new(cfg),
-        providers: Providers::with_builtin(),
+        providers: Arc::new(Providers::with_builtin()),
         file_agents: Arc::new(FileAgents::default()),
         hub: Hub::new(),
         limits_cache: Arc::new(TtlCache::new(Duration::from_secs(5))),

@@ -87,8 +87,23 @@ async fn shutdown_signal() {
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// No transparent huge pages for this process (unless `MIMALLOC_ALLOW_THP=1`): mimalloc asks for
+/// them on its heap, and the kernel then backs whole 2 MiB ranges of which a few pages are in use
+/// and collapses more of them as the process runs, so resident memory kept creeping up (about 20
+/// MiB of a 30-minute soak's RSS) while the heap stayed level.
+fn no_huge_pages() {
+    #[cfg(target_os = "linux")]
+    if std::env::var("MIMALLOC_ALLOW_THP").as_deref() != Ok("1") {
+        // SAFETY: PR_SET_THP_DISABLE takes integer arguments and only sets a flag on the process.
+        unsafe {
+            libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
+        }
+    }
+}
+
 #[tokio::main]
 async fn main() {
+    no_huge_pages();
     let cli = Cli::parse();
     let otel = subagentd::telemetry::init_tracing(&cli.config.log_format, cli.config.otlp_endpoint.as_deref())
         .unwrap_or_else(|e| fail(e));

@@ -629,6 +629,60 @@ fn rss_mib(pid: u32) -> f64 {
         .map_or(f64::NAN, |k| k / 1024.0)
 }
 
+/// Scenario 9, idle keep-alive connections: `n` clients each make one request (a task read, which
+/// goes through the state, auth and the router's layers) and keep the connection open; the
+/// service's RSS before, with them open, and after they close.
+async fn connections(env: &Env, report: &Report, n: usize) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let svc = env.service("bench_connections", &["serve", "--no-workers"], &[]).await;
+    let client = reqwest::Client::new();
+    let r = client
+        .post(format!("{}/tasks", svc.base))
+        .json(&json!({"prompt": "go", "model": "fake/gpt-4o"}))
+        .send()
+        .await
+        .unwrap();
+    let id = r.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_string();
+    let addr = svc.base.trim_start_matches("http://").to_string();
+    let pid = svc.child.id();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before = rss_mib(pid);
+    let t0 = Instant::now();
+    let mut open = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        let req = format!("GET /tasks/{id} HTTP/1.1\r\nhost: {addr}\r\n\r\n");
+        s.write_all(req.as_bytes()).await.unwrap();
+        let mut buf = vec![0u8; 16384];
+        let k = s.read(&mut buf).await.unwrap();
+        assert!(buf[..k].starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&buf[..k.min(200)]));
+        open.push(s);
+    }
+    let el = t0.elapsed().as_secs_f64();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let with = rss_mib(pid);
+    drop(open);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let after = rss_mib(pid);
+    let per = (with - before) * 1024.0 / n as f64;
+    let line = format!(
+        "| 9. Idle connections ({n} keep-alive clients, one `GET /tasks/{{id}}` each, left open) | memory a connection holds is its buffers, not a copy of the service's state | **{per:.0} KiB a connection** (service RSS {before:.0} MiB before, {with:.0} MiB with them open, {after:.0} MiB 5 s after they closed); opened and answered {:.0} a second | {} |",
+        n as f64 / el,
+        if per < 64.0 { "met" } else { "not met" }
+    );
+    println!("{line}");
+    report.lock().unwrap().push(line);
+}
+
+/// Sockets the process holds open (clients' connections, the pool's, the providers').
+fn sockets(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| {
+        d.filter_map(Result::ok)
+            .filter(|e| std::fs::read_link(e.path()).is_ok_and(|l| l.to_string_lossy().starts_with("socket:")))
+            .count()
+    })
+}
+
 /// Table sizes (MiB, with indexes and TOAST) and live / dead tuples of the tables that grow.
 async fn tables(pool: &sqlx::PgPool) -> Vec<(String, f64, i64, i64)> {
     sqlx::query_as(
@@ -751,6 +805,7 @@ async fn soak(env: &Env, report: &Report, secs: u64, rate: u64) {
         let failed: i64 =
             sqlx::query_scalar("SELECT count(*) FROM tasks WHERE status = 'failed'").fetch_one(&pool).await.unwrap();
         let r = rss_mib(pid);
+        let socks = sockets(pid);
         rss.push(r);
         let t = tables(&pool).await;
         let dead: i64 = t.iter().map(|x| x.3).sum();
@@ -760,7 +815,7 @@ async fn soak(env: &Env, report: &Report, secs: u64, rate: u64) {
             first_tables = Some((mib, done));
         }
         let line = format!(
-            "| {min} | {:.0}/s | {:.1} | {:.1} | {:.1} | {:.1} | {} | {failed} | {r:.0} | {mib:.0} | {:.1}% |",
+            "| {min} | {:.0}/s | {:.1} | {:.1} | {:.1} | {:.1} | {} | {failed} | {r:.0} | {socks} | {mib:.0} | {:.1}% |",
             (done - last_done) as f64 / 60.0,
             pct(&mut m.admit, 0.5),
             pct(&mut m.admit, 0.99),
@@ -795,7 +850,7 @@ async fn soak(env: &Env, report: &Report, secs: u64, rate: u64) {
     );
     println!("{summary}");
     let md = format!(
-        "| minute | completed | admission p50 ms | admission p99 ms | wait p50 ms | wait p99 ms | errors | failed tasks (total) | service RSS MiB | tables MiB | dead tuples |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n{}\n\n{summary}\n",
+        "| minute | completed | admission p50 ms | admission p99 ms | wait p50 ms | wait p99 ms | errors | failed tasks (total) | service RSS MiB | open sockets | tables MiB | dead tuples |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n{}\n\n{summary}\n",
         rows.join("\n")
     );
     std::fs::write(std::env::temp_dir().join("subagentd-soak.md"), &md).ok();
@@ -1092,6 +1147,9 @@ async fn main() {
         let secs = std::env::var("BENCH_SOAK_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(1800);
         let rate = std::env::var("BENCH_SOAK_RATE").ok().and_then(|s| s.parse().ok()).unwrap_or(250);
         soak(&env, &report, secs, rate).await;
+    }
+    if want("connections") {
+        connections(&env, &report, 1000).await;
     }
     if want("flood") {
         flood(&env, &report, 20, None).await;

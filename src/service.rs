@@ -109,7 +109,7 @@ impl Service {
             });
             // `into_make_service`: each connection shares the router. Served as a plain
             // `Router`, axum rebuilds every route for each connection (a deep copy of the
-            // state per route: about 220 KiB an idle keep-alive connection held).
+            // state per route: about 250 KiB an idle keep-alive connection held).
             let server = tokio::spawn(async move {
                 let r = axum::serve(listener, app.into_make_service())
                     .with_graceful_shutdown(async move { stop.cancelled().await })

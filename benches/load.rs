@@ -135,7 +135,28 @@ impl Env {
             bin_dir: None,
             fast_unsafe: false,
             max_connections: 300,
-            settings: vec!["shared_preload_libraries=pg_stat_statements".into()],
+            // The log (pg.log next to the data directory) names what PostgreSQL did and when:
+            // every autovacuum, checkpoint, lock wait and statement over 500 ms, so that a slow
+            // minute in the soak can be lined up with it.
+            settings: vec![
+                "shared_preload_libraries=pg_stat_statements".into(),
+                "log_autovacuum_min_duration=0".into(),
+                "log_lock_waits=on".into(),
+                "log_min_duration_statement=500".into(),
+                "log_line_prefix=%m [%p] ".into(),
+                "track_io_timing=on".into(),
+                "track_wal_io_timing=on".into(),
+            ]
+            .into_iter()
+            // More of PostgreSQL's settings, for experiments: `BENCH_PG_SETTINGS='autovacuum=off;work_mem=8MB'`.
+            .chain(
+                std::env::var("BENCH_PG_SETTINGS")
+                    .unwrap_or_default()
+                    .split(';')
+                    .filter(|s| !s.is_empty())
+                    .map(String::from),
+            )
+            .collect(),
         };
         let pg = tokio::task::spawn_blocking(move || EmbeddedPostgres::start(&opts)).await.unwrap().unwrap();
         let latency = Arc::new(AtomicU64::new(0));
@@ -717,7 +738,21 @@ async fn soak(env: &Env, report: &Report, secs: u64, rate: u64) {
         admit: Vec<f64>,
         wait: Vec<f64>,
         errors: u64,
+        /// Per wall-clock second (Unix time) in which a request ended: wait-mode answers and the
+        /// slowest of them, admissions and the slowest of them. Written out at the end, to line
+        /// slow seconds up with PostgreSQL's log.
+        seconds: std::collections::BTreeMap<u64, [f64; 4]>,
     }
+    impl Minute {
+        fn second(&mut self, wait: bool, ms: f64) {
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+            let s = self.seconds.entry(now).or_default();
+            let i = if wait { 0 } else { 2 };
+            s[i] += 1.0;
+            s[i + 1] = s[i + 1].max(ms);
+        }
+    }
+    let mut seconds = std::collections::BTreeMap::new();
     let minute: Arc<Mutex<Minute>> = Arc::default();
     let waiters = rate / 10;
     let background = rate - waiters;
@@ -743,7 +778,11 @@ async fn soak(env: &Env, report: &Report, secs: u64, rate: u64) {
                     let ms = t.elapsed().as_secs_f64() * 1000.0;
                     let id = match r {
                         Ok(r) if r.status() == 201 => {
-                            m.lock().unwrap().admit.push(ms);
+                            {
+                                let mut m = m.lock().unwrap();
+                                m.admit.push(ms);
+                                m.second(false, ms);
+                            }
                             r.json::<Value>().await.ok().and_then(|v| v["id"].as_str().map(String::from))
                         }
                         _ => {
@@ -782,7 +821,9 @@ async fn soak(env: &Env, report: &Report, secs: u64, rate: u64) {
                         Ok(r) if r.status() == 200 => {
                             let v: Value = r.json().await.unwrap_or(Value::Null);
                             if v["status"] == "completed" {
-                                m.lock().unwrap().wait.push(ms);
+                                let mut m = m.lock().unwrap();
+                                m.wait.push(ms);
+                                m.second(true, ms);
                             } else {
                                 m.lock().unwrap().errors += 1;
                             }
@@ -801,6 +842,7 @@ async fn soak(env: &Env, report: &Report, secs: u64, rate: u64) {
     for min in 1..=secs.div_ceil(60) {
         tokio::time::sleep_until((t0 + Duration::from_secs(min * 60).min(Duration::from_secs(secs))).into()).await;
         let mut m = std::mem::take(&mut *minute.lock().unwrap());
+        seconds.append(&mut m.seconds);
         let (done, _, _) = counts(&pool).await;
         let failed: i64 =
             sqlx::query_scalar("SELECT count(*) FROM tasks WHERE status = 'failed'").fetch_one(&pool).await.unwrap();
@@ -854,6 +896,12 @@ async fn soak(env: &Env, report: &Report, secs: u64, rate: u64) {
         rows.join("\n")
     );
     std::fs::write(std::env::temp_dir().join("subagentd-soak.md"), &md).ok();
+    let csv: String = std::iter::once("unix_second,wait_answers,wait_max_ms,admissions,admission_max_ms\n".to_string())
+        .chain(seconds.iter().map(|(t, [wn, wm, an, am])| format!("{t},{wn},{wm:.0},{an},{am:.0}\n")))
+        .collect();
+    std::fs::write(std::env::temp_dir().join("subagentd-soak-seconds.csv"), csv).ok();
+    // The bench's directory goes at exit; its PostgreSQL log is kept next to the seconds.
+    std::fs::copy(env.dir.join("pg.log"), std::env::temp_dir().join("subagentd-soak-pg.log")).ok();
     report.lock().unwrap().push(format!("@soak {summary}"));
     ERROR_EVERY.store(0, Ordering::Relaxed);
 }

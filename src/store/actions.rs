@@ -76,7 +76,7 @@ pub async fn pause(
             UPDATE tasks SET status = 'requires_action', lease_token = NULL,
                 lease_expires_at = NULL, worker_id = NULL, reserved_usd = 0, reserved_tokens = 0, pauses = pauses + 1,
                 paused_at = now(), last_event_seq = last_event_seq + 1
-            WHERE id = $1 AND lease_token = $2 AND status = 'running'
+            WHERE id = $1 AND lease_token = $2
             RETURNING id, tenant, pauses, last_event_seq, webhook_url
          ), a AS (
             INSERT INTO task_actions (id, task_id, tenant, pause, turn, tool_call_id, kind, name, arguments, expires_at)

@@ -33,7 +33,7 @@ pub async fn append(pool: &PgPool, f: Fence, events: &[(&str, Value)]) -> Result
     let (kinds, datas): (Vec<&str>, Vec<&Value>) = events.iter().map(|(k, d)| (*k, d)).unzip();
     let sql = "WITH u AS (
             UPDATE tasks SET last_event_seq = last_event_seq + cardinality($3::text[])
-            WHERE id = $1 AND lease_token = $2 AND status = 'running'
+            WHERE id = $1 AND lease_token = $2
             RETURNING id, last_event_seq
          ), e AS (
             INSERT INTO task_events (task_id, seq, kind, data)
@@ -88,7 +88,7 @@ static APPEND_MANY: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
             ORDER BY b_id
          ), u AS (
             UPDATE tasks SET last_event_seq = last_event_seq + b_nev FROM b
-            WHERE id = b_id AND lease_token = b_lease AND status = 'running'
+            WHERE id = b_id AND lease_token = b_lease
             RETURNING b_i, b_id, b_nev, last_event_seq AS u_seq
          ), e AS ({})
          SELECT b_i FROM u",

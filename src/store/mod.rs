@@ -2,7 +2,9 @@
 //!
 //! May import: `db` (migrations, for readiness) and the crate's leaves (`config`). Never an
 //! engine, tool, budget or HTTP type: conversion to those happens in the layers above.
-//! Every write a worker makes is one statement fenced on `(id, lease_token)` (`Fence`).
+//! Every write a worker makes is one statement fenced on `(id, lease_token)` (`Fence`): a task
+//! holds a lease token only while it runs (a constraint, migration 0016), so the fence needs no
+//! `status = 'running'`, and without one the primary key alone finds the row.
 
 pub mod actions;
 pub mod agents;

@@ -115,7 +115,7 @@ pub async fn heartbeat(pool: &PgPool, held: &[Fence], lease_secs: f64) -> Result
             SELECT * FROM unnest($1::uuid[], $2::uuid[]) AS h(id, lease)
          ), l AS (
             SELECT t.id FROM tasks t JOIN h ON t.id = h.id AND t.lease_token = h.lease
-            WHERE t.status = 'running' ORDER BY t.id FOR UPDATE OF t SKIP LOCKED
+            ORDER BY t.id FOR UPDATE OF t SKIP LOCKED
          ), u AS (
             UPDATE tasks t SET lease_expires_at = now() + make_interval(secs => $3)
             FROM l WHERE t.id = l.id
@@ -124,7 +124,7 @@ pub async fn heartbeat(pool: &PgPool, held: &[Fence], lease_secs: f64) -> Result
          SELECT id, cancel_requested, true AS renewed FROM u
          UNION ALL
          SELECT t.id, false, false FROM tasks t JOIN h ON t.id = h.id AND t.lease_token = h.lease
-         WHERE t.status = 'running' AND t.id NOT IN (SELECT id FROM l)",
+         WHERE t.id NOT IN (SELECT id FROM l)",
     )
     .bind(&ids)
     .bind(&leases)
@@ -280,7 +280,7 @@ fn commit_turn_sql(whole: bool) -> String {
                 finished_at = CASE WHEN $23::text IS NULL THEN finished_at ELSE now() END,
                 lease_token = CASE WHEN $23::text IS NULL THEN lease_token END,
                 lease_expires_at = CASE WHEN $23::text IS NULL THEN lease_expires_at END
-            WHERE id = $1 AND lease_token = $2 AND status = 'running'
+            WHERE id = $1 AND lease_token = $2
               AND NOT EXISTS (SELECT 1 FROM llm_calls WHERE call_key = $20)
             RETURNING {returning}
          ), c AS (
@@ -506,7 +506,7 @@ fn commit_turns_sql(whole: bool) -> String {
                 lease_token = CASE WHEN b_status IS NULL THEN lease_token END,
                 lease_expires_at = CASE WHEN b_status IS NULL THEN lease_expires_at END
             FROM b
-            WHERE id = b_id AND lease_token = b_lease AND status = 'running'
+            WHERE id = b_id AND lease_token = b_lease
               AND NOT EXISTS (SELECT 1 FROM llm_calls WHERE call_key = b_key)
             RETURNING b.*, tasks.tenant AS u_tenant, tasks.subagent_type AS u_agent,
                 coalesce(tasks.api_key, '') AS u_api_key, tasks.last_event_seq AS u_seq{whole_cols}
@@ -600,7 +600,7 @@ fn finish_sql(whole: bool) -> String {
             UPDATE tasks SET status = $3, stop_reason = $4, summary = $5, error_code = $6, error_message = $7,
                 output = $10::jsonb, finished_at = now(), lease_token = NULL, lease_expires_at = NULL,
                 reserved_usd = 0, reserved_tokens = 0, last_event_seq = last_event_seq + cardinality($8::text[])
-            WHERE id = $1 AND lease_token = $2 AND status = 'running'
+            WHERE id = $1 AND lease_token = $2
             RETURNING {returning}
          ), e AS (
             INSERT INTO task_events (task_id, seq, kind, data)
@@ -643,7 +643,7 @@ pub async fn release(pool: &PgPool, f: Fence) -> Result<bool, StoreError> {
     let sql = "WITH u AS (
             UPDATE tasks SET status = 'queued', attempt = attempt - 1, lease_token = NULL, lease_expires_at = NULL,
                 worker_id = NULL, reserved_usd = 0, reserved_tokens = 0, last_event_seq = last_event_seq + 1
-            WHERE id = $1 AND lease_token = $2 AND status = 'running'
+            WHERE id = $1 AND lease_token = $2
             RETURNING id, last_event_seq
          ), e AS (
             INSERT INTO task_events (task_id, seq, kind, data) SELECT id, last_event_seq, 'released', '{}' FROM u
@@ -673,7 +673,7 @@ pub async fn wait_for_budget(pool: &PgPool, f: Fence, w: &BudgetWaitRow) -> Resu
                 worker_id = NULL, reserved_usd = 0, reserved_tokens = 0, last_event_seq = last_event_seq + 1,
                 waiting_for = 'budget', waiting_since = now(), wait_need_usd = $3, wait_need_tokens = $4,
                 wait_want_usd = $5, wait_want_tokens = $6, wait_deadline = $7
-            WHERE id = $1 AND lease_token = $2 AND status = 'running'
+            WHERE id = $1 AND lease_token = $2
             RETURNING id, last_event_seq
          ), e AS (
             INSERT INTO task_events (task_id, seq, kind, data)

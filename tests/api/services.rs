@@ -107,6 +107,43 @@ async fn a_heartbeat_pass_renews_held_leases_and_stops_runs_that_lost_theirs_or_
     assert!(renewed);
 }
 
+/// Fences are `(id, lease_token)` with no status: they rely on a task holding a lease token only
+/// while it runs, which the database enforces.
+#[tokio::test]
+async fn a_task_holds_a_lease_token_only_while_it_runs() {
+    let db = test_db().await;
+    let lease = Uuid::new_v4();
+    let id = task(&db, "running", &format!("lease_token = '{lease}'")).await;
+    for status in ["completed", "queued", "requires_action", "cancelled"] {
+        let e = sqlx::query("UPDATE tasks SET status = $2 WHERE id = $1")
+            .bind(id)
+            .bind(status)
+            .execute(&db.pool)
+            .await
+            .unwrap_err();
+        let code = e.as_database_error().and_then(|d| d.code()).map(|c| c.to_string());
+        assert_eq!(code.as_deref(), Some("23514"), "{status}: {e}");
+    }
+    let queued = task(&db, "queued", "").await;
+    let e = sqlx::query("UPDATE tasks SET lease_token = gen_random_uuid() WHERE id = $1")
+        .bind(queued)
+        .execute(&db.pool)
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("tasks_lease_only_while_running"), "{e}");
+    // Leaving 'running' the way the service does (the lease cleared with it) is allowed, and the
+    // old lease's fenced writes then match nothing.
+    sqlx::query("UPDATE tasks SET status = 'completed', lease_token = NULL, finished_at = now() WHERE id = $1")
+        .bind(id)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let appended = subagentd::store::events::append(&db.pool, Fence { id, lease }, &[("note", serde_json::json!({}))])
+        .await
+        .unwrap();
+    assert!(!appended);
+}
+
 #[tokio::test]
 async fn a_claim_pass_takes_queued_work_for_the_free_places_and_runs_it() {
     let db = test_db().await;

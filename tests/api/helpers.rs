@@ -301,6 +301,20 @@ pub fn spawn_binary(args: &[&str], db_url: &str, env: &[(&str, &str)]) -> Proc {
     for (k, v) in env {
         cmd.env(k, v);
     }
+    // Killed with the thread that started it (the test's own thread) even if its `Proc` is never
+    // dropped: a full run once left a `serve` and a `worker` of the database-restart tests behind,
+    // retrying a cluster that was gone.
+    // SAFETY: prctl and getppid are async-signal-safe; this runs in the child before exec.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        let parent = libc::getpid();
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 || libc::getppid() != parent {
+                return Err(std::io::Error::other("the test that started this process is gone"));
+            }
+            Ok(())
+        });
+    }
     Proc { child: cmd.spawn().expect("spawn subagentd") }
 }
 

@@ -59,32 +59,19 @@ impl Service {
 
         let (addr, server) = if roles.api {
             let loopback = cfg.listen.ip().is_loopback();
-            let limits_cache = Arc::new(crate::cache::TtlCache::new(std::time::Duration::from_secs(5)));
-            let tools_cache = Arc::new(crate::cache::TtlCache::new(std::time::Duration::from_secs(5)));
             let submit = crate::submit::Submitter {
                 pool: pool.clone(),
                 cfg: cfg.clone(),
-                providers: providers.clone(),
-                file_agents: file_agents.clone(),
-                tool_caller: tool_caller.clone(),
-                hub: hub.clone(),
-                limits_cache: limits_cache.clone(),
-                tools_cache: tools_cache.clone(),
-                worker: local_worker,
-            };
-            let state = AppState {
-                pool: pool.clone(),
-                cfg: cfg.clone(),
-                hub: hub.clone(),
                 providers,
                 file_agents,
                 tool_caller,
-                auth: Arc::new(crate::http::auth::Auth::new(mode, loopback)),
-                limits_cache,
-                tools_cache,
-                shutdown: shutdown.clone(),
-                submit,
+                hub: hub.clone(),
+                limits_cache: Arc::new(crate::cache::TtlCache::new(std::time::Duration::from_secs(5))),
+                tools_cache: Arc::new(crate::cache::TtlCache::new(std::time::Duration::from_secs(5))),
+                worker: local_worker,
             };
+            let auth = crate::http::auth::Auth::new(mode, loopback);
+            let state = AppState::new(submit, auth, shutdown.clone());
             let listener = tokio::net::TcpListener::bind(cfg.listen).await?;
             if mode == crate::http::auth::Mode::Auto && !loopback {
                 tracing::warn!(

@@ -32,7 +32,7 @@ fn builtin_view(t: AgentType, name: &str) -> Value {
 /// served here now (`unmatched_tools`: names of its `tools` that are no tool of the tenant's).
 fn custom_view(st: &AppState, d: &AgentDefinition, source: &str, tools: &[ToolDef]) -> Value {
     let mut v = serde_json::to_value(d).unwrap_or(Value::Null);
-    let u = unservable(d, &st.providers, Some(tools), &st.file_agents.tool_aliases);
+    let u = unservable(d, &st.submit.providers, Some(tools), &st.submit.file_agents.tool_aliases);
     if let Some(o) = v.as_object_mut() {
         o.remove("notices");
     }
@@ -47,7 +47,7 @@ fn custom_view(st: &AppState, d: &AgentDefinition, source: &str, tools: &[ToolDe
 }
 
 async fn tenant_tools(st: &AppState, tenant: &str) -> Result<Vec<ToolDef>, ApiError> {
-    Ok(crate::tools::catalog::available(&st.pool, &st.tools_cache, tenant).await?)
+    Ok(crate::tools::catalog::available(&st.submit.pool, &st.submit.tools_cache, tenant).await?)
 }
 
 async fn list(State(st): State<AppState>, Tenant(tenant): Tenant) -> Result<Json<Value>, ApiError> {
@@ -58,14 +58,14 @@ async fn list(State(st): State<AppState>, Tenant(tenant): Tenant) -> Result<Json
         }
     }
     let tools = tenant_tools(&st, &tenant).await?;
-    let mine = tenant_definitions(&st.pool, &tenant).await?;
-    for d in &st.file_agents.valid {
+    let mine = tenant_definitions(&st.submit.pool, &tenant).await?;
+    for d in &st.submit.file_agents.valid {
         if !mine.iter().any(|m| m.name == d.name) {
             out.push(custom_view(&st, d, "file", &tools));
         }
     }
     out.extend(mine.iter().map(|d| custom_view(&st, d, "api", &tools)));
-    Ok(Json(json!({"agents": out, "invalid": st.file_agents.invalid})))
+    Ok(Json(json!({"agents": out, "invalid": st.submit.file_agents.invalid})))
 }
 
 async fn read(
@@ -73,10 +73,10 @@ async fn read(
     Tenant(tenant): Tenant,
     Path(name): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    match resolve(&st.pool, &st.file_agents, &tenant, &name).await? {
+    match resolve(&st.submit.pool, &st.submit.file_agents, &tenant, &name).await? {
         Some(Resolved::Builtin(t)) => Ok(Json(builtin_view(t, &name))),
         Some(Resolved::Custom(d)) => {
-            let source = if st.file_agents.get(&name) == Some(&*d) { "file" } else { "api" };
+            let source = if st.submit.file_agents.get(&name) == Some(&*d) { "file" } else { "api" };
             let tools = tenant_tools(&st, &tenant).await?;
             Ok(Json(custom_view(&st, &d, source, &tools)))
         }
@@ -211,7 +211,7 @@ async fn put(
     // A model that cannot be served now, or tool names that are no tools here, do not make the
     // definition invalid: it is stored, and the answer (like GET) lists them under `warnings`.
     let stored = serde_json::to_value(&def).map_err(|_| ApiError::internal())?;
-    let created = agents::put(&st.pool, &tenant, def.name.as_str(), &stored).await?;
+    let created = agents::put(&st.submit.pool, &tenant, def.name.as_str(), &stored).await?;
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     let tools = tenant_tools(&st, &tenant).await?;
     Ok((status, Json(custom_view(&st, &def, "api", &tools))).into_response())
@@ -222,10 +222,10 @@ async fn delete(
     Tenant(tenant): Tenant,
     Path(name): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    if agents::delete(&st.pool, &tenant, &name).await? {
+    if agents::delete(&st.submit.pool, &tenant, &name).await? {
         return Ok(StatusCode::NO_CONTENT);
     }
-    if AgentType::parse(&name).is_some() || st.file_agents.get(&name).is_some() {
+    if AgentType::parse(&name).is_some() || st.submit.file_agents.get(&name).is_some() {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             "definition_read_only",

@@ -62,18 +62,18 @@ async fn list(
         None => None,
     };
     let start = resume.or(q.after).unwrap_or(0);
-    let task = tasks::get_in(&st.pool, scope.tenant(), id).await?.ok_or_else(|| ApiError::not_found("task"))?;
+    let task = tasks::get_in(&st.submit.pool, scope.tenant(), id).await?.ok_or_else(|| ApiError::not_found("task"))?;
     let tenant = task.tenant.clone();
     let wants_stream =
         headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(|a| a.contains("text/event-stream"));
     if !wants_stream {
-        let rows = events::after(&st.pool, id, start, limit).await?;
+        let rows = events::after(&st.submit.pool, id, start, limit).await?;
         let next = rows.last().map(|e| e.seq).unwrap_or(start);
         return Ok(Json(json!({"events": rows, "next_after": next, "task_status": task.status})).into_response());
     }
     // A finished task's stream has ended for good: a client that reconnects after reading it
     // all (an `EventSource` does, whenever a stream closes) is told to stop with 204.
-    if task.is_terminal() && events::after(&st.pool, id, start, 1).await?.is_empty() {
+    if task.is_terminal() && events::after(&st.submit.pool, id, start, 1).await?.is_empty() {
         return Ok(axum::http::StatusCode::NO_CONTENT.into_response());
     }
     let stream = futures_util::stream::unfold((st, tenant, start, false), move |(st, tenant, seq, done)| async move {
@@ -83,9 +83,9 @@ async fn list(
         let mut seq = seq;
         loop {
             // Register before reading, so an event between the read and the wait wakes us.
-            let hub = st.hub.clone();
+            let hub = st.submit.hub.clone();
             let waiter = hub.event_waiter(id);
-            let rows = match events::after(&st.pool, id, seq, 200).await {
+            let rows = match events::after(&st.submit.pool, id, seq, 200).await {
                 Ok(r) => r,
                 Err(e) => {
                     tracing::warn!(error = %e, "event stream read failed; retrying");
@@ -100,9 +100,9 @@ async fn list(
             }
             // Nothing new: a finished task has written its last event — but it may have
             // finished between the read above and this check, so read once more before ending.
-            match tasks::get(&st.pool, &tenant, id).await {
+            match tasks::get(&st.submit.pool, &tenant, id).await {
                 Ok(Some(t)) if t.is_terminal() => {
-                    let tail = events::after(&st.pool, id, seq, 1000).await.unwrap_or_default();
+                    let tail = events::after(&st.submit.pool, id, seq, 1000).await.unwrap_or_default();
                     if tail.is_empty() {
                         return None;
                     }

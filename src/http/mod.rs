@@ -25,41 +25,42 @@ use std::sync::Arc;
 use axum::extract::DefaultBodyLimit;
 use axum::http::StatusCode;
 use axum::Router;
-use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use tower_http::trace::TraceLayer;
 
-use crate::config::Config;
-use crate::engine::definitions::FileAgents;
-use crate::jobs::hub::Hub;
-use crate::llm::Providers;
 use error::ApiError;
 
+/// What every handler shares. One `Arc`: the router clones the state for every request, and
+/// that is one increment.
 #[derive(Clone)]
-pub struct AppState {
-    pub pool: PgPool,
-    pub cfg: Arc<Config>,
-    pub hub: Arc<Hub>,
-    /// Shared: the router clones the state for every request.
-    pub providers: Arc<Providers>,
-    pub file_agents: Arc<FileAgents>,
-    pub auth: Arc<auth::Auth>,
-    /// Tenants' limits as last read (a tenant row exists for each entry), for admission.
-    pub limits_cache: Arc<crate::cache::TtlCache<crate::budget::Limits>>,
-    /// Tenants' available tools (catalog and MCP), for admission.
-    pub tools_cache: Arc<crate::cache::TtlCache<Vec<crate::tools::ToolDef>>>,
-    /// The guarded client and limits for calls to tenant-supplied URLs.
-    pub tool_caller: crate::tools::Caller,
+pub struct AppState(Arc<Shared>);
+
+pub struct Shared {
+    /// Submission, and the handles it holds that every handler uses: `pool`, `cfg`, `hub`,
+    /// `providers`, `file_agents`, `tool_caller` and the limits and tools caches.
+    pub submit: crate::submit::Submitter,
+    pub auth: auth::Auth,
     /// Fired when the server drains: waiting requests answer 202 at once.
     pub shutdown: CancellationToken,
-    /// Submission (sharing the handles above), with this process's worker if it runs one.
-    pub submit: crate::submit::Submitter,
+}
+
+impl AppState {
+    pub fn new(submit: crate::submit::Submitter, auth: auth::Auth, shutdown: CancellationToken) -> Self {
+        AppState(Arc::new(Shared { submit, auth, shutdown }))
+    }
+}
+
+impl std::ops::Deref for AppState {
+    type Target = Shared;
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
 }
 
 pub use auth::Tenant;
 
 pub fn router(state: AppState) -> Router {
-    let limit = state.cfg.max_body_bytes;
+    let limit = state.submit.cfg.max_body_bytes;
     Router::new()
         .merge(tasks::router())
         .merge(agents::router())

@@ -53,7 +53,10 @@ impl WaitQuery {
         if self.wait != Some(true) {
             return Ok(None);
         }
-        let secs = self.timeout.unwrap_or(st.cfg.wait_default_seconds as f64).min(st.cfg.wait_max_seconds as f64);
+        let secs = self
+            .timeout
+            .unwrap_or(st.submit.cfg.wait_default_seconds as f64)
+            .min(st.submit.cfg.wait_max_seconds as f64);
         Ok(Some(Duration::from_secs_f64(secs)))
     }
 }
@@ -65,7 +68,7 @@ fn location(id: Uuid) -> HeaderValue {
 /// The task as the API shows it (a paused one with its pending actions).
 async fn respond(st: &AppState, status: StatusCode, row: TaskRow) -> Result<Response, ApiError> {
     let loc = location(row.id);
-    let mut resp = (status, Json(TaskView::one(&st.pool, row).await?)).into_response();
+    let mut resp = (status, Json(TaskView::one(&st.submit.pool, row).await?)).into_response();
     if matches!(status, StatusCode::CREATED | StatusCode::ACCEPTED) {
         resp.headers_mut().insert(header::LOCATION, loc);
     }
@@ -122,7 +125,7 @@ async fn create(
         headers.get("traceparent").and_then(|v| v.to_str().ok()).and_then(crate::telemetry::parse_traceparent);
     let id = Uuid::now_v7();
     // Registered before the insert: the inserted row then needs no second read before waiting.
-    let early = wait.map(|_| st.hub.waiter(id));
+    let early = wait.map(|_| st.submit.hub.waiter(id));
     let api_key = super::auth::key_prefix(&headers);
     let s = Submission {
         id,
@@ -156,9 +159,9 @@ async fn waited(st: &AppState, tenant: Option<&str>, row: TaskRow, d: Duration) 
     if answered(&row) {
         return respond(st, StatusCode::OK, row).await;
     }
-    let waiter = st.hub.waiter(row.id);
+    let waiter = st.submit.hub.waiter(row.id);
     // Read again: the task may have finished before the waiter was registered.
-    let row = tasks::get_in(&st.pool, tenant, row.id).await?.ok_or_else(|| ApiError::not_found("task"))?;
+    let row = tasks::get_in(&st.submit.pool, tenant, row.id).await?.ok_or_else(|| ApiError::not_found("task"))?;
     wait_on(st, tenant, row, d, waiter).await
 }
 
@@ -188,7 +191,7 @@ async fn wait_on(
         // Finished in this process: the row as its final commit wrote it, with no second read.
         row = match handed.filter(|r| tenant.is_none_or(|t| r.tenant == t)) {
             Some(r) => r,
-            None => match tasks::get_in(&st.pool, tenant, row.id).await {
+            None => match tasks::get_in(&st.submit.pool, tenant, row.id).await {
                 Ok(r) => r.ok_or_else(|| ApiError::not_found("task"))?,
                 // The database is away (a restart): go on waiting on what was last read; the
                 // task goes on, and the answer comes when it is back or the wait runs out.
@@ -206,7 +209,7 @@ async fn read(
     ApiQuery(q): ApiQuery<WaitQuery>,
 ) -> Result<Response, ApiError> {
     let wait = q.wait_for(&st)?;
-    let row = tasks::get_in(&st.pool, scope.tenant(), id).await?.ok_or_else(|| ApiError::not_found("task"))?;
+    let row = tasks::get_in(&st.submit.pool, scope.tenant(), id).await?.ok_or_else(|| ApiError::not_found("task"))?;
     match wait {
         None => respond(&st, StatusCode::OK, row).await,
         Some(d) => waited(&st, scope.tenant(), row, d).await,
@@ -305,22 +308,22 @@ async fn list(
         before_id,
         limit: limit + 1,
     };
-    let mut rows = tasks::list(&st.pool, tenant.as_deref(), &f).await?;
+    let mut rows = tasks::list(&st.submit.pool, tenant.as_deref(), &f).await?;
     let next_cursor = if rows.len() as i64 > limit {
         rows.truncate(limit as usize);
         rows.last().map(|r| r.id.to_string())
     } else {
         None
     };
-    let tasks: Vec<TaskView> = TaskView::of(&st.pool, rows).await?;
+    let tasks: Vec<TaskView> = TaskView::of(&st.submit.pool, rows).await?;
     Ok(Json(json!({"tasks": tasks, "next_cursor": next_cursor})).into_response())
 }
 
 async fn cancel(State(st): State<AppState>, scope: Scope, TaskId(id): TaskId) -> Result<Response, ApiError> {
-    let row = tasks::cancel(&st.pool, scope.tenant(), id).await?.ok_or_else(|| ApiError::not_found("task"))?;
+    let row = tasks::cancel(&st.submit.pool, scope.tenant(), id).await?.ok_or_else(|| ApiError::not_found("task"))?;
     // A running task is told through NOTIFY; if its worker is in this process, tell it now.
     if row.status == TaskStatus::Running {
-        st.hub.cancel_run(id);
+        st.submit.hub.cancel_run(id);
     }
     respond(&st, StatusCode::OK, row).await
 }
@@ -357,12 +360,12 @@ async fn cancel_bulk(
         return Err(ApiError::invalid("metadata", "must be a JSON object"));
     }
     let f = tasks::CancelFilter { id: None, statuses, metadata: body.metadata };
-    let hit = tasks::cancel_matching(&st.pool, &tenant, &f).await?;
+    let hit = tasks::cancel_matching(&st.submit.pool, &tenant, &f).await?;
     let mut cancelled = vec![];
     let mut requested = vec![];
     for (id, old) in hit {
         if old == TaskStatus::Running {
-            st.hub.cancel_run(id);
+            st.submit.hub.cancel_run(id);
             requested.push(id);
         } else {
             cancelled.push(id);
@@ -401,7 +404,7 @@ async fn answer(
     if body.is_empty() || body.len() > MAX_ANSWERS {
         return Err(ApiError::invalid("body", format!("must list 1 to {MAX_ANSWERS} answers")));
     }
-    let cap = st.cfg.tool_result_max_bytes;
+    let cap = st.submit.cfg.tool_result_max_bytes;
     let mut answers = vec![];
     for (i, a) in body.into_iter().enumerate() {
         let at = |f: &str| format!("[{i}].{f}");
@@ -439,7 +442,7 @@ async fn answer(
         (Scope::Tenant(_), Some(prefix)) => format!("key:{prefix}"),
         (Scope::Tenant(t), None) => format!("tenant:{t}"),
     };
-    let outcome = actions::answer(&st.pool, scope.tenant(), id, &answers, &by).await?;
+    let outcome = actions::answer(&st.submit.pool, scope.tenant(), id, &answers, &by).await?;
     let done = match outcome {
         Ok(done) => done,
         Err(Refused::NoTask) => return Err(ApiError::not_found("task")),
@@ -491,10 +494,10 @@ async fn answer(
         let kind = a.decision.unwrap_or("output");
         metrics::counter!("subagentd_actions_answered_total", "answer" => kind).increment(1);
     }
-    st.hub.publish(crate::store::CH_EVENT, id.to_string());
+    st.submit.hub.publish(crate::store::CH_EVENT, id.to_string());
     if done.left == 0 {
-        st.hub.publish(crate::store::CH_QUEUED, String::new());
+        st.submit.hub.publish(crate::store::CH_QUEUED, String::new());
     }
-    let row = tasks::get(&st.pool, &done.tenant, id).await?.ok_or_else(|| ApiError::not_found("task"))?;
+    let row = tasks::get(&st.submit.pool, &done.tenant, id).await?.ok_or_else(|| ApiError::not_found("task"))?;
     respond(&st, StatusCode::OK, row).await
 }

@@ -158,6 +158,13 @@ pub struct Config {
     #[arg(long, env = "SUBAGENTD_DRAIN_GRACE_SECONDS", default_value_t = 10, global = true)]
     pub drain_grace_seconds: u64,
 
+    /// How long an HTTP connection may go without sending a complete request head, in
+    /// seconds: from its accept, and again from the end of each response (an idle keep-alive
+    /// connection). The connection is then closed. A request being answered, however long
+    /// (`?wait=true`, an event stream), is not affected.
+    #[arg(long, env = "SUBAGENTD_HTTP_IDLE_TIMEOUT_SECONDS", default_value_t = 30, global = true)]
+    pub http_idle_timeout_seconds: u64,
+
     /// Default wait of `?wait=true`, in seconds.
     #[arg(long, env = "SUBAGENTD_WAIT_DEFAULT_SECONDS", default_value_t = 60, global = true)]
     pub wait_default_seconds: u64,

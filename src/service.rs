@@ -89,22 +89,8 @@ impl Service {
             let addr = listener.local_addr()?;
             let app = http::router(state);
             let stop = shutdown.clone();
-            // TCP_NODELAY: without it a response written in two parts waits for the client's
-            // delayed ACK (up to 40 ms on Linux), which was most of a waiting request's overhead.
-            let listener = axum::serve::ListenerExt::tap_io(listener, |s: &mut tokio::net::TcpStream| {
-                let _ = s.set_nodelay(true);
-            });
-            // `into_make_service`: each connection shares the router. Served as a plain
-            // `Router`, axum rebuilds every route for each connection (a deep copy of the
-            // state per route: about 250 KiB an idle keep-alive connection held).
-            let server = tokio::spawn(async move {
-                let r = axum::serve(listener, app.into_make_service())
-                    .with_graceful_shutdown(async move { stop.cancelled().await })
-                    .await;
-                if let Err(e) = r {
-                    tracing::error!(error = %e, "http server failed");
-                }
-            });
+            let idle = std::time::Duration::from_secs(cfg.http_idle_timeout_seconds.max(1));
+            let server = tokio::spawn(http::serve::serve(listener, app, idle, stop));
             (Some(addr), Some(server))
         } else {
             (None, None)

@@ -16,6 +16,7 @@ pub mod health;
 pub mod metrics;
 pub mod overview;
 pub mod ratelimit;
+pub mod serve;
 pub mod tasks;
 pub mod tools;
 pub mod usage;

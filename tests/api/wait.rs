@@ -242,3 +242,53 @@ async fn a_cancel_stops_a_waiting_requests_task_started_where_it_was_accepted() 
     assert_eq!(reserved, rust_decimal::Decimal::ZERO);
     app.stop().await;
 }
+
+/// A connection that sends no request is closed after the idle timeout — from its accept, and
+/// again after each response — but a request being answered is not: a `?wait=true` lasting
+/// longer than the timeout gets its result on the same connection.
+#[tokio::test]
+async fn idle_connections_are_closed_but_a_long_wait_is_not_cut() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let app = spawn_app_with(|c| c.http_idle_timeout_seconds = 1, true).await;
+    let addr = app.base.trim_start_matches("http://").to_string();
+    let eof_within = |mut s: tokio::net::TcpStream| async move {
+        let t = std::time::Instant::now();
+        let mut buf = [0u8; 256];
+        let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf))
+            .await
+            .expect("the server closes an idle connection")
+            .unwrap_or(0);
+        (n, t.elapsed())
+    };
+
+    // Connected, nothing sent: closed once the second has passed, not before.
+    let silent = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let (n, took) = eof_within(silent).await;
+    assert_eq!(n, 0, "closed without a response");
+    assert!(took >= Duration::from_millis(900), "closed after {took:?}, before the idle timeout");
+
+    // One request answered, then idle on keep-alive: closed too.
+    let mut kept = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    kept.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    let mut head = vec![0u8; 4096];
+    let n = kept.read(&mut head).await.unwrap();
+    assert!(String::from_utf8_lossy(&head[..n]).starts_with("HTTP/1.1 200"), "{}", String::from_utf8_lossy(&head[..n]));
+    let (n, _) = eof_within(kept).await;
+    assert_eq!(n, 0, "an idle keep-alive connection is closed");
+
+    // A wait of 2.5 s on one connection, with a 1 s idle timeout: answered in full.
+    let mut waiting = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let body = json!({"prompt": "slow [mock:delay_ms=2500] [mock:reply=waited]", "model": "mock/m"}).to_string();
+    let req = format!(
+        "POST /tasks?wait=true&timeout=30 HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    waiting.write_all(req.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    tokio::time::timeout(Duration::from_secs(20), waiting.read_to_string(&mut answer)).await.unwrap().unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let t: Value = serde_json::from_str(&answer[answer.find("\r\n\r\n").unwrap() + 4..]).unwrap();
+    assert_eq!(t["status"], "completed");
+    assert_eq!(t["summary"], "waited");
+    app.stop().await;
+}

@@ -1,0 +1,68 @@
+//! The HTTP/1.1 server loop: accepts connections and serves the router on each, as
+//! `axum::serve` did, plus what it lacks: a bound on how long a connection may wait for a
+//! request's head. Without it a client that connects and sends nothing (or a keep-alive
+//! connection its client forgot) is held forever, with its task, buffers and descriptor: a
+//! slow-loris attack needs no bandwidth, and a load generator's pool that grew in a burst kept
+//! its connections (and the service's memory for them) for good.
+
+use std::time::Duration;
+
+use axum::Router;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// Serves `app` on `listener` until `stop` fires, then stops accepting, lets requests in
+/// flight finish (idle connections close at once) and returns when every connection is closed.
+///
+/// `idle`: how long a connection may go without a complete request head, counted from its
+/// accept and again from the end of each response (hyper's header read timeout). A request
+/// being handled, a long `?wait=true` or an event stream is never cut by it.
+pub async fn serve(listener: TcpListener, app: Router, idle: Duration, stop: CancellationToken) {
+    // Every route turned into a service once, here (what `into_make_service` does), rather than
+    // for every request; each connection then shares the router (a clone is a reference count).
+    let app: Router = app.with_state(());
+    let graceful = GracefulShutdown::new();
+    let mut builder = http1::Builder::new();
+    builder.timer(TokioTimer::new()).header_read_timeout(idle);
+    loop {
+        let (stream, _) = tokio::select! {
+            _ = stop.cancelled() => break,
+            r = listener.accept() => match r {
+                Ok(c) => c,
+                Err(e) => {
+                    // A connection reset before it was accepted is that connection's problem;
+                    // anything else (out of descriptors) is the process's: wait for it to pass.
+                    if !matches!(
+                        e.kind(),
+                        std::io::ErrorKind::ConnectionRefused
+                            | std::io::ErrorKind::ConnectionAborted
+                            | std::io::ErrorKind::ConnectionReset
+                    ) {
+                        tracing::error!(error = %e, "accepting a connection failed");
+                        tokio::select! {
+                            _ = stop.cancelled() => break,
+                            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                        }
+                    }
+                    continue;
+                }
+            },
+        };
+        // TCP_NODELAY: without it a response written in two parts waits for the client's
+        // delayed ACK (up to 40 ms on Linux), which was most of a waiting request's overhead.
+        let _ = stream.set_nodelay(true);
+        let conn = builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::trace!(error = %e, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+}

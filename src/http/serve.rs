@@ -20,8 +20,8 @@ use tokio_util::sync::CancellationToken;
 ///
 /// `idle`: how long a connection may go without a complete request head, counted from its
 /// accept and again from the end of each response (hyper's header read timeout). A request
-/// being handled, a long `?wait=true` or an event stream is never cut by it.
-pub async fn serve(listener: TcpListener, app: Router, idle: Duration, stop: CancellationToken) {
+/// being handled, a long `?wait=true` or an event stream is never cut by it. `None`: no bound.
+pub async fn serve(listener: TcpListener, app: Router, idle: Option<Duration>, stop: CancellationToken) {
     // Every route turned into a service once, here (what `into_make_service` does), rather than
     // for every request; each connection then shares the router (a clone is a reference count).
     let app: Router = app.with_state(());

@@ -2,8 +2,7 @@
 //! `axum::serve` did, plus what it lacks: a bound on how long a connection may wait for a
 //! request's head. Without it a client that connects and sends nothing (or a keep-alive
 //! connection its client forgot) is held forever, with its task, buffers and descriptor: a
-//! slow-loris attack needs no bandwidth, and a load generator's pool that grew in a burst kept
-//! its connections (and the service's memory for them) for good.
+//! slow-loris attack needs no bandwidth.
 
 use std::time::Duration;
 

@@ -197,6 +197,10 @@ impl Config {
     pub fn drain_grace(&self) -> Duration {
         Duration::from_secs(self.drain_grace_seconds)
     }
+    /// The HTTP idle timeout; `None` when it is 0 (no bound).
+    pub fn http_idle_timeout(&self) -> Option<Duration> {
+        Some(self.http_idle_timeout_seconds).filter(|s| *s > 0).map(Duration::from_secs)
+    }
     pub fn poll_interval(&self) -> Duration {
         Duration::from_millis(self.poll_interval_ms.max(10))
     }

@@ -89,8 +89,7 @@ impl Service {
             let addr = listener.local_addr()?;
             let app = http::router(state);
             let stop = shutdown.clone();
-            let idle = Some(cfg.http_idle_timeout_seconds).filter(|s| *s > 0).map(std::time::Duration::from_secs);
-            let server = tokio::spawn(http::serve::serve(listener, app, idle, stop));
+            let server = tokio::spawn(http::serve::serve(listener, app, cfg.http_idle_timeout(), stop));
             (Some(addr), Some(server))
         } else {
             (None, None)

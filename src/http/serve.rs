@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use axum::serve::{Listener, ListenerExt};
 use axum::Router;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -27,33 +28,18 @@ pub async fn serve(listener: TcpListener, app: Router, idle: Option<Duration>, s
     let graceful = GracefulShutdown::new();
     let mut builder = http1::Builder::new();
     builder.timer(TokioTimer::new()).header_read_timeout(idle);
+    // TCP_NODELAY: without it a response written in two parts waits for the client's delayed
+    // ACK (up to 40 ms on Linux), which was most of a waiting request's overhead.
+    let mut listener = listener.tap_io(|s: &mut tokio::net::TcpStream| {
+        let _ = s.set_nodelay(true);
+    });
     loop {
+        // axum's accept: a connection reset before it was accepted is skipped; any other error
+        // (out of descriptors) is logged and waited out for a second.
         let (stream, _) = tokio::select! {
             _ = stop.cancelled() => break,
-            r = listener.accept() => match r {
-                Ok(c) => c,
-                Err(e) => {
-                    // A connection reset before it was accepted is that connection's problem;
-                    // anything else (out of descriptors) is the process's: wait for it to pass.
-                    if !matches!(
-                        e.kind(),
-                        std::io::ErrorKind::ConnectionRefused
-                            | std::io::ErrorKind::ConnectionAborted
-                            | std::io::ErrorKind::ConnectionReset
-                    ) {
-                        tracing::error!(error = %e, "accepting a connection failed");
-                        tokio::select! {
-                            _ = stop.cancelled() => break,
-                            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                        }
-                    }
-                    continue;
-                }
-            },
+            c = listener.accept() => c,
         };
-        // TCP_NODELAY: without it a response written in two parts waits for the client's
-        // delayed ACK (up to 40 ms on Linux), which was most of a waiting request's overhead.
-        let _ = stream.set_nodelay(true);
         let conn = builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
         let conn = graceful.watch(conn);
         tokio::spawn(async move {

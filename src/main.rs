@@ -101,9 +101,36 @@ fn no_huge_pages() {
     }
 }
 
-#[tokio::main]
-async fn main() {
+fn main() {
     no_huge_pages();
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .on_thread_park(collect_when_idle)
+        .build()
+        .unwrap_or_else(|e| fail(format!("cannot start the runtime: {e}")))
+        .block_on(run());
+}
+
+/// When one of tokio's worker threads runs out of work, at most once a second, it has mimalloc
+/// collect its heap and purge what is free. mimalloc frees a thread's emptied pages only on that
+/// thread, as it allocates again, and purges them only when something collects: after a burst of
+/// connections, the pages their buffers had used stayed resident, and a 30-minute soak's RSS rose
+/// with every burst (BENCHMARKS.md, 2026-11-24). Forcing it costs a walk over the thread's pages.
+fn collect_when_idle() {
+    use std::cell::Cell;
+    use std::time::{Duration, Instant};
+    thread_local!(static LAST: Cell<Option<Instant>> = const { Cell::new(None) });
+    let now = Instant::now();
+    if LAST.get().is_some_and(|t| now.duration_since(t) < Duration::from_secs(1)) {
+        return;
+    }
+    LAST.set(Some(now));
+    // SAFETY: `mi_collect` only works on the calling thread's own heap and mimalloc's arenas,
+    // under mimalloc's own synchronisation.
+    unsafe { libmimalloc_sys::mi_collect(true) };
+}
+
+async fn run() {
     let cli = Cli::parse();
     let otel = subagentd::telemetry::init_tracing(&cli.config.log_format, cli.config.otlp_endpoint.as_deref())
         .unwrap_or_else(|e| fail(e));

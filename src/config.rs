@@ -160,9 +160,11 @@ pub struct Config {
 
     /// How long an HTTP connection may go without sending a complete request head, in
     /// seconds: from its accept, and again from the end of each response (an idle keep-alive
-    /// connection). The connection is then closed. A request being answered, however long
-    /// (`?wait=true`, an event stream), is not affected. 0: never (not advised: a client that
-    /// connects and sends nothing then holds its connection forever).
+    /// connection). The connection is then closed. A request's body must arrive in full
+    /// within the same time, counted from when its handler starts reading it (else 408 and the
+    /// connection closed). A request being answered, however long (`?wait=true`, an event
+    /// stream), is not affected. 0: never (not advised: a client that connects and sends nothing,
+    /// or trickles a body, then holds its connection forever).
     #[arg(long, env = "SUBAGENTD_HTTP_IDLE_TIMEOUT_SECONDS", default_value_t = 30, global = true)]
     pub http_idle_timeout_seconds: u64,
 

@@ -10,6 +10,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::error::ApiError;
+use super::extract::ApiBytes;
 use super::{AppState, Tenant};
 use crate::engine::agents::{AgentType, BUILTIN_NAMES, MAX_TURNS};
 use crate::engine::definitions::{parse_markdown, AgentDefinition, AgentName};
@@ -204,7 +205,7 @@ async fn put(
     Tenant(tenant): Tenant,
     Path(name): Path<String>,
     headers: HeaderMap,
-    body: Bytes,
+    ApiBytes(body): ApiBytes,
 ) -> Result<Response, ApiError> {
     AgentName::parse(&name).map_err(|m| ApiError::invalid("name", m))?;
     let def = parse_body(&name, &headers, &body)?;

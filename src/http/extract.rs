@@ -19,10 +19,7 @@ impl<S: Send + Sync, T: DeserializeOwned, const LIST: bool> FromRequest<S> for A
         if !json_content_type(req.headers()) {
             return Err(unsupported_media_type());
         }
-        let bytes = match axum::body::Bytes::from_request(req, state).await {
-            Ok(b) => b,
-            Err(e) => return Err(json_rejection(JsonRejection::from(e))),
-        };
+        let ApiBytes(bytes) = ApiBytes::from_request(req, state).await?;
         let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
         if !LIST && first == Some(&b'[') {
             return Err(ApiError::invalid("body", "must be a JSON object"));
@@ -40,6 +37,48 @@ impl<S: Send + Sync, T: DeserializeOwned, const LIST: bool> FromRequest<S> for A
             Err(r) => Err(json_rejection(r)),
         }
     }
+}
+
+/// How long a request's body may take to arrive in full, counted from when its handler starts
+/// reading it: `SUBAGENTD_HTTP_IDLE_TIMEOUT_SECONDS`, the bound on the wait for a request's head,
+/// applied to its body too. Without it a client that trickles a body (a byte every few seconds)
+/// held its connection, task and buffers for as long as it liked: hyper's timer covers the head
+/// only, and tower-http's body timeout restarts at every chunk. A request extension, put there
+/// by the router; absent, a body may take any time.
+#[derive(Clone, Copy, Debug)]
+pub struct BodyDeadline(pub std::time::Duration);
+
+/// The request body in full, with problem+json rejections: 413 beyond the body limit, 408 when
+/// it has not all arrived within the [`BodyDeadline`] (the connection is then closed, since the
+/// rest of the body is still on its way).
+pub struct ApiBytes(pub axum::body::Bytes);
+
+impl<S: Send + Sync> FromRequest<S> for ApiBytes {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let deadline = req.extensions().get::<BodyDeadline>().copied();
+        let read = axum::body::Bytes::from_request(req, state);
+        let read = match deadline {
+            Some(BodyDeadline(d)) => tokio::time::timeout(d, read).await.map_err(|_| request_timeout(d))?,
+            None => read.await,
+        };
+        read.map(ApiBytes).map_err(|e| json_rejection(JsonRejection::from(e)))
+    }
+}
+
+fn request_timeout(d: std::time::Duration) -> ApiError {
+    let mut e = ApiError::new(
+        StatusCode::REQUEST_TIMEOUT,
+        "request_timeout",
+        "Request timeout",
+        format!(
+            "the request body did not arrive in full within {} s (SUBAGENTD_HTTP_IDLE_TIMEOUT_SECONDS)",
+            d.as_secs_f64()
+        ),
+    );
+    e.headers.push((axum::http::header::CONNECTION, axum::http::HeaderValue::from_static("close")));
+    e
 }
 
 /// `serde_json::from_slice`, reading `2.0` as the integer 2 as `ApiJson` does (for bodies that

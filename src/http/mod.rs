@@ -62,7 +62,9 @@ pub use auth::Tenant;
 
 pub fn router(state: AppState) -> Router {
     let limit = state.submit.cfg.max_body_bytes;
-    Router::new()
+    // No deadline for bodies when connections may idle forever (the timeout set to 0).
+    let deadline = state.submit.cfg.http_idle_timeout().map(extract::BodyDeadline);
+    let app = Router::new()
         .merge(tasks::router())
         .merge(agents::router())
         .merge(tools::router())
@@ -83,7 +85,10 @@ pub fn router(state: AppState) -> Router {
             )
         })
         .layer(axum::middleware::from_fn(metrics::track))
-        .layer(DefaultBodyLimit::max(limit))
-        .layer(TraceLayer::new_for_http())
-        .with_state(state)
+        .layer(DefaultBodyLimit::max(limit));
+    let app = match deadline {
+        Some(d) => app.layer(axum::Extension(d)),
+        None => app,
+    };
+    app.layer(TraceLayer::new_for_http()).with_state(state)
 }

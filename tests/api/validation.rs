@@ -150,6 +150,12 @@ fn cases() -> Vec<Case> {
             ..post("oversized body", ok.clone(), 413, "payload_too_large", None)
         },
         Case {
+            method: "PUT",
+            path: "/agents/oversized",
+            body: json!({"description": "d", "system_prompt": "x".repeat(70_000)}).to_string(),
+            ..post("oversized agent definition", ok.clone(), 413, "payload_too_large", None)
+        },
+        Case {
             path: "/tasks?wait=maybe",
             ..post("wait not a boolean", ok.clone(), 400, "invalid_parameter", Some("wait"))
         },
@@ -212,6 +218,9 @@ async fn every_bad_input_gets_a_problem_naming_the_field_and_writes_nothing() {
     assert_eq!(app.task_count().await, 0, "a bad request wrote a task");
     let events: i64 = sqlx::query_scalar("SELECT count(*) FROM task_events").fetch_one(&app.db.pool).await.unwrap();
     assert_eq!(events, 0);
+    let agents: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM agent_definitions").fetch_one(&app.db.pool).await.unwrap();
+    assert_eq!(agents, 0, "a bad request wrote an agent definition");
     app.stop().await;
 }
 

@@ -292,3 +292,57 @@ async fn idle_connections_are_closed_but_a_long_wait_is_not_cut() {
     assert_eq!(t["summary"], "waited");
     app.stop().await;
 }
+
+/// A body trickled in (a few bytes every 300 ms, so that no single wait between chunks reaches
+/// the idle timeout) is refused once the idle timeout has passed since its handler began reading
+/// it: 408 problem+json, the connection closed, nothing created. A body sent at once is served.
+#[tokio::test]
+async fn a_request_body_trickled_past_the_idle_timeout_is_refused_with_408() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let app = spawn_app_with(|c| c.http_idle_timeout_seconds = 1, false).await;
+    let addr = app.base.trim_start_matches("http://").to_string();
+    let task = json!({"prompt": "x", "model": "mock/m"}).to_string();
+    let agent = json!({"description": "d", "system_prompt": "p"}).to_string();
+    for (what, path, body) in [("task", "POST /tasks", &task), ("agent definition", "PUT /agents/trickled", &agent)] {
+        let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        let head = format!(
+            "{path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        s.write_all(head.as_bytes()).await.unwrap();
+        let started = std::time::Instant::now();
+        let mut answer = Vec::new();
+        let (mut r, mut w) = s.split();
+        let writer = async {
+            for chunk in body.as_bytes().chunks(2) {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                if w.write_all(chunk).await.is_err() {
+                    break;
+                }
+            }
+            std::future::pending::<()>().await
+        };
+        let reader = tokio::time::timeout(Duration::from_secs(10), r.read_to_end(&mut answer));
+        tokio::select! {
+            read = reader => { read.expect("the server answers and closes the connection").unwrap(); }
+            _ = writer => unreachable!(),
+        }
+        let took = started.elapsed();
+        assert!(body.len() / 2 * 300 > 3000, "the trickle should outlast the timeout several times");
+        assert!(took >= Duration::from_millis(900) && took < Duration::from_secs(5), "{what}: answered after {took:?}");
+        let answer = String::from_utf8_lossy(&answer).to_string();
+        assert!(answer.starts_with("HTTP/1.1 408"), "{what}: {answer}");
+        assert!(answer.to_ascii_lowercase().contains("content-type: application/problem+json"), "{what}: {answer}");
+        assert!(answer.to_ascii_lowercase().contains("connection: close"), "{what}: {answer}");
+        let problem: Value = serde_json::from_str(&answer[answer.find("\r\n\r\n").unwrap() + 4..]).unwrap();
+        assert_eq!(problem["type"], "/problems/request_timeout", "{what}: {problem}");
+    }
+    let tasks: i64 = sqlx::query_scalar("SELECT count(*) FROM tasks").fetch_one(&app.db.pool).await.unwrap();
+    assert_eq!(tasks, 0, "no task from a refused body");
+    assert_eq!(app.client.get(app.url("/agents/trickled")).send().await.unwrap().status(), 404);
+    // The same bodies sent at once are served.
+    assert_eq!(app.post_json("/tasks", serde_json::from_str::<Value>(&task).unwrap()).await.status(), 201);
+    let put = app.client.put(app.url("/agents/trickled")).json(&serde_json::from_str::<Value>(&agent).unwrap());
+    assert_eq!(put.send().await.unwrap().status(), 201);
+    app.stop().await;
+}

@@ -83,7 +83,8 @@ async fn shutdown_signal() {
 }
 
 /// mimalloc: glibc's malloc was a tenth of the service's CPU under load (many small,
-/// short-lived allocations across tokio's worker threads).
+/// short-lived allocations across tokio's worker threads). Its 2.x line (Cargo.toml): over minutes
+/// 3-30 of the soak, RSS moved by 11.8% with 3.x and by 7.8% with 2.x (BENCHMARKS.md, 2026-11-24).
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -113,9 +114,10 @@ fn main() {
 
 /// When one of tokio's worker threads runs out of work, at most once a second, it has mimalloc
 /// collect its heap and purge what is free. mimalloc frees a thread's emptied pages only on that
-/// thread, as it allocates again, and purges them only when something collects: after a burst of
-/// connections, the pages their buffers had used stayed resident, and a 30-minute soak's RSS rose
-/// with every burst (BENCHMARKS.md, 2026-11-24). Forcing it costs a walk over the thread's pages.
+/// thread, as it allocates again (and 3.x purged them only when something collected): after a
+/// burst of connections, the pages their buffers had used stayed resident, and a 30-minute soak's
+/// RSS rose with every burst (BENCHMARKS.md, 2026-11-24). Forcing it costs a walk over the
+/// thread's pages.
 fn collect_when_idle() {
     use std::cell::Cell;
     use std::time::{Duration, Instant};

@@ -1,6 +1,6 @@
 //! `/admin/…`: API keys and tenant limits, guarded by the admin token.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 
 use super::auth::Admin;
 use super::error::ApiError;
-use super::extract::{ApiJson, ApiQuery};
+use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::AppState;
 use crate::budget::{self, Limits};
 use crate::store::tenants;
@@ -55,7 +55,11 @@ async fn list_keys(
     Ok(Json(json!({"keys": tenants::list_keys(&st.submit.pool, q.tenant.as_deref()).await?})))
 }
 
-async fn revoke_key(_: Admin, State(st): State<AppState>, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
+async fn revoke_key(
+    _: Admin,
+    State(st): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+) -> Result<StatusCode, ApiError> {
     match tenants::revoke_key(&st.submit.pool, &id).await? {
         Some(_) => {
             st.auth.forget();
@@ -69,7 +73,11 @@ async fn list_tenants(_: Admin, State(st): State<AppState>) -> Result<Json<Value
     Ok(Json(json!({"tenants": tenants::names(&st.submit.pool).await?})))
 }
 
-async fn read_tenant(_: Admin, State(st): State<AppState>, Path(name): Path<String>) -> Result<Json<Value>, ApiError> {
+async fn read_tenant(
+    _: Admin,
+    State(st): State<AppState>,
+    ApiPath(name): ApiPath<String>,
+) -> Result<Json<Value>, ApiError> {
     let mut conn = st.submit.pool.acquire().await.map_err(crate::store::StoreError::from)?;
     let limits = tenants::limits(&mut conn, &name, false).await?.ok_or_else(|| ApiError::not_found("tenant"))?;
     let used = crate::store::budget::usage_now(&mut conn, &name).await?;
@@ -86,7 +94,7 @@ fn defaults(st: &AppState) -> Value {
 async fn put_tenant(
     _: Admin,
     State(st): State<AppState>,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
     ApiJson(b): ApiJson<Limits>,
 ) -> Result<Response, ApiError> {
     let created = budget::set_limits(&st.submit.pool, &name, &b).await?;

@@ -1,7 +1,7 @@
 //! `/agents`: the built-in types, the agents directory's definitions, and the tenant's own.
 
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -10,7 +10,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::error::ApiError;
-use super::extract::ApiBytes;
+use super::extract::{ApiBytes, ApiPath};
 use super::{AppState, Tenant};
 use crate::engine::agents::{AgentType, BUILTIN_NAMES, MAX_TURNS};
 use crate::engine::definitions::{parse_markdown, AgentDefinition, AgentName};
@@ -72,7 +72,7 @@ async fn list(State(st): State<AppState>, Tenant(tenant): Tenant) -> Result<Json
 async fn read(
     State(st): State<AppState>,
     Tenant(tenant): Tenant,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
     match resolve(&st.submit.pool, &st.submit.file_agents, &tenant, &name).await? {
         Some(Resolved::Builtin(t)) => Ok(Json(builtin_view(t, &name))),
@@ -203,7 +203,7 @@ fn parse_body(name: &str, headers: &HeaderMap, body: &Bytes) -> Result<AgentDefi
 async fn put(
     State(st): State<AppState>,
     Tenant(tenant): Tenant,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
     headers: HeaderMap,
     ApiBytes(body): ApiBytes,
 ) -> Result<Response, ApiError> {
@@ -221,7 +221,7 @@ async fn put(
 async fn delete(
     State(st): State<AppState>,
     Tenant(tenant): Tenant,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
     if agents::delete(&st.submit.pool, &tenant, &name).await? {
         return Ok(StatusCode::NO_CONTENT);

@@ -195,6 +195,33 @@ fn split_field(detail: &str, whole: &str) -> (String, String) {
     (field, message)
 }
 
+/// `Path<T>` with problem+json rejections: 400 naming the parameter (axum's own answer is
+/// text/plain, e.g. for a name whose percent-encoding is not UTF-8).
+pub struct ApiPath<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiPath<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        use axum::extract::path::ErrorKind;
+        match axum::extract::Path::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(v)) => Ok(ApiPath(v)),
+            Err(r) => {
+                let key = match &r {
+                    PathRejection::FailedToDeserializePathParams(e) => match e.kind() {
+                        ErrorKind::InvalidUtf8InPathParam { key }
+                        | ErrorKind::ParseErrorAtKey { key, .. }
+                        | ErrorKind::DeserializeError { key, .. } => Some(key.clone()),
+                        _ => None,
+                    },
+                    _ => None,
+                };
+                Err(ApiError::bad_param(key.as_deref().unwrap_or("path"), r.body_text()))
+            }
+        }
+    }
+}
+
 /// A path `{id}` that must be a UUID.
 pub struct TaskId(pub uuid::Uuid);
 
@@ -202,9 +229,7 @@ impl<S: Send + Sync> FromRequestParts<S> for TaskId {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
-        let axum::extract::Path(raw) = axum::extract::Path::<String>::from_request_parts(parts, state)
-            .await
-            .map_err(|r: PathRejection| ApiError::bad_param("id", r.body_text()))?;
+        let ApiPath(raw) = ApiPath::<String>::from_request_parts(parts, state).await?;
         raw.parse().map(TaskId).map_err(|_| ApiError::bad_param("id", format!("{raw:?} is not a UUID")))
     }
 }

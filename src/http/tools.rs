@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -12,7 +12,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::error::ApiError;
-use super::extract::ApiJson;
+use super::extract::{ApiJson, ApiPath};
 use super::{AppState, Tenant};
 use crate::store::tools as store;
 use crate::tools::catalog::{self, ToolInput};
@@ -59,7 +59,7 @@ async fn list(State(st): State<AppState>, Tenant(tenant): Tenant) -> Result<Json
 async fn read(
     State(st): State<AppState>,
     Tenant(tenant): Tenant,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
     let row = store::get(&st.submit.pool, &tenant, &name).await?.ok_or_else(|| ApiError::not_found("tool"))?;
     Ok(Json(view(&catalog::from_row(&row), "catalog")))
@@ -68,7 +68,7 @@ async fn read(
 async fn put(
     State(st): State<AppState>,
     Tenant(tenant): Tenant,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
     ApiJson(body): ApiJson<ToolInput>,
 ) -> Result<Response, ApiError> {
     let def = catalog::validate(&st.submit.tool_caller, st.submit.cfg.tool_timeout_ms, "", &name, &body)?;
@@ -81,7 +81,7 @@ async fn put(
 async fn delete(
     State(st): State<AppState>,
     Tenant(tenant): Tenant,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
     if store::delete(&st.submit.pool, &tenant, &name).await? {
         st.submit.tools_cache.remove(&tenant);
@@ -120,7 +120,7 @@ async fn list_sources(State(st): State<AppState>, Tenant(tenant): Tenant) -> Res
 async fn read_source(
     State(st): State<AppState>,
     Tenant(tenant): Tenant,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
     let s = store::source(&st.submit.pool, &tenant, &name).await?.ok_or_else(|| ApiError::not_found("tool source"))?;
     Ok(Json(source_view(&s)))
@@ -129,7 +129,7 @@ async fn read_source(
 async fn put_source(
     State(st): State<AppState>,
     Tenant(tenant): Tenant,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
     ApiJson(body): ApiJson<SourceInput>,
 ) -> Result<Response, ApiError> {
     check_tool_name(&name).map_err(|m| ApiError::invalid("name", m))?;
@@ -156,7 +156,7 @@ async fn put_source(
 async fn refresh_source(
     State(st): State<AppState>,
     Tenant(tenant): Tenant,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
     let s = store::source(&st.submit.pool, &tenant, &name).await?.ok_or_else(|| ApiError::not_found("tool source"))?;
     let headers: Vec<(String, String)> = s.headers.0.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
@@ -170,7 +170,7 @@ async fn refresh_source(
 async fn delete_source(
     State(st): State<AppState>,
     Tenant(tenant): Tenant,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
     if store::delete_source(&st.submit.pool, &tenant, &name).await? {
         st.submit.tools_cache.remove(&tenant);

@@ -181,6 +181,14 @@ fn cases() -> Vec<Case> {
         },
         get("unknown id", "/tasks/01900000-0000-7000-8000-000000000000", 404, "not_found", None),
         get("bad uuid", "/tasks/not-a-uuid", 400, "invalid_parameter", Some("id")),
+        get("id not UTF-8", "/tasks/%FF", 400, "invalid_parameter", Some("id")),
+        get("agent name not UTF-8", "/agents/%FF", 400, "invalid_parameter", Some("name")),
+        Case {
+            method: "PUT",
+            body: json!({"parameters": {"type": "object"}}).to_string(),
+            content_type: Some("application/json"),
+            ..get("tool name not UTF-8", "/tools/%FF", 400, "invalid_parameter", Some("name"))
+        },
         Case {
             method: "POST",
             ..get("bad uuid on cancel", "/tasks/12345/cancel", 400, "invalid_parameter", Some("id"))

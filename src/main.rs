@@ -176,7 +176,7 @@ async fn run() {
         tracing::info!(dir = %dir.display(), loaded = file_agents.valid.len(), invalid = file_agents.invalid.len(), "agent definitions");
         // What loaded but cannot be served as written (the same warnings GET /agents/{name} shows).
         for d in &file_agents.valid {
-            let u = subagentd::submit::agents::unservable(d, &providers, None, &file_agents.tool_aliases);
+            let u = subagentd::tasks::submit::agents::unservable(d, &providers, None, &file_agents.tool_aliases);
             for w in d.notices.iter().chain(&u.warnings) {
                 tracing::warn!(agent = %d.name, "agent definition: {w}");
             }

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Config;
 use crate::engine::definitions::FileAgents;
 use crate::http::{self, AppState};
-use crate::jobs::hub::Hub;
+use crate::hub::Hub;
 use crate::jobs::worker::Worker;
 use crate::llm::Providers;
 
@@ -59,7 +59,7 @@ impl Service {
 
         let (addr, server) = if roles.api {
             let loopback = cfg.listen.ip().is_loopback();
-            let submit = crate::submit::Submitter {
+            let tasks = crate::tasks::Lifecycle {
                 pool: pool.clone(),
                 cfg: cfg.clone(),
                 providers,
@@ -68,10 +68,11 @@ impl Service {
                 hub: hub.clone(),
                 limits_cache: Arc::new(crate::cache::TtlCache::new(std::time::Duration::from_secs(5))),
                 tools_cache: Arc::new(crate::cache::TtlCache::new(std::time::Duration::from_secs(5))),
-                worker: local_worker,
+                shortcut: local_worker.as_ref().map(|w| w.shortcut()),
+                shutdown: shutdown.clone(),
             };
             let auth = crate::http::auth::Auth::new(mode, loopback);
-            let state = AppState::new(submit, auth, shutdown.clone());
+            let state = AppState::new(tasks, auth);
             let listener = tokio::net::TcpListener::bind(cfg.listen).await?;
             if mode == crate::http::auth::Mode::Auto && !loopback {
                 tracing::warn!(

@@ -1,13 +1,14 @@
 //! Budgets: a tenant's limits, their configured defaults and the merge of the two; the
 //! validation the admin API and the CLI share; the admission checks (queue and spend windows)
-//! that `submit` runs with the tenant's row locked; and the reservation of each provider call's
-//! worst case, which the run store makes before every call.
+//! that submission (`tasks::submit`) runs with the tenant's row locked; the waking of budget
+//! waiters; and the metrics of each provider call's reservation, which the run store makes
+//! (through the group committer) before every call.
 //!
-//! The SQL side lives in `store::budget` (the tenant's use, and `budget_reserve`, the
-//! PL/pgSQL function of migration 0004 that locks the tenant's row while it checks and reserves
-//! in one statement) and `store::runs::commit_turn` (settlement, with the turn's checkpoint).
+//! The SQL side lives in `store::budget` (the tenant's use, and `budget_reserve_call`, the
+//! PL/pgSQL function of migration 0008 that locks the tenant's row while it checks and reserves
+//! in one statement) and `store::runs::commit_turns` (settlement, with the turn's checkpoint).
 //!
-//! May import: `store`, `config`, `cache`. Never the engine, `jobs`, `submit` or `http`.
+//! May import: `store`, `config`, `cache`. Never the engine, `jobs`, `tasks` or `http`.
 
 use rust_decimal::Decimal;
 use serde_json::{json, Value};
@@ -15,9 +16,9 @@ use sqlx::{PgConnection, PgPool};
 
 use crate::cache::TtlCache;
 use crate::config::Config;
-use crate::store::budget::{self as sql, CallAsk, Reserve, SpendDefaults};
+use crate::store::budget::{self as sql, Reserve, SpendDefaults};
 pub use crate::store::tenants::Limits;
-use crate::store::{tenants, Fence, StoreError};
+use crate::store::{tenants, StoreError};
 
 /// Why a budget or limit refuses, or a limit is not acceptable.
 #[derive(Debug, thiserror::Error)]
@@ -271,21 +272,6 @@ pub struct Smallest {
 /// `max_tokens` (a call that asks for fewer keeps what it asks for): below this an answer is
 /// rarely useful, so a budget with less left ends the run instead.
 pub const OUTPUT_FLOOR: u32 = 256;
-
-/// Reserve a provider call for the run holding `fence`, against the task's and the tenant's
-/// budgets: granted (perhaps with fewer output tokens), to wait for others' reservations to
-/// settle, or refused. `event` is the call's `llm_call_started`, written in the same statement.
-pub async fn reserve(
-    db: impl sqlx::PgExecutor<'_>,
-    fence: Fence,
-    ask: CallAsk,
-    defaults: SpendDefaults,
-    event: Option<&Value>,
-) -> Result<Reserve, StoreError> {
-    let r = sql::reserve(db, fence, ask, defaults, event).await?;
-    counted(&r);
-    Ok(r)
-}
 
 /// Count a reservation's answer in the metrics (a refusal, a wait).
 pub fn counted(r: &Reserve) {

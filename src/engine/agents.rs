@@ -1,4 +1,5 @@
-//! Built-in agent types: their prompts, turn budgets and tool filters.
+//! Built-in agent types: their prompts, turn budgets and tool filters; and the approval policy
+//! every agent (built-in or defined) and task may set.
 
 use serde::{Deserialize, Serialize};
 
@@ -13,6 +14,38 @@ pub enum AgentType {
     Research,
     Explore,
     Plan,
+}
+
+/// Which tool calls need a decision before they run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Approval {
+    /// None: every call runs unattended.
+    #[default]
+    None,
+    /// Calls of tools with policy `propose` (writes, side effects).
+    Propose,
+    /// Every call.
+    All,
+}
+
+impl Approval {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Approval::None => "none",
+            Approval::Propose => "propose",
+            Approval::All => "all",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Approval> {
+        match s {
+            "none" => Some(Approval::None),
+            "propose" => Some(Approval::Propose),
+            "all" => Some(Approval::All),
+            _ => None,
+        }
+    }
 }
 
 /// Names accepted for `subagent_type`, aliases included.

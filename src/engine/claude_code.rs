@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use super::spec::Approval;
+use super::agents::Approval;
 
 /// Front-matter fields Claude Code defines that this service has no use for as such: kept as
 /// written and shown (`claude_code` in `GET /agents/{name}`); `permissionMode` is also mapped.

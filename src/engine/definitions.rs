@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use serde::{Deserialize, Serialize};
 
-use super::agents::{BUILTIN_NAMES, MAX_TURNS};
+use super::agents::{Approval, BUILTIN_NAMES, MAX_TURNS};
 
 /// A custom agent's name: URL-safe, and not a built-in type's.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -74,7 +74,7 @@ pub struct AgentDefinition {
     pub max_output_tokens: Option<u32>,
     /// Which of its tool calls wait for a decision (wins over the tenant's default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub approval: Option<super::spec::Approval>,
+    pub approval: Option<Approval>,
     /// Only `auto` tools are offered (Claude Code's `permissionMode: plan`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub read_only: bool,
@@ -174,31 +174,136 @@ pub fn check_model(model: &str) -> Result<(), String> {
     }
 }
 
-/// Parse one Markdown definition. `source` names it in errors.
-pub fn parse_markdown(source: &str, text: &str) -> Result<AgentDefinition, DefinitionError> {
-    let err = |field: Option<&str>, message: String| DefinitionError {
-        source: source.to_string(),
-        field: field.map(str::to_string),
-        message,
-    };
+/// A definition's fields as its author wrote them (front matter or JSON), its name and system
+/// prompt already read: `Written::check` makes the definition, by one set of rules whichever way
+/// it came.
+#[derive(Debug, Default)]
+pub struct Written {
+    pub description: String,
+    pub tools: Option<Vec<String>>,
+    pub disallowed_tools: Vec<String>,
+    pub model: Option<String>,
+    pub max_turns: Option<i64>,
+    pub max_output_tokens: Option<i64>,
+    pub approval: Option<String>,
+    pub read_only: Option<bool>,
+    pub output_schema: Option<Value>,
+    /// Claude Code's own front-matter fields, as written.
+    pub claude_code: BTreeMap<String, Value>,
+    pub notices: Vec<String>,
+}
+
+/// A field at fault (`None`: the definition as a whole), and what is wrong with it.
+pub type FieldError = (Option<&'static str>, String);
+
+impl Written {
+    /// The definition named `name` with `system_prompt` (not empty), or the first field at fault.
+    pub fn check(self, name: AgentName, system_prompt: String) -> Result<AgentDefinition, FieldError> {
+        let max_turns = match self.max_turns {
+            Some(n) if n < 1 => return Err((Some("max_turns"), "must be at least 1".into())),
+            Some(n) => Some(n.min(MAX_TURNS as i64) as u32),
+            None => None,
+        };
+        let max_output_tokens = match self.max_output_tokens {
+            Some(n) if !(1..=u32::MAX as i64).contains(&n) => {
+                return Err((Some("max_output_tokens"), "must be a positive number of tokens".into()))
+            }
+            n => n.map(|n| n as u32),
+        };
+        let model = self.model.map(|m| m.trim().to_string()).filter(|m| !m.is_empty() && m != "inherit");
+        if let Some(m) = &model {
+            check_model(m).map_err(|e| (Some("model"), e))?;
+        }
+        let approval = match self.approval.as_deref() {
+            None => None,
+            Some(a) => Some(
+                Approval::parse(a.trim()).ok_or((Some("approval"), "must be one of none, propose, all".to_string()))?,
+            ),
+        };
+        let mut notices = self.notices;
+        let (approval, read_only) = permission_mode(&self.claude_code, approval, self.read_only, &mut notices);
+        let output_schema = match self.output_schema {
+            None => None,
+            Some(v) => {
+                super::output::check_schema(&v).map_err(|m| (Some("output_schema"), m))?;
+                Some(v)
+            }
+        };
+        Ok(AgentDefinition {
+            name,
+            description: self.description,
+            system_prompt,
+            tools: self.tools,
+            disallowed_tools: self.disallowed_tools,
+            model,
+            max_turns,
+            max_output_tokens,
+            approval,
+            read_only,
+            output_schema,
+            claude_code: self.claude_code,
+            notices,
+        })
+    }
+}
+
+/// Claude Code's `permissionMode`, where the definition sets no `approval` (or `read_only`) of
+/// its own: what it is taken as, said in a notice.
+fn permission_mode(
+    claude_code: &BTreeMap<String, Value>,
+    approval: Option<Approval>,
+    read_only: Option<bool>,
+    notices: &mut Vec<String>,
+) -> (Option<Approval>, bool) {
+    let (mut approval, mut ro) = (approval, read_only.unwrap_or(false));
+    let Some(mode) = claude_code.get("permissionMode") else { return (approval, ro) };
+    let mode = mode.as_str().unwrap_or_default();
+    match super::claude_code::permission_mode(mode) {
+        Some((mapped, plan)) => {
+            let mut did = vec![];
+            if let (None, Some(a)) = (approval, mapped) {
+                approval = Some(a);
+                did.push(format!("approval: {}", a.as_str()));
+            }
+            if plan && read_only.is_none() {
+                ro = true;
+                did.push("read_only: true (only `auto` tools)".into());
+            }
+            if !did.is_empty() {
+                notices.push(format!("permissionMode: {mode} is taken as {}", did.join(", ")));
+            }
+        }
+        None => notices.push(format!("permissionMode: {mode:?} has no meaning here; it is kept, not applied")),
+    }
+    (approval, ro)
+}
+
+/// A Markdown definition's front matter and body.
+fn split(text: &str) -> Result<(&str, &str), String> {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let rest = text
         .strip_prefix("---\n")
         .or_else(|| text.strip_prefix("---\r\n"))
-        .ok_or_else(|| err(None, "must start with YAML front matter between `---` lines".into()))?;
-    let (yaml, body) = match rest.find("\n---") {
+        .ok_or("must start with YAML front matter between `---` lines")?;
+    match rest.find("\n---") {
         Some(i) => {
             let after = &rest[i + 4..];
-            let body = after.split_once('\n').map(|(_, b)| b).unwrap_or("");
-            (&rest[..i], body)
+            Ok((&rest[..i], after.split_once('\n').map(|(_, b)| b).unwrap_or("")))
         }
-        None => return Err(err(None, "front matter has no closing `---` line".into())),
-    };
-    let mut notices = vec![];
+        None => Err("front matter has no closing `---` line".into()),
+    }
+}
+
+/// The front matter as `key: value`s (leniently, as Claude Code reads it, when it is not YAML),
+/// with Claude Code's own fields set apart.
+fn front_matter(
+    yaml: &str,
+    notices: &mut Vec<String>,
+) -> Result<(serde_yaml::Mapping, BTreeMap<String, Value>), String> {
     let map = match serde_yaml::from_str::<serde_yaml::Value>(yaml) {
         Ok(serde_yaml::Value::Mapping(m)) => m,
         Ok(serde_yaml::Value::Null) => serde_yaml::Mapping::new(),
-        Ok(_) => return Err(err(None, "invalid front matter: must be `key: value` lines".into())),
+        Ok(_) => return Err("invalid front matter: must be `key: value` lines".into()),
         Err(e) => match super::claude_code::lenient_front_matter(yaml) {
             Some(m) => {
                 let why = e.to_string();
@@ -209,7 +314,7 @@ pub fn parse_markdown(source: &str, text: &str) -> Result<AgentDefinition, Defin
                 ));
                 m
             }
-            None => return Err(err(None, format!("invalid front matter: {e}"))),
+            None => return Err(format!("invalid front matter: {e}")),
         },
     };
     // Claude Code's own fields are kept as written; the rest must be ours.
@@ -225,6 +330,19 @@ pub fn parse_markdown(source: &str, text: &str) -> Result<AgentDefinition, Defin
             }
         }
     }
+    Ok((ours, claude_code))
+}
+
+/// Parse one Markdown definition. `source` names it in errors.
+pub fn parse_markdown(source: &str, text: &str) -> Result<AgentDefinition, DefinitionError> {
+    let err = |field: Option<&str>, message: String| DefinitionError {
+        source: source.to_string(),
+        field: field.map(str::to_string),
+        message,
+    };
+    let (yaml, body) = split(text).map_err(|m| err(None, m))?;
+    let mut notices = vec![];
+    let (ours, claude_code) = front_matter(yaml, &mut notices).map_err(|m| err(None, m))?;
     let fm: FrontMatter = serde_yaml::from_value(serde_yaml::Value::Mapping(ours)).map_err(|e| {
         let msg = e.to_string();
         // serde names unknown fields as "unknown field `x`, expected ...".
@@ -233,84 +351,24 @@ pub fn parse_markdown(source: &str, text: &str) -> Result<AgentDefinition, Defin
     })?;
     let name = fm.name.map(|n| n.trim().to_string()).ok_or_else(|| err(Some("name"), "is required".into()))?;
     let name = AgentName::parse(&name).map_err(|m| err(Some("name"), m))?;
-    let max_turns = match fm.max_turns {
-        Some(n) if n < 1 => return Err(err(Some("max_turns"), "must be at least 1".into())),
-        Some(n) => Some(n.min(MAX_TURNS as i64) as u32),
-        None => None,
-    };
-    let max_output_tokens = match fm.max_output_tokens {
-        Some(n) if !(1..=u32::MAX as i64).contains(&n) => {
-            return Err(err(Some("max_output_tokens"), "must be a positive number of tokens".into()))
-        }
-        n => n.map(|n| n as u32),
-    };
-    let model = fm.model.map(|m| m.trim().to_string()).filter(|m| !m.is_empty() && m != "inherit");
-    if let Some(m) = &model {
-        check_model(m).map_err(|e| err(Some("model"), e))?;
-    }
     let system_prompt = body.trim().to_string();
     if system_prompt.is_empty() {
         return Err(err(None, "the body (the system prompt) is empty".into()));
     }
-    let mut approval = match fm.approval.as_deref() {
-        None => None,
-        Some(a) => Some(
-            super::spec::Approval::parse(a.trim())
-                .ok_or_else(|| err(Some("approval"), "must be one of none, propose, all".into()))?,
-        ),
-    };
-    let mut read_only = fm.read_only.unwrap_or(false);
-    if let Some(mode) = claude_code.get("permissionMode") {
-        let mode = mode.as_str().unwrap_or_default();
-        match super::claude_code::permission_mode(mode) {
-            Some((mapped, ro)) => {
-                let mut did = vec![];
-                if let (None, Some(a)) = (approval, mapped) {
-                    approval = Some(a);
-                    did.push(format!("approval: {}", approval_name(a)));
-                }
-                if ro && fm.read_only.is_none() {
-                    read_only = true;
-                    did.push("read_only: true (only `auto` tools)".into());
-                }
-                if !did.is_empty() {
-                    notices.push(format!("permissionMode: {mode} is taken as {}", did.join(", ")));
-                }
-            }
-            None => notices.push(format!("permissionMode: {mode:?} has no meaning here; it is kept, not applied")),
-        }
-    }
-    let output_schema = match fm.output_schema {
-        None => None,
-        Some(v) => {
-            let v = super::claude_code::to_json(&v);
-            super::output::check_schema(&v).map_err(|m| err(Some("output_schema"), m))?;
-            Some(v)
-        }
-    };
-    Ok(AgentDefinition {
-        name,
+    let written = Written {
         description: fm.description.unwrap_or_default().trim().to_string(),
-        system_prompt,
         tools: fm.tools.map(ToolList::names),
         disallowed_tools: fm.disallowed_tools.map(ToolList::names).unwrap_or_default(),
-        model,
-        max_turns,
-        max_output_tokens,
-        approval,
-        read_only,
-        output_schema,
+        model: fm.model,
+        max_turns: fm.max_turns,
+        max_output_tokens: fm.max_output_tokens,
+        approval: fm.approval,
+        read_only: fm.read_only,
+        output_schema: fm.output_schema.map(|v| super::claude_code::to_json(&v)),
         claude_code,
         notices,
-    })
-}
-
-fn approval_name(a: super::spec::Approval) -> &'static str {
-    match a {
-        super::spec::Approval::None => "none",
-        super::spec::Approval::Propose => "propose",
-        super::spec::Approval::All => "all",
-    }
+    };
+    written.check(name, system_prompt).map_err(|(field, m)| err(field, m))
 }
 
 /// A file that did not load, with why.

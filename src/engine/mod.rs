@@ -3,15 +3,17 @@
 //! and tools (`tools::ToolRunner`) are injected, so every invariant is unit-testable with
 //! in-memory fakes.
 //!
-//! May import: `llm`, `tools` (their types and traits), `telemetry`. Never `http`, `jobs`,
-//! `store` or `sqlx`: a run's writes go through `RunStore`, and its end is returned, not
-//! written — the caller commits the last turn with the finish (`jobs::finish`).
+//! May import: `llm`, `tools` (their types and traits), `telemetry`, and the task's domain
+//! kinds (`tasks::kinds`, a leaf). Never `http`, `jobs`, `store` or `sqlx`: a run's writes go
+//! through `RunStore`, and its end is returned, not written — the caller commits the last turn
+//! with the end (`jobs::finish`, through `tasks::end`).
 
 pub mod agents;
 pub mod claude_code;
 pub mod definitions;
 pub mod output;
 pub mod spec;
+mod turn;
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -22,7 +24,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::llm::pricing::Price;
 use crate::llm::retry::RetryPolicy;
-use crate::llm::{ChatRequest, FinishReason, LlmError, Message, Progress, Provider, ToolCall, ToolSpec, Usage};
+use crate::llm::{ChatRequest, LlmError, Message, Progress, Provider, ToolCall, ToolSpec, Usage};
+pub use crate::tasks::kinds::{CallOutcome, Gate, StopReason};
 pub use crate::tools::{ToolOutput, ToolRunner};
 
 /// Everything a run needs, decided before it starts.
@@ -69,15 +72,6 @@ pub struct RunInput {
     pub output_schema: Option<Value>,
 }
 
-/// What a tool call waits for before it can go on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Gate {
-    /// A decision: approve (it runs) or deny (the model is told).
-    Approval,
-    /// The caller runs the tool and submits its output.
-    Output,
-}
-
 /// A tool call a paused run waits on.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PendingCall {
@@ -118,7 +112,7 @@ pub struct CallRecord {
     pub cost_usd: Option<Decimal>,
     pub latency_ms: u32,
     pub http_status: Option<u16>,
-    pub outcome: &'static str,
+    pub outcome: CallOutcome,
     pub error: Option<String>,
     /// What was reserved for this call before it was made.
     pub reserved_usd: Decimal,
@@ -263,7 +257,7 @@ pub enum Outcome {
     },
     /// A limit stopped the run; the summary is partial or a fallback line.
     Incomplete {
-        stop_reason: &'static str,
+        stop_reason: StopReason,
         summary: String,
     },
     Failed {
@@ -291,9 +285,6 @@ impl From<Outcome> for RunEnd {
     }
 }
 
-const LOOP_WARN_AT: usize = 3;
-const LOOP_STOP_AT: usize = 5;
-
 /// The first messages of a fresh sub-agent: its system prompt and its task, nothing else.
 pub fn fresh_conversation(system_prompt: String, task: String) -> Vec<Message> {
     vec![Message::System { content: system_prompt }, Message::User { content: task }]
@@ -319,298 +310,27 @@ pub async fn run(
     };
     messages.extend(applied.iter().cloned());
     pending.extend(applied);
-    let mut last_text: Option<String> = None;
-    let check = input.output_schema.as_ref().and_then(output::OutputCheck::new);
-    // After an answer that did not match the schema, the next call must answer.
-    let mut force_output = false;
-    // (tool name, arguments) of consecutive identical calls, for loop detection.
-    let mut streak: (Option<(String, String)>, usize) = (None, 0);
-
-    let mut turn = input.turns_done;
-    while turn < input.max_turns {
-        turn += 1;
-        let mut req = request(&input, &messages, force_output);
-        let (mut resp, call) = match call_with_retries(&input, provider, store, stop, &mut req, turn).await {
-            Ok(r) => r,
-            Err(Outcome::Stopped(StopCause::Budget(limit))) => {
-                return Outcome::Incomplete {
-                    stop_reason: "budget",
-                    summary: last_text.unwrap_or_else(|| {
-                        format!(
-                            "(sub-agent {} stopped after {} turns: the next call would exceed the {limit} budget)",
-                            input.agent,
-                            turn - 1
-                        )
-                    }),
-                }
-                .into()
-            }
-            Err(o) => return o.into(),
-        };
-        let mut events = vec![(
-            "llm_call_finished",
-            json!({"turn": turn, "model": format!("{}/{}", input.provider_name, input.model),
-                   "input_tokens": call.usage.input_tokens, "output_tokens": call.usage.output_tokens,
-                   "cached_tokens": call.usage.cached_tokens, "cache_write_tokens": call.usage.cache_write_tokens,
-                   "latency_ms": call.latency_ms, "try": call.try_no,
-                   "finish_reason": resp.finish.as_str()}),
-        )];
-        // Cut at the output limit: the text is partial, and so may be a tool call's arguments.
-        let cut = resp.finish == FinishReason::Length;
-        if resp.tool_calls.is_empty() && !cut && input.text_tool_calls {
-            let offered: Vec<&str> = input.tools.iter().map(|t| t.name.as_str()).collect();
-            if let Some(calls) = resp.text.as_deref().and_then(|t| crate::llm::text_tools::parse(t, &offered, turn)) {
-                events.push(("text_tool_calls", json!({"turn": turn, "calls": calls.len()})));
-                resp.text = None;
-                resp.tool_calls = calls;
-            }
+    let mut turns = turn::Turns {
+        input: &input,
+        provider,
+        tools,
+        store,
+        stop,
+        messages,
+        pending,
+        last_text: None,
+        check: input.output_schema.as_ref().and_then(output::OutputCheck::new),
+        force_output: false,
+        streak: (None, 0),
+    };
+    let mut n = input.turns_done;
+    while n < input.max_turns {
+        n += 1;
+        if let turn::Step::End(end) = turns.turn(n).await {
+            return end;
         }
-        if let Some(t) = resp.text.as_ref().filter(|t| !t.trim().is_empty()) {
-            last_text = Some(t.clone());
-        }
-        let assistant = Message::Assistant { content: resp.text.clone(), tool_calls: resp.tool_calls.clone() };
-        messages.push(assistant.clone());
-        pending.push(assistant);
-
-        if resp.tool_calls.is_empty() && cut {
-            let limit = req.max_tokens.map_or("its".to_string(), |n| n.to_string());
-            events.push(("answer_cut", json!({"turn": turn, "max_tokens": req.max_tokens})));
-            if turn < input.max_turns {
-                // Turns remain: ask for the answer again, shorter.
-                let again = Message::User {
-                    content: format!(
-                        "Your answer was cut off at the output limit of {limit} tokens before it was complete. \
-                         Give your complete final answer again, shorter, so that it fits."
-                    ),
-                };
-                messages.push(again.clone());
-                pending.push(again);
-                let cp = TurnCheckpoint { turn, messages: std::mem::take(&mut pending), call, events };
-                if store.checkpoint(&cp).await.is_err() {
-                    return Outcome::Stopped(StopCause::LeaseLost).into();
-                }
-                continue;
-            }
-            let outcome = Outcome::Incomplete {
-                stop_reason: "max_tokens",
-                summary: resp.text.clone().filter(|t| !t.trim().is_empty()).unwrap_or_else(|| {
-                    format!("(sub-agent {}'s answer was cut off at the output limit of {limit} tokens)", input.agent)
-                }),
-            };
-            let cp = TurnCheckpoint { turn, messages: std::mem::take(&mut pending), call, events };
-            return RunEnd { outcome, last_turn: Some(cp) };
-        }
-
-        if resp.tool_calls.is_empty() {
-            if let Some(check) = &check {
-                let text = resp.text.clone().unwrap_or_default();
-                let errors = match check.read(&text) {
-                    Ok(value) => {
-                        let outcome = Outcome::Completed { summary: text, output: Some(value) };
-                        let cp = TurnCheckpoint { turn, messages: std::mem::take(&mut pending), call, events };
-                        return RunEnd { outcome, last_turn: Some(cp) };
-                    }
-                    Err(errors) => errors,
-                };
-                events.push(("output_invalid", json!({"turn": turn, "errors": errors})));
-                if turn < input.max_turns {
-                    // Turns remain: tell the model what is wrong, and have it answer again.
-                    let again = Message::User { content: output::repair_message(&errors) };
-                    messages.push(again.clone());
-                    pending.push(again);
-                    let cp = TurnCheckpoint { turn, messages: std::mem::take(&mut pending), call, events };
-                    if store.checkpoint(&cp).await.is_err() {
-                        return Outcome::Stopped(StopCause::LeaseLost).into();
-                    }
-                    force_output = true;
-                    continue;
-                }
-                let summary = last_text.unwrap_or_else(|| {
-                    format!("(sub-agent {} gave no answer that matches its output schema)", input.agent)
-                });
-                let cp = TurnCheckpoint { turn, messages: std::mem::take(&mut pending), call, events };
-                return RunEnd { outcome: Outcome::InvalidOutput { summary, errors }, last_turn: Some(cp) };
-            }
-            let outcome = match last_text {
-                Some(summary) => Outcome::Completed { summary, output: None },
-                None => Outcome::Incomplete {
-                    stop_reason: "final_answer_empty",
-                    summary: format!("(sub-agent {} ended turn {turn} with an empty answer)", input.agent),
-                },
-            };
-            let cp = TurnCheckpoint { turn, messages: std::mem::take(&mut pending), call, events };
-            return RunEnd { outcome, last_turn: Some(cp) };
-        }
-
-        // Tool calls: whitelist, loop detection, then concurrent execution in the model's order.
-        let mut loop_stop = false;
-        let mut results: Vec<Option<ToolOutput>> = vec![None; resp.tool_calls.len()];
-        let mut to_run = Vec::new();
-        for (i, tc) in resp.tool_calls.iter().enumerate() {
-            let key = (tc.name.clone(), tc.arguments.to_string());
-            if streak.0.as_ref() == Some(&key) {
-                streak.1 += 1;
-            } else {
-                streak = (Some(key), 1);
-            }
-            if cut && !tc.arguments.is_object() {
-                // Cut mid-arguments: never run.
-                results[i] = Some(ToolOutput {
-                    content: format!(
-                        "Your call to `{}` was cut off at the output limit before its arguments were complete, \
-                         and was not run. Call it again with shorter arguments, or give your final answer.",
-                        tc.name
-                    ),
-                    is_error: true,
-                });
-                events.push(("tool_call_cut", json!({"turn": turn, "tool_call_id": tc.id, "name": tc.name})));
-            } else if !input.tools.iter().any(|t| t.name == tc.name) {
-                let offered: Vec<&str> = input.tools.iter().map(|t| t.name.as_str()).collect();
-                results[i] = Some(ToolOutput {
-                    content: format!(
-                        "Tool `{}` is not available to this {} sub-agent and was not run. Available tools: {}. \
-                         Change strategy or give your final answer.",
-                        tc.name,
-                        input.agent,
-                        if offered.is_empty() { "none".to_string() } else { offered.join(", ") }
-                    ),
-                    is_error: true,
-                });
-                events.push(("tool_call_refused", json!({"turn": turn, "tool_call_id": tc.id, "name": tc.name})));
-            } else if streak.1 >= LOOP_STOP_AT {
-                loop_stop = true;
-                results[i] = Some(ToolOutput { content: "Loop detected: run stopped.".into(), is_error: true });
-            } else if streak.1 >= LOOP_WARN_AT {
-                results[i] = Some(ToolOutput {
-                    content: format!(
-                        "Warning: you have called `{}` with the same arguments {} times in a row; the result will \
-                         not change. Try something different or give your final answer.",
-                        tc.name, streak.1
-                    ),
-                    is_error: true,
-                });
-                events.push(("loop_warning", json!({"turn": turn, "name": tc.name, "repeats": streak.1})));
-            } else {
-                to_run.push(i);
-            }
-        }
-        // Calls that wait for someone do not run now: the others do, then the run pauses.
-        let gate_of = |name: &str| input.gates.iter().find(|(n, _)| n == name).map(|g| g.1);
-        let mut waits: Vec<PendingCall> = vec![];
-        if !loop_stop {
-            to_run.retain(|&i| {
-                let tc = &resp.tool_calls[i];
-                match gate_of(&tc.name) {
-                    Some(gate) => {
-                        waits.push(PendingCall { call: tc.clone(), gate });
-                        false
-                    }
-                    None => true,
-                }
-            });
-        }
-        if !to_run.is_empty() {
-            let calls: Vec<Value> = to_run
-                .iter()
-                .map(|&i| json!({"tool_call_id": resp.tool_calls[i].id, "name": resp.tool_calls[i].name}))
-                .collect();
-            // The turn's events so far (its call's `llm_call_finished` first) go out now, in the
-            // order they happened, ahead of the tools' own.
-            let mut progress = std::mem::take(&mut events);
-            progress.push(("tool_calls_started", json!({"turn": turn, "calls": calls})));
-            if store.events(&progress).await.is_err() {
-                return Outcome::Stopped(StopCause::LeaseLost).into();
-            }
-        }
-        let runs: Vec<_> = to_run
-            .into_iter()
-            .map(|i| {
-                let tc = &resp.tool_calls[i];
-                async move {
-                    let started = Instant::now();
-                    let span = tool_span(&tc.name, &tc.id);
-                    let out = tracing::Instrument::instrument(tools.run(tc), span.clone()).await;
-                    span.record("is_error", out.is_error);
-                    if out.is_error {
-                        crate::telemetry::span_error(&span, "tool_error", &out.content);
-                    }
-                    (i, out, started.elapsed())
-                }
-            })
-            .collect();
-        let bounded = futures_util::StreamExt::collect::<Vec<_>>(futures_util::StreamExt::buffered(
-            futures_util::stream::iter(runs),
-            input.tool_concurrency.max(1),
-        ));
-        let ran = tokio::select! {
-            r = bounded => r,
-            cause = stop.stopped() => {
-                // The provider billed this call: keep it in the ledger even though the turn
-                // will not be checkpointed (outcome `interrupted`; a resumed attempt redoes the turn).
-                let mut interrupted = call.clone();
-                interrupted.outcome = "interrupted";
-                let _ = store.record_failed_call(&interrupted).await;
-                return Outcome::Stopped(cause).into();
-            }
-        };
-        for (i, out, took) in ran {
-            let tc = &resp.tool_calls[i];
-            events.push((
-                "tool_call_finished",
-                json!({"turn": turn, "tool_call_id": tc.id, "name": tc.name, "is_error": out.is_error,
-                       "duration_ms": took.as_millis() as u64}),
-            ));
-            results[i] = Some(out);
-        }
-        for (tc, out) in resp.tool_calls.iter().zip(results) {
-            if waits.iter().any(|w| w.call.id == tc.id) {
-                // Its result comes with the answer.
-                continue;
-            }
-            let out = out.unwrap_or(ToolOutput { content: "tool not run".into(), is_error: true });
-            let m = Message::Tool {
-                tool_call_id: tc.id.clone(),
-                name: tc.name.clone(),
-                content: out.content,
-                is_error: out.is_error,
-            };
-            messages.push(m.clone());
-            pending.push(m);
-        }
-        if !waits.is_empty() {
-            let listed: Vec<Value> = waits
-                .iter()
-                .map(|w| {
-                    json!({"tool_call_id": w.call.id, "name": w.call.name,
-                                "kind": if w.gate == Gate::Approval { "approval" } else { "output" }})
-                })
-                .collect();
-            events.push(("tool_calls_waiting", json!({"turn": turn, "calls": listed})));
-            let cp = TurnCheckpoint { turn, messages: std::mem::take(&mut pending), call, events };
-            return RunEnd { outcome: Outcome::Paused(waits), last_turn: Some(cp) };
-        }
-        let cp = TurnCheckpoint { turn, messages: std::mem::take(&mut pending), call, events };
-        let outcome = if loop_stop {
-            Outcome::Incomplete {
-                stop_reason: "loop_detected",
-                summary: last_text.clone().unwrap_or_else(|| {
-                    format!(
-                        "(sub-agent {} stopped after {turn} turns: it repeated the same tool call {LOOP_STOP_AT} times)",
-                        input.agent
-                    )
-                }),
-            }
-        } else if turn >= input.max_turns {
-            max_turns_reached(&input, last_text.clone(), turn)
-        } else {
-            if store.checkpoint(&cp).await.is_err() {
-                return Outcome::Stopped(StopCause::LeaseLost).into();
-            }
-            continue;
-        };
-        return RunEnd { outcome, last_turn: Some(cp) };
     }
-    max_turns_reached(&input, last_text, turn).into()
+    max_turns_reached(&input, turns.last_text, n).into()
 }
 
 /// The tool results of a resumed pause's answered calls, in the order of `input.answers`.
@@ -676,7 +396,7 @@ fn tool_span(name: &str, call_id: &str) -> tracing::Span {
 
 fn max_turns_reached(input: &RunInput, last_text: Option<String>, turn: u32) -> Outcome {
     Outcome::Incomplete {
-        stop_reason: "max_turns",
+        stop_reason: StopReason::MaxTurns,
         summary: last_text
             .unwrap_or_else(|| format!("(sub-agent {} stopped after {turn} turns without a summary)", input.agent)),
     }
@@ -750,6 +470,8 @@ pub fn first_reservation(input: &RunInput) -> (Ask, Value) {
     (a, started_event(input, &req, &a, input.turns_done + 1, 1))
 }
 
+/// One provider call of turn `turn`, with its retries: each try reserved against the budgets
+/// first, recorded in the ledger when it fails or is stopped, and retried while the policy allows.
 async fn call_with_retries(
     input: &RunInput,
     provider: &dyn Provider,
@@ -759,76 +481,21 @@ async fn call_with_retries(
     turn: u32,
 ) -> Result<(crate::llm::ChatResponse, CallRecord), Outcome> {
     let first = Instant::now();
-    let mut try_no = 0;
     let a = ask(input, req);
     let asked_max = req.max_tokens;
+    let mut try_no = 0;
     loop {
         try_no += 1;
-        // The run's first call may have been reserved with the task, whole (`first_reservation`).
-        let written_ahead = input.first_reserved && turn == input.turns_done + 1 && try_no == 1;
-        let (est_usd, est_tokens) = if written_ahead {
-            a.worst()
-        } else {
-            let started = started_event(input, req, &a, turn, try_no);
-            match store.reserve(&a, started).await {
-                Ok(g) => {
-                    // The budget may afford fewer output tokens than asked: the call asks for those.
-                    req.max_tokens = asked_max.map(|_| g.max_tokens);
-                    (g.usd, g.tokens)
-                }
-                Err(Refusal::LeaseLost) => return Err(Outcome::Stopped(StopCause::LeaseLost)),
-                Err(Refusal::Budget(limit)) => return Err(Outcome::Stopped(StopCause::Budget(limit))),
-                Err(Refusal::Wait(w)) => return Err(Outcome::Stopped(StopCause::BudgetWait(w))),
-            }
-        };
+        let reserved = reserve(input, store, req, &a, asked_max, turn, try_no).await?;
         let started = Instant::now();
-        // OpenTelemetry GenAI semantic conventions, as span fields (numbers as i64: tracing's
-        // unsigned fields reach OpenTelemetry as strings).
-        let span = tracing::info_span!(
-            "llm_call",
-            otel.name = %format!("chat {}", input.model),
-            otel.kind = "client",
-            gen_ai.operation.name = "chat",
-            gen_ai.provider.name = %provider.system(),
-            gen_ai.system = %input.provider_name,
-            gen_ai.request.model = %input.model,
-            gen_ai.request.max_tokens = i64::from(req.max_tokens.unwrap_or(0)),
-            turn = i64::from(turn),
-            try_no = i64::from(try_no),
-            gen_ai.response.model = tracing::field::Empty,
-            gen_ai.usage.input_tokens = tracing::field::Empty,
-            gen_ai.usage.output_tokens = tracing::field::Empty,
-            error = tracing::field::Empty,
-        );
+        let span = call_span(input, provider, req, turn, try_no);
         if let Some(p) = &req.progress {
             p.reset();
         }
         let result = tokio::select! {
             r = tracing::Instrument::instrument(provider.chat(req), span.clone()) => r,
             cause = stop.stopped() => {
-                // The call was sent, and a provider may bill what it did before the connection
-                // was dropped: recorded, its usage estimated — the prompt as sent, and the
-                // output streamed so far, else the reserved bound.
-                let mut usage = worst_case(req);
-                if let Some(chars) = req.progress.as_ref().map(|p| p.output_chars()).filter(|c| *c > 0) {
-                    usage.output_tokens = chars.div_ceil(4).min(usage.output_tokens.max(1));
-                }
-                let rec = CallRecord {
-                    key: uuid::Uuid::now_v7(),
-                    turn,
-                    try_no,
-                    provider: input.provider_name.clone(),
-                    model: input.model.clone(),
-                    usage,
-                    cost_usd: input.price.map(|p| p.cost(&usage)),
-                    latency_ms: started.elapsed().as_millis().min(u32::MAX as u128) as u32,
-                    http_status: None,
-                    outcome: "interrupted",
-                    error: Some(format!("stopped while the provider was answering ({cause:?})")),
-                    reserved_usd: est_usd,
-                    reserved_tokens: est_tokens,
-                    usage_estimated: true,
-                };
+                let rec = interrupted(input, req, turn, try_no, started, reserved, &cause);
                 let _ = store.record_failed_call(&rec).await;
                 return Err(Outcome::Stopped(cause));
             }
@@ -845,24 +512,8 @@ async fn call_with_retries(
                 crate::telemetry::span_error(&span, e.code(), &e.message);
             }
         }
-        let latency_ms = started.elapsed().as_millis().min(u32::MAX as u128) as u32;
-        let mut rec = CallRecord {
-            key: uuid::Uuid::now_v7(),
-            turn,
-            try_no,
-            provider: input.provider_name.clone(),
-            model: input.model.clone(),
-            usage: Usage::default(),
-            cost_usd: None,
-            latency_ms,
-            http_status: None,
-            outcome: "ok",
-            error: None,
-            reserved_usd: est_usd,
-            reserved_tokens: est_tokens,
-            usage_estimated: false,
-        };
-        match result {
+        let mut rec = record(input, turn, try_no, started, reserved);
+        let e = match result {
             Ok(resp) => {
                 rec.usage = resp.usage;
                 rec.usage_estimated = resp.usage_estimated;
@@ -870,29 +521,119 @@ async fn call_with_retries(
                 rec.http_status = resp.http_status;
                 return Ok((resp, rec));
             }
-            Err(e) => {
-                rec.outcome = "error";
-                rec.http_status = e.http_status;
-                rec.error = Some(e.message.clone());
-                rec.cost_usd = input.price.map(|_| Decimal::ZERO);
-                if store.record_failed_call(&rec).await.is_err() {
-                    return Err(Outcome::Stopped(StopCause::LeaseLost));
-                }
-                let delay = e
-                    .retryable()
-                    .then(|| input.retry.next_delay(try_no, first.elapsed(), e.retry_after, e.restarting()))
-                    .flatten();
-                match delay {
-                    Some(d) => {
-                        tokio::select! {
-                            _ = tokio::time::sleep(d) => {}
-                            cause = stop.stopped() => return Err(Outcome::Stopped(cause)),
-                        }
-                    }
-                    None => return Err(failed(&e, try_no)),
-                }
-            }
+            Err(e) => e,
+        };
+        rec.outcome = CallOutcome::Error;
+        rec.http_status = e.http_status;
+        rec.error = Some(e.message.clone());
+        rec.cost_usd = input.price.map(|_| Decimal::ZERO);
+        if store.record_failed_call(&rec).await.is_err() {
+            return Err(Outcome::Stopped(StopCause::LeaseLost));
         }
+        let delay = e
+            .retryable()
+            .then(|| input.retry.next_delay(try_no, first.elapsed(), e.retry_after, e.restarting()))
+            .flatten();
+        let Some(d) = delay else { return Err(failed(&e, try_no)) };
+        tokio::select! {
+            _ = tokio::time::sleep(d) => {}
+            cause = stop.stopped() => return Err(Outcome::Stopped(cause)),
+        }
+    }
+}
+
+/// Reserve try `try_no` of the call against the budgets (its `llm_call_started` event with it),
+/// lowering its `max_tokens` to what the budget affords: what is held until it settles. The
+/// run's first call may have been reserved with the task, whole (`first_reservation`).
+async fn reserve(
+    input: &RunInput,
+    store: &dyn RunStore,
+    req: &mut ChatRequest,
+    a: &Ask,
+    asked_max: Option<u32>,
+    turn: u32,
+    try_no: u32,
+) -> Result<(Decimal, u64), Outcome> {
+    if input.first_reserved && turn == input.turns_done + 1 && try_no == 1 {
+        return Ok(a.worst());
+    }
+    let started = started_event(input, req, a, turn, try_no);
+    match store.reserve(a, started).await {
+        Ok(g) => {
+            // The budget may afford fewer output tokens than asked: the call asks for those.
+            req.max_tokens = asked_max.map(|_| g.max_tokens);
+            Ok((g.usd, g.tokens))
+        }
+        Err(Refusal::LeaseLost) => Err(Outcome::Stopped(StopCause::LeaseLost)),
+        Err(Refusal::Budget(limit)) => Err(Outcome::Stopped(StopCause::Budget(limit))),
+        Err(Refusal::Wait(w)) => Err(Outcome::Stopped(StopCause::BudgetWait(w))),
+    }
+}
+
+/// A call's span: OpenTelemetry GenAI semantic conventions, as span fields (numbers as i64:
+/// tracing's unsigned fields reach OpenTelemetry as strings).
+fn call_span(input: &RunInput, provider: &dyn Provider, req: &ChatRequest, turn: u32, try_no: u32) -> tracing::Span {
+    tracing::info_span!(
+        "llm_call",
+        otel.name = %format!("chat {}", input.model),
+        otel.kind = "client",
+        gen_ai.operation.name = "chat",
+        gen_ai.provider.name = %provider.system(),
+        gen_ai.system = %input.provider_name,
+        gen_ai.request.model = %input.model,
+        gen_ai.request.max_tokens = i64::from(req.max_tokens.unwrap_or(0)),
+        turn = i64::from(turn),
+        try_no = i64::from(try_no),
+        gen_ai.response.model = tracing::field::Empty,
+        gen_ai.usage.input_tokens = tracing::field::Empty,
+        gen_ai.usage.output_tokens = tracing::field::Empty,
+        error = tracing::field::Empty,
+    )
+}
+
+/// A call's ledger row, before its answer is known (`ok`, no usage).
+fn record(input: &RunInput, turn: u32, try_no: u32, started: Instant, reserved: (Decimal, u64)) -> CallRecord {
+    CallRecord {
+        key: uuid::Uuid::now_v7(),
+        turn,
+        try_no,
+        provider: input.provider_name.clone(),
+        model: input.model.clone(),
+        usage: Usage::default(),
+        cost_usd: None,
+        latency_ms: started.elapsed().as_millis().min(u32::MAX as u128) as u32,
+        http_status: None,
+        outcome: CallOutcome::Ok,
+        error: None,
+        reserved_usd: reserved.0,
+        reserved_tokens: reserved.1,
+        usage_estimated: false,
+    }
+}
+
+/// A call stopped while the provider was answering. It was sent, and a provider may bill what
+/// it did before the connection was dropped: recorded, its usage estimated — the prompt as
+/// sent, and the output streamed so far, else the reserved bound.
+fn interrupted(
+    input: &RunInput,
+    req: &ChatRequest,
+    turn: u32,
+    try_no: u32,
+    started: Instant,
+    reserved: (Decimal, u64),
+    cause: &StopCause,
+) -> CallRecord {
+    let mut usage = worst_case(req);
+    if let Some(chars) = req.progress.as_ref().map(|p| p.output_chars()).filter(|c| *c > 0) {
+        usage.output_tokens = chars.div_ceil(4).min(usage.output_tokens.max(1));
+    }
+    CallRecord {
+        usage,
+        cost_usd: input.price.map(|p| p.cost(&usage)),
+        outcome: CallOutcome::Interrupted,
+        error: Some(format!("stopped while the provider was answering ({cause:?})")),
+        usage_estimated: true,
+        ..record(input, turn, try_no, started, reserved)
     }
 }
 

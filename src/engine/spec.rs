@@ -6,7 +6,7 @@ use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use super::agents::{AgentType, MAX_TURNS, MIN_TURNS};
+use super::agents::{AgentType, Approval, MAX_TURNS, MIN_TURNS};
 use super::definitions::AgentDefinition;
 use crate::tools::ToolDef;
 
@@ -81,30 +81,6 @@ impl TryFrom<Decimal> for Usd {
 impl From<Usd> for Decimal {
     fn from(u: Usd) -> Decimal {
         u.0
-    }
-}
-
-/// Which tool calls need a decision before they run.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Approval {
-    /// None: every call runs unattended.
-    #[default]
-    None,
-    /// Calls of tools with policy `propose` (writes, side effects).
-    Propose,
-    /// Every call.
-    All,
-}
-
-impl Approval {
-    pub fn parse(s: &str) -> Option<Approval> {
-        match s {
-            "none" => Some(Approval::None),
-            "propose" => Some(Approval::Propose),
-            "all" => Some(Approval::All),
-            _ => None,
-        }
     }
 }
 

@@ -258,7 +258,7 @@ async fn max_turns_without_text_gives_the_fallback_summary() {
     assert_eq!(
         o,
         Outcome::Incomplete {
-            stop_reason: "max_turns",
+            stop_reason: StopReason::MaxTurns,
             summary: "(sub-agent research stopped after 3 turns without a summary)".into()
         }
     );
@@ -270,7 +270,7 @@ async fn the_same_call_three_times_is_warned_and_five_times_stops_the_run() {
     let answers = (0..6).map(|_| Ok(calls(&[("list_things", json!({"q": "x"}))]))).collect();
     let p = Scripted::new(answers);
     let (o, _, tools) = go(&p, RunInput { max_turns: 10, ..input() }).await;
-    assert!(matches!(o, Outcome::Incomplete { stop_reason: "loop_detected", .. }), "{o:?}");
+    assert!(matches!(o, Outcome::Incomplete { stop_reason: StopReason::LoopDetected, .. }), "{o:?}");
     // Runs 1 and 2 execute; 3 and 4 get a warning instead; 5 stops.
     assert_eq!(tools.ran.lock().unwrap().len(), 2);
     assert_eq!(p.requests().len(), 5);
@@ -368,7 +368,7 @@ async fn a_refused_reservation_ends_the_run_incomplete_with_budget_and_the_parti
     let inp = RunInput { max_tokens: Some(1000), ..input() };
     let s = Store { budget_left: Mutex::new(Some(Decimal::new(25, 4))), ..Default::default() };
     let o = run_to_end(inp, &p, &Tools::default(), &s, &StopSignal::new()).await;
-    assert_eq!(o, Outcome::Incomplete { stop_reason: "budget", summary: "halfway there".into() });
+    assert_eq!(o, Outcome::Incomplete { stop_reason: StopReason::Budget, summary: "halfway there".into() });
     assert_eq!(p.requests().len(), 1);
     let cp = s.checkpoints.lock().unwrap();
     assert!(cp[0].call.reserved_usd > Decimal::ZERO);

@@ -33,7 +33,7 @@ struct NewKey {
 
 async fn create_key(_: Admin, State(st): State<AppState>, ApiJson(b): ApiJson<NewKey>) -> Result<Response, ApiError> {
     budget::check_tenant_name(&b.tenant)?;
-    let (row, key) = tenants::create_key(&st.submit.pool, &b.tenant, b.name.as_deref()).await?;
+    let (row, key) = tenants::create_key(&st.tasks.pool, &b.tenant, b.name.as_deref()).await?;
     st.auth.forget();
     let mut v = serde_json::to_value(&row).map_err(|_| ApiError::internal())?;
     v["key"] = json!(key);
@@ -52,7 +52,7 @@ async fn list_keys(
     State(st): State<AppState>,
     ApiQuery(q): ApiQuery<KeyFilter>,
 ) -> Result<Json<Value>, ApiError> {
-    Ok(Json(json!({"keys": tenants::list_keys(&st.submit.pool, q.tenant.as_deref()).await?})))
+    Ok(Json(json!({"keys": tenants::list_keys(&st.tasks.pool, q.tenant.as_deref()).await?})))
 }
 
 async fn revoke_key(
@@ -60,7 +60,7 @@ async fn revoke_key(
     State(st): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
-    match tenants::revoke_key(&st.submit.pool, &id).await? {
+    match tenants::revoke_key(&st.tasks.pool, &id).await? {
         Some(_) => {
             st.auth.forget();
             Ok(StatusCode::NO_CONTENT)
@@ -70,7 +70,7 @@ async fn revoke_key(
 }
 
 async fn list_tenants(_: Admin, State(st): State<AppState>) -> Result<Json<Value>, ApiError> {
-    Ok(Json(json!({"tenants": tenants::names(&st.submit.pool).await?})))
+    Ok(Json(json!({"tenants": tenants::names(&st.tasks.pool).await?})))
 }
 
 async fn read_tenant(
@@ -78,14 +78,14 @@ async fn read_tenant(
     State(st): State<AppState>,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let mut conn = st.submit.pool.acquire().await.map_err(crate::store::StoreError::from)?;
+    let mut conn = st.tasks.pool.acquire().await.map_err(crate::store::StoreError::from)?;
     let limits = tenants::limits(&mut conn, &name, false).await?.ok_or_else(|| ApiError::not_found("tenant"))?;
     let used = crate::store::budget::usage_now(&mut conn, &name).await?;
     Ok(Json(json!({"name": name, "limits": limits, "use": used, "defaults": defaults(&st)})))
 }
 
 fn defaults(st: &AppState) -> Value {
-    let d = budget::Defaults::from_config(&st.submit.cfg);
+    let d = budget::Defaults::from_config(&st.tasks.cfg);
     json!({"usd_per_day": d.usd_per_day, "usd_per_month": d.usd_per_month, "tokens_per_day": d.tokens_per_day,
            "max_running": d.max_running, "max_queued": d.max_queued,
            "requests_per_second": d.requests_per_second, "request_burst": d.request_burst})
@@ -97,8 +97,8 @@ async fn put_tenant(
     ApiPath(name): ApiPath<String>,
     ApiJson(b): ApiJson<Limits>,
 ) -> Result<Response, ApiError> {
-    let created = budget::set_limits(&st.submit.pool, &name, &b).await?;
-    st.submit.limits_cache.remove(&name);
+    let created = budget::set_limits(&st.tasks.pool, &name, &b).await?;
+    st.tasks.limits_cache.remove(&name);
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(json!({"name": name, "limits": b}))).into_response())
 }

@@ -12,10 +12,10 @@ use serde_json::{json, Value};
 use super::error::ApiError;
 use super::extract::{ApiBytes, ApiPath};
 use super::{AppState, Tenant};
-use crate::engine::agents::{AgentType, BUILTIN_NAMES, MAX_TURNS};
-use crate::engine::definitions::{parse_markdown, AgentDefinition, AgentName};
+use crate::engine::agents::{AgentType, BUILTIN_NAMES};
+use crate::engine::definitions::{parse_markdown, AgentDefinition, AgentName, Written};
 use crate::store::agents;
-use crate::submit::agents::{resolve, tenant_definitions, unservable, Resolved};
+use crate::tasks::submit::agents::{resolve, tenant_definitions, unservable, Resolved};
 use crate::tools::ToolDef;
 
 pub fn router() -> Router<AppState> {
@@ -33,7 +33,7 @@ fn builtin_view(t: AgentType, name: &str) -> Value {
 /// served here now (`unmatched_tools`: names of its `tools` that are no tool of the tenant's).
 fn custom_view(st: &AppState, d: &AgentDefinition, source: &str, tools: &[ToolDef]) -> Value {
     let mut v = serde_json::to_value(d).unwrap_or(Value::Null);
-    let u = unservable(d, &st.submit.providers, Some(tools), &st.submit.file_agents.tool_aliases);
+    let u = unservable(d, &st.tasks.providers, Some(tools), &st.tasks.file_agents.tool_aliases);
     if let Some(o) = v.as_object_mut() {
         o.remove("notices");
     }
@@ -48,7 +48,7 @@ fn custom_view(st: &AppState, d: &AgentDefinition, source: &str, tools: &[ToolDe
 }
 
 async fn tenant_tools(st: &AppState, tenant: &str) -> Result<Vec<ToolDef>, ApiError> {
-    Ok(crate::tools::catalog::available(&st.submit.pool, &st.submit.tools_cache, tenant).await?)
+    Ok(crate::tools::catalog::available(&st.tasks.pool, &st.tasks.tools_cache, tenant).await?)
 }
 
 async fn list(State(st): State<AppState>, Tenant(tenant): Tenant) -> Result<Json<Value>, ApiError> {
@@ -59,14 +59,14 @@ async fn list(State(st): State<AppState>, Tenant(tenant): Tenant) -> Result<Json
         }
     }
     let tools = tenant_tools(&st, &tenant).await?;
-    let mine = tenant_definitions(&st.submit.pool, &tenant).await?;
-    for d in &st.submit.file_agents.valid {
+    let mine = tenant_definitions(&st.tasks.pool, &tenant).await?;
+    for d in &st.tasks.file_agents.valid {
         if !mine.iter().any(|m| m.name == d.name) {
             out.push(custom_view(&st, d, "file", &tools));
         }
     }
     out.extend(mine.iter().map(|d| custom_view(&st, d, "api", &tools)));
-    Ok(Json(json!({"agents": out, "invalid": st.submit.file_agents.invalid})))
+    Ok(Json(json!({"agents": out, "invalid": st.tasks.file_agents.invalid})))
 }
 
 async fn read(
@@ -74,10 +74,10 @@ async fn read(
     Tenant(tenant): Tenant,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
-    match resolve(&st.submit.pool, &st.submit.file_agents, &tenant, &name).await? {
+    match resolve(&st.tasks.pool, &st.tasks.file_agents, &tenant, &name).await? {
         Some(Resolved::Builtin(t)) => Ok(Json(builtin_view(t, &name))),
         Some(Resolved::Custom(d)) => {
-            let source = if st.submit.file_agents.get(&name) == Some(&*d) { "file" } else { "api" };
+            let source = if st.tasks.file_agents.get(&name) == Some(&*d) { "file" } else { "api" };
             let tools = tenant_tools(&st, &tenant).await?;
             Ok(Json(custom_view(&st, &d, source, &tools)))
         }
@@ -148,48 +148,22 @@ fn parse_body(name: &str, headers: &HeaderMap, body: &Bytes) -> Result<AgentDefi
             if p.system_prompt.trim().is_empty() {
                 return Err(ApiError::invalid("system_prompt", "must not be empty"));
             }
-            let model = p.model.map(|m| m.trim().to_string()).filter(|m| !m.is_empty() && m != "inherit");
-            if let Some(m) = &model {
-                crate::engine::definitions::check_model(m).map_err(|e| ApiError::invalid("model", e))?;
-            }
-            let max_turns = match p.max_turns {
-                Some(n) if n < 1 => return Err(ApiError::invalid("max_turns", "must be at least 1")),
-                Some(n) => Some(n.min(MAX_TURNS as i64) as u32),
-                None => None,
-            };
-            Ok(AgentDefinition {
-                name: AgentName::parse(name).map_err(|m| ApiError::invalid("name", m))?,
+            let name = AgentName::parse(name).map_err(|m| ApiError::invalid("name", m))?;
+            let written = Written {
                 description: p.description.unwrap_or_default(),
-                system_prompt: p.system_prompt.trim().to_string(),
                 tools: p.tools,
                 disallowed_tools: p.disallowed_tools.unwrap_or_default(),
-                model,
-                max_turns,
-                max_output_tokens: match p.max_output_tokens {
-                    Some(n) if !(1..=u32::MAX as i64).contains(&n) => {
-                        return Err(ApiError::invalid("max_output_tokens", "must be a positive number of tokens"))
-                    }
-                    n => n.map(|n| n as u32),
-                },
-                approval: match p.approval.as_deref() {
-                    None => None,
-                    Some(a) => Some(
-                        crate::engine::spec::Approval::parse(a)
-                            .ok_or_else(|| ApiError::invalid("approval", "must be one of none, propose, all"))?,
-                    ),
-                },
-                read_only: p.read_only.unwrap_or(false),
-                output_schema: match p.output_schema {
-                    Some(schema) => {
-                        crate::engine::output::check_schema(&schema)
-                            .map_err(|m| ApiError::invalid("output_schema", m))?;
-                        Some(schema)
-                    }
-                    None => None,
-                },
-                claude_code: Default::default(),
-                notices: vec![],
-            })
+                model: p.model,
+                max_turns: p.max_turns,
+                max_output_tokens: p.max_output_tokens,
+                approval: p.approval,
+                read_only: p.read_only,
+                output_schema: p.output_schema,
+                ..Written::default()
+            };
+            written
+                .check(name, p.system_prompt.trim().to_string())
+                .map_err(|(field, m)| ApiError::invalid(field.unwrap_or("body"), m))
         }
         _ => Err(ApiError::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -212,7 +186,7 @@ async fn put(
     // A model that cannot be served now, or tool names that are no tools here, do not make the
     // definition invalid: it is stored, and the answer (like GET) lists them under `warnings`.
     let stored = serde_json::to_value(&def).map_err(|_| ApiError::internal())?;
-    let created = agents::put(&st.submit.pool, &tenant, def.name.as_str(), &stored).await?;
+    let created = agents::put(&st.tasks.pool, &tenant, def.name.as_str(), &stored).await?;
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     let tools = tenant_tools(&st, &tenant).await?;
     Ok((status, Json(custom_view(&st, &def, "api", &tools))).into_response())
@@ -223,10 +197,10 @@ async fn delete(
     Tenant(tenant): Tenant,
     ApiPath(name): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
-    if agents::delete(&st.submit.pool, &tenant, &name).await? {
+    if agents::delete(&st.tasks.pool, &tenant, &name).await? {
         return Ok(StatusCode::NO_CONTENT);
     }
-    if AgentType::parse(&name).is_some() || st.submit.file_agents.get(&name).is_some() {
+    if AgentType::parse(&name).is_some() || st.tasks.file_agents.get(&name).is_some() {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             "definition_read_only",

@@ -70,7 +70,7 @@ impl Auth {
                         return Ok(!v);
                     }
                 }
-                let any = tenants::any_active_key(&st.submit.pool).await?;
+                let any = tenants::any_active_key(&st.tasks.pool).await?;
                 *self.any_keys.lock().unwrap_or_else(|e| e.into_inner()) = Some((any, Instant::now()));
                 Ok(!any)
             }
@@ -83,7 +83,7 @@ impl Auth {
                 return Ok(Some(t.clone()));
             }
         }
-        let t = tenants::tenant_of_key(&st.submit.pool, key).await?;
+        let t = tenants::tenant_of_key(&st.tasks.pool, key).await?;
         if let Some(t) = &t {
             self.keys.lock().unwrap_or_else(|e| e.into_inner()).insert(key.to_string(), (t.clone(), Instant::now()));
         }
@@ -144,7 +144,7 @@ async fn principal(parts: &mut Parts, st: &AppState) -> Result<Principal, ApiErr
         },
         None => match cookie(&parts.headers, SESSION_COOKIE) {
             Some(value) => {
-                let s = crate::store::sessions::get(&st.submit.pool, value)
+                let s = crate::store::sessions::get(&st.tasks.pool, value)
                     .await?
                     .ok_or_else(|| unauthorized("the console session has ended: sign in again"))?;
                 let safe = matches!(parts.method, Method::GET | Method::HEAD | Method::OPTIONS);
@@ -163,7 +163,7 @@ async fn principal(parts: &mut Parts, st: &AppState) -> Result<Principal, ApiErr
                     _ => Principal::Admin,
                 }
             }
-            None if st.auth.single_user_allowed(st).await? => Principal::Tenant(st.submit.cfg.tenant.clone()),
+            None if st.auth.single_user_allowed(st).await? => Principal::Tenant(st.tasks.cfg.tenant.clone()),
             None => {
                 return Err(unauthorized(
                     "send an API key as `Authorization: Bearer sk_…` (create one with `subagentd keys create --tenant NAME`)",
@@ -180,7 +180,7 @@ async fn principal(parts: &mut Parts, st: &AppState) -> Result<Principal, ApiErr
 
 /// A tenant's request counts against its rate (when it has one), once per request.
 async fn within_rate(st: &AppState, tenant: &str) -> Result<(), ApiError> {
-    let limits = st.submit.limits(tenant).await?;
+    let limits = st.tasks.limits(tenant).await?;
     let Some(rate) = limits.requests_per_second else { return Ok(()) };
     st.auth
         .rates
@@ -212,21 +212,7 @@ impl FromRequestParts<AppState> for Tenant {
 }
 
 /// What the caller may read: one tenant's tasks, or every tenant's (the admin).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Scope {
-    All,
-    Tenant(String),
-}
-
-impl Scope {
-    /// The tenant to filter by (`None`: every tenant).
-    pub fn tenant(&self) -> Option<&str> {
-        match self {
-            Scope::All => None,
-            Scope::Tenant(t) => Some(t),
-        }
-    }
-}
+pub use crate::tasks::Scope;
 
 impl FromRequestParts<AppState> for Scope {
     type Rejection = ApiError;
@@ -243,7 +229,7 @@ impl FromRequestParts<AppState> for Scope {
 pub struct Admin;
 
 pub fn is_admin(parts: &Parts, st: &AppState) -> bool {
-    match (&st.submit.cfg.admin_token, bearer(parts)) {
+    match (&st.tasks.cfg.admin_token, bearer(parts)) {
         (Some(want), Some(got)) => tenants::constant_time_eq(want.as_bytes(), got.as_bytes()),
         _ => false,
     }
@@ -253,7 +239,7 @@ impl FromRequestParts<AppState> for Admin {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, st: &AppState) -> Result<Self, ApiError> {
-        if st.submit.cfg.admin_token.is_none() {
+        if st.tasks.cfg.admin_token.is_none() {
             return Err(ApiError::not_found("route (the admin API is off: set SUBAGENTD_ADMIN_TOKEN)"));
         }
         if is_admin(parts, st) {

@@ -62,7 +62,7 @@ async fn asset(Path(path): Path<String>, headers: HeaderMap) -> Result<Response,
 /// Who the console acts as: `open` (single-user mode, no sign-in), or a `session`.
 async fn whoami(State(st): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
     if let Some(value) = cookie(&headers, SESSION_COOKIE) {
-        if let Some(s) = sessions::get(&st.submit.pool, value).await? {
+        if let Some(s) = sessions::get(&st.tasks.pool, value).await? {
             return Ok(
                 Json(json!({"mode": "session", "tenant": s.tenant, "admin": s.admin, "csrf": s.csrf})).into_response()
             );
@@ -70,7 +70,7 @@ async fn whoami(State(st): State<AppState>, headers: HeaderMap) -> Result<Respon
     }
     if st.auth.single_user_allowed(&st).await? {
         return Ok(
-            Json(json!({"mode": "open", "tenant": st.submit.cfg.tenant, "admin": false, "csrf": null})).into_response()
+            Json(json!({"mode": "open", "tenant": st.tasks.cfg.tenant, "admin": false, "csrf": null})).into_response()
         );
     }
     Err(ApiError::new(
@@ -97,7 +97,7 @@ async fn sign_in(
     if key.is_empty() {
         return Err(ApiError::invalid("key", "must not be empty"));
     }
-    let who = match &st.submit.cfg.admin_token {
+    let who = match &st.tasks.cfg.admin_token {
         Some(admin) if tenants::constant_time_eq(admin.as_bytes(), key.as_bytes()) => Principal::Admin,
         _ => match st.auth.tenant_of(&st, key).await? {
             Some(t) => Principal::Tenant(t),
@@ -115,7 +115,7 @@ async fn sign_in(
         Principal::Admin => (None, true),
         Principal::Tenant(t) => (Some(t.as_str()), false),
     };
-    let (value, s) = sessions::create(&st.submit.pool, tenant, admin, SESSION_SECS).await?;
+    let (value, s) = sessions::create(&st.tasks.pool, tenant, admin, SESSION_SECS).await?;
     let tls = headers.get("x-forwarded-proto").and_then(|v| v.to_str().ok()).is_some_and(|p| p == "https");
     let cookie = format!(
         "{SESSION_COOKIE}={value}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}{}",
@@ -132,7 +132,7 @@ async fn sign_in(
 /// End the session (a write: its CSRF token is checked by `Scope`).
 async fn sign_out(State(st): State<AppState>, headers: HeaderMap, _scope: Scope) -> Result<Response, ApiError> {
     if let Some(value) = cookie(&headers, SESSION_COOKIE) {
-        sessions::delete(&st.submit.pool, value).await?;
+        sessions::delete(&st.tasks.pool, value).await?;
     }
     let mut resp = StatusCode::NO_CONTENT.into_response();
     resp.headers_mut().insert(

@@ -1,5 +1,5 @@
 //! The one error type at the edge: RFC 9457 `application/problem+json` with a stable code,
-//! and the mapping of every domain error (`SubmitError`, `BudgetError`, `ToolError`,
+//! and the mapping of every domain error (`TaskError`, `BudgetError`, `ToolError`,
 //! `StoreError`) to it.
 
 use axum::http::{header, HeaderValue, StatusCode};
@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 
 use crate::budget::BudgetError;
 use crate::store::StoreError;
-use crate::submit::SubmitError;
+use crate::tasks::TaskError;
 use crate::tools::ToolError;
 
 #[derive(Debug)]
@@ -137,35 +137,44 @@ impl From<ToolError> for ApiError {
     }
 }
 
-impl From<SubmitError> for ApiError {
-    fn from(e: SubmitError) -> Self {
+impl From<TaskError> for ApiError {
+    fn from(e: TaskError) -> Self {
+        let detail = e.to_string();
         match e {
-            SubmitError::Invalid { field, message } => ApiError::invalid(&field, message),
-            SubmitError::ModelRequired => ApiError::new(
+            TaskError::Invalid { field, message } => ApiError::invalid(&field, message),
+            TaskError::BadParam { field, message } => ApiError::bad_param(&field, message),
+            TaskError::RecursionRefused { .. } => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "recursion_refused",
+                "Sub-agents cannot start sub-agents",
+                detail,
+            )
+            .with(json!({"max_depth": 1})),
+            TaskError::ModelRequired => ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "model_required",
                 "No model given",
                 "name a model as `provider/model` (or an alias) in `model`, in the agent definition, or configure \
                  SUBAGENTD_DEFAULT_MODEL; there is no silent fallback",
             ),
-            SubmitError::UnknownModel { detail, providers } => {
+            TaskError::UnknownModel { detail, providers } => {
                 ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "unknown_model", "Unknown model", detail)
                     .with(json!({"errors": [{"field": "model", "message": "unknown model"}], "providers": providers}))
             }
-            SubmitError::UnknownAgent { name, available } => ApiError::new(
+            TaskError::UnknownAgent { name, available } => ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "unknown_subagent_type",
                 "Unknown sub-agent type",
                 format!("subagent_type: {name:?} is not a known agent type; available: {}", available.join(", ")),
             )
             .with(json!({"errors": [{"field": "subagent_type", "message": "unknown agent type"}], "available": available})),
-            SubmitError::NotTerminal { id, status } => ApiError::new(
+            TaskError::NotTerminal { id, status } => ApiError::new(
                 StatusCode::CONFLICT,
                 "task_not_terminal",
                 "Task still running",
                 format!("resume_from: task {id} is {status}; only a finished task can be resumed"),
             ),
-            SubmitError::UnpricedModel { model, limits } => ApiError::new(
+            TaskError::UnpricedModel { model, limits } => ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "unpriced_model",
                 "Model has no price",
@@ -176,17 +185,36 @@ impl From<SubmitError> for ApiError {
                 ),
             )
             .with(json!({"errors": [{"field": "model", "message": "model has no price"}], "limits": limits})),
-            SubmitError::IdempotencyConflict { task_id } => ApiError::new(
+            TaskError::IdempotencyConflict { task_id } => ApiError::new(
                 StatusCode::CONFLICT,
                 "idempotency_conflict",
                 "Idempotency key reused",
                 "this Idempotency-Key was used with a different request",
             )
             .with(json!({"task_id": task_id})),
-            SubmitError::Budget(b) => b.into(),
-            SubmitError::Store(s) => s.into(),
-            SubmitError::Internal(m) => {
-                tracing::error!(error = %m, "submission failed");
+            TaskError::NotFound => ApiError::not_found("task"),
+            TaskError::NotPaused { .. } => {
+                ApiError::new(StatusCode::CONFLICT, "task_not_paused", "Task is not waiting", detail)
+            }
+            TaskError::UnknownAction { index, id } => {
+                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "unknown_action", "Unknown action", detail).with(
+                    json!({"errors": [{"field": format!("[{index}].id"), "message": "unknown action"}], "action_id": id}),
+                )
+            }
+            TaskError::WrongActionKind { index, id, .. } => {
+                let wants = detail.split_once(" waits for ").map_or("", |(_, w)| w).to_string();
+                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "wrong_action_kind", "Wrong kind of answer", detail)
+                    .with(json!({"errors": [{"field": format!("[{index}]"), "message": format!("waits for {wants}")}],
+                                 "action_id": id}))
+            }
+            TaskError::ActionAnswered { id, .. } => {
+                ApiError::new(StatusCode::CONFLICT, "action_already_answered", "Action already answered", detail)
+                    .with(json!({"action_id": id}))
+            }
+            TaskError::Budget(b) => b.into(),
+            TaskError::Store(s) => s.into(),
+            TaskError::Internal(m) => {
+                tracing::error!(error = %m, "task operation failed");
                 ApiError::internal()
             }
         }

@@ -22,13 +22,13 @@ async fn readyz(State(st): State<AppState>) -> Result<Json<Value>, ApiError> {
     // A connection the pool kept from before a database restart fails its first use: one more
     // try, within the same second, asks a fresh one.
     let check = async {
-        match crate::store::ready(&st.submit.pool).await {
-            Err(e) if e.is_unavailable() => crate::store::ready(&st.submit.pool).await,
+        match crate::store::ready(&st.tasks.pool).await {
+            Err(e) if e.is_unavailable() => crate::store::ready(&st.tasks.pool).await,
             r => r,
         }
     };
     match tokio::time::timeout(Duration::from_secs(1), check).await {
-        Ok(Ok(true)) => Ok(Json(json!({"status": "ready", "listener": st.submit.hub.is_connected()}))),
+        Ok(Ok(true)) => Ok(Json(json!({"status": "ready", "listener": st.tasks.hub.is_connected()}))),
         Ok(Ok(false)) => Err(ApiError::unavailable("database migrations are not applied (run `subagentd migrate`)")),
         Ok(Err(e)) => {
             tracing::warn!(error = %e, "readiness check failed");

@@ -1,9 +1,9 @@
-//! The HTTP API: one module per resource, merged here with the tower layers. Handlers route,
-//! extract and shape views; the work is done below (`submit`, `budget`, `store`, …), whose
-//! errors `error` maps to problem+json.
+//! The REST door: one module per resource, merged here with the tower layers. Handlers route,
+//! extract and shape views; a task's lifecycle is the room's (`tasks`: one call per handler),
+//! the rest is done below (`budget`, `store`, …), and `error` maps every error to problem+json.
 //!
-//! May import every module below it: `submit`, `jobs`, `budget`, `engine`, `tools`, `llm`,
-//! `store`, `view`, `config`, `telemetry`, `cache`.
+//! May import every module below it: `tasks`, `hub`, `budget`, `engine`, `tools`, `llm`,
+//! `store`, `config`, `telemetry`, `cache`. Not `jobs`: the room is the way to a task.
 
 pub mod admin;
 pub mod agents;
@@ -26,7 +26,6 @@ use std::sync::Arc;
 use axum::extract::DefaultBodyLimit;
 use axum::http::StatusCode;
 use axum::Router;
-use tokio_util::sync::CancellationToken;
 use tower_http::trace::TraceLayer;
 
 use error::ApiError;
@@ -37,17 +36,16 @@ use error::ApiError;
 pub struct AppState(Arc<Shared>);
 
 pub struct Shared {
-    /// Submission, and the handles it holds that every handler uses: `pool`, `cfg`, `hub`,
-    /// `providers`, `file_agents`, `tool_caller` and the limits and tools caches.
-    pub submit: crate::submit::Submitter,
+    /// The lifecycle room, and the handles it holds that every handler uses: `pool`, `cfg`,
+    /// `hub`, `providers`, `file_agents`, `tool_caller`, the limits and tools caches, and the
+    /// shutdown token (fired when the server drains: waiting requests answer 202 at once).
+    pub tasks: crate::tasks::Lifecycle,
     pub auth: auth::Auth,
-    /// Fired when the server drains: waiting requests answer 202 at once.
-    pub shutdown: CancellationToken,
 }
 
 impl AppState {
-    pub fn new(submit: crate::submit::Submitter, auth: auth::Auth, shutdown: CancellationToken) -> Self {
-        AppState(Arc::new(Shared { submit, auth, shutdown }))
+    pub fn new(tasks: crate::tasks::Lifecycle, auth: auth::Auth) -> Self {
+        AppState(Arc::new(Shared { tasks, auth }))
     }
 }
 
@@ -61,9 +59,9 @@ impl std::ops::Deref for AppState {
 pub use auth::Tenant;
 
 pub fn router(state: AppState) -> Router {
-    let limit = state.submit.cfg.max_body_bytes;
+    let limit = state.tasks.cfg.max_body_bytes;
     // No deadline for bodies when connections may idle forever (the timeout set to 0).
-    let deadline = state.submit.cfg.http_idle_timeout().map(extract::BodyDeadline);
+    let deadline = state.tasks.cfg.http_idle_timeout().map(extract::BodyDeadline);
     let app = Router::new()
         .merge(tasks::router())
         .merge(agents::router())

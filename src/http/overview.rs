@@ -12,7 +12,7 @@ use super::error::ApiError;
 use super::AppState;
 use crate::store::overview;
 use crate::store::tasks::{self, ListFilter};
-use crate::view::TaskView;
+use crate::tasks::view::TaskView;
 
 pub fn router() -> Router<AppState> {
     Router::new().route("/overview", get(read))
@@ -20,15 +20,15 @@ pub fn router() -> Router<AppState> {
 
 async fn read(State(st): State<AppState>, scope: Scope) -> Result<Json<Value>, ApiError> {
     let tenant = scope.tenant();
-    let defaults = crate::budget::Defaults::from_config(&st.submit.cfg).spend();
+    let defaults = crate::budget::Defaults::from_config(&st.tasks.cfg).spend();
     let newest = ListFilter { limit: 10, ..ListFilter::default() };
     let (now, finished, models, spend, replicas, latest) = tokio::try_join!(
-        overview::now(&st.submit.pool, tenant),
-        overview::finished_last_hour(&st.submit.pool, tenant),
-        overview::models_today(&st.submit.pool, tenant),
-        overview::spend(&st.submit.pool, tenant, defaults),
-        overview::replicas(&st.submit.pool, tenant),
-        tasks::list(&st.submit.pool, tenant, &newest),
+        overview::now(&st.tasks.pool, tenant),
+        overview::finished_last_hour(&st.tasks.pool, tenant),
+        overview::models_today(&st.tasks.pool, tenant),
+        overview::spend(&st.tasks.pool, tenant, defaults),
+        overview::replicas(&st.tasks.pool, tenant),
+        tasks::list(&st.tasks.pool, tenant, &newest),
     )?;
     // One entry per minute with finishes, its outcomes as fields.
     let mut per_minute: Vec<Value> = vec![];
@@ -49,7 +49,7 @@ async fn read(State(st): State<AppState>, scope: Scope) -> Result<Json<Value>, A
                    "cost_usd": m.cost_usd.to_f64().unwrap_or(0.0)})
         })
         .collect();
-    let latest: Vec<TaskView> = TaskView::of(&st.submit.pool, latest).await?;
+    let latest: Vec<TaskView> = TaskView::of(&st.tasks.pool, latest).await?;
     Ok(Json(json!({"now": now, "finished_per_minute": per_minute, "models": models, "spend": spend,
                    "replicas": replicas, "latest": latest})))
 }

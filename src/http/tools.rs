@@ -49,8 +49,8 @@ fn view(d: &ToolDef, source: &str) -> Value {
 
 async fn list(State(st): State<AppState>, Tenant(tenant): Tenant) -> Result<Json<Value>, ApiError> {
     let mut out: Vec<Value> =
-        store::list(&st.submit.pool, &tenant).await?.iter().map(|r| view(&catalog::from_row(r), "catalog")).collect();
-    for s in store::sources(&st.submit.pool, &tenant).await? {
+        store::list(&st.tasks.pool, &tenant).await?.iter().map(|r| view(&catalog::from_row(r), "catalog")).collect();
+    for s in store::sources(&st.tasks.pool, &tenant).await? {
         out.extend(catalog::source_tools(&s).iter().map(|d| view(d, "mcp")));
     }
     Ok(Json(json!({"tools": out})))
@@ -61,7 +61,7 @@ async fn read(
     Tenant(tenant): Tenant,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let row = store::get(&st.submit.pool, &tenant, &name).await?.ok_or_else(|| ApiError::not_found("tool"))?;
+    let row = store::get(&st.tasks.pool, &tenant, &name).await?.ok_or_else(|| ApiError::not_found("tool"))?;
     Ok(Json(view(&catalog::from_row(&row), "catalog")))
 }
 
@@ -71,10 +71,10 @@ async fn put(
     ApiPath(name): ApiPath<String>,
     ApiJson(body): ApiJson<ToolInput>,
 ) -> Result<Response, ApiError> {
-    let def = catalog::validate(&st.submit.tool_caller, st.submit.cfg.tool_timeout_ms, "", &name, &body)?;
+    let def = catalog::validate(&st.tasks.tool_caller, st.tasks.cfg.tool_timeout_ms, "", &name, &body)?;
     let row = catalog::to_row(&def).ok_or_else(ApiError::internal)?;
-    let created = store::put(&st.submit.pool, &tenant, &row).await?;
-    st.submit.tools_cache.remove(&tenant);
+    let created = store::put(&st.tasks.pool, &tenant, &row).await?;
+    st.tasks.tools_cache.remove(&tenant);
     Ok((if created { StatusCode::CREATED } else { StatusCode::OK }, Json(view(&def, "catalog"))).into_response())
 }
 
@@ -83,8 +83,8 @@ async fn delete(
     Tenant(tenant): Tenant,
     ApiPath(name): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
-    if store::delete(&st.submit.pool, &tenant, &name).await? {
-        st.submit.tools_cache.remove(&tenant);
+    if store::delete(&st.tasks.pool, &tenant, &name).await? {
+        st.tasks.tools_cache.remove(&tenant);
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(ApiError::not_found("tool"))
@@ -109,11 +109,11 @@ fn source_view(s: &store::SourceRow) -> Value {
 }
 
 fn discovery_timeout(st: &AppState) -> Duration {
-    Duration::from_millis(st.submit.cfg.tool_timeout_ms)
+    Duration::from_millis(st.tasks.cfg.tool_timeout_ms)
 }
 
 async fn list_sources(State(st): State<AppState>, Tenant(tenant): Tenant) -> Result<Json<Value>, ApiError> {
-    let all: Vec<Value> = store::sources(&st.submit.pool, &tenant).await?.iter().map(source_view).collect();
+    let all: Vec<Value> = store::sources(&st.tasks.pool, &tenant).await?.iter().map(source_view).collect();
     Ok(Json(json!({"tool_sources": all})))
 }
 
@@ -122,7 +122,7 @@ async fn read_source(
     Tenant(tenant): Tenant,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let s = store::source(&st.submit.pool, &tenant, &name).await?.ok_or_else(|| ApiError::not_found("tool source"))?;
+    let s = store::source(&st.tasks.pool, &tenant, &name).await?.ok_or_else(|| ApiError::not_found("tool source"))?;
     Ok(Json(source_view(&s)))
 }
 
@@ -136,7 +136,7 @@ async fn put_source(
     if name.contains("__") {
         return Err(ApiError::invalid("name", "must not contain `__` (it separates source and tool names)"));
     }
-    st.submit.tool_caller.allow.check_url(&body.url).map_err(|e| ApiError::invalid("url", e.0))?;
+    st.tasks.tool_caller.allow.check_url(&body.url).map_err(|e| ApiError::invalid("url", e.0))?;
     for (k, v) in &body.headers {
         if reqwest::header::HeaderName::from_bytes(k.as_bytes()).is_err()
             || reqwest::header::HeaderValue::from_str(v).is_err()
@@ -145,11 +145,11 @@ async fn put_source(
         }
     }
     let headers: Vec<(String, String)> = body.headers.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-    let found = mcp::discover(&st.submit.tool_caller, &name, &body.url, &headers, discovery_timeout(&st)).await;
+    let found = mcp::discover(&st.tasks.tool_caller, &name, &body.url, &headers, discovery_timeout(&st)).await;
     let found = catalog::stored_tools(&found);
-    let created = store::put_source(&st.submit.pool, &tenant, &name, &body.url, &body.headers, &found).await?;
-    st.submit.tools_cache.remove(&tenant);
-    let row = store::source(&st.submit.pool, &tenant, &name).await?.ok_or_else(ApiError::internal)?;
+    let created = store::put_source(&st.tasks.pool, &tenant, &name, &body.url, &body.headers, &found).await?;
+    st.tasks.tools_cache.remove(&tenant);
+    let row = store::source(&st.tasks.pool, &tenant, &name).await?.ok_or_else(ApiError::internal)?;
     Ok((if created { StatusCode::CREATED } else { StatusCode::OK }, Json(source_view(&row))).into_response())
 }
 
@@ -158,12 +158,12 @@ async fn refresh_source(
     Tenant(tenant): Tenant,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let s = store::source(&st.submit.pool, &tenant, &name).await?.ok_or_else(|| ApiError::not_found("tool source"))?;
+    let s = store::source(&st.tasks.pool, &tenant, &name).await?.ok_or_else(|| ApiError::not_found("tool source"))?;
     let headers: Vec<(String, String)> = s.headers.0.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-    let found = mcp::discover(&st.submit.tool_caller, &name, &s.url, &headers, discovery_timeout(&st)).await;
-    store::refreshed(&st.submit.pool, &tenant, &name, &catalog::stored_tools(&found)).await?;
-    st.submit.tools_cache.remove(&tenant);
-    let row = store::source(&st.submit.pool, &tenant, &name).await?.ok_or_else(ApiError::internal)?;
+    let found = mcp::discover(&st.tasks.tool_caller, &name, &s.url, &headers, discovery_timeout(&st)).await;
+    store::refreshed(&st.tasks.pool, &tenant, &name, &catalog::stored_tools(&found)).await?;
+    st.tasks.tools_cache.remove(&tenant);
+    let row = store::source(&st.tasks.pool, &tenant, &name).await?.ok_or_else(ApiError::internal)?;
     Ok(Json(source_view(&row)))
 }
 
@@ -172,8 +172,8 @@ async fn delete_source(
     Tenant(tenant): Tenant,
     ApiPath(name): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
-    if store::delete_source(&st.submit.pool, &tenant, &name).await? {
-        st.submit.tools_cache.remove(&tenant);
+    if store::delete_source(&st.tasks.pool, &tenant, &name).await? {
+        st.tasks.tools_cache.remove(&tenant);
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(ApiError::not_found("tool source"))
@@ -182,6 +182,6 @@ async fn delete_source(
 
 /// A new signing secret for outbound tool calls and webhooks. The only time a secret is shown.
 async fn rotate_secret(State(st): State<AppState>, Tenant(tenant): Tenant) -> Result<Json<Value>, ApiError> {
-    let secret = store::rotate_signing_secret(&st.submit.pool, &tenant).await?;
+    let secret = store::rotate_signing_secret(&st.tasks.pool, &tenant).await?;
     Ok(Json(json!({"secret": secret, "algorithm": "HMAC-SHA256", "signed": "<Subagent-Timestamp>.<body>"})))
 }

@@ -90,7 +90,7 @@ async fn usage(
     if q.tenant.as_deref().is_some_and(str::is_empty) {
         return Err(ApiError::bad_param("tenant", "must not be empty"));
     }
-    let rows = tenants::usage(&st.submit.pool, tenant.as_deref(), from, to, &groups).await?;
+    let rows = tenants::usage(&st.tasks.pool, tenant.as_deref(), from, to, &groups).await?;
     if csv {
         let body = tenants::usage_csv(&rows);
         let disposition = format!("attachment; filename=\"usage-{from}-{to}.csv\"");
@@ -104,17 +104,17 @@ async fn usage(
 }
 
 async fn calls(State(st): State<AppState>, scope: Scope, TaskId(id): TaskId) -> Result<Json<Value>, ApiError> {
-    crate::store::tasks::get_in(&st.submit.pool, scope.tenant(), id)
+    crate::store::tasks::get_in(&st.tasks.pool, scope.tenant(), id)
         .await?
         .ok_or_else(|| ApiError::not_found("task"))?;
-    Ok(Json(json!({"calls": crate::store::calls::of_task(&st.submit.pool, id).await?})))
+    Ok(Json(json!({"calls": crate::store::calls::of_task(&st.tasks.pool, id).await?})))
 }
 
 /// A task's conversation as checkpointed: each message with its turn (purged with the task's
 /// events after `SUBAGENTD_RETENTION_DAYS`).
 async fn messages(State(st): State<AppState>, scope: Scope, TaskId(id): TaskId) -> Result<Json<Value>, ApiError> {
-    crate::store::tasks::get_in(&st.submit.pool, scope.tenant(), id)
+    crate::store::tasks::get_in(&st.tasks.pool, scope.tenant(), id)
         .await?
         .ok_or_else(|| ApiError::not_found("task"))?;
-    Ok(Json(json!({"messages": crate::store::runs::conversation(&st.submit.pool, id).await?})))
+    Ok(Json(json!({"messages": crate::store::runs::conversation(&st.tasks.pool, id).await?})))
 }

@@ -10,8 +10,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::hub::Hub;
 use crate::engine::StopCause;
+use crate::hub::Hub;
 use crate::store::{runs, StoreError};
 
 pub struct Heartbeat {

@@ -1,17 +1,16 @@
 //! Running tasks: the worker and its runs (`worker`, `run`, `run_store`, `finish`), the
 //! long-running services of a worker process — the claim loop, heartbeat, rescuer, retention,
 //! webhook sender and budget waker, each in its own file with a `pass` that runs once (the
-//! tests' hook) —
-//! and the LISTEN/NOTIFY hub that ties the replicas together.
+//! tests' hook).
 //!
-//! May import: `engine`, `budget`, `tools`, `llm`, `store`, `view`, `config`, `telemetry`,
-//! `cache`. Never `http` or `submit` (submission calls into the worker, not the reverse).
+//! May import: the lifecycle room (`tasks`: a run's end goes through `tasks::end`; its kinds
+//! and views), `hub`, `engine`, `budget`, `tools`, `llm`, `store`, `config`, `telemetry`,
+//! `cache`. Never a door (`http`): the room reaches this process's worker only through the
+//! `tasks::Shortcut` it plugs in.
 
 pub mod claim;
-pub mod committer;
 pub mod finish;
 pub mod heartbeat;
-pub mod hub;
 pub mod presence;
 pub mod rescuer;
 pub mod retention;
@@ -48,6 +47,7 @@ pub async fn run_worker(worker: Arc<Worker>, shutdown: CancellationToken, grace:
         .start(background.clone()),
         rescuer::Rescuer {
             pool: runner.pool.clone(),
+            hub: runner.hub.clone(),
             max_attempts: cfg.max_attempts,
             every: RESCUE_EVERY,
             grace: cfg.lease(),

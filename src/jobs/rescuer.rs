@@ -5,14 +5,20 @@
 
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use sqlx::PgPool;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::store::{runs, StoreError};
+use crate::hub::Hub;
+use crate::store::StoreError;
+use crate::tasks::end::{self, End, Ended};
 
 pub struct Rescuer {
     pub pool: PgPool,
+    /// Wakes the waiters of the tasks it ends, and the workers for those it queues.
+    pub hub: Arc<Hub>,
     pub max_attempts: i32,
     pub every: Duration,
     /// After a restart of the database, how long workers have to register again before their
@@ -23,7 +29,8 @@ pub struct Rescuer {
 impl Rescuer {
     /// One sweep; returns how many tasks it rescued.
     pub async fn pass(&self) -> Result<usize, StoreError> {
-        let rescued = runs::rescue(&self.pool, self.max_attempts, self.grace.as_secs_f64()).await?;
+        let rescue = End::Rescue { max_attempts: self.max_attempts, grace_secs: self.grace.as_secs_f64() };
+        let Ended::Rescue(rescued) = end::finish(&self.pool, &self.hub, rescue).await? else { return Ok(0) };
         for (_, status) in &rescued {
             metrics::counter!("subagentd_rescued_total", "to" => status.as_str()).increment(1);
         }

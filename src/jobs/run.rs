@@ -10,17 +10,17 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::finish::{self, RunFacts};
-use super::hub::Hub;
-use super::run_store::PgRunStore;
+use super::run_store::{call_ask, PgRunStore};
 use crate::budget::Defaults;
 use crate::config::Config;
 use crate::engine::agents::AgentType;
 use crate::engine::spec::TaskOptions;
 use crate::engine::{self, Answer, Gate, Outcome, Resolution, RunEnd, RunInput, StopCause, StopSignal};
+use crate::hub::Hub;
 use crate::llm::{Message, ModelRef, Providers, ToolCall};
-use crate::store::budget::CallAsk;
 use crate::store::tasks::{FirstCall, NewTask, TaskRow};
 use crate::store::{retrying, runs, tools as tool_store, Fence};
+use crate::tasks::kinds::{Answerer, Decision};
 use crate::tools::{Caller, Target, TaskTools};
 
 /// What running a task needs, shared by every run of this process.
@@ -35,7 +35,7 @@ pub struct Runner {
     /// Fired when the drain's grace runs out: a run registering after that stops at once.
     pub draining: CancellationToken,
     /// Commits runs' turns in groups.
-    pub committer: Arc<super::committer::Committer>,
+    pub committer: Arc<crate::store::committer::Committer>,
 }
 
 /// Keeps `subagentd_active_runs` right however a run ends.
@@ -235,12 +235,12 @@ impl Runner {
             .into_iter()
             .map(|call| {
                 let a = actions.iter().find(|a| a.tool_call_id == call.id);
-                let gate = if a.is_some_and(|a| a.kind == "output") { Gate::Output } else { Gate::Approval };
+                let gate = a.map_or(Gate::Approval, |a| a.kind);
                 let resolution = match a {
-                    Some(a) if a.answered_at.is_none() || a.answered_by.as_deref() == Some("expired") => {
+                    Some(a) if a.answered_at.is_none() || a.answered_by == Some(Answerer::Expired) => {
                         Resolution::Expired(gate)
                     }
-                    Some(a) if a.kind == "output" => {
+                    Some(a) if a.kind == Gate::Output => {
                         let text = match &a.output {
                             Some(serde_json::Value::String(s)) => s.clone(),
                             Some(v) => v.to_string(),
@@ -248,7 +248,7 @@ impl Runner {
                         };
                         Resolution::Output(crate::tools::cap(text, self.tool_caller.max_result_bytes))
                     }
-                    Some(a) if a.decision.as_deref() == Some("approve") => Resolution::Approved,
+                    Some(a) if a.decision == Some(Decision::Approve) => Resolution::Approved,
                     Some(a) => Resolution::Denied { message: a.message.clone() },
                     None => Resolution::Expired(gate),
                 };
@@ -311,13 +311,7 @@ impl Runner {
         let (usd, tokens) = ask.worst();
         let defaults = Defaults::from_config(&self.cfg).spend();
         // Written whole or not at all: the run's first call then asks for what it reserved.
-        let whole = CallAsk {
-            prompt_usd: ask.prompt_usd,
-            prompt_tokens: ask.prompt_tokens.min(i64::MAX as u64) as i64,
-            out_usd: ask.out_usd,
-            max_out: ask.max_out.min(i32::MAX as u32) as i32,
-            floor: ask.max_out.min(i32::MAX as u32) as i32,
-        };
+        let whole = call_ask(&ask, true);
         Some(FirstCall { usd, tokens: tokens.min(i64::MAX as u64) as i64, started, defaults, ask: whole })
     }
 

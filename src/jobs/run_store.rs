@@ -1,5 +1,6 @@
 //! The engine's `RunStore` over Postgres: every write fenced on the task's lease, each retried
-//! through short database outages. Also commits the run's end (`commit_end`) for `finish`.
+//! through short database outages; and the run's other ends that are not a task's end (a pause,
+//! a release, a budget wait). A task's end is the lifecycle room's (`tasks::end`).
 
 use std::sync::Arc;
 
@@ -7,14 +8,14 @@ use rust_decimal::Decimal;
 use serde_json::Value;
 use sqlx::PgPool;
 
-use super::committer::Committer;
-use super::hub::Hub;
 use crate::budget;
-use crate::engine::{Ask, BudgetWait, CallRecord, Grant, LeaseLost, Refusal, RunStore, TurnCheckpoint};
+use crate::engine::{Ask, BudgetWait, CallOutcome, CallRecord, Grant, LeaseLost, Refusal, RunStore, TurnCheckpoint};
+use crate::hub::Hub;
 use crate::store::budget::{CallAsk, Reserve, ReserveWrite, SpendDefaults};
 use crate::store::calls::CallRow;
+use crate::store::committer::Committer;
 use crate::store::events::EventsWrite;
-use crate::store::runs::{self, Committed, Finish, TurnWrite};
+use crate::store::runs::{self, Committed, TurnWrite};
 use crate::store::{retrying, Fence, StoreError, CH_EVENT};
 
 pub struct PgRunStore {
@@ -45,7 +46,7 @@ fn ledger_row(c: &CallRecord, attempt: i32) -> CallRow {
         cost_usd: c.cost_usd,
         latency_ms: c.latency_ms as i32,
         http_status: c.http_status.map(i32::from),
-        outcome: c.outcome.to_string(),
+        outcome: c.outcome,
         error: c.error.clone(),
         usage_estimated: c.usage_estimated,
         reserved_usd: c.reserved_usd,
@@ -54,25 +55,34 @@ fn ledger_row(c: &CallRecord, attempt: i32) -> CallRow {
     }
 }
 
+/// A call's reservation as `budget_reserve_call` takes it; `whole`: all of its output or nothing
+/// (no lowering to the floor).
+pub fn call_ask(ask: &Ask, whole: bool) -> CallAsk {
+    let max_out = ask.max_out.min(i32::MAX as u32) as i32;
+    CallAsk {
+        prompt_usd: ask.prompt_usd,
+        prompt_tokens: ask.prompt_tokens.min(i64::MAX as u64) as i64,
+        out_usd: ask.out_usd,
+        max_out,
+        floor: if whole { max_out } else { ask.floor.min(i32::MAX as u32) as i32 },
+    }
+}
+
 impl PgRunStore {
-    /// Commit a turn (its messages, its call's ledger row, its events and a `checkpoint` event)
-    /// and, with `fin`, the run's end in the same statement.
-    async fn commit_turn(&self, cp: &TurnCheckpoint, fin: Option<&Finish>) -> Result<Committed, StoreError> {
-        let (call, messages, events) = self.turn_rows(cp);
-        let turn = Some(cp.turn as i32);
-        let w = TurnWrite { fence: self.fence, turn, call, messages, events, fin: fin.cloned() };
-        let r = self.committer.turns.write(w).await;
+    /// Commit a turn (its messages, its call's ledger row, its events and a `checkpoint` event).
+    async fn commit_turn(&self, cp: &TurnCheckpoint) -> Result<Committed, StoreError> {
+        let r = self.committer.turns.write(self.turn_write(cp)).await;
         self.published(r)
     }
 
     /// A turn as the statements write it: its ledger row, messages and events (with `checkpoint`).
-    fn turn_rows(&self, cp: &TurnCheckpoint) -> (CallRow, Vec<Value>, Vec<(&'static str, Value)>) {
+    pub fn turn_write(&self, cp: &TurnCheckpoint) -> TurnWrite {
         observe(&cp.call);
-        let row = ledger_row(&cp.call, self.attempt);
-        let msgs: Vec<Value> = cp.messages.iter().map(|m| serde_json::to_value(m).unwrap_or(Value::Null)).collect();
+        let call = ledger_row(&cp.call, self.attempt);
+        let messages: Vec<Value> = cp.messages.iter().map(|m| serde_json::to_value(m).unwrap_or(Value::Null)).collect();
         let mut events: Vec<(&'static str, Value)> = cp.events.clone();
-        events.push(("checkpoint", serde_json::json!({"turn": cp.turn, "messages": msgs.len()})));
-        (row, msgs, events)
+        events.push(("checkpoint", serde_json::json!({"turn": cp.turn, "messages": messages.len()})));
+        TurnWrite { fence: self.fence, turn: Some(cp.turn as i32), call, messages, events, fin: None }
     }
 
     /// Pause the run: its last turn (with the results of the calls that ran) and the pause —
@@ -84,11 +94,10 @@ impl PgRunStore {
         actions: &[crate::store::actions::NewAction],
         timeout_secs: f64,
     ) -> Result<Option<i32>, StoreError> {
-        let (row, msgs, events) = self.turn_rows(cp);
+        let turn = self.turn_write(cp);
         let r = retrying(|| async {
             let mut tx = self.pool.begin().await?;
-            let turn = Some(cp.turn as i32);
-            let c = runs::commit_turn(&mut tx, self.fence, turn, &row, &msgs, &events, None).await?;
+            let c = turn.commit_alone(&mut tx).await?;
             if !matches!(c, Committed::Applied) {
                 return Ok(None);
             }
@@ -112,14 +121,6 @@ impl PgRunStore {
             self.hub.publish(CH_EVENT, self.fence.id.to_string());
         }
         r
-    }
-
-    /// End the run as `fin` says, with its uncommitted last turn, if any, in the same statement.
-    pub async fn commit_end(&self, last_turn: Option<&TurnCheckpoint>, fin: &Finish) -> Result<Committed, StoreError> {
-        match last_turn {
-            Some(cp) => self.commit_turn(cp, Some(fin)).await,
-            None => self.published(retrying(|| runs::finish(&self.pool, self.fence, fin)).await),
-        }
     }
 
     /// Give the task back to the queue to wait for budget (`deadline`: its time limit), then
@@ -149,7 +150,7 @@ impl PgRunStore {
     /// Give the task back to the queue (a drain), after committing a last turn if there is one.
     pub async fn release(&self, last_turn: Option<&TurnCheckpoint>) -> Result<bool, StoreError> {
         if let Some(cp) = last_turn {
-            if !matches!(self.commit_turn(cp, None).await?, Committed::Applied) {
+            if !matches!(self.commit_turn(cp).await?, Committed::Applied) {
                 return Ok(false);
             }
         }
@@ -171,18 +172,10 @@ fn lease_lost(r: Result<Committed, StoreError>, what: &str) -> Result<(), LeaseL
 #[async_trait::async_trait]
 impl RunStore for PgRunStore {
     async fn reserve(&self, ask: &Ask, started: Value) -> Result<Grant, Refusal> {
-        let clamp = |n: u64| n.min(i64::MAX as u64) as i64;
-        let call = CallAsk {
-            prompt_usd: ask.prompt_usd,
-            prompt_tokens: clamp(ask.prompt_tokens),
-            out_usd: ask.out_usd,
-            max_out: ask.max_out.min(i32::MAX as u32) as i32,
-            floor: ask.floor.min(i32::MAX as u32) as i32,
-        };
         let w = ReserveWrite {
             fence: self.fence,
             tenant: self.tenant.clone(),
-            ask: call,
+            ask: call_ask(ask, false),
             defaults: self.budgets,
             event: Some(started),
         };
@@ -232,7 +225,7 @@ impl RunStore for PgRunStore {
     }
 
     async fn checkpoint(&self, cp: &TurnCheckpoint) -> Result<(), LeaseLost> {
-        lease_lost(self.commit_turn(cp, None).await, "checkpoint")
+        lease_lost(self.commit_turn(cp).await, "checkpoint")
     }
 }
 
@@ -246,7 +239,7 @@ fn observe(c: &CallRecord) {
         metrics::counter!("subagentd_llm_retries_total", "provider" => c.provider.clone(), "model" => model.clone())
             .increment(1);
     }
-    if c.outcome != "ok" {
+    if c.outcome != CallOutcome::Ok {
         let status = c.http_status.map(|s| s.to_string()).unwrap_or_else(|| "none".into());
         metrics::counter!("subagentd_llm_errors_total", "provider" => c.provider.clone(), "model" => model.clone(), "http_status" => status)
             .increment(1);

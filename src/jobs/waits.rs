@@ -11,10 +11,11 @@ use sqlx::PgPool;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::hub::Hub;
 use crate::budget;
+use crate::hub::Hub;
 use crate::store::budget::{self as sql, SpendDefaults};
 use crate::store::StoreError;
+use crate::tasks::end::{self, End, Ended};
 
 pub struct BudgetWaker {
     pub pool: PgPool,
@@ -37,7 +38,10 @@ pub struct Swept {
 impl BudgetWaker {
     /// One sweep: end the waits past their time limit, wake every tenant's waiters that fit.
     pub async fn pass(&self) -> Result<Swept, StoreError> {
-        let timed_out = sql::end_expired_waits(&self.pool).await?.len();
+        let timed_out = match end::finish(&self.pool, &self.hub, End::WaitsTimedOut).await? {
+            Ended::WaitsTimedOut(ended) => ended.len(),
+            _ => 0,
+        };
         let mut woken = 0;
         for (tenant, _) in sql::waiting(&self.pool).await? {
             woken += budget::wake(&self.pool, &tenant, self.defaults).await?;

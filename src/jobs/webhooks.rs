@@ -9,10 +9,10 @@ use sqlx::PgPool;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::hub::Hub;
+use crate::hub::Hub;
 use crate::store::{tasks, tools, StoreError};
+use crate::tasks::view::TaskView;
 use crate::tools::Caller;
-use crate::view::TaskView;
 
 /// Attempts before a webhook is given up as `failed`.
 pub const MAX_ATTEMPTS: i32 = 8;

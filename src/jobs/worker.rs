@@ -14,14 +14,15 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 use uuid::Uuid;
 
-use super::hub::Hub;
 use super::run::Runner;
 use crate::config::Config;
 use crate::engine::spec::TaskOptions;
 use crate::engine::StopCause;
+use crate::hub::Hub;
 use crate::llm::Providers;
 use crate::store::tasks::{FirstCall, NewTask, StartHere, TaskRow};
 use crate::store::{retrying, runs, Fence, CH_QUEUED};
+use crate::tasks::{Place, Shortcut};
 use crate::tools::Caller;
 
 pub struct Worker {
@@ -56,7 +57,7 @@ impl Worker {
         Arc::new(Worker {
             sem: Arc::new(Semaphore::new(cfg.max_running.max(1))),
             runner: Arc::new(Runner {
-                committer: super::committer::Committer::start(pool.clone()),
+                committer: crate::store::committer::Committer::start(pool.clone()),
                 pool,
                 hub,
                 providers: providers.into(),
@@ -177,6 +178,39 @@ impl Worker {
             }
             self.runs.wait().await;
         }
+    }
+}
+
+/// This worker as the lifecycle room's `Shortcut`: a waiting request's task starts in it.
+struct Here(Arc<Worker>);
+
+/// A place taken in this worker, for the room.
+struct Taken(Arc<Worker>, Slot);
+
+impl Shortcut for Here {
+    fn take(&self, new: &NewTask, opts: &TaskOptions) -> Option<(StartHere, Box<dyn Place>)> {
+        let slot = self.0.take_slot()?;
+        let start = StartHere { first_call: self.0.first_call(new, opts), ..slot.start.clone() };
+        Some((start, Box::new(Taken(self.0.clone(), slot))))
+    }
+}
+
+impl Place for Taken {
+    fn start(self: Box<Self>, row: TaskRow, opts: TaskOptions, first_reserved: bool) {
+        let Taken(w, slot) = *self;
+        w.start(row, opts, slot, first_reserved);
+    }
+
+    fn abandon(self: Box<Self>, id: Uuid) {
+        let Taken(w, slot) = *self;
+        w.abandon(id, slot);
+    }
+}
+
+impl Worker {
+    /// This worker as the room's shortcut for waiting requests.
+    pub fn shortcut(self: &Arc<Self>) -> Arc<dyn Shortcut> {
+        Arc::new(Here(self.clone()))
     }
 }
 

@@ -418,88 +418,12 @@ impl Providers {
         file: &crate::config::FileConfig,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Self, crate::config::ConfigError> {
-        use crate::config::{ConfigError, ProviderKind};
+        use crate::config::ConfigError;
         let mut p = Providers::with_builtin();
         for (name, pc) in &file.providers {
-            if name == "mock" || name.contains('/') || name.is_empty() {
-                return Err(ConfigError::Invalid(format!("provider name {name:?} is reserved or contains '/'")));
-            }
-            let key = match &pc.api_key_env {
-                Some(var) => Some(Secret::new(env(var).ok_or_else(|| {
-                    ConfigError::Invalid(format!(
-                        "provider {name}: environment variable {var} (api_key_env) is not set"
-                    ))
-                })?)),
-                None => None,
-            };
-            let timeouts = wire::Timeouts {
-                first_byte: Duration::from_secs(pc.first_byte_timeout_seconds.max(1)),
-                idle: Duration::from_secs(pc.idle_timeout_seconds.max(1)),
-            };
-            let base = pc.base_url.clone().unwrap_or_else(|| official_base(pc.kind).into());
-            let official = is_official(pc.kind, &base);
-            match pc.kind {
-                ProviderKind::Openai => {
-                    let mut o = openai::OpenAi::new(name, &base, key, timeouts);
-                    if let Some(h) = &pc.auth_header {
-                        o.auth_header = h.clone();
-                    }
-                    if let Some(f) = &pc.max_tokens_field {
-                        o.max_tokens_field = f.clone();
-                    }
-                    o.query = pc.query.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-                    o.stream = pc.stream.unwrap_or(true);
-                    o.prompt_cache_key = pc.prompt_caching.unwrap_or(official);
-                    p.insert(capped(Arc::new(o), pc.max_connections));
-                }
-                ProviderKind::Anthropic => {
-                    let mut a = anthropic::Anthropic::new(name, &base, key, timeouts);
-                    a.stream = pc.stream.unwrap_or(true);
-                    a.prompt_caching = pc.prompt_caching.unwrap_or(true);
-                    p.insert(capped(Arc::new(a), pc.max_connections));
-                }
-            }
-            let mut model_max = BTreeMap::new();
-            for (model, mc) in &pc.models {
-                if let Some(n) = mc.max_output_tokens {
-                    model_max.insert(model.clone(), n.max(1));
-                }
-            }
-            p.settings.insert(
-                name.clone(),
-                ProviderSettings {
-                    max_output_tokens: pc.max_output_tokens.map(|n| n.max(1)),
-                    model_max_output_tokens: model_max,
-                    text_tool_calls: pc.text_tool_calls.unwrap_or(!official),
-                    shipped_prices: pc.shipped_prices.unwrap_or(official),
-                },
-            );
+            p.configured(name, pc, env)?;
         }
-        for (name, kind, key_var, base_var) in [
-            ("openai", ProviderKind::Openai, "OPENAI_API_KEY", "OPENAI_BASE_URL"),
-            ("anthropic", ProviderKind::Anthropic, "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL"),
-        ] {
-            if p.get(name).is_some() {
-                continue;
-            }
-            let Some(k) = env(key_var) else { continue };
-            let base = env(base_var).unwrap_or_else(|| official_base(kind).into());
-            let official = is_official(kind, &base);
-            let key = Some(Secret::new(k));
-            match kind {
-                ProviderKind::Openai => {
-                    let mut o = openai::OpenAi::new(name, &base, key, wire::Timeouts::default());
-                    o.prompt_cache_key = official;
-                    p.insert(capped(Arc::new(o), None))
-                }
-                ProviderKind::Anthropic => p.insert(capped(
-                    Arc::new(anthropic::Anthropic::new(name, &base, key, wire::Timeouts::default())),
-                    None,
-                )),
-            }
-            let s = ProviderSettings { text_tool_calls: !official, shipped_prices: official, ..Default::default() };
-            p.settings.insert(name.into(), s);
-        }
+        p.keyed_in_env(env);
         for (a, m) in &file.aliases {
             if ModelRef::parse(m).is_none() {
                 return Err(ConfigError::Invalid(format!("alias {a:?}: {m:?} is not provider/model")));
@@ -535,6 +459,98 @@ impl Providers {
             p.limited.insert(key.clone(), Arc::new(limits::Limited::new(inner, lc)));
         }
         Ok(p)
+    }
+
+    /// A provider of the config file.
+    fn configured(
+        &mut self,
+        name: &str,
+        pc: &crate::config::ProviderConfig,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<(), crate::config::ConfigError> {
+        use crate::config::{ConfigError, ProviderKind};
+        if name == "mock" || name.contains('/') || name.is_empty() {
+            return Err(ConfigError::Invalid(format!("provider name {name:?} is reserved or contains '/'")));
+        }
+        let key = match &pc.api_key_env {
+            Some(var) => Some(Secret::new(env(var).ok_or_else(|| {
+                ConfigError::Invalid(format!("provider {name}: environment variable {var} (api_key_env) is not set"))
+            })?)),
+            None => None,
+        };
+        let timeouts = wire::Timeouts {
+            first_byte: Duration::from_secs(pc.first_byte_timeout_seconds.max(1)),
+            idle: Duration::from_secs(pc.idle_timeout_seconds.max(1)),
+        };
+        let base = pc.base_url.clone().unwrap_or_else(|| official_base(pc.kind).into());
+        let official = is_official(pc.kind, &base);
+        match pc.kind {
+            ProviderKind::Openai => {
+                let mut o = openai::OpenAi::new(name, &base, key, timeouts);
+                if let Some(h) = &pc.auth_header {
+                    o.auth_header = h.clone();
+                }
+                if let Some(f) = &pc.max_tokens_field {
+                    o.max_tokens_field = f.clone();
+                }
+                o.query = pc.query.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+                o.stream = pc.stream.unwrap_or(true);
+                o.prompt_cache_key = pc.prompt_caching.unwrap_or(official);
+                self.insert(capped(Arc::new(o), pc.max_connections));
+            }
+            ProviderKind::Anthropic => {
+                let mut a = anthropic::Anthropic::new(name, &base, key, timeouts);
+                a.stream = pc.stream.unwrap_or(true);
+                a.prompt_caching = pc.prompt_caching.unwrap_or(true);
+                self.insert(capped(Arc::new(a), pc.max_connections));
+            }
+        }
+        let mut model_max = BTreeMap::new();
+        for (model, mc) in &pc.models {
+            if let Some(n) = mc.max_output_tokens {
+                model_max.insert(model.clone(), n.max(1));
+            }
+        }
+        self.settings.insert(
+            name.to_string(),
+            ProviderSettings {
+                max_output_tokens: pc.max_output_tokens.map(|n| n.max(1)),
+                model_max_output_tokens: model_max,
+                text_tool_calls: pc.text_tool_calls.unwrap_or(!official),
+                shipped_prices: pc.shipped_prices.unwrap_or(official),
+            },
+        );
+        Ok(())
+    }
+
+    /// `openai` and `anthropic` from their API keys in the environment, unless configured.
+    fn keyed_in_env(&mut self, env: &dyn Fn(&str) -> Option<String>) {
+        use crate::config::ProviderKind;
+        for (name, kind, key_var, base_var) in [
+            ("openai", ProviderKind::Openai, "OPENAI_API_KEY", "OPENAI_BASE_URL"),
+            ("anthropic", ProviderKind::Anthropic, "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL"),
+        ] {
+            if self.get(name).is_some() {
+                continue;
+            }
+            let Some(k) = env(key_var) else { continue };
+            let base = env(base_var).unwrap_or_else(|| official_base(kind).into());
+            let official = is_official(kind, &base);
+            let key = Some(Secret::new(k));
+            match kind {
+                ProviderKind::Openai => {
+                    let mut o = openai::OpenAi::new(name, &base, key, wire::Timeouts::default());
+                    o.prompt_cache_key = official;
+                    self.insert(capped(Arc::new(o), None))
+                }
+                ProviderKind::Anthropic => self.insert(capped(
+                    Arc::new(anthropic::Anthropic::new(name, &base, key, wire::Timeouts::default())),
+                    None,
+                )),
+            }
+            let s = ProviderSettings { text_tool_calls: !official, shipped_prices: official, ..Default::default() };
+            self.settings.insert(name.into(), s);
+        }
     }
 
     pub fn insert(&mut self, p: Arc<dyn Provider>) {

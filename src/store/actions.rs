@@ -9,6 +9,7 @@ use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use super::{Fence, StoreError, CH_QUEUED};
+use crate::tasks::kinds::{Answerer, Decision, Gate, TaskStatus};
 
 /// One action as stored and as the API shows it.
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
@@ -20,8 +21,7 @@ pub struct ActionRow {
     pub pause: i32,
     pub turn: i32,
     pub tool_call_id: String,
-    /// `approval` or `output`.
-    pub kind: String,
+    pub kind: Gate,
     pub name: String,
     pub arguments: Value,
     pub created_at: DateTime<Utc>,
@@ -29,13 +29,13 @@ pub struct ActionRow {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub answered_at: Option<DateTime<Utc>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub decision: Option<String>,
+    pub decision: Option<Decision>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub output: Option<Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub answered_by: Option<String>,
+    pub answered_by: Option<Answerer>,
 }
 
 const ACTION_COLS: &str = "id, task_id, pause, turn, tool_call_id, kind, name, arguments, created_at, expires_at, \
@@ -45,7 +45,7 @@ const ACTION_COLS: &str = "id, task_id, pause, turn, tool_call_id, kind, name, a
 #[derive(Debug, Clone)]
 pub struct NewAction {
     pub tool_call_id: String,
-    pub kind: &'static str,
+    pub kind: Gate,
     pub name: String,
     pub arguments: Value,
 }
@@ -63,7 +63,7 @@ pub async fn pause(
 ) -> Result<Option<i32>, StoreError> {
     let ids: Vec<Uuid> = actions.iter().map(|_| Uuid::now_v7()).collect();
     let calls: Vec<&str> = actions.iter().map(|a| a.tool_call_id.as_str()).collect();
-    let kinds: Vec<&str> = actions.iter().map(|a| a.kind).collect();
+    let kinds: Vec<Gate> = actions.iter().map(|a| a.kind).collect();
     let names: Vec<&str> = actions.iter().map(|a| a.name.as_str()).collect();
     let args: Vec<&Value> = actions.iter().map(|a| &a.arguments).collect();
     let listed: Vec<Value> = actions
@@ -134,7 +134,7 @@ pub async fn pending_of(pool: &PgPool, tasks: &[Uuid]) -> Result<Vec<ActionRow>,
 #[derive(Debug, Clone, PartialEq)]
 pub struct Answer {
     pub id: Uuid,
-    pub decision: Option<&'static str>,
+    pub decision: Option<Decision>,
     pub message: Option<String>,
     pub output: Option<Value>,
 }
@@ -143,7 +143,7 @@ pub struct Answer {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Refused {
     NoTask,
-    NotPaused(String),
+    NotPaused(TaskStatus),
     /// `index` in the request: no action of this task has that id.
     Unknown {
         index: usize,
@@ -153,13 +153,13 @@ pub enum Refused {
     WrongKind {
         index: usize,
         id: Uuid,
-        kind: String,
+        kind: Gate,
     },
     /// The action was answered differently already (or expired: `by` says).
     Conflict {
         index: usize,
         id: Uuid,
-        by: String,
+        by: Answerer,
     },
 }
 
@@ -180,10 +180,10 @@ pub async fn answer(
     tenant: Option<&str>,
     task: Uuid,
     answers: &[Answer],
-    by: &str,
+    by: &Answerer,
 ) -> Result<Result<Answered, Refused>, StoreError> {
     let mut tx = pool.begin().await?;
-    let row: Option<(String, String, i32)> = sqlx::query_as(
+    let row: Option<(String, TaskStatus, i32)> = sqlx::query_as(
         "SELECT tenant, status, pauses FROM tasks WHERE id = $1 AND ($2::text IS NULL OR tenant = $2) FOR UPDATE",
     )
     .bind(task)
@@ -197,7 +197,7 @@ pub async fn answer(
         .await?;
     // A task that never paused has nothing to answer: that it is not waiting is the news, not
     // which id was sent.
-    if all.is_empty() && status != "requires_action" {
+    if all.is_empty() && status != TaskStatus::RequiresAction {
         return Ok(Err(Refused::NotPaused(status)));
     }
     let mut fresh = vec![];
@@ -206,23 +206,23 @@ pub async fn answer(
             return Ok(Err(Refused::Unknown { index, id: a.id }));
         };
         let is_decision = a.decision.is_some();
-        if is_decision != (action.kind == "approval") {
-            return Ok(Err(Refused::WrongKind { index, id: a.id, kind: action.kind.clone() }));
+        if is_decision != (action.kind == Gate::Approval) {
+            return Ok(Err(Refused::WrongKind { index, id: a.id, kind: action.kind }));
         }
         if action.answered_at.is_some() {
-            let same = action.answered_by.as_deref() != Some("expired")
-                && action.decision.as_deref() == a.decision
+            let same = action.answered_by != Some(Answerer::Expired)
+                && action.decision == a.decision
                 && action.output == a.output
                 && (a.decision.is_none() || action.message == a.message);
             if same {
                 continue;
             }
-            let by = action.answered_by.clone().unwrap_or_default();
+            let by = action.answered_by.clone().unwrap_or(Answerer::Expired);
             return Ok(Err(Refused::Conflict { index, id: a.id, by }));
         }
         fresh.push(a);
     }
-    if !fresh.is_empty() && status != "requires_action" {
+    if !fresh.is_empty() && status != TaskStatus::RequiresAction {
         return Ok(Err(Refused::NotPaused(status)));
     }
     for a in &fresh {
@@ -307,7 +307,7 @@ pub async fn expire(pool: &PgPool) -> Result<Vec<Uuid>, StoreError> {
     if due.is_empty() {
         return Ok(vec![]);
     }
-    let expired: Vec<(Uuid, Uuid, Option<String>)> = sqlx::query_as(
+    let expired: Vec<(Uuid, Uuid, Option<Decision>)> = sqlx::query_as(
         "UPDATE task_actions SET answered_at = now(), answered_by = 'expired',
              decision = CASE WHEN kind = 'approval' THEN 'deny' END,
              message = CASE WHEN kind = 'approval' THEN 'no decision came in time' END
@@ -319,7 +319,7 @@ pub async fn expire(pool: &PgPool) -> Result<Vec<Uuid>, StoreError> {
     .await?;
     let mut tasks: Vec<Uuid> = vec![];
     for (task, id, decision) in expired {
-        let data = serde_json::json!({"id": id, "decision": decision, "output": false, "by": "expired"});
+        let data = serde_json::json!({"id": id, "decision": decision, "output": false, "by": Answerer::Expired});
         answered_event(&mut tx, task, data).await?;
         if !tasks.contains(&task) {
             tasks.push(task);

@@ -1,7 +1,7 @@
 //! The SQL side of budgets: a tenant's use against its limits; the reservation of a provider
 //! call (`budget_reserve_call`, migration 0008), which locks the tenant's row while it checks and
 //! may grant, lower, ask to wait, or refuse; the waking of waiters (`budget_wake`). Settlement is
-//! part of the turn's checkpoint (`runs::commit_turn`), which tells waiters' workers (NOTIFY
+//! part of the turn's checkpoint (`runs::commit_turns`), which tells waiters' workers (NOTIFY
 //! `subagentd_budget`). The rules that decide what these figures mean live in `crate::budget`.
 
 use rust_decimal::Decimal;
@@ -10,7 +10,7 @@ use serde_json::Value;
 use sqlx::{FromRow, PgConnection, PgPool, Row};
 use uuid::Uuid;
 
-use super::{Fence, StoreError, CH_DONE};
+use super::{Fence, StoreError};
 
 /// The configured spend limits of a tenant that sets none.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -181,10 +181,10 @@ pub async fn waiting(pool: &PgPool) -> Result<Vec<(String, i64)>, StoreError> {
     .await?)
 }
 
-/// End the budget waits that ran past their task's time limit (`incomplete` / `timeout`).
+/// End the budget waits that ran past their task's time limit (`incomplete` / `timeout`); its
+/// caller (`tasks::end`) wakes their waiters.
 pub async fn end_expired_waits(pool: &PgPool) -> Result<Vec<Uuid>, StoreError> {
-    let sql = format!(
-        "WITH u AS (
+    let sql = "WITH u AS (
             UPDATE tasks SET status = 'incomplete', stop_reason = 'timeout', finished_at = now(), waiting_for = NULL,
                 summary = '(sub-agent ' || subagent_type || ' stopped: its time limit was reached while it waited for budget)',
                 last_event_seq = last_event_seq + 1
@@ -192,12 +192,10 @@ pub async fn end_expired_waits(pool: &PgPool) -> Result<Vec<Uuid>, StoreError> {
             RETURNING id, last_event_seq
          ), e AS (
             INSERT INTO task_events (task_id, seq, kind, data)
-            SELECT id, last_event_seq, 'finished', '{{\"status\": \"incomplete\", \"stop_reason\": \"timeout\"}}' FROM u
+            SELECT id, last_event_seq, 'finished', '{\"status\": \"incomplete\", \"stop_reason\": \"timeout\"}' FROM u
          )
-         SELECT id, pg_notify('{CH_DONE}', id::text)::text FROM u"
-    );
-    let rows: Vec<(Uuid, String)> = sqlx::query_as(&sql).fetch_all(pool).await?;
-    Ok(rows.into_iter().map(|r| r.0).collect())
+         SELECT id FROM u";
+    Ok(sqlx::query_scalar(sql).fetch_all(pool).await?)
 }
 
 /// What a tenant uses now, against its limits.

@@ -1,5 +1,5 @@
 //! `llm_calls`: the usage ledger, one row per provider call attempt. Rows are written by the
-//! run's fenced statements (`runs::commit_turn`), read here, and purged by `retention`.
+//! run's fenced statements (`runs::commit_turns`), read here, and purged by `retention`.
 
 use chrono::{DateTime, Utc};
 use rust_decimal::Decimal;
@@ -7,6 +7,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::StoreError;
+pub use crate::tasks::kinds::CallOutcome;
 
 /// One ledger row: what a run writes, and what `GET /tasks/{id}/calls` shows.
 #[derive(Debug, Clone, Default, sqlx::FromRow, serde::Serialize)]
@@ -31,7 +32,7 @@ pub struct CallRow {
     pub cost_usd: Option<Decimal>,
     pub latency_ms: i32,
     pub http_status: Option<i32>,
-    pub outcome: String,
+    pub outcome: CallOutcome,
     pub error: Option<String>,
     /// The usage is an estimate (the answer never came, or the provider reported none).
     pub usage_estimated: bool,

@@ -1,7 +1,8 @@
 //! Every SQL statement of the service, one file per table family; plain rows in and out.
 //!
-//! May import: `db` (migrations, for readiness) and the crate's leaves (`config`). Never an
-//! engine, tool, budget or HTTP type: conversion to those happens in the layers above.
+//! May import: `db` (migrations, for readiness) and the crate's leaves (`config`, and the task's
+//! domain kinds, `tasks::kinds`). Never an engine, tool, budget or HTTP type, nor anything else
+//! of the lifecycle room: conversion to those happens in the layers above.
 //! Every write a worker makes is one statement fenced on `(id, lease_token)` (`Fence`): a task
 //! holds a lease token only while it runs (a constraint, migration 0016), so the fence needs no
 //! `status = 'running'`, and without one the primary key alone finds the row.
@@ -10,6 +11,7 @@ pub mod actions;
 pub mod agents;
 pub mod budget;
 pub mod calls;
+pub mod committer;
 pub mod events;
 pub mod overview;
 pub mod retention;

@@ -6,9 +6,9 @@ use sqlx::{FromRow, PgPool, Row};
 use uuid::Uuid;
 
 use super::calls::CallRow;
-use super::tasks::{TaskRow, TaskStatus, COLS, WEBHOOK};
+use super::tasks::{StopReason, TaskRow, TaskStatus, COLS, WEBHOOK};
 pub use super::Fence;
-use super::{StoreError, CH_DONE, CH_QUEUED};
+use super::StoreError;
 
 /// Claim up to `limit` queued tasks, fairly across tenants and within each tenant's running
 /// limit: each slot goes to the tenant that would then have the fewest tasks running (each
@@ -158,71 +158,6 @@ pub async fn messages(pool: &PgPool, id: Uuid) -> Result<Vec<Value>, StoreError>
         .await?)
 }
 
-/// Commit one turn in one statement: the task's totals, the call's ledger row, the turn's
-/// messages and events. `turn` is `None` for a failed call that completes no turn. With
-/// `fin`, the same statement also ends the task (the run's last turn): one commit, not two.
-/// Returns false (and writes nothing) if the lease is no longer held; true if written, now or
-/// by an earlier try whose answer was lost with its connection.
-pub async fn commit_turn(
-    conn: &mut sqlx::PgConnection,
-    f: Fence,
-    turn: Option<i32>,
-    call: &CallRow,
-    messages: &[Value],
-    events: &[(&str, Value)],
-    fin: Option<&Finish>,
-) -> Result<Committed, StoreError> {
-    let mut kinds: Vec<&str> = events.iter().map(|e| e.0).collect();
-    let mut datas: Vec<Value> = events.iter().map(|e| e.1.clone()).collect();
-    let whole = fin.is_some_and(|f| f.return_task);
-    if let Some(fin) = fin {
-        for (k, d) in fin.events() {
-            kinds.push(k);
-            datas.push(d);
-        }
-    }
-    let sql: &str = if whole { &COMMIT_TURN_ENDING } else { &COMMIT_TURN };
-    let row = sqlx::query(sql)
-        .bind(f.id) // 1
-        .bind(f.lease) // 2
-        .bind(turn) // 3
-        .bind(call.turn) // 4
-        .bind(call.attempt) // 5
-        .bind(call.try_no) // 6
-        .bind(&call.provider) // 7
-        .bind(call.input_tokens) // 8
-        .bind(call.output_tokens) // 9
-        .bind(call.cached_tokens) // 10
-        .bind(call.cost_usd) // 11
-        .bind(call.latency_ms) // 12
-        .bind(call.http_status) // 13
-        .bind(&call.outcome) // 14
-        .bind(&call.error) // 15
-        .bind(messages) // 16
-        .bind(&kinds) // 17
-        .bind(&datas) // 18
-        .bind(&call.model) // 19
-        .bind(call.call_key) // 20
-        .bind(call.reserved_usd) // 21
-        .bind(call.reserved_tokens) // 22
-        .bind(fin.map(|f| f.status.as_str())) // 23
-        .bind(fin.and_then(|f| f.stop_reason.as_deref())) // 24
-        .bind(fin.and_then(|f| f.summary.as_deref())) // 25
-        .bind(fin.and_then(|f| f.error_code.as_deref())) // 26
-        .bind(fin.and_then(|f| f.error_message.as_deref())) // 27
-        .bind(call.usage_estimated) // 28
-        .bind(fin.and_then(|f| f.output.as_ref())) // 29
-        .bind(call.cache_write_tokens) // 30
-        .fetch_optional(&mut *conn)
-        .await?;
-    match (row, fin) {
-        (Some(r), Some(_)) => return Committed::finished(whole.then_some(&r)),
-        (Some(_), None) => return Ok(Committed::Applied),
-        (None, _) => {}
-    }
-    settle_unapplied(conn, f, call, fin).await
-}
-
 /// A turn's write that was not applied now: either the lease is gone (`LeaseLost`), or this is a
 /// retry of a commit whose answer was lost (its ledger row is there: it was applied then).
 async fn settle_unapplied(
@@ -258,64 +193,9 @@ const ROLLUP_ADD: &str = "calls = d.calls + EXCLUDED.calls, ok = d.ok + EXCLUDED
                 cache_write_tokens = d.cache_write_tokens + EXCLUDED.cache_write_tokens,
                 cost_usd = d.cost_usd + EXCLUDED.cost_usd, estimated_calls = d.estimated_calls + EXCLUDED.estimated_calls";
 
-/// `commit_turn`'s statement; `whole`: the one that also answers with the whole task.
-fn commit_turn_sql(whole: bool) -> String {
-    format!(
-        "WITH u AS (
-            UPDATE tasks SET turns = coalesce($3, turns),
-                input_tokens = input_tokens + $8, output_tokens = output_tokens + $9,
-                cached_tokens = cached_tokens + $10, cache_write_tokens = cache_write_tokens + $30,
-                cost_usd = cost_usd + coalesce($11, 0),
-                unpriced_calls = unpriced_calls + ($11 IS NULL AND $14 = 'ok')::int,
-                estimated_calls = estimated_calls + $28::bool::int,
-                reserved_usd = CASE WHEN $23::text IS NULL THEN greatest(reserved_usd - $21, 0) ELSE 0 END,
-                reserved_tokens = CASE WHEN $23::text IS NULL THEN greatest(reserved_tokens - $22, 0) ELSE 0 END,
-                last_event_seq = last_event_seq + cardinality($17::text[]),
-                status = coalesce($23, status),
-                stop_reason = CASE WHEN $23::text IS NULL THEN stop_reason ELSE $24 END,
-                summary = CASE WHEN $23::text IS NULL THEN summary ELSE $25 END,
-                output = CASE WHEN $23::text IS NULL THEN output ELSE $29::jsonb END,
-                error_code = CASE WHEN $23::text IS NULL THEN error_code ELSE $26 END,
-                error_message = CASE WHEN $23::text IS NULL THEN error_message ELSE $27 END,
-                finished_at = CASE WHEN $23::text IS NULL THEN finished_at ELSE now() END,
-                lease_token = CASE WHEN $23::text IS NULL THEN lease_token END,
-                lease_expires_at = CASE WHEN $23::text IS NULL THEN lease_expires_at END
-            WHERE id = $1 AND lease_token = $2
-              AND NOT EXISTS (SELECT 1 FROM llm_calls WHERE call_key = $20)
-            RETURNING {returning}
-         ), c AS (
-            INSERT INTO llm_calls (call_key, task_id, tenant, turn, attempt, try, provider, model, input_tokens,
-                output_tokens, cached_tokens, cache_write_tokens, cost_usd, latency_ms, http_status, outcome, error,
-                usage_estimated)
-            SELECT $20, $1, tenant, $4, $5, $6, $7, $19, $8, $9, $10, $30, $11, $12, $13, $14, $15, $28 FROM u
-         ), r AS (
-            INSERT INTO usage_daily AS d (day, tenant, model, agent_type, api_key, shard, calls, ok, failed, input_tokens,
-                output_tokens, cached_tokens, cache_write_tokens, cost_usd, estimated_calls)
-            SELECT (now() AT TIME ZONE 'UTC')::date, tenant, $7 || '/' || $19, subagent_type, coalesce(api_key, ''),
-                pg_backend_pid() % 16, 1, ($14 = 'ok')::int, ($14 <> 'ok')::int, $8, $9, $10, $30, coalesce($11, 0),
-                $28::bool::int FROM u
-            ON CONFLICT (tenant, day, model, agent_type, api_key, shard) DO UPDATE SET {ROLLUP_ADD}
-         ), m AS (
-            INSERT INTO task_messages (task_id, seq, turn, message)
-            SELECT $1, (SELECT coalesce(max(seq), 0) FROM task_messages WHERE task_id = $1) + x.ord, $4, x.msg
-            FROM u, unnest($16::jsonb[]) WITH ORDINALITY AS x(msg, ord)
-         ), e AS (
-            INSERT INTO task_events (task_id, seq, kind, data)
-            SELECT $1, u.last_event_seq - cardinality($17::text[]) + x.ord, x.kind, x.data
-            FROM u, unnest($17::text[], $18::jsonb[]) WITH ORDINALITY AS x(kind, data, ord)
-         ), {WAKE_WAITERS}
-         SELECT {answer} FROM u, (SELECT count(*) FROM w) AS woken",
-        // The whole task only for the commit that ends it (for its waiters).
-        returning = if whole { format!("{COLS}, {WEBHOOK}, last_event_seq") } else { "tenant, subagent_type, api_key, last_event_seq".into() },
-        answer = if whole { format!("{COLS}, webhook") } else { "1".into() },
-    )
-}
-
-/// Built once: a run's checkpoint may wait for a connection, and thousands do at once.
-static COMMIT_TURN: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| commit_turn_sql(false));
-static COMMIT_TURN_ENDING: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| commit_turn_sql(true));
-
-/// One run's turn, owned, for `commit_turns` (the arguments of `commit_turn`).
+/// One run's turn, for `commit_turns`: the task's totals, the call's ledger row, the turn's
+/// messages and events. `turn` is `None` for a failed call that completes no turn. With `fin`,
+/// the same statement also ends the task (the run's last turn): one commit, not two.
 #[derive(Debug, Clone)]
 pub struct TurnWrite {
     pub fence: Fence,
@@ -327,9 +207,12 @@ pub struct TurnWrite {
 }
 
 impl TurnWrite {
-    /// Commit this turn alone (`commit_turn`).
+    /// Commit this turn by itself (on `conn`, which may be in a transaction): false (nothing
+    /// written) if the lease is no longer held; true if written, now or by an earlier try whose
+    /// answer was lost with its connection.
     pub async fn commit_alone(&self, conn: &mut sqlx::PgConnection) -> Result<Committed, StoreError> {
-        commit_turn(conn, self.fence, self.turn, &self.call, &self.messages, &self.events, self.fin.as_ref()).await
+        let mut done = commit_turns_on(conn, &[self]).await?;
+        Ok(done.pop().unwrap_or(Committed::LeaseLost))
     }
 
     /// Its events, with the run's end's when it ends the task.
@@ -342,12 +225,18 @@ impl TurnWrite {
     }
 }
 
-/// Commit the turns of several runs in one statement (a group commit): what `commit_turn` writes
-/// for each, each fenced on its own lease, with one transaction and one rollup upsert per
+/// Commit the turns of several runs in one statement (a group commit, or one turn alone: see
+/// `TurnWrite`): each fenced on its own lease, and written only once however often it is sent, with one transaction and one rollup upsert per
 /// (tenant, model, agent, key) for all. The answer is each write's result, in order: a write
 /// whose lease is gone is `LeaseLost` and changes nothing, and does not stop the others. An
 /// error fails the whole statement and writes nothing (the caller commits each alone then).
 pub async fn commit_turns(pool: &PgPool, writes: &[&TurnWrite]) -> Result<Vec<Committed>, StoreError> {
+    let mut conn = pool.acquire().await?;
+    commit_turns_on(&mut conn, writes).await
+}
+
+/// `commit_turns` on one connection.
+async fn commit_turns_on(conn: &mut sqlx::PgConnection, writes: &[&TurnWrite]) -> Result<Vec<Committed>, StoreError> {
     let whole = writes.iter().any(|w| w.fin.as_ref().is_some_and(|f| f.return_task));
     let n = writes.len();
     let (mut ids, mut leases, mut keys) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
@@ -384,7 +273,7 @@ pub async fn commit_turns(pool: &PgPool, writes: &[&TurnWrite]) -> Result<Vec<Co
         http.push(c.http_status);
         est.push(c.usage_estimated);
         status.push(fin.map(|f| f.status.as_str()));
-        stop.push(fin.and_then(|f| f.stop_reason.as_deref()));
+        stop.push(fin.and_then(|f| f.stop_reason.map(StopReason::as_str)));
         summary.push(fin.and_then(|f| f.summary.as_deref()));
         ecode.push(fin.and_then(|f| f.error_code.as_deref()));
         emsg.push(fin.and_then(|f| f.error_message.as_deref()));
@@ -438,7 +327,7 @@ pub async fn commit_turns(pool: &PgPool, writes: &[&TurnWrite]) -> Result<Vec<Co
         .bind(&e_of) // 32
         .bind(&e_kind) // 33
         .bind(&e_data) // 34
-        .fetch_all(pool)
+        .fetch_all(&mut *conn)
         .await?;
     let mut done: Vec<Option<Committed>> = (0..n).map(|_| None).collect();
     for r in &rows {
@@ -450,14 +339,9 @@ pub async fn commit_turns(pool: &PgPool, writes: &[&TurnWrite]) -> Result<Vec<Co
         });
     }
     // Those not written now: a lease gone, or a write already made by an earlier try whose
-    // answer was lost (rare): settled one by one as `commit_turn` settles them.
-    let mut conn = None;
+    // answer was lost (rare): settled one by one.
     for (i, d) in done.iter_mut().enumerate() {
         if d.is_none() {
-            let conn = match &mut conn {
-                Some(c) => c,
-                None => conn.insert(pool.acquire().await?),
-            };
             *d = Some(settle_unapplied(conn, writes[i].fence, &writes[i].call, writes[i].fin.as_ref()).await?);
         }
     }
@@ -565,7 +449,7 @@ impl Committed {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Finish {
     pub status: TaskStatus,
-    pub stop_reason: Option<String>,
+    pub stop_reason: Option<StopReason>,
     pub summary: Option<String>,
     /// The final answer's value (with an `output_schema`).
     pub output: Option<Value>,
@@ -622,8 +506,8 @@ pub async fn finish(pool: &PgPool, f: Fence, fin: &Finish) -> Result<Committed, 
     let row = sqlx::query(sql)
         .bind(f.id)
         .bind(f.lease)
-        .bind(fin.status.as_str())
-        .bind(&fin.stop_reason)
+        .bind(fin.status)
+        .bind(fin.stop_reason)
         .bind(&fin.summary)
         .bind(&fin.error_code)
         .bind(&fin.error_message)
@@ -720,8 +604,7 @@ pub async fn rescue(pool: &PgPool, max_attempts: i32, grace_secs: f64) -> Result
         return Ok(vec![]);
     }
     sqlx::query(RECORD_INTERRUPTED).bind(&ids).execute(&mut *tx).await?;
-    let sql = format!(
-        "WITH u AS (
+    let sql = "WITH u AS (
             UPDATE tasks t SET
                 status = CASE WHEN t.cancel_requested THEN 'cancelled'
                               WHEN t.attempt >= $1 THEN 'failed' ELSE 'queued' END,
@@ -739,13 +622,10 @@ pub async fn rescue(pool: &PgPool, max_attempts: i32, grace_secs: f64) -> Result
             INSERT INTO task_events (task_id, seq, kind, data)
             SELECT id, last_event_seq, 'rescued', jsonb_build_object('status', status, 'attempt', attempt) FROM u
          )
-         SELECT id, status, pg_notify(CASE WHEN status = 'queued' THEN '{CH_QUEUED}' ELSE '{CH_DONE}' END,
-                                      CASE WHEN status = 'queued' THEN '' ELSE id::text END)::text FROM u"
-    );
-    let rows: Vec<(Uuid, TaskStatus, String)> =
-        sqlx::query_as(&sql).bind(max_attempts).bind(&ids).fetch_all(&mut *tx).await?;
+         SELECT id, status FROM u";
+    let rows: Vec<(Uuid, TaskStatus)> = sqlx::query_as(sql).bind(max_attempts).bind(&ids).fetch_all(&mut *tx).await?;
     tx.commit().await?;
-    Ok(rows.into_iter().map(|(id, s, _)| (id, s)).collect())
+    Ok(rows)
 }
 
 /// The calls rescued tasks ($1) had in flight, in the ledger: `interrupted`, usage estimated

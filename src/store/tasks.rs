@@ -8,93 +8,14 @@ use uuid::Uuid;
 
 use super::budget::SpendDefaults;
 use super::StoreError;
-
-/// A task's state. Decoded once, where rows are read; the schema's check constraint keeps the
-/// column to these values.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TaskStatus {
-    #[default]
-    Queued,
-    Running,
-    /// Paused until the caller answers its pending actions (decisions or tool outputs).
-    RequiresAction,
-    Completed,
-    Incomplete,
-    Failed,
-    Cancelled,
-}
-
-impl TaskStatus {
-    pub const ALL: [TaskStatus; 7] = [
-        TaskStatus::Queued,
-        TaskStatus::Running,
-        TaskStatus::RequiresAction,
-        TaskStatus::Completed,
-        TaskStatus::Incomplete,
-        TaskStatus::Failed,
-        TaskStatus::Cancelled,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TaskStatus::Queued => "queued",
-            TaskStatus::Running => "running",
-            TaskStatus::RequiresAction => "requires_action",
-            TaskStatus::Completed => "completed",
-            TaskStatus::Incomplete => "incomplete",
-            TaskStatus::Failed => "failed",
-            TaskStatus::Cancelled => "cancelled",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<TaskStatus> {
-        TaskStatus::ALL.into_iter().find(|t| t.as_str() == s)
-    }
-
-    /// No run will change it again.
-    pub fn is_terminal(self) -> bool {
-        !matches!(self, TaskStatus::Queued | TaskStatus::Running | TaskStatus::RequiresAction)
-    }
-}
-
-impl std::fmt::Display for TaskStatus {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl sqlx::Type<Postgres> for TaskStatus {
-    fn type_info() -> sqlx::postgres::PgTypeInfo {
-        <&str as sqlx::Type<Postgres>>::type_info()
-    }
-    fn compatible(ty: &sqlx::postgres::PgTypeInfo) -> bool {
-        <&str as sqlx::Type<Postgres>>::compatible(ty)
-    }
-}
-
-impl<'r> sqlx::Decode<'r, Postgres> for TaskStatus {
-    fn decode(value: sqlx::postgres::PgValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
-        let s = <&str as sqlx::Decode<Postgres>>::decode(value)?;
-        TaskStatus::parse(s).ok_or_else(|| format!("unknown task status {s:?}").into())
-    }
-}
-
-impl sqlx::Encode<'_, Postgres> for TaskStatus {
-    fn encode_by_ref(
-        &self,
-        buf: &mut sqlx::postgres::PgArgumentBuffer,
-    ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
-        <&str as sqlx::Encode<Postgres>>::encode(self.as_str(), buf)
-    }
-}
+pub use crate::tasks::kinds::{StopReason, TaskStatus};
 
 #[derive(Debug, Clone, Default, sqlx::FromRow)]
 pub struct TaskRow {
     pub id: Uuid,
     pub tenant: String,
     pub status: TaskStatus,
-    pub stop_reason: Option<String>,
+    pub stop_reason: Option<StopReason>,
     pub subagent_type: String,
     pub description: Option<String>,
     pub prompt: String,
@@ -462,16 +383,16 @@ pub struct CancelFilter {
     pub metadata: Option<Value>,
 }
 
-/// Cancel matching tasks: a queued or paused one ends at once; a running one is flagged and its
-/// worker told (on whichever replica holds it). Terminal tasks are left as they are. Returns each
-/// affected task with its status before the cancel.
+/// Cancel matching tasks: a queued or paused one ends at once; a running one is flagged (its
+/// worker, told by the caller, stops it). Terminal tasks are left as they are. Returns each
+/// affected task with its status before the cancel. Its caller is `tasks::end`, which wakes
+/// the waiters and tells the workers.
 pub async fn cancel_matching(
     pool: &PgPool,
     tenant: &str,
     f: &CancelFilter,
 ) -> Result<Vec<(Uuid, TaskStatus)>, StoreError> {
-    let sql = format!(
-        "WITH old AS (
+    let sql = "WITH old AS (
             SELECT id, status FROM tasks
             WHERE tenant = $1 AND ($2::uuid IS NULL OR id = $2) AND status = ANY($3)
               AND ($4::jsonb IS NULL OR metadata @> $4)
@@ -491,32 +412,11 @@ pub async fn cancel_matching(
             RETURNING t.id, t.last_event_seq, old.status AS old_status
          ), e AS (
             INSERT INTO task_events (task_id, seq, kind, data)
-            SELECT id, last_event_seq, CASE WHEN old_status <> 'running' THEN 'cancelled' ELSE 'cancel_requested' END, '{{}}'
+            SELECT id, last_event_seq, CASE WHEN old_status <> 'running' THEN 'cancelled' ELSE 'cancel_requested' END, '{}'
             FROM u
          )
-         SELECT id, old_status, pg_notify(CASE WHEN old_status <> 'running' THEN '{done}' ELSE '{cancel}' END, id::text)::text
-                || pg_notify('subagentd_event', id::text)::text
-         FROM u",
-        done = super::CH_DONE,
-        cancel = super::CH_CANCEL
-    );
-    let statuses: Vec<&str> = f.statuses.iter().map(|s| s.as_str()).collect();
-    let rows: Vec<(Uuid, TaskStatus, String)> =
-        sqlx::query_as(&sql).bind(tenant).bind(f.id).bind(&statuses).bind(&f.metadata).fetch_all(pool).await?;
-    Ok(rows.into_iter().map(|(id, s, _)| (id, s)).collect())
-}
-
-/// Cancel one task (idempotent) of `tenant`, or of any tenant (`None`: the admin). `None`
-/// back: no such task.
-pub async fn cancel(pool: &PgPool, tenant: Option<&str>, id: Uuid) -> Result<Option<TaskRow>, StoreError> {
-    let Some(t) = get_in(pool, tenant, id).await? else { return Ok(None) };
-    let f = CancelFilter {
-        id: Some(id),
-        statuses: vec![TaskStatus::Queued, TaskStatus::Running, TaskStatus::RequiresAction],
-        metadata: None,
-    };
-    cancel_matching(pool, &t.tenant, &f).await?;
-    get(pool, &t.tenant, id).await
+         SELECT id, old_status FROM u";
+    Ok(sqlx::query_as(sql).bind(tenant).bind(f.id).bind(&f.statuses).bind(&f.metadata).fetch_all(pool).await?)
 }
 
 /// Tasks queued and running, across tenants (partial-index scans).

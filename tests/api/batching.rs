@@ -7,13 +7,13 @@ use std::time::Duration;
 use rust_decimal::Decimal;
 use serde_json::{json, Value};
 use subagentd::engine::{StopCause, StopSignal};
-use subagentd::jobs::committer::Committer;
+use subagentd::hub::Hub;
 use subagentd::jobs::heartbeat::Heartbeat;
-use subagentd::jobs::hub::Hub;
 use subagentd::store::budget::{reserve_many, CallAsk, Reserve, ReserveWrite, SpendDefaults};
-use subagentd::store::calls::CallRow;
+use subagentd::store::calls::{CallOutcome, CallRow};
+use subagentd::store::committer::Committer;
 use subagentd::store::runs::{commit_turns, Committed, Finish, TurnWrite};
-use subagentd::store::tasks::TaskStatus;
+use subagentd::store::tasks::{StopReason, TaskStatus};
 use subagentd::store::Fence;
 use uuid::Uuid;
 
@@ -39,7 +39,7 @@ fn turn(fence: Fence, input: i64, message: Value) -> TurnWrite {
         input_tokens: input,
         output_tokens: 5,
         cost_usd: Some(Decimal::new(1, 2)),
-        outcome: "ok".into(),
+        outcome: CallOutcome::Ok,
         ..CallRow::default()
     };
     let messages = vec![json!({"role": "assistant", "content": "calling"}), message];
@@ -77,7 +77,7 @@ async fn turns_committed_together_are_each_fenced_on_their_own_lease_and_a_retry
     let mut ending = turn(b, 200, json!({"role": "user", "content": "b"}));
     ending.fin = Some(Finish {
         status: TaskStatus::Completed,
-        stop_reason: Some("end_turn".into()),
+        stop_reason: Some(StopReason::FinalAnswer),
         summary: Some("done".into()),
         output: None,
         error_code: None,

@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use subagentd::engine::{StopCause, StopSignal};
+use subagentd::hub::Hub;
 use subagentd::jobs::claim::ClaimLoop;
 use subagentd::jobs::heartbeat::Heartbeat;
-use subagentd::jobs::hub::Hub;
 use subagentd::jobs::rescuer::Rescuer;
 use subagentd::jobs::retention::{Purged, Retention};
 use subagentd::jobs::webhooks::WebhookSender;
@@ -53,7 +53,13 @@ async fn a_rescuer_pass_requeues_an_expired_lease_and_fails_a_task_out_of_attemp
     sqlx::query("UPDATE tasks SET attempt = 3 WHERE id = $1").bind(lost).execute(&db.pool).await.unwrap();
     let live =
         task(&db, "running", "lease_token = gen_random_uuid(), lease_expires_at = now() + interval '1 hour'").await;
-    let r = Rescuer { pool: db.pool.clone(), max_attempts: 3, every: Duration::from_secs(1), grace: Duration::ZERO };
+    let r = Rescuer {
+        pool: db.pool.clone(),
+        hub: Hub::new(),
+        max_attempts: 3,
+        every: Duration::from_secs(1),
+        grace: Duration::ZERO,
+    };
     assert_eq!(r.pass().await.unwrap(), 2);
     assert_eq!(
         (status(&db, again).await, status(&db, lost).await, status(&db, live).await),

@@ -8,17 +8,17 @@ use subagentd::budget::{BudgetError, Limits};
 use subagentd::cache::TtlCache;
 use subagentd::config::Config;
 use subagentd::engine::definitions::FileAgents;
-use subagentd::jobs::hub::Hub;
+use subagentd::hub::Hub;
 use subagentd::llm::Providers;
 use subagentd::store::tasks::TaskStatus;
-use subagentd::submit::{Submission, SubmitError, Submitted, Submitter, TaskRequest};
+use subagentd::tasks::{Lifecycle, Submission, Submitted, TaskError as SubmitError, TaskRequest};
 
 use crate::helpers::*;
 
-fn submitter(db: &TestDb, tweak: impl FnOnce(&mut Config)) -> Submitter {
+fn submitter(db: &TestDb, tweak: impl FnOnce(&mut Config)) -> Lifecycle {
     let mut cfg = test_config(&db.url);
     tweak(&mut cfg);
-    Submitter {
+    Lifecycle {
         pool: db.pool.clone(),
         tool_caller: subagentd::tools::Caller::from_config(&cfg).unwrap(),
         cfg: Arc::new(cfg),
@@ -27,7 +27,8 @@ fn submitter(db: &TestDb, tweak: impl FnOnce(&mut Config)) -> Submitter {
         hub: Hub::new(),
         limits_cache: Arc::new(TtlCache::new(Duration::from_secs(5))),
         tools_cache: Arc::new(TtlCache::new(Duration::from_secs(5))),
-        worker: None,
+        shortcut: None,
+        shutdown: Default::default(),
     }
 }
 
@@ -38,6 +39,7 @@ fn submission(body: serde_json::Value, key: Option<&str>) -> Submission {
         tenant: "acme".into(),
         request,
         idempotency_key: key.map(Into::into),
+        depth: None,
         traceparent: None,
         waiting: false,
         api_key: None,

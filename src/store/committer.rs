@@ -1,4 +1,5 @@
-//! Group commit of runs' writes: the turn checkpoints, call reservations and event appends of
+//! Group commit of runs' writes (the batched form of `runs::commit_turns`,
+//! `budget::reserve_many` and `events::append_many`): the turn checkpoints, call reservations and event appends of
 //! runs that are ready at the same moment go to PostgreSQL as one statement of each kind, every
 //! write still fenced on its own run's lease and answered on its own.
 //!
@@ -19,10 +20,10 @@ use std::time::Instant;
 use sqlx::PgPool;
 use tokio::sync::{mpsc, oneshot, Mutex};
 
-use crate::store::budget::{self as budget_sql, Reserve, ReserveWrite};
-use crate::store::events::{self, EventsWrite};
-use crate::store::runs::{self, Committed, TurnWrite};
-use crate::store::{retrying, StoreError};
+use super::budget::{self as budget_sql, Reserve, ReserveWrite};
+use super::events::{self, EventsWrite};
+use super::runs::{self, Committed, TurnWrite};
+use super::{retrying, StoreError};
 
 /// The most writes in one statement: bounds a batch's time, and so any write's wait.
 pub const MAX_BATCH: usize = 64;

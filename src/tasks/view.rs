@@ -1,6 +1,5 @@
-//! The task as the API (and webhooks) show it: the row with its options read once.
-//!
-//! May import: `engine::spec`, `store`, `telemetry`.
+//! The task as every door (and the webhooks) show it: the row with its options read once, and a
+//! paused task's pending actions.
 
 use chrono::{DateTime, Utc};
 use rust_decimal::Decimal;
@@ -8,8 +7,9 @@ use serde::Serialize;
 use serde_json::{json, Value};
 use uuid::Uuid;
 
+use super::kinds::{StopReason, TaskStatus};
 use crate::engine::spec::TaskOptions;
-use crate::store::tasks::{TaskRow, TaskStatus};
+use crate::store::tasks::TaskRow;
 
 /// The task as the API shows it.
 #[derive(Debug, Default, Serialize)]
@@ -17,7 +17,7 @@ pub struct TaskView {
     pub id: Uuid,
     pub tenant: String,
     pub status: TaskStatus,
-    pub stop_reason: Option<String>,
+    pub stop_reason: Option<StopReason>,
     pub subagent_type: String,
     pub description: Option<String>,
     pub model: String,

@@ -1,5 +1,8 @@
 //! One LISTEN connection per process, fanned out: workers are woken for new work, waiters
 //! for finished tasks, running sub-agents for cancels, whichever replica caused them.
+//!
+//! May import: `engine` (the stop signal), `store`. Used by the lifecycle room (waits, feeds,
+//! ends) and by `jobs` (runs, claims).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

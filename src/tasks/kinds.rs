@@ -1,0 +1,271 @@
+//! A task's domain kinds: its status, why a run stopped, how a provider call went, what a
+//! paused call waits for, the decision on it and who answered. Each is an enum, written to and
+//! read from its text column once, at the store boundary (the `sqlx` impls below); everywhere
+//! else it is matched, never compared as a string.
+//!
+//! A leaf: imports nothing of the service, so that every layer may use it (`store` imports this
+//! file and nothing else of the lifecycle room).
+
+use sqlx::Postgres;
+
+/// An enum kept in a text column: its names, both ways, and its `sqlx` and `serde` impls.
+macro_rules! text_enum {
+    ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $v:ident = $s:literal),+ $(,)? }) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum $name {
+            $($(#[$vm])* $v),+
+        }
+
+        impl $name {
+            pub const ALL: &'static [$name] = &[$($name::$v),+];
+
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$v => $s),+
+                }
+            }
+
+            pub fn parse(s: &str) -> Option<$name> {
+                match s {
+                    $($s => Some($name::$v),)+
+                    _ => None,
+                }
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl serde::Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(self.as_str())
+            }
+        }
+
+        impl<'de> serde::Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+                $name::parse(&s).ok_or_else(|| {
+                    serde::de::Error::custom(format!(concat!("unknown ", stringify!($name), " {:?}"), s))
+                })
+            }
+        }
+
+        impl sqlx::Type<Postgres> for $name {
+            fn type_info() -> sqlx::postgres::PgTypeInfo {
+                <&str as sqlx::Type<Postgres>>::type_info()
+            }
+            fn compatible(ty: &sqlx::postgres::PgTypeInfo) -> bool {
+                <&str as sqlx::Type<Postgres>>::compatible(ty)
+            }
+        }
+
+        impl<'r> sqlx::Decode<'r, Postgres> for $name {
+            fn decode(value: sqlx::postgres::PgValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
+                let s = <&str as sqlx::Decode<Postgres>>::decode(value)?;
+                $name::parse(s).ok_or_else(|| format!(concat!("unknown ", stringify!($name), " {:?}"), s).into())
+            }
+        }
+
+        impl sqlx::Encode<'_, Postgres> for $name {
+            fn encode_by_ref(
+                &self,
+                buf: &mut sqlx::postgres::PgArgumentBuffer,
+            ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
+                <&str as sqlx::Encode<Postgres>>::encode(self.as_str(), buf)
+            }
+        }
+
+        impl sqlx::postgres::PgHasArrayType for $name {
+            fn array_type_info() -> sqlx::postgres::PgTypeInfo {
+                <&str as sqlx::postgres::PgHasArrayType>::array_type_info()
+            }
+        }
+    };
+}
+
+text_enum! {
+    /// A task's state; the schema's check constraint keeps the column to these values.
+    TaskStatus {
+        Queued = "queued",
+        Running = "running",
+        /// Paused until the caller answers its pending actions (decisions or tool outputs).
+        RequiresAction = "requires_action",
+        Completed = "completed",
+        Incomplete = "incomplete",
+        Failed = "failed",
+        Cancelled = "cancelled",
+    }
+}
+
+#[allow(clippy::derivable_impls)] // the enum comes from `text_enum!`
+impl Default for TaskStatus {
+    fn default() -> Self {
+        TaskStatus::Queued
+    }
+}
+
+impl TaskStatus {
+    /// No run will change it again.
+    pub fn is_terminal(self) -> bool {
+        !matches!(self, TaskStatus::Queued | TaskStatus::Running | TaskStatus::RequiresAction)
+    }
+
+    /// Still to be run, running, or paused: what a cancel applies to.
+    pub const OPEN: [TaskStatus; 3] = [TaskStatus::Queued, TaskStatus::Running, TaskStatus::RequiresAction];
+}
+
+text_enum! {
+    /// Why a run stopped: `final_answer` for a completed task; for an incomplete one, the limit
+    /// that stopped it; `cancelled` for a cancel.
+    StopReason {
+        FinalAnswer = "final_answer",
+        MaxTurns = "max_turns",
+        /// The answer was cut at the output limit, and no turn was left to ask again.
+        MaxTokens = "max_tokens",
+        Budget = "budget",
+        Timeout = "timeout",
+        LoopDetected = "loop_detected",
+        /// The final answer never matched the output schema.
+        InvalidOutput = "invalid_output",
+        /// The model ended with an empty answer.
+        FinalAnswerEmpty = "final_answer_empty",
+        Cancelled = "cancelled",
+    }
+}
+
+text_enum! {
+    /// How one provider call attempt went, as the ledger records it.
+    CallOutcome {
+        Ok = "ok",
+        Error = "error",
+        /// Stopped while the provider was answering (a cancel, a drain, a lost worker): its
+        /// usage is estimated.
+        Interrupted = "interrupted",
+    }
+}
+
+#[allow(clippy::derivable_impls)] // the enum comes from `text_enum!`
+impl Default for CallOutcome {
+    fn default() -> Self {
+        CallOutcome::Ok
+    }
+}
+
+text_enum! {
+    /// What a paused tool call waits for (an action's `kind`).
+    Gate {
+        /// A decision: approve (it runs) or deny (the model is told).
+        Approval = "approval",
+        /// The caller runs the tool and submits its output.
+        Output = "output",
+    }
+}
+
+text_enum! {
+    /// The decision on an approval.
+    Decision {
+        Approve = "approve",
+        Deny = "deny",
+    }
+}
+
+/// Who answered an action: a key (by its prefix), a tenant in single-user mode, the admin, or
+/// nobody in time (`expired`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answerer {
+    Key(String),
+    Tenant(String),
+    Admin,
+    /// No answer came before the action's time ran out.
+    Expired,
+}
+
+impl Answerer {
+    pub fn parse(s: &str) -> Answerer {
+        match s {
+            "admin" => Answerer::Admin,
+            "expired" => Answerer::Expired,
+            _ => match (s.strip_prefix("key:"), s.strip_prefix("tenant:")) {
+                (Some(k), _) => Answerer::Key(k.to_string()),
+                (_, Some(t)) => Answerer::Tenant(t.to_string()),
+                // Written by no version: shown as it is, as a tenant's.
+                _ => Answerer::Tenant(s.to_string()),
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for Answerer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Answerer::Key(k) => write!(f, "key:{k}"),
+            Answerer::Tenant(t) => write!(f, "tenant:{t}"),
+            Answerer::Admin => f.write_str("admin"),
+            Answerer::Expired => f.write_str("expired"),
+        }
+    }
+}
+
+impl serde::Serialize for Answerer {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl sqlx::Type<Postgres> for Answerer {
+    fn type_info() -> sqlx::postgres::PgTypeInfo {
+        <&str as sqlx::Type<Postgres>>::type_info()
+    }
+    fn compatible(ty: &sqlx::postgres::PgTypeInfo) -> bool {
+        <&str as sqlx::Type<Postgres>>::compatible(ty)
+    }
+}
+
+impl<'r> sqlx::Decode<'r, Postgres> for Answerer {
+    fn decode(value: sqlx::postgres::PgValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
+        Ok(Answerer::parse(<&str as sqlx::Decode<Postgres>>::decode(value)?))
+    }
+}
+
+impl sqlx::Encode<'_, Postgres> for Answerer {
+    fn encode_by_ref(
+        &self,
+        buf: &mut sqlx::postgres::PgArgumentBuffer,
+    ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
+        <String as sqlx::Encode<Postgres>>::encode(self.to_string(), buf)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_reads_back_what_it_writes() {
+        for s in TaskStatus::ALL {
+            assert_eq!(TaskStatus::parse(s.as_str()), Some(*s));
+        }
+        for r in StopReason::ALL {
+            assert_eq!(StopReason::parse(r.as_str()), Some(*r));
+        }
+        for o in CallOutcome::ALL {
+            assert_eq!(serde_json::to_value(o).unwrap(), serde_json::json!(o.as_str()));
+        }
+        for a in [Answerer::Key("sk_ab".into()), Answerer::Tenant("t".into()), Answerer::Admin, Answerer::Expired] {
+            assert_eq!(Answerer::parse(&a.to_string()), a);
+        }
+        assert_eq!(TaskStatus::parse("paused"), None);
+        assert!(serde_json::from_value::<Gate>(serde_json::json!("maybe")).is_err());
+    }
+
+    #[test]
+    fn only_the_three_open_states_are_not_terminal() {
+        let open: Vec<TaskStatus> = TaskStatus::ALL.iter().copied().filter(|s| !s.is_terminal()).collect();
+        assert_eq!(open, TaskStatus::OPEN.to_vec());
+    }
+}

@@ -1,0 +1,397 @@
+//! A request as a task to insert: every field checked, then the agent, the model (explicit,
+//! never a silent fallback: invariant 5), the tools (the whitelist: invariant 2) and the
+//! per-task limits resolved, in that order — so the first thing wrong is the one named.
+
+use rust_decimal::Decimal;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+use super::agents::{self, Resolved};
+use super::{Prepared, Submission, TaskRequest};
+use crate::budget::{self, Limits, Smallest};
+use crate::engine::agents::{AgentType, Approval};
+use crate::engine::claude_code;
+use crate::engine::definitions::AgentDefinition;
+use crate::engine::spec::{MaxTurns, TaskOptions, Usd};
+use crate::llm::{ModelRef, ResolveError};
+use crate::store::tasks::{self, NewTask, TaskRow};
+use crate::tasks::{Lifecycle, TaskError};
+use crate::tools::catalog;
+use crate::tools::{ToolDef, Whitelist};
+
+const MAX_PROMPT_CHARS: usize = 200_000;
+const MAX_DESCRIPTION_CHARS: usize = 80;
+const MAX_METADATA_BYTES: usize = 16 * 1024;
+
+/// What the request asks, checked on its own (before anything is read for it).
+struct Checked {
+    max_turns: Option<u32>,
+    metadata: Value,
+}
+
+/// Who runs the task: its agent (a custom definition runs with general's policy), and the model.
+struct Agent {
+    /// The name as asked (or the parent's).
+    type_name: String,
+    agent: AgentType,
+    definition: Option<AgentDefinition>,
+    model: ModelRef,
+}
+
+/// The task's own limits, each within the tenant's caps.
+struct TaskLimits {
+    turns: Option<u32>,
+    max_cost_usd: Option<Decimal>,
+    max_tokens: Option<i64>,
+    timeout_seconds: f64,
+}
+
+impl Lifecycle {
+    pub(super) async fn prepare(&self, s: &Submission, limits: &Limits) -> Result<Prepared, TaskError> {
+        let body = &s.request;
+        let checked = self.check(body)?;
+        let who = self.agent(s).await?;
+        let own = task_limits(body, limits, &who, checked.max_turns, self.cfg.max_task_timeout_seconds as f64)?;
+        self.priced(&who.model, limits, &own)?;
+        let tools = self.whitelist(&s.tenant, who.agent, who.definition.as_ref(), body).await?;
+        let max_out = self.providers.max_tokens_for(
+            &who.model,
+            who.definition.as_ref().and_then(|d| d.max_output_tokens),
+            self.cfg.max_output_tokens,
+        );
+        let options = self.options(body, limits, &who, &own, tools)?;
+        let stored = options.to_stored();
+        let prompt = body.prompt.trim();
+        // The same key must come with the same request: hash what was asked, as resolved.
+        let request_hash = s.idempotency_key.as_ref().map(|_| {
+            let canonical =
+                json!([who.type_name, body.description, prompt, who.model.full(), stored, checked.metadata]);
+            hex::encode(Sha256::digest(canonical.to_string().as_bytes()))
+        });
+        let new = NewTask {
+            id: s.id,
+            tenant: s.tenant.clone(),
+            subagent_type: match AgentType::parse(&who.type_name) {
+                Some(_) => who.agent.as_str().to_string(),
+                None => who.type_name.clone(),
+            },
+            description: body.description.clone(),
+            prompt: body.prompt.clone(),
+            model: who.model.full(),
+            options: stored,
+            metadata: checked.metadata,
+            idempotency_key: s.idempotency_key.clone(),
+            request_hash,
+            parent_task_id: body.resume_from,
+            max_cost_usd: own.max_cost_usd,
+            max_tokens: own.max_tokens,
+            // A task without a caller's trace gets one of its own: its runs and calls join it.
+            traceparent: Some(s.traceparent.clone().unwrap_or_else(crate::telemetry::new_traceparent)),
+            webhook_url: body.webhook_url.clone(),
+            api_key: s.api_key.clone(),
+            start: None,
+        };
+        // What a spend budget must still hold for the task: its first call at the smallest.
+        let spends = limits.usd_per_day.is_some() || limits.usd_per_month.is_some() || limits.tokens_per_day.is_some();
+        let smallest = if spends {
+            let messages = options.fresh_conversation(&new.prompt, who.agent);
+            let specs = options.tools.iter().map(|t| t.spec()).collect();
+            let floor = budget::OUTPUT_FLOOR.min(max_out);
+            let (usd, tokens) = crate::engine::smallest_call(messages, specs, self.providers.price(&who.model), floor);
+            Smallest { usd, tokens: tokens.min(i64::MAX as u64) as i64 }
+        } else {
+            Smallest::default()
+        };
+        Ok(Prepared { new, options, smallest })
+    }
+
+    /// The request's own values: texts, sizes, the turn budget's floor, the metadata.
+    fn check(&self, body: &TaskRequest) -> Result<Checked, TaskError> {
+        if let Some(u) = &body.webhook_url {
+            self.tool_caller.allow.check_url(u).map_err(|e| TaskError::invalid("webhook_url", e.0))?;
+        }
+        if body.prompt.trim().is_empty() {
+            return Err(TaskError::invalid("prompt", "must not be empty"));
+        }
+        // PostgreSQL text cannot hold NUL characters.
+        let texts = [
+            ("prompt", Some(&body.prompt)),
+            ("description", body.description.as_ref()),
+            ("system_prompt", body.system_prompt.as_ref()),
+            ("parent_context", body.parent_context.as_ref()),
+        ];
+        for (field, v) in texts {
+            if v.is_some_and(|v| v.contains('\0')) {
+                return Err(TaskError::invalid(field, "must not contain NUL characters"));
+            }
+        }
+        if body.metadata.as_ref().is_some_and(|m| m.to_string().contains("\\u0000")) {
+            return Err(TaskError::invalid("metadata", "must not contain NUL characters"));
+        }
+        if body.prompt.chars().count() > MAX_PROMPT_CHARS {
+            return Err(TaskError::invalid("prompt", format!("must be at most {MAX_PROMPT_CHARS} characters")));
+        }
+        if body.description.as_ref().is_some_and(|d| d.chars().count() > MAX_DESCRIPTION_CHARS) {
+            return Err(TaskError::invalid(
+                "description",
+                format!("must be at most {MAX_DESCRIPTION_CHARS} characters"),
+            ));
+        }
+        let max_turns = match body.max_turns {
+            Some(n) if n < 1 => {
+                return Err(TaskError::invalid("max_turns", "must be at least 1 (values above 50 are clamped to 50)"))
+            }
+            Some(n) => Some(n.min(u32::MAX as i64) as u32),
+            None => None,
+        };
+        if body.system_prompt.as_deref().is_some_and(|s| s.trim().is_empty()) {
+            return Err(TaskError::invalid("system_prompt", "must not be empty when given"));
+        }
+        let metadata = match &body.metadata {
+            None | Some(Value::Null) => json!({}),
+            Some(m @ Value::Object(_)) => {
+                if m.to_string().len() > MAX_METADATA_BYTES {
+                    return Err(TaskError::invalid(
+                        "metadata",
+                        format!("must be at most {MAX_METADATA_BYTES} bytes of JSON"),
+                    ));
+                }
+                m.clone()
+            }
+            Some(_) => return Err(TaskError::invalid("metadata", "must be a JSON object")),
+        };
+        Ok(Checked { max_turns, metadata })
+    }
+
+    /// The agent and the model. A resumed task continues its parent: same agent and model
+    /// unless the request says otherwise.
+    async fn agent(&self, s: &Submission) -> Result<Agent, TaskError> {
+        let body = &s.request;
+        let parent = match body.resume_from {
+            Some(pid) => Some(self.parent(&s.tenant, pid).await?),
+            None => None,
+        };
+        let parent_opts = parent.as_ref().and_then(|(_, o)| o.as_ref());
+        let type_name = body
+            .subagent_type
+            .clone()
+            .or_else(|| parent.as_ref().map(|(p, _)| p.subagent_type.clone()))
+            .unwrap_or_else(|| "general".into());
+        let (agent, definition) = match (parent_opts.and_then(|o| o.agent.as_ref()), &body.subagent_type) {
+            // A resumed custom agent keeps the definition snapshot its parent ran with.
+            (Some(d), None) => (AgentType::General, Some(d.clone())),
+            _ => match agents::resolve(&self.pool, &self.file_agents, &s.tenant, &type_name).await? {
+                Some(Resolved::Builtin(t)) => (t, None),
+                // Custom agents run with general's tool policy and their own prompt and lists.
+                Some(Resolved::Custom(d)) => (AgentType::General, Some(*d)),
+                None => {
+                    let available = agents::names(&self.pool, &self.file_agents, &s.tenant).await?;
+                    return Err(TaskError::UnknownAgent { name: type_name, available });
+                }
+            },
+        };
+        let parent_model = if body.model.is_none() { parent.as_ref().map(|(p, _)| p.model.clone()) } else { None };
+        let model = self.resolve_model(
+            body.model.as_deref().or(parent_model.as_deref()),
+            definition.as_ref().and_then(|d| d.model.as_deref()),
+        )?;
+        Ok(Agent { type_name, agent, definition, model })
+    }
+
+    /// The model, explicitly: the request's, else the agent definition's, else the configured
+    /// default — never a silent fallback.
+    fn resolve_model(&self, requested: Option<&str>, from_definition: Option<&str>) -> Result<ModelRef, TaskError> {
+        let pick = |m: Option<&str>| m.map(str::trim).filter(|m| !m.is_empty()).map(str::to_string);
+        let name = pick(requested)
+            .or_else(|| pick(from_definition))
+            .or_else(|| self.cfg.default_model.clone())
+            .or_else(|| self.providers.default_model.clone())
+            .ok_or(TaskError::ModelRequired)?;
+        let providers = self.providers.names();
+        self.providers.resolve(&name).map_err(|e| {
+            let detail = match e {
+                ResolveError::Malformed(m) => format!("model: {m:?} is neither provider/model nor a configured alias"),
+                ResolveError::UnknownProvider { provider, model } if model != name => format!(
+                    "model: {name:?} (a model alias for {model:?}) needs provider {provider:?}, which is not configured \
+                     (configured: {})",
+                    providers.join(", ")
+                ),
+                ResolveError::UnknownProvider { provider, model } => format!(
+                    "model: {model:?} needs provider {provider:?}, which is not configured (configured: {})",
+                    providers.join(", ")
+                ),
+            };
+            TaskError::UnknownModel { detail, providers: providers.clone() }
+        })
+    }
+
+    /// A model with no price cannot be held to limits in USD: refused unless a token limit
+    /// holds it too.
+    fn priced(&self, model: &ModelRef, limits: &Limits, own: &TaskLimits) -> Result<(), TaskError> {
+        if self.providers.price(model).is_some() || limits.tokens_per_day.is_some() || own.max_tokens.is_some() {
+            return Ok(());
+        }
+        let usd: Vec<&'static str> = [
+            ("usd_per_day", limits.usd_per_day.is_some()),
+            ("usd_per_month", limits.usd_per_month.is_some()),
+            ("max_cost_usd", own.max_cost_usd.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(n, set)| set.then_some(n))
+        .collect();
+        match usd.is_empty() {
+            true => Ok(()),
+            false => Err(TaskError::UnpricedModel { model: model.full(), limits: usd }),
+        }
+    }
+
+    /// What the task asks of its run, typed.
+    fn options(
+        &self,
+        body: &TaskRequest,
+        limits: &Limits,
+        who: &Agent,
+        own: &TaskLimits,
+        tools: Vec<ToolDef>,
+    ) -> Result<TaskOptions, TaskError> {
+        let definition = who.definition.as_ref();
+        let approval = match body.approval.as_deref() {
+            Some(a) => Approval::parse(a)
+                .ok_or_else(|| TaskError::invalid("approval", format!("{a:?} is not one of none, propose, all")))?,
+            None => definition
+                .and_then(|d| d.approval)
+                .or_else(|| limits.approval.as_deref().and_then(Approval::parse))
+                .unwrap_or_default(),
+        };
+        let action_cap = self.cfg.max_action_timeout_seconds as f64;
+        let action_timeout_seconds = match body.action_timeout_seconds {
+            Some(t) if !t.is_finite() || t <= 0.0 => {
+                return Err(TaskError::invalid("action_timeout_seconds", "must be a positive number of seconds"))
+            }
+            Some(t) => Some(t.min(action_cap)),
+            None => None,
+        };
+        let output_schema = match &body.output_schema {
+            Some(schema) => {
+                crate::engine::output::check_schema(schema).map_err(|m| TaskError::invalid("output_schema", m))?;
+                Some(schema.clone())
+            }
+            None => definition.and_then(|d| d.output_schema.clone()),
+        };
+        Ok(TaskOptions {
+            max_turns: MaxTurns::for_agent(who.agent, own.turns),
+            system_prompt: body.system_prompt.clone(),
+            parent_context: body.parent_context.clone(),
+            agent: who.definition.clone(),
+            resume_from: body.resume_from,
+            timeout_seconds: Some(own.timeout_seconds),
+            tools,
+            approval,
+            action_timeout_seconds,
+            output_schema,
+        })
+    }
+
+    /// The task `resume_from` names, if it can be resumed, with its options.
+    async fn parent(&self, tenant: &str, pid: Uuid) -> Result<(TaskRow, Option<TaskOptions>), TaskError> {
+        let p = tasks::get(&self.pool, tenant, pid)
+            .await?
+            .ok_or_else(|| TaskError::invalid("resume_from", format!("no task {pid} to resume")))?;
+        if !p.is_terminal() {
+            return Err(TaskError::NotTerminal { id: pid, status: p.status });
+        }
+        if p.turns == 0 {
+            return Err(TaskError::invalid(
+                "resume_from",
+                format!("task {pid} never ran, so it has no conversation to resume"),
+            ));
+        }
+        let opts = TaskOptions::from_stored(&p.options).ok();
+        Ok((p, opts))
+    }
+
+    /// The run's tools: the catalog and MCP tools, then inline ones, through the filter chain.
+    async fn whitelist(
+        &self,
+        tenant: &str,
+        agent: AgentType,
+        definition: Option<&AgentDefinition>,
+        body: &TaskRequest,
+    ) -> Result<Vec<ToolDef>, TaskError> {
+        let mut available = catalog::available(&self.pool, &self.tools_cache, tenant).await?;
+        for (i, t) in body.tools.iter().flatten().enumerate() {
+            let def = catalog::validate(
+                &self.tool_caller,
+                self.cfg.tool_timeout_ms,
+                &format!("tools[{i}]."),
+                &t.name,
+                &t.tool,
+            )?;
+            available.retain(|a| a.name != def.name);
+            available.push(def);
+        }
+        if let Some(allowed) = &body.allowed_tools {
+            if let Some(unknown) = allowed.iter().find(|n| !available.iter().any(|a| &a.name == *n)) {
+                let names: Vec<&str> = available.iter().map(|a| a.name.as_str()).collect();
+                return Err(TaskError::invalid(
+                    "allowed_tools",
+                    format!(
+                        "{unknown:?} is not a tool of yours; available: {}",
+                        if names.is_empty() { "none".into() } else { names.join(", ") }
+                    ),
+                ));
+            }
+        }
+        // A definition's tool names as its author wrote them, mapped to tools here.
+        let aliases = &self.file_agents.tool_aliases;
+        let allow = definition.and_then(|d| d.tools.as_deref()).map(|t| claude_code::tool_names(t, aliases));
+        let deny = definition.map(|d| claude_code::tool_names(&d.disallowed_tools, aliases)).unwrap_or_default();
+        let w = Whitelist {
+            read_only: agent.read_only() || definition.is_some_and(|d| d.read_only),
+            allow: allow.as_deref(),
+            deny: &deny,
+            requested: body.allowed_tools.as_deref(),
+        };
+        Ok(crate::tools::offered(available, w))
+    }
+}
+
+/// The task's limits: its turns, spend, tokens and time, each within the tenant's caps.
+fn task_limits(
+    body: &TaskRequest,
+    limits: &Limits,
+    who: &Agent,
+    max_turns: Option<u32>,
+    max_timeout: f64,
+) -> Result<TaskLimits, TaskError> {
+    let turns = max_turns.or(who.definition.as_ref().and_then(|d| d.max_turns));
+    let turns = match (turns, limits.max_task_turns) {
+        (t, Some(cap)) => Some(t.unwrap_or(who.agent.default_max_turns()).min(cap.max(1) as u32)),
+        (t, None) => t,
+    };
+    let mut cap = max_timeout;
+    if let Some(t) = limits.max_task_timeout_seconds {
+        cap = cap.min(f64::from(t.max(1)));
+    }
+    let max_cost_usd = match body.max_cost_usd {
+        Some(v) => {
+            let d = Usd::from_f64(v).map_err(|m| TaskError::invalid("max_cost_usd", m))?.get();
+            Some(limits.max_task_cost_usd.map_or(d, |cap| d.min(cap)))
+        }
+        None => limits.max_task_cost_usd,
+    };
+    let max_tokens = match body.max_tokens {
+        Some(v) if v < 1 => return Err(TaskError::invalid("max_tokens", "must be at least 1")),
+        Some(v) => Some(limits.max_task_tokens.map_or(v, |cap| v.min(cap))),
+        None => limits.max_task_tokens,
+    };
+    let timeout_seconds = match body.timeout_seconds {
+        Some(t) if !t.is_finite() || t <= 0.0 => {
+            return Err(TaskError::invalid("timeout_seconds", "must be a positive number of seconds"))
+        }
+        Some(t) => t.min(cap),
+        None => cap,
+    };
+    Ok(TaskLimits { turns, max_cost_usd, max_tokens, timeout_seconds })
+}

@@ -15,6 +15,7 @@ mod contract;
 mod dbrestart;
 mod health;
 mod imports;
+mod lifecycle;
 mod liveness;
 mod observe;
 mod openapi;

@@ -24,12 +24,26 @@ fn documented() -> BTreeSet<(String, String)> {
     out
 }
 
-/// Every `.route("path", get(h).post(h))` in src/http.
+/// Every `.rs` file under `dir`, however deep (a front door may be a folder of its own).
+fn sources(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            sources(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// Every `.route("path", get(h).post(h))` in src/http, its folders included.
 fn routed() -> BTreeSet<(String, String)> {
     let mut out = BTreeSet::new();
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/http");
-    for e in std::fs::read_dir(dir).unwrap() {
-        let src = std::fs::read_to_string(e.unwrap().path()).unwrap();
+    let mut files = vec![];
+    sources(std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/src/http")), &mut files);
+    assert!(files.len() > 10, "the router's sources were not found");
+    for path in files {
+        let src = std::fs::read_to_string(path).unwrap();
         for chunk in src.split(".route(\"").skip(1) {
             let (path, rest) = chunk.split_once('"').unwrap();
             // A catch-all segment (`{*path}`) is a plain parameter in OpenAPI.

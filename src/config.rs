@@ -130,6 +130,31 @@ pub struct Config {
     #[arg(long, env = "SUBAGENTD_DEFAULT_REQUEST_BURST", global = true)]
     pub default_request_burst: Option<i32>,
 
+    /// Default of the event streams a tenant may hold open at once on one replica (a tenant's own
+    /// `max_streams` wins). Unset: a quarter of the replica's connection cap.
+    #[arg(long, env = "SUBAGENTD_DEFAULT_MAX_STREAMS", global = true)]
+    pub default_max_streams: Option<i32>,
+
+    /// Default of the waiting requests a tenant may hold at once on one replica (a tenant's own
+    /// `max_waits` wins). Unset: half of the replica's connection cap.
+    #[arg(long, env = "SUBAGENTD_DEFAULT_MAX_WAITS", global = true)]
+    pub default_max_waits: Option<i32>,
+
+    /// Connections this replica serves at once; beyond it a connection is answered 503
+    /// `at_capacity` at once. Unset: the descriptor limit less what the rest of the process
+    /// needs (logged at start).
+    #[arg(long, env = "SUBAGENTD_MAX_CONNECTIONS", global = true)]
+    pub max_connections: Option<usize>,
+
+    /// A response that cannot be written for this long (the client stopped reading) is closed,
+    /// in seconds.
+    #[arg(long, env = "SUBAGENTD_STREAM_STALL_SECONDS", default_value_t = 30, global = true)]
+    pub stream_stall_seconds: u64,
+
+    /// The send buffer of accepted sockets, in bytes (SO_SNDBUF); unset: the system's.
+    #[arg(long, env = "SUBAGENTD_SOCKET_SEND_BUFFER", global = true)]
+    pub socket_send_buffer: Option<usize>,
+
     /// Output tokens a provider call may produce (sent as `max_tokens`, and reserved).
     #[arg(long, env = "SUBAGENTD_MAX_OUTPUT_TOKENS", default_value_t = 4096, global = true)]
     pub max_output_tokens: u32,

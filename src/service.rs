@@ -37,6 +37,14 @@ impl Service {
         file_agents: Arc<FileAgents>,
         roles: Roles,
     ) -> std::io::Result<Service> {
+        // The descriptor budget, first: it raises the descriptor limit, and the tenants' default
+        // holds come from its connection cap.
+        let plan = crate::http::capacity::Plan::make(&cfg);
+        let cfg = {
+            let mut c = (*cfg).clone();
+            plan.apply(&mut c);
+            Arc::new(c)
+        };
         let tool_caller = crate::tools::Caller::from_config(&cfg)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
         let mode = crate::http::auth::Mode::parse(&cfg.auth)
@@ -70,9 +78,21 @@ impl Service {
                 tools_cache: Arc::new(crate::cache::TtlCache::new(std::time::Duration::from_secs(5))),
                 shortcut: local_worker.as_ref().map(|w| w.shortcut()),
                 shutdown: shutdown.clone(),
+                guard: crate::tasks::guard::Guard::new(),
             };
             let auth = crate::http::auth::Auth::new(mode, loopback);
-            let state = AppState::new(tasks, auth);
+            let conns = Arc::new(crate::http::capacity::Connections::new(plan.cap));
+            tracing::info!(
+                descriptors = plan.limit,
+                reserve = plan.reserve.total(),
+                reserve_parts = %serde_json::to_string(&plan.reserve).unwrap_or_default(),
+                connection_cap = plan.cap,
+                set_by = if plan.configured { "SUBAGENTD_MAX_CONNECTIONS" } else { "descriptors less the reserve" },
+                default_max_streams = cfg.default_max_streams.unwrap_or(0),
+                default_max_waits = cfg.default_max_waits.unwrap_or(0),
+                "connections: descriptor budget"
+            );
+            let state = AppState::new(tasks, auth, conns.clone());
             let listener = tokio::net::TcpListener::bind(cfg.listen).await?;
             if mode == crate::http::auth::Mode::Auto && !loopback {
                 tracing::warn!(
@@ -90,7 +110,12 @@ impl Service {
             let addr = listener.local_addr()?;
             let app = http::router(state);
             let stop = shutdown.clone();
-            let server = tokio::spawn(http::serve::serve(listener, app, cfg.http_idle_timeout(), stop));
+            let limits = http::serve::Limits {
+                idle: cfg.http_idle_timeout(),
+                stall: std::time::Duration::from_secs(cfg.stream_stall_seconds.max(1)),
+                send_buffer: cfg.socket_send_buffer,
+            };
+            let server = tokio::spawn(http::serve::serve(listener, app, conns, limits, stop));
             (Some(addr), Some(server))
         } else {
             (None, None)

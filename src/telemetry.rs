@@ -57,6 +57,18 @@ pub const COUNTERS: &[(&str, &str)] = &[
     ("subagentd_http_requests_total", "HTTP requests served, by method, route template and status."),
     ("subagentd_write_batches_total", "Group commits made, by kind of write (turn, reserve, events)."),
     ("subagentd_writes_total", "Runs' writes made in group commits, by kind: writes / batches is the mean batch."),
+    (
+        "subagentd_hold_refusals_total",
+        "Streams refused (429) and waits answered at once on this replica because their tenant held its limit, by tenant and limit (max_streams, max_waits).",
+    ),
+    (
+        "subagentd_connections_refused_total",
+        "Connections answered 503 at_capacity on this replica because it served its connection cap.",
+    ),
+    (
+        "subagentd_stream_stalls_total",
+        "Connections of this replica closed because their client stopped reading for SUBAGENTD_STREAM_STALL_SECONDS.",
+    ),
 ];
 
 pub const GAUGES: &[(&str, &str)] = &[
@@ -67,7 +79,14 @@ pub const GAUGES: &[(&str, &str)] = &[
     ("subagentd_active_runs", "Sub-agents running in this process now."),
     (
         "subagentd_waiters",
-        "Requests of this process waiting for a task (wait=true, and event streams following a run).",
+        "Requests of this process waiting for a task to end or pause (wait=true); event streams are not counted here.",
+    ),
+    ("subagentd_open_streams", "Event streams open on this replica now, by tenant."),
+    ("subagentd_open_waits", "Waiting requests held open on this replica now, by tenant."),
+    ("subagentd_connections", "Connections this replica serves now."),
+    (
+        "subagentd_connection_cap",
+        "Connections this replica serves at most (the descriptor budget, or SUBAGENTD_MAX_CONNECTIONS).",
     ),
     ("subagentd_budget_waiting", "Queued tasks waiting for their tenant's reservations to settle, read at scrape."),
 ];
@@ -109,6 +128,15 @@ pub fn register_metrics(providers: &[String], models: &[(String, String)]) {
     }
     // (Tenants come and go: the family is there from the start with an empty tenant.)
     zero("subagentd_rate_limited_total", &[("tenant", String::new())]);
+    for limit in ["max_streams", "max_waits"] {
+        zero("subagentd_hold_refusals_total", &[("tenant", String::new()), ("limit", limit.into())]);
+    }
+    for name in ["subagentd_connections_refused_total", "subagentd_stream_stalls_total"] {
+        zero(name, &[]);
+    }
+    for name in ["subagentd_open_streams", "subagentd_open_waits"] {
+        metrics::gauge!(name, "tenant" => "").set(0.0);
+    }
     for to in ["queued", "failed"] {
         zero("subagentd_rescued_total", &[("to", to.into())]);
     }
@@ -148,7 +176,7 @@ pub fn register_metrics(providers: &[String], models: &[(String, String)]) {
     for provider in providers.iter().cloned().chain(models.iter().map(|m| m.0.clone())) {
         let _ = metrics::histogram!("subagentd_llm_call_duration_seconds", "provider" => provider, "model" => "", "outcome" => "ok");
     }
-    for name in ["subagentd_active_runs", "subagentd_waiters", "subagentd_budget_waiting"] {
+    for name in ["subagentd_active_runs", "subagentd_waiters", "subagentd_budget_waiting", "subagentd_connections"] {
         metrics::gauge!(name).set(0.0);
     }
 }

@@ -46,6 +46,10 @@ pub struct Defaults {
     pub max_queued: Option<i32>,
     pub requests_per_second: Option<f64>,
     pub request_burst: Option<i32>,
+    /// Held connections per tenant and replica (computed from the connection cap when not
+    /// configured: see `http::capacity`).
+    pub max_streams: Option<i32>,
+    pub max_waits: Option<i32>,
 }
 
 impl Defaults {
@@ -58,6 +62,8 @@ impl Defaults {
             max_queued: c.default_max_queued,
             requests_per_second: c.default_requests_per_second,
             request_burst: c.default_request_burst,
+            max_streams: c.default_max_streams,
+            max_waits: c.default_max_waits,
         }
     }
 
@@ -84,6 +90,8 @@ pub fn effective(own: Limits, d: &Defaults) -> Limits {
         // second of that rate, not the default burst.
         requests_per_second: own.requests_per_second.or(d.requests_per_second),
         request_burst: if own.requests_per_second.is_some() { own.request_burst } else { d.request_burst },
+        max_streams: own.max_streams.or(d.max_streams),
+        max_waits: own.max_waits.or(d.max_waits),
         ..own
     }
 }
@@ -136,6 +144,8 @@ pub fn validate(l: &Limits) -> Result<(), BudgetError> {
         ("max_queued", l.max_queued.map(i64::from)),
         ("max_task_turns", l.max_task_turns.map(i64::from)),
         ("max_task_timeout_seconds", l.max_task_timeout_seconds.map(i64::from)),
+        ("max_streams", l.max_streams.map(i64::from)),
+        ("max_waits", l.max_waits.map(i64::from)),
     ];
     for (f, v) in ints {
         if v.is_some_and(|v| v < 0) {

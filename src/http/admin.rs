@@ -88,7 +88,8 @@ fn defaults(st: &AppState) -> Value {
     let d = budget::Defaults::from_config(&st.tasks.cfg);
     json!({"usd_per_day": d.usd_per_day, "usd_per_month": d.usd_per_month, "tokens_per_day": d.tokens_per_day,
            "max_running": d.max_running, "max_queued": d.max_queued,
-           "requests_per_second": d.requests_per_second, "request_burst": d.request_burst})
+           "requests_per_second": d.requests_per_second, "request_burst": d.request_burst,
+           "max_streams": d.max_streams, "max_waits": d.max_waits})
 }
 
 async fn put_tenant(

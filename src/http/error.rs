@@ -211,6 +211,12 @@ impl From<TaskError> for ApiError {
                 ApiError::new(StatusCode::CONFLICT, "action_already_answered", "Action already answered", detail)
                     .with(json!({"action_id": id}))
             }
+            TaskError::StreamLimit { limit, current } => {
+                ApiError::new(StatusCode::TOO_MANY_REQUESTS, "stream_limit_reached", "Stream limit reached", detail)
+                    .with(json!({"limit": limit, "current": current}))
+                    .header(header::RETRY_AFTER, HeaderValue::from_static("5"))
+                    .header(header::CONNECTION, HeaderValue::from_static("close"))
+            }
             TaskError::Budget(b) => b.into(),
             TaskError::Store(s) => s.into(),
             TaskError::Internal(m) => {

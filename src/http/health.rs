@@ -1,4 +1,5 @@
-//! `/healthz` (the process is up) and `/readyz` (the database is reachable and migrated).
+//! `/healthz` (the process is up) and `/readyz` (the database is reachable and migrated, and the
+//! replica below 90% of its connection cap).
 
 use std::time::Duration;
 
@@ -19,6 +20,21 @@ async fn healthz() -> Json<Value> {
 }
 
 async fn readyz(State(st): State<AppState>) -> Result<Json<Value>, ApiError> {
+    // Near its connection cap a replica is not ready for more (a load balancer sends elsewhere);
+    // it is still alive (`/healthz`).
+    if st.conns.crowded() {
+        return Err(ApiError::new(
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            "at_capacity",
+            "At capacity",
+            format!(
+                "this replica serves {} connections, at or above 90% of its cap of {}",
+                st.conns.open(),
+                st.conns.cap
+            ),
+        )
+        .header(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("1")));
+    }
     // A connection the pool kept from before a database restart fails its first use: one more
     // try, within the same second, asks a fresh one.
     let check = async {

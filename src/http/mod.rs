@@ -8,6 +8,7 @@
 pub mod admin;
 pub mod agents;
 pub mod auth;
+pub mod capacity;
 pub mod console;
 pub mod error;
 pub mod events;
@@ -41,11 +42,13 @@ pub struct Shared {
     /// shutdown token (fired when the server drains: waiting requests answer 202 at once).
     pub tasks: crate::tasks::Lifecycle,
     pub auth: auth::Auth,
+    /// The connections this replica serves now, against its cap.
+    pub conns: Arc<capacity::Connections>,
 }
 
 impl AppState {
-    pub fn new(tasks: crate::tasks::Lifecycle, auth: auth::Auth) -> Self {
-        AppState(Arc::new(Shared { tasks, auth }))
+    pub fn new(tasks: crate::tasks::Lifecycle, auth: auth::Auth, conns: Arc<capacity::Connections>) -> Self {
+        AppState(Arc::new(Shared { tasks, auth, conns }))
     }
 }
 

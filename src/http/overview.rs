@@ -50,6 +50,17 @@ async fn read(State(st): State<AppState>, scope: Scope) -> Result<Json<Value>, A
         })
         .collect();
     let latest: Vec<TaskView> = TaskView::of(&st.tasks.pool, latest).await?;
+    // What this replica holds open, per tenant (the caller's tenant only, but for the admin).
+    let mut holds = vec![];
+    for (t, open) in st.tasks.guard.open() {
+        if tenant.is_some_and(|mine| mine != t) {
+            continue;
+        }
+        let l = st.tasks.limits(&t).await?;
+        holds.push(json!({"tenant": t, "streams": open.streams, "waits": open.waits,
+                          "max_streams": l.max_streams, "max_waits": l.max_waits}));
+    }
+    let this = json!({"holds": holds, "connections": st.conns.open(), "connection_cap": st.conns.cap});
     Ok(Json(json!({"now": now, "finished_per_minute": per_minute, "models": models, "spend": spend,
-                   "replicas": replicas, "latest": latest})))
+                   "replicas": replicas, "latest": latest, "this_replica": this})))
 }

@@ -40,10 +40,18 @@ pub struct Limits {
     /// Requests beyond the rate a tenant may make at once (default: one second's worth).
     #[arg(long)]
     pub request_burst: Option<i32>,
+    /// Event streams this tenant may hold open at once, per replica (0: none).
+    #[arg(long)]
+    pub max_streams: Option<i32>,
+    /// Waiting requests this tenant may hold at once, per replica (0: none; beyond it a wait
+    /// is answered at once, as if it had run out).
+    #[arg(long)]
+    pub max_waits: Option<i32>,
 }
 
 const LIMIT_COLS: &str = "usd_per_day, usd_per_month, tokens_per_day, max_running, max_queued, max_task_cost_usd, \
-    max_task_tokens, max_task_turns, max_task_timeout_seconds, approval, requests_per_second, request_burst";
+    max_task_tokens, max_task_turns, max_task_timeout_seconds, approval, requests_per_second, request_burst, \
+    max_streams, max_waits";
 
 pub async fn ensure(pool: &PgPool, tenant: &str) -> Result<(), StoreError> {
     sqlx::query("INSERT INTO tenants (name) VALUES ($1) ON CONFLICT DO NOTHING").bind(tenant).execute(pool).await?;
@@ -60,15 +68,15 @@ pub async fn put_limits(pool: &PgPool, tenant: &str, l: &Limits) -> Result<bool,
     Ok(sqlx::query_scalar(
         "INSERT INTO tenants (name, usd_per_day, usd_per_month, tokens_per_day, max_running, max_queued,
              max_task_cost_usd, max_task_tokens, max_task_turns, max_task_timeout_seconds, approval,
-             requests_per_second, request_burst)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+             requests_per_second, request_burst, max_streams, max_waits)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
          ON CONFLICT (name) DO UPDATE SET usd_per_day = EXCLUDED.usd_per_day, usd_per_month = EXCLUDED.usd_per_month,
              tokens_per_day = EXCLUDED.tokens_per_day, max_running = EXCLUDED.max_running,
              max_queued = EXCLUDED.max_queued, max_task_cost_usd = EXCLUDED.max_task_cost_usd,
              max_task_tokens = EXCLUDED.max_task_tokens, max_task_turns = EXCLUDED.max_task_turns,
              max_task_timeout_seconds = EXCLUDED.max_task_timeout_seconds, approval = EXCLUDED.approval,
              requests_per_second = EXCLUDED.requests_per_second, request_burst = EXCLUDED.request_burst,
-             updated_at = now()
+             max_streams = EXCLUDED.max_streams, max_waits = EXCLUDED.max_waits, updated_at = now()
          RETURNING (xmax = 0)",
     )
     .bind(tenant)
@@ -84,6 +92,8 @@ pub async fn put_limits(pool: &PgPool, tenant: &str, l: &Limits) -> Result<bool,
     .bind(&l.approval)
     .bind(l.requests_per_second)
     .bind(l.request_burst)
+    .bind(l.max_streams)
+    .bind(l.max_waits)
     .fetch_one(pool)
     .await?)
 }

@@ -49,6 +49,9 @@ pub enum TaskError {
     /// The action was answered otherwise already (or its time ran out).
     #[error("[{index}]: action {id} was {}", answered(by))]
     ActionAnswered { index: usize, id: Uuid, by: Answerer },
+    /// The tenant holds its `max_streams` open on this replica already.
+    #[error("the tenant has {current} event streams open on this replica, its limit (max_streams {limit})")]
+    StreamLimit { limit: u32, current: u32 },
     #[error(transparent)]
     Budget(#[from] BudgetError),
     #[error(transparent)]
@@ -97,6 +100,7 @@ impl TaskError {
             TaskError::UnknownAction { .. } => "unknown_action",
             TaskError::WrongActionKind { .. } => "wrong_action_kind",
             TaskError::ActionAnswered { .. } => "action_already_answered",
+            TaskError::StreamLimit { .. } => "stream_limit_reached",
             TaskError::Budget(BudgetError::Invalid { .. }) => "validation_failed",
             TaskError::Budget(BudgetError::QueueFull { .. }) => "queue_limit_reached",
             TaskError::Budget(BudgetError::Exhausted { .. }) => "budget_exhausted",

@@ -66,7 +66,9 @@ impl Lifecycle {
         if task.is_terminal() && events::after(&self.pool, id, start, 1).await?.is_empty() {
             return Ok(None);
         }
-        let feed = Follow { room: self.clone(), id, tenant: task.tenant, seq: start, done: false };
+        // Held until the stream is dropped (it ends, or its client leaves or stalls).
+        let hold = self.stream_hold(&task.tenant).await?;
+        let feed = Follow { room: self.clone(), id, tenant: task.tenant, seq: start, done: false, _hold: hold };
         let batches = futures_util::stream::unfold(feed, Follow::next);
         Ok(Some(futures_util::StreamExt::flat_map(batches, futures_util::stream::iter)))
     }
@@ -80,6 +82,8 @@ struct Follow {
     seq: i32,
     /// The task has ended and its last events were given.
     done: bool,
+    /// Its place among the tenant's streams on this replica.
+    _hold: super::guard::Hold,
 }
 
 impl Follow {

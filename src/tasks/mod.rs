@@ -19,6 +19,7 @@ pub mod answer;
 pub mod end;
 mod error;
 pub mod feed;
+pub mod guard;
 pub mod kinds;
 pub mod list;
 pub mod submit;
@@ -42,6 +43,7 @@ use crate::store::tasks::{self as store, NewTask, StartHere, TaskRow};
 use crate::store::StoreError;
 use crate::tools::{Caller, ToolDef};
 pub use error::TaskError;
+use guard::{Hold, HoldKind};
 use kinds::TaskStatus;
 pub use submit::{Submission, Submitted, TaskRequest};
 pub use view::TaskView;
@@ -97,6 +99,8 @@ pub struct Lifecycle {
     pub shortcut: Option<Arc<dyn Shortcut>>,
     /// Fired when the process drains: waits answer at once with the task as it stands.
     pub shutdown: CancellationToken,
+    /// The streams and waits each tenant holds open on this replica.
+    pub guard: Arc<guard::Guard>,
 }
 
 /// A task with what became of the operation on it.
@@ -164,13 +168,18 @@ impl Lifecycle {
             Submitted::Created(r) => (r, true),
             Submitted::Existing(r) => (r, false),
         };
-        let (row, settled) = match (wait, early) {
-            (None, _) => {
+        // A tenant holding its `max_waits` here is answered at once, as if its wait had run out.
+        let hold = match wait {
+            Some(_) if !settled(&row) => self.hold(&row.tenant, HoldKind::Wait).await?.ok(),
+            _ => None,
+        };
+        let (row, settled) = match (wait, early, hold) {
+            (Some(d), Some(waiter), Some(_hold)) if created => self.wait_on(&tenant, row, d, waiter).await?,
+            (Some(d), _, Some(_hold)) => self.waited(&tenant, row, d).await?,
+            _ => {
                 let settled = settled(&row);
                 (row, settled)
             }
-            (Some(d), Some(waiter)) if created => self.wait_on(&tenant, row, d, waiter).await?,
-            (Some(d), _) => self.waited(&tenant, row, d).await?,
         };
         Ok(Created { task: self.view(row).await?, created, settled })
     }
@@ -184,8 +193,33 @@ impl Lifecycle {
     pub async fn join(&self, scope: &Scope, id: Uuid, d: Duration) -> Result<Joined, TaskError> {
         let d = d.min(Duration::from_secs(self.cfg.wait_max_seconds));
         let row = self.row(scope, id).await?;
-        let (row, settled) = self.waited(scope, row, d).await?;
+        // Counted against the task's tenant (the admin's joins too); at its `max_waits`, the
+        // task as it stands now.
+        let (row, settled) = match self.hold(&row.tenant, HoldKind::Wait).await? {
+            Ok(_hold) => self.waited(scope, row, d).await?,
+            Err(_) => {
+                let settled = settled(&row);
+                (row, settled)
+            }
+        };
         Ok(Joined { task: self.view(row).await?, settled })
+    }
+
+    /// A hold of `kind` for `tenant` on this replica, within its limit (refused: `AtLimit`).
+    pub async fn hold(&self, tenant: &str, kind: HoldKind) -> Result<Result<Hold, guard::AtLimit>, StoreError> {
+        let limits = self.limits(tenant).await?;
+        let limit = match kind {
+            HoldKind::Stream => limits.max_streams,
+            HoldKind::Wait => limits.max_waits,
+        };
+        Ok(self.guard.take(tenant, kind, limit.map(|l| l.max(0) as u32)))
+    }
+
+    /// A stream hold for `tenant`, or the refusal a door answers 429 with.
+    pub async fn stream_hold(&self, tenant: &str) -> Result<Hold, TaskError> {
+        self.hold(tenant, HoldKind::Stream)
+            .await?
+            .map_err(|a| TaskError::StreamLimit { limit: a.limit, current: a.current })
     }
 
     /// `row` once settled, or as it stands when `d` runs out or the process drains.

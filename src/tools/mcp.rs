@@ -27,6 +27,10 @@ use crate::llm::ToolCall;
 /// Calls that may share one session at once; more wait for a turn.
 pub const CALLS_PER_SESSION: usize = 32;
 
+/// Sessions one process keeps open at once (each holds connections and a descriptor budget:
+/// `http::capacity`). A new one closes an idle one beyond this; with none idle, the call fails.
+pub const MAX_SESSIONS: usize = 64;
+
 /// The longest tool name providers accept, and its characters (`[a-zA-Z0-9_-]`).
 pub const MAX_TOOL_NAME: usize = 64;
 
@@ -72,12 +76,57 @@ impl Sessions {
         if let Some(s) = cur.as_ref().filter(|s| !s.client.is_closed()) {
             return Ok(s.clone());
         }
+        self.make_room(&slot)?;
         let s = Arc::new(Session {
             client: connect(caller, url, headers).await?,
             permits: Semaphore::new(CALLS_PER_SESSION),
         });
         *cur = Some(s.clone());
         Ok(s)
+    }
+
+    /// Below `MAX_SESSIONS` open sessions besides `mine`, closing idle ones (no call in flight)
+    /// if need be; an error if every one is busy.
+    fn make_room(&self, mine: &Slot) -> Result<(), ToolError> {
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let mut open: usize = 0;
+        let mut idle = vec![];
+        for (key, slot) in slots.iter() {
+            if Arc::ptr_eq(slot, mine) {
+                continue;
+            }
+            match slot.try_lock() {
+                Ok(cur) => match cur.as_ref() {
+                    Some(s) if Arc::strong_count(s) == 1 || s.client.is_closed() => {
+                        open += 1;
+                        idle.push(key.clone());
+                    }
+                    Some(_) => open += 1,
+                    None => idle.push(key.clone()),
+                },
+                // Being opened, or closed, by another call.
+                Err(_) => open += 1,
+            }
+        }
+        let over = (open + 1).saturating_sub(MAX_SESSIONS);
+        let mut closed = 0;
+        for key in idle {
+            let Some(slot) = slots.get(&key) else { continue };
+            let Ok(mut cur) = slot.try_lock() else { continue };
+            // Empty slots go; a session only while there are too many.
+            if cur.is_some() && closed >= over {
+                continue;
+            }
+            closed += usize::from(cur.take().is_some());
+            drop(cur);
+            slots.remove(&key);
+        }
+        if closed < over {
+            return Err(ToolError::Mcp(format!(
+                "this process has its {MAX_SESSIONS} MCP sessions open and busy; try again shortly"
+            )));
+        }
+        Ok(())
     }
 
     /// Forget `s` (it failed): the next call opens a new session.

@@ -288,6 +288,20 @@ impl Drop for Proc {
 
 /// Start the real binary with `args` against `db_url`.
 pub fn spawn_binary(args: &[&str], db_url: &str, env: &[(&str, &str)]) -> Proc {
+    spawn_binary_with(args, db_url, env, Limited::default())
+}
+
+/// What a spawned binary runs under besides its arguments.
+#[derive(Default)]
+pub struct Limited {
+    /// Soft and hard `RLIMIT_NOFILE`.
+    pub nofile: Option<u64>,
+    /// Where its standard error goes (else the test's).
+    pub stderr: Option<std::fs::File>,
+}
+
+/// `spawn_binary`, under a descriptor limit and with its standard error where `limited` says.
+pub fn spawn_binary_with(args: &[&str], db_url: &str, env: &[(&str, &str)], limited: Limited) -> Proc {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_subagentd"));
     cmd.args(args)
         .env("DATABASE_URL", db_url)
@@ -297,7 +311,7 @@ pub fn spawn_binary(args: &[&str], db_url: &str, env: &[(&str, &str)]) -> Proc {
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::inherit());
+        .stderr(limited.stderr.map_or_else(Stdio::inherit, Stdio::from));
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -305,12 +319,20 @@ pub fn spawn_binary(args: &[&str], db_url: &str, env: &[(&str, &str)]) -> Proc {
     // dropped: a full run once left a `serve` and a `worker` of the database-restart tests behind,
     // retrying a cluster that was gone.
     // SAFETY: prctl and getppid are async-signal-safe; this runs in the child before exec.
+    // SAFETY (setrlimit): async-signal-safe too, on a value of this frame.
+    let nofile = limited.nofile;
     unsafe {
         use std::os::unix::process::CommandExt;
         let parent = libc::getpid();
         cmd.pre_exec(move || {
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 || libc::getppid() != parent {
                 return Err(std::io::Error::other("the test that started this process is gone"));
+            }
+            if let Some(n) = nofile {
+                let r = libc::rlimit { rlim_cur: n as libc::rlim_t, rlim_max: n as libc::rlim_t };
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &r) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
             }
             Ok(())
         });

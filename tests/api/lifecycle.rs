@@ -37,6 +37,7 @@ fn room(db: &TestDb) -> Lifecycle {
         tools_cache: Arc::new(TtlCache::new(Duration::from_secs(5))),
         shortcut: None,
         shutdown: Default::default(),
+        guard: subagentd::tasks::guard::Guard::new(),
     }
 }
 

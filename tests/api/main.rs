@@ -14,6 +14,7 @@ mod console;
 mod contract;
 mod dbrestart;
 mod health;
+mod holds;
 mod imports;
 mod lifecycle;
 mod liveness;

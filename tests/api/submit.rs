@@ -29,6 +29,7 @@ fn submitter(db: &TestDb, tweak: impl FnOnce(&mut Config)) -> Lifecycle {
         tools_cache: Arc::new(TtlCache::new(Duration::from_secs(5))),
         shortcut: None,
         shutdown: Default::default(),
+        guard: subagentd::tasks::guard::Guard::new(),
     }
 }
 

@@ -384,6 +384,8 @@
     t.setEmpty(tasks.length === 0);
   }
 
+  const POLL_EVENTS_MS = 3000;
+
   const TASK_COLS = ['ID', 'Status', 'Type', 'Model', ['Turns', 'num'], ['Cost', 'num'], 'Created', 'Summary'];
 
   // ================================================================ Overview
@@ -399,6 +401,8 @@
     const models = makeTable('models-table', ['Model', ['Calls', 'num'], ['Failed', 'num'], ['Error rate', 'num'], ['Cost', 'num']], 'No model calls today.');
     const spend = h('div', { id: 'spend', class: 'spend' });
     const replicas = makeTable('replicas-table', ['Worker', ['Running', 'num'], 'Lease expires'], 'No active replicas.');
+    const holds = makeTable('holds-table', ['Tenant', ['Streams', 'num'], ['Waits', 'num']], 'No open streams or waits.');
+    const conns = h('p', { class: 'muted', 'data-test': 'connections' }, dash);
     const latest = makeTable('latest-tasks', TASK_COLS, 'No tasks yet.');
 
     root.append(h('section', { id: 'overview', class: 'page' },
@@ -411,7 +415,9 @@
       h('div', { class: 'grid-2' },
         card('Models today', models.el),
         card('Spend', spend)),
-      card('Replicas', replicas.el),
+      h('div', { class: 'grid-2' },
+        card('Replicas', replicas.el),
+        card('Held open on this replica', holds.el, conns)),
       card('Latest tasks', latest.el, h('p', { class: 'more' }, h('a', { href: '#/tasks' }, 'All tasks →')))));
 
     let chart = null;
@@ -440,6 +446,15 @@
 
       fillRows(replicas, (d.replicas || []).map((r) => h('tr', null,
         td(r.worker || dash, 'mono'), td(fmtInt(r.running), 'num'), td(timeEl(r.lease_expires_at, true)))));
+
+      const held = d.this_replica || {};
+      fillRows(holds, (held.holds || []).map((t) => h('tr', { dataset: { tenant: String(t.tenant) } },
+        td(String(t.tenant), 'mono'),
+        td(fmtInt(t.streams) + (t.max_streams != null ? ' / ' + fmtInt(t.max_streams) : ''), 'num'),
+        td(fmtInt(t.waits) + (t.max_waits != null ? ' / ' + fmtInt(t.max_waits) : ''), 'num'))));
+      setText(conns, held.connection_cap != null
+        ? `${fmtInt(held.connections)} of ${fmtInt(held.connection_cap)} connections on the replica that answered.`
+        : '');
 
       syncTaskRows(latest, d.latest || []);
     };
@@ -896,9 +911,42 @@
       loadMessages();
       loadCalls();
       if (task && !TERMINAL.has(task.status)) {
+        // A stream the server refused (the tenant holds its stream limit on this replica) is
+        // followed by polling the JSON events, with the stream tried again now and then.
+        if (await streamRefused()) {
+          setText(streamNote, 'This tenant is at its stream limit on this replica: following by polling the events.');
+          retryTimer = setTimeout(() => { if (alive()) pollInstead(0); }, POLL_EVENTS_MS);
+          return;
+        }
         setText(streamNote, 'Stream disconnected; reconnecting…');
         retryTimer = setTimeout(() => { if (alive()) openStream(); }, 3000);
       } else setText(streamNote, '');
+    }
+
+    // Was the stream refused with 429? (EventSource does not tell: ask once, and let go.)
+    async function streamRefused() {
+      const ctl = new AbortController();
+      try {
+        const r = await fetch(`${base}/events?after=${maxSeq}`, {
+          headers: { accept: 'text/event-stream' }, credentials: 'same-origin', signal: ctl.signal,
+        });
+        return r.status === 429;
+      } catch (e) {
+        return false;
+      } finally {
+        ctl.abort();
+      }
+    }
+
+    // Poll the events while the stream is refused; every tenth round, try the stream again.
+    async function pollInstead(round) {
+      if (!alive()) return;
+      await refreshTask();
+      await backfill(maxSeq);
+      if (!alive()) return;
+      if (task && TERMINAL.has(task.status)) { streamEnded(); return; }
+      if (round > 0 && round % 10 === 0) { openStream(); return; }
+      retryTimer = setTimeout(() => pollInstead(round + 1), POLL_EVENTS_MS);
     }
 
     function openStream() {

@@ -291,7 +291,7 @@ async fn commit_turns_on(conn: &mut sqlx::PgConnection, writes: &[&TurnWrite]) -
             e_data.push(d);
         }
     }
-    let sql: &str = if whole { &COMMIT_TURNS_ENDING } else { &COMMIT_TURNS };
+    let sql: &str = &COMMIT_TURNS[usize::from(whole) + 2 * usize::from(n == 1)];
     let rows = sqlx::query(sql)
         .bind(&ids) // 1
         .bind(&leases) // 2
@@ -350,7 +350,45 @@ async fn commit_turns_on(conn: &mut sqlx::PgConnection, writes: &[&TurnWrite]) -
 
 /// `commit_turns`' statement; `whole`: the one that also answers with the whole task of each
 /// write that asks for it (NULLs for the others).
-fn commit_turns_sql(whole: bool) -> String {
+/// The types and names of a write's columns in `commit_turns`' statement (parameters $1 to $29).
+const TYPES: [&str; 29] = [
+    "uuid", "uuid", "int", "int", "int", "int", "text", "int8", "int8", "int8", "numeric", "int", "int", "text",
+    "text", "text", "uuid", "numeric", "int8", "text", "text", "text", "text", "text", "bool", "jsonb", "int8", "int",
+    "bool",
+];
+const NAMES: [&str; 29] = [
+    "b_id",
+    "b_lease",
+    "b_turn",
+    "b_cturn",
+    "b_attempt",
+    "b_try",
+    "b_provider",
+    "b_in",
+    "b_out",
+    "b_cached",
+    "b_cost",
+    "b_latency",
+    "b_http",
+    "b_outcome",
+    "b_error",
+    "b_model",
+    "b_key",
+    "b_rusd",
+    "b_rtok",
+    "b_status",
+    "b_stop",
+    "b_summary",
+    "b_ecode",
+    "b_emsg",
+    "b_est",
+    "b_output",
+    "b_cw",
+    "b_nev",
+    "b_want",
+];
+
+fn commit_turns_sql(whole: bool, one: bool) -> String {
     let hook = WEBHOOK.strip_suffix(" AS webhook").unwrap_or(WEBHOOK);
     let whole_cols = if whole {
         let cols: Vec<String> =
@@ -360,16 +398,24 @@ fn commit_turns_sql(whole: bool) -> String {
         String::new()
     };
     let answer = if whole { format!(", {COLS}, webhook") } else { String::new() };
+    // The writes, a row each: unnested, or for one write its single row as such, so that the
+    // planner knows it is one (it plans the statement for a batch of 100 otherwise, and a single
+    // write, the most common at low load, took measurably longer).
+    let source = if one {
+        let cols: Vec<String> =
+            TYPES.iter().zip(NAMES).enumerate().map(|(i, (t, n))| format!("(${}::{t}[])[1] AS {n}", i + 1)).collect();
+        format!("SELECT {}, 1::int8 AS b_i", cols.join(", "))
+    } else {
+        let params: Vec<String> = TYPES.iter().enumerate().map(|(i, t)| format!("${}::{t}[]", i + 1)).collect();
+        format!(
+            "SELECT * FROM unnest({}) WITH ORDINALITY AS b({}, b_i) ORDER BY b_id",
+            params.join(", "),
+            NAMES.join(", ")
+        )
+    };
     format!(
         "WITH b AS (
-            SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::int[], $4::int[], $5::int[], $6::int[], $7::text[],
-                $8::int8[], $9::int8[], $10::int8[], $11::numeric[], $12::int[], $13::int[], $14::text[], $15::text[],
-                $16::text[], $17::uuid[], $18::numeric[], $19::int8[], $20::text[], $21::text[], $22::text[],
-                $23::text[], $24::text[], $25::bool[], $26::jsonb[], $27::int8[], $28::int[], $29::bool[])
-            WITH ORDINALITY AS b(b_id, b_lease, b_turn, b_cturn, b_attempt, b_try, b_provider, b_in, b_out, b_cached,
-                b_cost, b_latency, b_http, b_outcome, b_error, b_model, b_key, b_rusd, b_rtok, b_status, b_stop,
-                b_summary, b_ecode, b_emsg, b_est, b_output, b_cw, b_nev, b_want, b_i)
-            ORDER BY b_id
+            {source}
          ), u AS (
             UPDATE tasks SET turns = coalesce(b_turn, turns),
                 input_tokens = input_tokens + b_in, output_tokens = output_tokens + b_out,
@@ -426,8 +472,15 @@ fn commit_turns_sql(whole: bool) -> String {
     )
 }
 
-static COMMIT_TURNS: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| commit_turns_sql(false));
-static COMMIT_TURNS_ENDING: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| commit_turns_sql(true));
+/// Built once each: a run's checkpoint may wait for a connection, and thousands do at once.
+static COMMIT_TURNS: std::sync::LazyLock<[String; 4]> = std::sync::LazyLock::new(|| {
+    [
+        commit_turns_sql(false, false),
+        commit_turns_sql(true, false),
+        commit_turns_sql(false, true),
+        commit_turns_sql(true, true),
+    ]
+});
 
 /// What a fenced write of a run did.
 #[derive(Debug)]

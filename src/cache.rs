@@ -8,6 +8,9 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+/// Entries past which a `put` of a new key drops the expired ones first.
+const PRUNE_AT: usize = 4096;
+
 pub struct TtlCache<V> {
     ttl: Duration,
     map: Mutex<HashMap<String, (V, Instant)>>,
@@ -24,7 +27,13 @@ impl<V: Clone> TtlCache<V> {
     }
 
     pub fn put(&self, key: &str, v: V) {
-        self.map.lock().unwrap_or_else(|e| e.into_inner()).insert(key.to_string(), (v, Instant::now()));
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        // Keys that come and go (sessions) do not pile up: past a size, the stale ones go.
+        if map.len() >= PRUNE_AT && !map.contains_key(key) {
+            let ttl = self.ttl;
+            map.retain(|_, (_, at)| at.elapsed() < ttl);
+        }
+        map.insert(key.to_string(), (v, Instant::now()));
     }
 
     pub fn remove(&self, key: &str) {

@@ -155,6 +155,21 @@ pub struct Config {
     #[arg(long, env = "SUBAGENTD_SOCKET_SEND_BUFFER", global = true)]
     pub socket_send_buffer: Option<usize>,
 
+    /// The address clients reach this service at (`https://agents.example.com`), behind its proxy:
+    /// MCP accepts requests whose `Origin` is this (or the `Host` they came to), and A2A agent
+    /// cards name it. Unset: the `Host` (and `X-Forwarded-Proto`) of each request.
+    #[arg(long, env = "SUBAGENTD_PUBLIC_URL", global = true)]
+    pub public_url: Option<String>,
+
+    /// How long a plain MCP `tools/call` of `task` (or `task_wait`) waits for the task before it
+    /// answers that it is still running, in seconds (MCP clients give a call about 60 s).
+    #[arg(long, env = "SUBAGENTD_MCP_WAIT_SECONDS", default_value_t = 50, global = true)]
+    pub mcp_wait_seconds: u64,
+
+    /// Offer one MCP tool per agent type (`agent_<name>`) besides `task`.
+    #[arg(long, env = "SUBAGENTD_MCP_TOOL_PER_AGENT", global = true)]
+    pub mcp_tool_per_agent: bool,
+
     /// Output tokens a provider call may produce (sent as `max_tokens`, and reserved).
     #[arg(long, env = "SUBAGENTD_MAX_OUTPUT_TOKENS", default_value_t = 4096, global = true)]
     pub max_output_tokens: u32,

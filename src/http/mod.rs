@@ -14,7 +14,9 @@ pub mod error;
 pub mod events;
 pub mod extract;
 pub mod health;
+pub mod mcp;
 pub mod metrics;
+pub mod origin;
 pub mod overview;
 pub mod ratelimit;
 pub mod serve;
@@ -44,11 +46,15 @@ pub struct Shared {
     pub auth: auth::Auth,
     /// The connections this replica serves now, against its cap.
     pub conns: Arc<capacity::Connections>,
+    /// MCP sessions as last read (a session is fixed once made; a replica that ended one forgets
+    /// it at once, the others within seconds).
+    pub mcp_sessions: crate::cache::TtlCache<crate::store::mcp::McpSession>,
 }
 
 impl AppState {
     pub fn new(tasks: crate::tasks::Lifecycle, auth: auth::Auth, conns: Arc<capacity::Connections>) -> Self {
-        AppState(Arc::new(Shared { tasks, auth, conns }))
+        let mcp_sessions = crate::cache::TtlCache::new(std::time::Duration::from_secs(5));
+        AppState(Arc::new(Shared { tasks, auth, conns, mcp_sessions }))
     }
 }
 
@@ -76,6 +82,7 @@ pub fn router(state: AppState) -> Router {
         .merge(admin::router())
         .merge(health::router())
         .merge(console::router())
+        .merge(mcp::router(state.clone()))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "route_not_found", "Not found", "no such route") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(

@@ -40,6 +40,11 @@ impl Retention {
     }
 
     async fn purge_conversations(&self) -> Result<u64, StoreError> {
+        // MCP sessions idle for a day go with them (a client that comes back starts another).
+        let sessions = crate::store::mcp::purge_idle(&self.pool, 1).await?;
+        if sessions > 0 {
+            tracing::info!(sessions, "forgot MCP sessions idle for a day");
+        }
         let n = retention::purge_finished(&self.pool, self.days as i32).await?;
         if n > 0 {
             tracing::info!(tasks = n, "purged conversations and events past retention");

@@ -334,3 +334,12 @@ pub async fn expire(pool: &PgPool) -> Result<Vec<Uuid>, StoreError> {
     tx.commit().await?;
     Ok(resumed)
 }
+
+/// One action of `tenant`'s, by its id.
+pub async fn get(pool: &PgPool, tenant: &str, id: Uuid) -> Result<Option<ActionRow>, StoreError> {
+    Ok(sqlx::query_as(&format!("SELECT {ACTION_COLS} FROM task_actions WHERE id = $1 AND tenant = $2"))
+        .bind(id)
+        .bind(tenant)
+        .fetch_optional(pool)
+        .await?)
+}

@@ -13,6 +13,7 @@ pub mod budget;
 pub mod calls;
 pub mod committer;
 pub mod events;
+pub mod mcp;
 pub mod overview;
 pub mod retention;
 pub mod runs;

@@ -83,6 +83,22 @@ impl Lifecycle {
         Ok(self.view(row).await?)
     }
 
+    /// Answer one pending action by its id alone (a door that names actions, not tasks): the
+    /// task it belongs to, as it stands after.
+    pub async fn answer_action(
+        &self,
+        scope: &Scope,
+        by: &Answerer,
+        answer: ActionAnswer,
+    ) -> Result<TaskView, TaskError> {
+        let action = match scope.tenant() {
+            Some(t) => actions::get(&self.pool, t, answer.id).await?,
+            None => None,
+        };
+        let Some(action) = action else { return Err(TaskError::UnknownAction { index: 0, id: answer.id }) };
+        self.answer(scope, by, action.task_id, vec![answer]).await
+    }
+
     /// The answers, each checked on its own (before any is written).
     fn checked(&self, body: Vec<ActionAnswer>) -> Result<Vec<actions::Answer>, TaskError> {
         if body.is_empty() || body.len() > MAX_ANSWERS {

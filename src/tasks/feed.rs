@@ -8,7 +8,7 @@ use futures_util::Stream;
 use uuid::Uuid;
 
 use super::kinds::TaskStatus;
-use super::{Lifecycle, Scope, TaskError};
+use super::{Lifecycle, Scope, TaskError, TaskView};
 pub use crate::store::events::EventRow;
 use crate::store::{events, tasks as store};
 
@@ -68,9 +68,30 @@ impl Lifecycle {
         }
         // Held until the stream is dropped (it ends, or its client leaves or stalls).
         let hold = self.stream_hold(&task.tenant).await?;
-        let feed = Follow { room: self.clone(), id, tenant: task.tenant, seq: start, done: false, _hold: hold };
+        Ok(Some(self.feed(id, task.tenant, start, hold)))
+    }
+
+    /// The task's events after `after`, live, under a hold the caller took (a door's wait that
+    /// reports progress: it counts as the wait it is, not as a stream). The task is the caller's.
+    pub fn watch(
+        &self,
+        task: &TaskView,
+        after: i32,
+        hold: super::guard::Hold,
+    ) -> impl Stream<Item = EventRow> + Send + 'static {
+        self.feed(task.id, task.tenant.clone(), after, hold)
+    }
+
+    fn feed(
+        &self,
+        id: Uuid,
+        tenant: String,
+        seq: i32,
+        hold: super::guard::Hold,
+    ) -> impl Stream<Item = EventRow> + Send + 'static {
+        let feed = Follow { room: self.clone(), id, tenant, seq, done: false, _hold: hold };
         let batches = futures_util::stream::unfold(feed, Follow::next);
-        Ok(Some(futures_util::StreamExt::flat_map(batches, futures_util::stream::iter)))
+        futures_util::StreamExt::flat_map(batches, futures_util::stream::iter)
     }
 }
 

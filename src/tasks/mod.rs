@@ -270,6 +270,14 @@ impl Lifecycle {
         }
     }
 
+    /// The task a submission with idempotency key `key` made (within the key's 24 hours).
+    pub async fn by_key(&self, tenant: &str, key: &str) -> Result<Option<TaskView>, TaskError> {
+        match store::by_idempotency_key(&self.pool, tenant, key).await? {
+            Some(row) => Ok(Some(self.view(row).await?)),
+            None => Ok(None),
+        }
+    }
+
     /// Cancel the task (idempotent): queued or paused, it ends now; running, its worker is told
     /// (on whichever replica) and stops it; ended, it is returned unchanged.
     pub async fn cancel(&self, scope: &Scope, id: Uuid) -> Result<TaskView, TaskError> {

@@ -77,6 +77,7 @@ async fn schemathesis_finds_the_service_doing_what_openapi_yaml_says() {
                 .current_dir(&dir)
                 .env("SUBAGENTD_CONTRACT_KEY", key)
                 .env("SUBAGENTD_CONTRACT_ADMIN", ADMIN)
+                .env("SUBAGENTD_CONTRACT_URL", &base)
                 .env("SCHEMATHESIS_HOOKS", "hooks")
                 .env("PYTHONPATH", &dir)
                 .args(["run", schema.to_str().unwrap(), "--url", &base, "--checks", "all"])

@@ -18,6 +18,7 @@ mod holds;
 mod imports;
 mod lifecycle;
 mod liveness;
+mod mcp;
 mod observe;
 mod openapi;
 mod pauses;

@@ -8,6 +8,7 @@ leaving every value of the wrong shape (which the negative cases send) as genera
 """
 import datetime
 import json
+import os
 import uuid
 
 import jsonschema_rs
@@ -66,8 +67,26 @@ def map_case(ctx, case):
     return case
 
 
+def _mcp_session():
+    """A fresh MCP session of the run's tenant (initialize, as a client does first)."""
+    import requests
+
+    r = requests.post(
+        os.environ["SUBAGENTD_CONTRACT_URL"] + "/mcp",
+        headers={"Authorization": "Bearer " + os.environ["SUBAGENTD_CONTRACT_KEY"]},
+        json={"jsonrpc": "2.0", "id": 0, "method": "initialize",
+              "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "st", "version": "1"}}},
+        timeout=10,
+    )
+    return r.headers["mcp-session-id"]
+
+
 def _existing(label, case):
     body = case.body
+    if label in ("POST /mcp", "DELETE /mcp"):
+        # A message of a session that exists (each case its own: a DELETE ends it).
+        case.headers = dict(case.headers or {})
+        case.headers["Mcp-Session-Id"] = _mcp_session()
     if isinstance(body, dict):
         _local_urls(body, ("endpoint", "webhook_url", "url"))
         _valid_schema(body, "parameters")

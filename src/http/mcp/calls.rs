@@ -1,0 +1,353 @@
+//! `tools/call`: each tool one room operation. A plain call of `task` waits for its task (at
+//! most `SUBAGENTD_MCP_WAIT_SECONDS`, as a wait hold) and answers with its summary, or says it
+//! is still running and names its id; a task-augmented call answers at once with the MCP task.
+//! When the call asked for progress, or the client can be asked for input, the answer is a
+//! stream: progress as turns finish, an `elicitation/create` for each pending action of a
+//! paused run, then the result. The client's answer to an elicitation may come to any replica:
+//! its id names the action, and the room stores it like `POST /tasks/{id}/actions`.
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+use uuid::Uuid;
+
+use super::rpc::{self, RpcError};
+use super::tools;
+use super::{Ctx, Reply};
+use crate::tasks::answer::ActionAnswer;
+use crate::tasks::guard::HoldKind;
+use crate::tasks::kinds::{Gate, TaskStatus};
+use crate::tasks::{Submission, TaskRequest, TaskView};
+
+/// The related-task metadata key of 2025-11-25 tasks.
+pub const RELATED_TASK: &str = "io.modelcontextprotocol/related-task";
+
+/// `task`'s arguments (and an `agent_<name>` tool's, whose type is its name).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TaskArgs {
+    #[serde(default)]
+    subagent_type: Option<String>,
+    description: String,
+    prompt: String,
+    #[serde(default)]
+    model: Option<String>,
+    #[serde(default)]
+    max_turns: Option<i64>,
+    #[serde(default)]
+    parent_context: Option<String>,
+    #[serde(default)]
+    output_schema: Option<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct IdArgs {
+    task_id: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct CallParams {
+    name: String,
+    #[serde(default)]
+    arguments: Option<Value>,
+    #[serde(default)]
+    task: Option<Value>,
+    #[serde(default, rename = "_meta")]
+    meta: Option<Value>,
+}
+
+pub async fn call(ctx: Ctx, id: Value, params: Value) -> Result<Reply, RpcError> {
+    let p: CallParams = serde_json::from_value(params).map_err(|e| RpcError::params(format!("tools/call: {e}")))?;
+    let args = p.arguments.unwrap_or_else(|| json!({}));
+    let progress = p.meta.as_ref().and_then(|m| m.get("progressToken")).cloned();
+    let augmented = p.task.is_some() && ctx.tasks_supported();
+    let agent = p.name.strip_prefix("agent_").filter(|_| ctx.st.tasks.cfg.mcp_tool_per_agent && !ctx.nested());
+    match (p.name.as_str(), agent) {
+        ("task", _) | (_, Some(_)) => {
+            let a: TaskArgs = match serde_json::from_value(args) {
+                Ok(a) => a,
+                Err(e) => return Ok(Reply::Json(tools::bad_arguments(&e.to_string()))),
+            };
+            let subagent_type = match (agent, a.subagent_type) {
+                (Some(name), None) => Some(name.to_string()),
+                (Some(_), Some(_)) => {
+                    return Ok(Reply::Json(tools::bad_arguments("subagent_type: this tool's agent type is its name")))
+                }
+                (None, None) => return Ok(Reply::Json(tools::bad_arguments("missing field `subagent_type`"))),
+                (None, t) => t,
+            };
+            let request = TaskRequest {
+                prompt: a.prompt,
+                subagent_type,
+                description: Some(a.description),
+                model: a.model,
+                max_turns: a.max_turns,
+                parent_context: a.parent_context,
+                output_schema: a.output_schema,
+                ..TaskRequest::default()
+            };
+            let s = Submission {
+                idempotency_key: Some(ctx.key_of(&id)),
+                depth: ctx.depth.clone(),
+                traceparent: ctx.traceparent.clone(),
+                api_key: ctx.key_prefix.clone(),
+                ..Submission::new(ctx.tenant.clone(), request)
+            };
+            if augmented {
+                return Ok(Reply::Json(match ctx.st.tasks.create(s, None).await {
+                    Ok(c) => json!({"task": super::tasks::mcp_task(&ctx, &c.task)}),
+                    Err(e) if e.is_client_error() => tools::refused(&e),
+                    Err(e) => return Err(internal(e)),
+                }));
+            }
+            let bound = Duration::from_secs(ctx.st.tasks.cfg.mcp_wait_seconds);
+            if progress.is_none() && !ctx.elicits() {
+                return Ok(Reply::Json(match ctx.st.tasks.create(s, Some(bound)).await {
+                    Ok(c) => tools::result(&c.task),
+                    Err(e) if e.is_client_error() => tools::refused(&e),
+                    Err(e) => return Err(internal(e)),
+                }));
+            }
+            Ok(follow(ctx, id, Start::Submit(Box::new(s)), bound, progress, None))
+        }
+        ("task_get" | "task_wait" | "task_cancel", _) => {
+            let a: IdArgs = match serde_json::from_value(args) {
+                Ok(a) => a,
+                Err(e) => return Ok(Reply::Json(tools::bad_arguments(&e.to_string()))),
+            };
+            let Ok(task) = a.task_id.parse::<Uuid>() else {
+                return Ok(Reply::Json(tools::bad_arguments("task_id: not a task id")));
+            };
+            let room = &ctx.st.tasks;
+            let scope = ctx.scope();
+            let r = match p.name.as_str() {
+                "task_get" => room.get(&scope, task).await,
+                "task_cancel" => room.cancel(&scope, task).await,
+                _ => {
+                    let bound = Duration::from_secs(ctx.st.tasks.cfg.mcp_wait_seconds);
+                    if progress.is_some() || ctx.elicits() {
+                        return Ok(follow(ctx, id, Start::Task(task), bound, progress, None));
+                    }
+                    room.join(&scope, task, bound).await.map(|j| j.task)
+                }
+            };
+            Ok(Reply::Json(match r {
+                Ok(t) => tools::result(&t),
+                Err(e) if e.is_client_error() => tools::refused(&e),
+                Err(e) => return Err(internal(e)),
+            }))
+        }
+        (other, _) => Err(RpcError::params(format!("unknown tool: {other}"))),
+    }
+}
+
+pub fn internal(e: crate::tasks::TaskError) -> RpcError {
+    tracing::error!(error = %e, "MCP call failed");
+    RpcError::internal()
+}
+
+/// Where a followed call starts: a task to submit, or one that exists.
+pub enum Start {
+    Submit(Box<Submission>),
+    Task(Uuid),
+}
+
+/// Answer on a stream: submit (or find) the task, then follow it for at most `bound` — progress
+/// for every finished turn when the call has a `progressToken`, an elicitation for each pending
+/// action of a pause when the client can be asked — and end with the result (`related`: the MCP
+/// task the stream answers `tasks/result` for).
+pub fn follow(
+    ctx: Ctx,
+    id: Value,
+    start: Start,
+    bound: Duration,
+    progress: Option<Value>,
+    related: Option<Uuid>,
+) -> Reply {
+    // Bounded: a client that stops reading holds the producer back, not memory.
+    let (tx, rx) = mpsc::channel::<Value>(8);
+    tokio::spawn(async move {
+        let end = produce(&ctx, &tx, start, bound, progress, related).await;
+        let msg = match end {
+            Ok(mut result) => {
+                if let Some(task) = related {
+                    result["_meta"] = json!({RELATED_TASK: {"taskId": task}});
+                }
+                rpc::result(&id, result)
+            }
+            Err(e) => rpc::error(Some(&id), &e),
+        };
+        let _ = tx.send(msg).await;
+    });
+    Reply::Stream(rx)
+}
+
+async fn produce(
+    ctx: &Ctx,
+    tx: &mpsc::Sender<Value>,
+    start: Start,
+    bound: Duration,
+    progress: Option<Value>,
+    related: Option<Uuid>,
+) -> Result<Value, RpcError> {
+    let room = &ctx.st.tasks;
+    let scope = ctx.scope();
+    let task = match start {
+        Start::Submit(mut s) => {
+            // A waiting caller: the task may start in this process at once.
+            s.waiting = true;
+            match room.submit(*s).await {
+                Ok(crate::tasks::Submitted::Created(r) | crate::tasks::Submitted::Existing(r)) => {
+                    room.view(r).await.map_err(|_| RpcError::internal())?
+                }
+                Err(e) if e.is_client_error() => return Ok(tools::refused(&e)),
+                Err(e) => return Err(internal(e)),
+            }
+        }
+        Start::Task(id) => match room.get(&scope, id).await {
+            Ok(t) => t,
+            Err(e) if e.is_client_error() => return Ok(tools::refused(&e)),
+            Err(e) => return Err(internal(e)),
+        },
+    };
+    if task.status.is_terminal() {
+        return Ok(tools::result(&task));
+    }
+    // A wait: at the tenant's `max_waits` it is answered at once, as if it had run out.
+    let hold = match room.hold(&task.tenant, HoldKind::Wait).await {
+        Ok(Ok(h)) => h,
+        Ok(Err(_)) => return Ok(tools::result(&task)),
+        Err(_) => return Err(RpcError::internal()),
+    };
+    let mut events = Box::pin(room.watch(&task, 0, hold));
+    let deadline = tokio::time::Instant::now() + bound;
+    let max_turns = task.max_turns.unwrap_or(0);
+    let mut asked: Vec<Uuid> = vec![];
+    loop {
+        let ev = tokio::select! {
+            ev = events.next() => ev,
+            _ = tokio::time::sleep_until(deadline) => None,
+            _ = tx.closed() => return Err(RpcError::internal()),
+        };
+        let Some(ev) = ev else { break };
+        match ev.kind.as_str() {
+            "checkpoint" => {
+                if let Some(token) = &progress {
+                    let turn = ev.data["turn"].as_u64().unwrap_or(0);
+                    let mut p = json!({"progressToken": token, "progress": turn,
+                                       "message": format!("turn {turn} of {max_turns} done")});
+                    if max_turns > 0 {
+                        p["total"] = json!(max_turns);
+                    }
+                    if tx.send(rpc::notification("notifications/progress", p)).await.is_err() {
+                        return Err(RpcError::internal());
+                    }
+                }
+            }
+            "requires_action" => {
+                let now = room.get(&scope, task.id).await.map_err(|_| RpcError::internal())?;
+                if !ctx.elicits() {
+                    return Ok(tools::result(&now));
+                }
+                for a in now.pending_actions.iter().flatten() {
+                    if asked.contains(&a.id) {
+                        continue;
+                    }
+                    asked.push(a.id);
+                    if tx.send(elicitation(ctx, a, related)).await.is_err() {
+                        return Err(RpcError::internal());
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    let now = room.get(&scope, task.id).await.map_err(|_| RpcError::internal())?;
+    Ok(tools::result(&now))
+}
+
+/// The question that answers one pending action, as an `elicitation/create` request whose id
+/// names the action.
+fn elicitation(ctx: &Ctx, a: &crate::store::actions::ActionRow, related: Option<Uuid>) -> Value {
+    let (message, schema) = match a.kind {
+        Gate::Approval => (
+            format!("A sub-agent wants to call `{}` with {}. Approve it?", a.name, a.arguments),
+            json!({"type": "object", "properties": {
+                "decision": {"type": "string", "enum": ["approve", "deny"], "description": "approve: the call runs; deny: the sub-agent is told it may not"},
+                "message": {"type": "string", "description": "Why (shown to the sub-agent on a denial)."}
+            }, "required": ["decision"]}),
+        ),
+        Gate::Output => (
+            format!("A sub-agent calls `{}` with {}: give its output.", a.name, a.arguments),
+            json!({"type": "object", "properties": {
+                "output": {"type": "string", "description": "The tool's result (JSON is stored as JSON)."}
+            }, "required": ["output"]}),
+        ),
+    };
+    let mut params = json!({"message": message, "requestedSchema": schema});
+    if ctx.version == super::V_2025_11_25 {
+        params["mode"] = json!("form");
+    }
+    if let Some(task) = related {
+        params["_meta"] = json!({RELATED_TASK: {"taskId": task}});
+    }
+    rpc::request(&format!("elicit:{}", a.id), "elicitation/create", params)
+}
+
+/// The client's answer to an elicitation, stored like `POST /tasks/{id}/actions` stores one (who
+/// answered: the key of the request that carried it). `decline` is a denial (for an output, an
+/// output saying so); `cancel` leaves the action pending.
+pub async fn answered(ctx: &Ctx, id: &Value, result: Option<Value>, error: Option<Value>) {
+    let Some(action) = id.as_str().and_then(|s| s.strip_prefix("elicit:")).and_then(|s| s.parse::<Uuid>().ok()) else {
+        return;
+    };
+    if let Some(e) = error {
+        tracing::info!(action = %action, error = %e, "an elicitation was answered with an error: the action stays pending");
+        return;
+    }
+    let Some(result) = result else { return };
+    let room = &ctx.st.tasks;
+    let scope = ctx.scope();
+    let kind = match crate::store::actions::get(&room.pool, &ctx.tenant, action).await {
+        Ok(Some(a)) => a.kind,
+        _ => return,
+    };
+    let content = result.get("content").cloned().unwrap_or_else(|| json!({}));
+    let answer = match (result["action"].as_str(), kind) {
+        (Some("accept"), Gate::Approval) => {
+            let message = content["message"].as_str().map(str::to_string).filter(|m| !m.is_empty());
+            match content["decision"].as_str() {
+                Some("approve") => ActionAnswer::approve(action, message),
+                Some("deny") => ActionAnswer::deny(action, message),
+                _ => return,
+            }
+        }
+        (Some("accept"), Gate::Output) => {
+            let text = match &content["output"] {
+                Value::String(s) => s.clone(),
+                Value::Null => return,
+                other => other.to_string(),
+            };
+            // Stored as JSON when it is JSON, as a string otherwise.
+            ActionAnswer::output(action, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+        }
+        (Some("decline"), Gate::Approval) => ActionAnswer::deny(action, Some("declined".into())),
+        (Some("decline"), Gate::Output) => {
+            ActionAnswer::output(action, json!("(the user declined to give this tool's output)"))
+        }
+        _ => return,
+    };
+    if let Err(e) = room.answer_action(&scope, &ctx.answerer(), answer).await {
+        tracing::info!(action = %action, error = %e, "an elicitation's answer was not taken");
+    }
+}
+
+/// The task a `tasks/result` follows: terminal, or paused where the client cannot be asked, is
+/// answered at once.
+pub fn settled_for(ctx: &Ctx, t: &TaskView) -> bool {
+    t.status.is_terminal() || (t.status == TaskStatus::RequiresAction && !ctx.elicits())
+}

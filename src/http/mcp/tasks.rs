@@ -1,0 +1,120 @@
+//! MCP tasks (2025-11-25): a task-augmented `tools/call` answers at once with the task; its
+//! id is the service's task id, so the same run is in `GET /tasks/{id}`, the console and the
+//! ledger. `tasks/get`, `tasks/list` (the tenant's, paged), `tasks/cancel`, and `tasks/result`,
+//! which waits for the end (asking the client for input meanwhile, if it can be asked) and then
+//! answers as a plain call would, with the related-task metadata.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+use super::calls::{self, Start};
+use super::rpc::RpcError;
+use super::{Ctx, Reply};
+use crate::tasks::kinds::TaskStatus;
+use crate::tasks::list::ListRequest;
+use crate::tasks::{TaskError, TaskView};
+
+/// How often a client may poll a task.
+const POLL_MS: u64 = 1000;
+
+/// The service's task as an MCP task.
+pub fn mcp_task(ctx: &Ctx, t: &TaskView) -> Value {
+    let (status, message) = match t.status {
+        TaskStatus::Queued => ("working", Some("queued".to_string())),
+        TaskStatus::Running => ("working", None),
+        TaskStatus::RequiresAction => {
+            ("input_required", Some("paused: it waits for an answer to a pending action".into()))
+        }
+        TaskStatus::Completed => ("completed", None),
+        TaskStatus::Incomplete => {
+            ("completed", Some(format!("incomplete: stopped by {}", t.stop_reason.map_or("a limit", |r| r.as_str()))))
+        }
+        TaskStatus::Failed => ("failed", t.error.as_ref().and_then(|e| e["message"].as_str()).map(str::to_string)),
+        TaskStatus::Cancelled => ("cancelled", None),
+    };
+    let updated = [Some(t.created_at), t.started_at, t.finished_at].into_iter().flatten().max().unwrap_or(t.created_at);
+    let days = ctx.st.tasks.cfg.retention_days;
+    let ttl = if days == 0 { Value::Null } else { json!(u64::from(days) * 86_400_000) };
+    let mut v = json!({
+        "taskId": t.id, "status": status, "createdAt": t.created_at, "lastUpdatedAt": updated,
+        "ttl": ttl, "pollInterval": POLL_MS,
+    });
+    if let Some(m) = message {
+        v["statusMessage"] = json!(m);
+    }
+    v
+}
+
+fn task_id(params: &Value) -> Result<Uuid, RpcError> {
+    params
+        .get("taskId")
+        .and_then(Value::as_str)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| RpcError::params("taskId: a task id is required"))
+}
+
+fn not_found(e: TaskError) -> RpcError {
+    match e {
+        TaskError::NotFound => RpcError::params("Failed to retrieve task: Task not found"),
+        e => calls::internal(e),
+    }
+}
+
+pub async fn handle(ctx: Ctx, id: Value, method: &str, params: Value) -> Result<Reply, RpcError> {
+    let room = &ctx.st.tasks;
+    let scope = ctx.scope();
+    match method {
+        "tasks/get" => {
+            let t = room.get(&scope, task_id(&params)?).await.map_err(not_found)?;
+            Ok(Reply::Json(mcp_task(&ctx, &t)))
+        }
+        "tasks/list" => {
+            let q = ListRequest {
+                cursor: params.get("cursor").and_then(Value::as_str).map(str::to_string),
+                limit: Some(50),
+                ..ListRequest::default()
+            };
+            let page = room.list(&scope, &q).await.map_err(|e| match e {
+                TaskError::BadParam { .. } => RpcError::params("invalid cursor"),
+                e => calls::internal(e),
+            })?;
+            let tasks: Vec<Value> = page.tasks.iter().map(|t| mcp_task(&ctx, t)).collect();
+            let mut r = json!({"tasks": tasks});
+            if let Some(c) = page.next_cursor {
+                r["nextCursor"] = json!(c);
+            }
+            Ok(Reply::Json(r))
+        }
+        "tasks/cancel" => {
+            let id = task_id(&params)?;
+            let before = room.get(&scope, id).await.map_err(not_found)?;
+            if before.status.is_terminal() {
+                return Err(RpcError::params(format!(
+                    "Cannot cancel task: already in terminal status '{}'",
+                    mcp_task(&ctx, &before)["status"].as_str().unwrap_or("")
+                )));
+            }
+            let mut t = room.cancel(&scope, id).await.map_err(not_found)?;
+            if !t.status.is_terminal() {
+                // A running task is stopped by its worker, wherever it runs: moments later.
+                t = room.join(&scope, id, Duration::from_secs(10)).await.map_err(not_found)?.task;
+            }
+            Ok(Reply::Json(mcp_task(&ctx, &t)))
+        }
+        "tasks/result" => {
+            let task = task_id(&params)?;
+            let t = room.get(&scope, task).await.map_err(not_found)?;
+            let meta = json!({calls::RELATED_TASK: {"taskId": task}});
+            if calls::settled_for(&ctx, &t) {
+                let mut r = super::tools::result(&t);
+                r["_meta"] = meta;
+                return Ok(Reply::Json(r));
+            }
+            let bound = Duration::from_secs(room.cfg.wait_max_seconds);
+            Ok(calls::follow(ctx.clone(), id, Start::Task(task), bound, None, Some(task)))
+        }
+        _ => Err(RpcError::new(super::rpc::METHOD_NOT_FOUND, format!("method not found: {method}"))),
+    }
+}

@@ -1,0 +1,224 @@
+//! The door's tools, as `tools/list` offers them, and a task as a tool's result.
+//!
+//! `task` is the seeds' tool: `subagent_type` (the tenant's agent types, each named with its
+//! one-line description), `description` and `prompt`, plus the task's options a caller may want
+//! (`model`, `max_turns`, `parent_context`, `output_schema`). `task_get`, `task_wait` and
+//! `task_cancel` follow a task by its id, for clients that give a call about a minute and do
+//! not speak MCP tasks. The list is made afresh for every `tools/list`, so it follows the
+//! tenant's agents as they change.
+
+use serde_json::{json, Value};
+
+use super::rpc::RpcError;
+use super::Ctx;
+use crate::engine::agents::AgentType;
+use crate::tasks::kinds::TaskStatus;
+use crate::tasks::{TaskError, TaskView};
+
+/// What every result of a task carries as `structuredContent` (its `outputSchema`).
+pub fn task_output_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "task_id": {"type": "string"},
+            "status": {"type": "string", "description": "queued, running, requires_action, completed, incomplete, failed, cancelled"},
+            "stop_reason": {"type": ["string", "null"]},
+            "summary": {"type": ["string", "null"], "description": "the sub-agent's one summary"},
+            "output": {"description": "with an output_schema: the final answer's value"},
+            "usage": {"type": "object"},
+            "cost_usd": {"type": "number"},
+            "error": {"type": ["object", "null"]},
+            "pending_actions": {"type": "array", "description": "while paused: what the task waits for"}
+        },
+        "required": ["task_id", "status"]
+    })
+}
+
+fn id_input(what: &str) -> Value {
+    json!({"type": "object", "properties": {"task_id": {"type": "string", "description": what}}, "required": ["task_id"]})
+}
+
+/// The tenant's agent types, each with its one-line description.
+async fn agents(ctx: &Ctx) -> Result<Vec<(String, String)>, RpcError> {
+    let room = &ctx.st.tasks;
+    let names = crate::tasks::submit::agents::names(&room.pool, &room.file_agents, &ctx.tenant)
+        .await
+        .map_err(|_| RpcError::internal())?;
+    let custom = crate::tasks::submit::agents::tenant_definitions(&room.pool, &ctx.tenant)
+        .await
+        .map_err(|_| RpcError::internal())?;
+    let mut out = vec![];
+    for n in names {
+        // Aliases (`general-purpose`) are accepted, and not listed twice.
+        if n == "general-purpose" {
+            continue;
+        }
+        let line = match AgentType::parse(&n) {
+            Some(t) => builtin_line(t).to_string(),
+            None => custom
+                .iter()
+                .find(|d| d.name == *n)
+                .or_else(|| room.file_agents.get(&n))
+                .map(|d| d.description.lines().next().unwrap_or("").trim().to_string())
+                .filter(|d| !d.is_empty())
+                .unwrap_or_else(|| "a custom agent".into()),
+        };
+        out.push((n, line));
+    }
+    Ok(out)
+}
+
+fn builtin_line(t: AgentType) -> &'static str {
+    match t {
+        AgentType::General => "heterogeneous work, writes included, with every tool the caller allows",
+        AgentType::Research => "read-only fact-finding",
+        AgentType::Explore => "read-only exploration of a codebase or a corpus",
+        AgentType::Plan => "a thinking pass that plans, with few tools",
+    }
+}
+
+fn task_input(agents: &[(String, String)]) -> Value {
+    let names: Vec<&str> = agents.iter().map(|a| a.0.as_str()).collect();
+    json!({
+        "type": "object",
+        "properties": {
+            "subagent_type": {"type": "string", "enum": names, "description": "The sub-agent's type."},
+            "description": {"type": "string", "maxLength": 80, "description": "A short title (at most 80 characters), for logs; the sub-agent does not see it."},
+            "prompt": {"type": "string", "description": "The task itself. Say what the one summary it returns should hold."},
+            "model": {"type": "string", "description": "provider/model (default: the agent's, else the service's)."},
+            "max_turns": {"type": "integer", "minimum": 1, "description": "Turn budget (clamped to 50)."},
+            "parent_context": {"type": "string", "description": "Context from the caller, put into the sub-agent's system prompt."},
+            "output_schema": {"type": "object", "description": "A JSON Schema the final answer must satisfy; its value comes back as `output`."}
+        },
+        "required": ["subagent_type", "description", "prompt"],
+        "additionalProperties": false
+    })
+}
+
+/// `tools/list`: `task` (not from inside a sub-agent: one level deep), the follow-up tools, and,
+/// when configured, one tool per agent type.
+pub async fn list(ctx: &Ctx) -> Result<Value, RpcError> {
+    let mut tools = vec![];
+    let optional = |mut t: Value| {
+        if ctx.tasks_supported() {
+            t["execution"] = json!({"taskSupport": "optional"});
+        }
+        t
+    };
+    if !ctx.nested() {
+        let agents = agents(ctx).await?;
+        let lines: Vec<String> = agents.iter().map(|(n, d)| format!("- {n}: {d}")).collect();
+        tools.push(optional(json!({
+            "name": "task",
+            "title": "Delegate to a sub-agent",
+            "description": format!(
+                "Launch a sub-agent with a fresh conversation and its type's tools to do one focused task, and get \
+                 back a single summary (you do not see its tool calls). Sub-agents cannot start sub-agents. If the \
+                 task takes longer than the call waits, the result says it is still running and names its task_id: \
+                 follow it with task_wait.\n\nAgent types:\n{}",
+                lines.join("\n")
+            ),
+            "inputSchema": task_input(&agents),
+            "outputSchema": task_output_schema(),
+            "annotations": {"readOnlyHint": false, "destructiveHint": false, "openWorldHint": true},
+        })));
+        if ctx.st.tasks.cfg.mcp_tool_per_agent {
+            for (name, line) in &agents {
+                let mut input = task_input(&agents);
+                input["properties"].as_object_mut().map(|p| p.remove("subagent_type"));
+                input["required"] = json!(["description", "prompt"]);
+                tools.push(optional(json!({
+                    "name": format!("agent_{name}"),
+                    "description": format!("Run the {name} sub-agent ({line}) on one task; one summary back."),
+                    "inputSchema": input,
+                    "outputSchema": task_output_schema(),
+                })));
+            }
+        }
+    }
+    for (name, what) in [
+        ("task_get", "A task started earlier: its status and, once it ended, its summary."),
+        ("task_wait", "Wait (about as long as a `task` call does) for a task started earlier, and get its result."),
+        ("task_cancel", "Cancel a task started earlier; the result is the task as it stands."),
+    ] {
+        tools.push(json!({
+            "name": name,
+            "description": what,
+            "inputSchema": id_input("The task_id a `task` call returned."),
+            "outputSchema": task_output_schema(),
+            "annotations": {"readOnlyHint": name == "task_get", "destructiveHint": name == "task_cancel"},
+        }));
+    }
+    Ok(json!({"tools": tools}))
+}
+
+/// The task as a tool's structured result.
+fn structured(t: &TaskView) -> Value {
+    let mut s = json!({
+        "task_id": t.id, "status": t.status, "stop_reason": t.stop_reason, "summary": t.summary,
+        "usage": t.usage, "cost_usd": t.cost_usd, "error": t.error,
+    });
+    if let Some(o) = &t.output {
+        s["output"] = o.clone();
+    }
+    if let Some(p) = &t.pending_actions {
+        s["pending_actions"] = json!(p);
+    }
+    s
+}
+
+/// How to answer a paused task without elicitation.
+fn pause_text(t: &TaskView) -> String {
+    let waits: Vec<String> = t
+        .pending_actions
+        .iter()
+        .flatten()
+        .map(|a| format!("- action {} ({} of `{}` with {})", a.id, a.kind, a.name, a.arguments))
+        .collect();
+    format!(
+        "Task {} is paused: it waits for these answers:\n{}\nAnswer each by its id with POST /tasks/{}/actions \
+         ([{{\"id\": ..., \"decision\": \"approve\" | \"deny\"}}] or [{{\"id\": ..., \"output\": ...}}]) or in the \
+         console, then follow the task with task_wait.",
+        t.id,
+        waits.join("\n"),
+        t.id
+    )
+}
+
+/// A task as a `tools/call` result: a summary for a task that ended well, an error for one that
+/// failed or was cancelled, what it waits for when paused, and its id while it runs.
+pub fn result(t: &TaskView) -> Value {
+    let (text, is_error) = match t.status {
+        TaskStatus::Completed => (t.summary.clone().unwrap_or_default(), false),
+        TaskStatus::Incomplete => {
+            let reason = t.stop_reason.map_or("incomplete", |r| r.as_str());
+            (format!("(incomplete: {reason}) {}", t.summary.clone().unwrap_or_default()), false)
+        }
+        TaskStatus::Failed => {
+            let e = t.error.clone().unwrap_or_default();
+            (format!("The task failed ({}): {}", e["code"].as_str().unwrap_or("failed"), e["message"].as_str().unwrap_or("")), true)
+        }
+        TaskStatus::Cancelled => (format!("Task {} was cancelled.", t.id), true),
+        TaskStatus::RequiresAction => (pause_text(t), false),
+        TaskStatus::Queued | TaskStatus::Running => (
+            format!(
+                "Task {} is still running. Call task_wait with task_id \"{}\" to wait for its result, or task_get to look.",
+                t.id, t.id
+            ),
+            false,
+        ),
+    };
+    json!({"content": [{"type": "text", "text": text}], "structuredContent": structured(t), "isError": is_error})
+}
+
+/// A refusal as a tool's error result: it names the problem's code (and the field at fault), and
+/// started nothing.
+pub fn refused(e: &TaskError) -> Value {
+    let text = format!("{}: {e}", e.code());
+    json!({"content": [{"type": "text", "text": text}], "isError": true})
+}
+
+/// A tool's arguments that are not what its schema says.
+pub fn bad_arguments(message: &str) -> Value {
+    json!({"content": [{"type": "text", "text": format!("invalid arguments: {message}")}], "isError": true})
+}

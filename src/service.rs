@@ -26,6 +26,8 @@ pub struct Service {
     pub addr: Option<SocketAddr>,
     pub shutdown: CancellationToken,
     pub hub: Arc<Hub>,
+    /// The lifecycle room the API serves, if it runs.
+    pub tasks: Option<crate::tasks::Lifecycle>,
     done: JoinHandle<()>,
 }
 
@@ -65,6 +67,7 @@ impl Service {
         let worker =
             local_worker.clone().map(|w| tokio::spawn(crate::jobs::run_worker(w, shutdown.clone(), cfg.drain_grace())));
 
+        let mut room = None;
         let (addr, server) = if roles.api {
             let loopback = cfg.listen.ip().is_loopback();
             let tasks = crate::tasks::Lifecycle {
@@ -79,6 +82,7 @@ impl Service {
                 shortcut: local_worker.as_ref().map(|w| w.shortcut()),
                 shutdown: shutdown.clone(),
                 guard: crate::tasks::guard::Guard::new(),
+                feeds: Default::default(),
             };
             let auth = crate::http::auth::Auth::new(mode, loopback);
             let conns = Arc::new(crate::http::capacity::Connections::new(plan.cap));
@@ -92,7 +96,8 @@ impl Service {
                 default_max_waits = cfg.default_max_waits.unwrap_or(0),
                 "connections: descriptor budget"
             );
-            let state = AppState::new(tasks, auth, conns.clone());
+            let state = AppState::new(tasks.clone(), auth, conns.clone());
+            room = Some(tasks);
             let listener = tokio::net::TcpListener::bind(cfg.listen).await?;
             if mode == crate::http::auth::Mode::Auto && !loopback {
                 tracing::warn!(
@@ -132,7 +137,7 @@ impl Service {
             let _ = listen.await;
             let _ = publish.await;
         });
-        Ok(Service { addr, shutdown, hub, done })
+        Ok(Service { addr, shutdown, hub, tasks: room, done })
     }
 
     /// Drain and stop: stop claiming, let runs finish (or release them), finish in-flight

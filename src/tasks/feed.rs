@@ -2,7 +2,8 @@
 //! number, in order, without gaps or duplicates, woken by NOTIFY from whichever replica wrote
 //! them (a read every few seconds covers a lost notification), ending after the task's last.
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use futures_util::Stream;
 use uuid::Uuid;
@@ -89,9 +90,143 @@ impl Lifecycle {
         seq: i32,
         hold: super::guard::Hold,
     ) -> impl Stream<Item = EventRow> + Send + 'static {
-        let feed = Follow { room: self.clone(), id, tenant, seq, done: false, _hold: hold };
+        let shared = self.feeds.of(id);
+        let feed = Follow { room: self.clone(), id, tenant, seq, done: false, shared, _hold: hold };
         let batches = futures_util::stream::unfold(feed, Follow::next);
         futures_util::StreamExt::flat_map(batches, futures_util::stream::iter)
+    }
+}
+
+/// The live feeds of this process, by task: the streams following one task share its reads.
+/// A thousand streams of one task, woken by each of its events, make a read or two of the log
+/// between them, not a thousand (each stream's reads loaded the pool every tenant shares).
+#[derive(Default)]
+pub struct Feeds {
+    tasks: std::sync::Mutex<std::collections::HashMap<Uuid, std::sync::Weak<Shared>>>,
+}
+
+impl Feeds {
+    fn of(&self, id: Uuid) -> Arc<Shared> {
+        let mut m = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = m.get(&id).and_then(std::sync::Weak::upgrade) {
+            return s;
+        }
+        m.retain(|_, w| w.strong_count() > 0);
+        let s = Arc::new(Shared::default());
+        m.insert(id, Arc::downgrade(&s));
+        s
+    }
+}
+
+/// One task's log as its streams here last read it.
+#[derive(Default)]
+struct Shared {
+    cache: tokio::sync::Mutex<Cache>,
+}
+
+#[derive(Default)]
+struct Cache {
+    /// When the last read of the log began: every event written before then, after `base`, is
+    /// here — or beyond the last read's batch, if it was full (`complete` false).
+    read_at: Option<Instant>,
+    /// The cache holds every event after this seq, up to the last one read.
+    base: i32,
+    /// The events after `base` (at most `KEEP`), in order.
+    events: std::collections::VecDeque<EventRow>,
+    /// The last read reached the end of the log (it was not a full batch).
+    complete: bool,
+    /// When the task was found ended (its log complete), if it was.
+    ended_at: Option<Instant>,
+    /// When a look at the task that found it still open began.
+    open_at: Option<Instant>,
+}
+
+/// How many of a task's latest events its streams share.
+const KEEP: usize = 1000;
+
+impl Cache {
+    /// The events after `seq` as this cache knows them, or `None` when it cannot tell.
+    fn after(&self, seq: i32) -> Option<Vec<EventRow>> {
+        if self.read_at.is_none() || seq < self.base {
+            return None;
+        }
+        let rows: Vec<EventRow> =
+            self.events.iter().filter(|e| e.seq > seq).take(LIVE_BATCH as usize).cloned().collect();
+        if rows.is_empty() && !self.complete {
+            return None;
+        }
+        Some(rows)
+    }
+
+    fn head(&self) -> i32 {
+        self.events.back().map_or(self.base, |e| e.seq)
+    }
+}
+
+impl Shared {
+    /// The events after `seq`, as of a read that began after `since` (a stream's wake-up): from
+    /// the shared cache when a read began after it, else a read (of what is new) made for all.
+    async fn after(
+        &self,
+        pool: &sqlx::PgPool,
+        id: Uuid,
+        seq: i32,
+        since: Instant,
+    ) -> Result<Vec<EventRow>, crate::store::StoreError> {
+        let mut c = self.cache.lock().await;
+        if c.read_at.is_some_and(|r| r >= since) {
+            if let Some(rows) = c.after(seq) {
+                return Ok(rows);
+            }
+        }
+        let started = Instant::now();
+        // What is new beyond the cache, when it covers this stream; else this stream's own read,
+        // which starts the cache again.
+        let extend = c.read_at.is_some() && seq >= c.base;
+        let from = if extend { c.head().max(seq) } else { seq };
+        let rows = events::after(pool, id, from, LIVE_BATCH).await?;
+        c.complete = (rows.len() as i64) < LIVE_BATCH;
+        if extend {
+            c.events.extend(rows);
+        } else {
+            c.base = seq;
+            c.events = rows.into();
+        }
+        while c.events.len() > KEEP {
+            if let Some(e) = c.events.pop_front() {
+                c.base = e.seq;
+            }
+        }
+        c.read_at = Some(started);
+        Ok(c.after(seq).unwrap_or_default())
+    }
+
+    /// Whether the task has ended (`None`: it is gone), as of a look that began after `since`.
+    async fn ended(
+        &self,
+        pool: &sqlx::PgPool,
+        tenant: &str,
+        id: Uuid,
+        since: Instant,
+    ) -> Result<Option<bool>, crate::store::StoreError> {
+        let mut c = self.cache.lock().await;
+        if c.ended_at.is_some() {
+            return Ok(Some(true));
+        }
+        if c.open_at.is_some_and(|o| o >= since) {
+            return Ok(Some(false));
+        }
+        let started = Instant::now();
+        let ended = match store::get(pool, tenant, id).await? {
+            Some(t) => t.is_terminal(),
+            None => return Ok(None),
+        };
+        if ended {
+            c.ended_at = Some(started);
+        } else {
+            c.open_at = Some(started);
+        }
+        Ok(Some(ended))
     }
 }
 
@@ -103,6 +238,8 @@ struct Follow {
     seq: i32,
     /// The task has ended and its last events were given.
     done: bool,
+    /// The task's log, shared with its other streams here.
+    shared: Arc<Shared>,
     /// Its place among the tenant's streams on this replica.
     _hold: super::guard::Hold,
 }
@@ -114,14 +251,16 @@ impl Follow {
             return None;
         }
         let (hub, pool) = (self.room.hub.clone(), self.room.pool.clone());
+        let mut since = Instant::now();
         loop {
             // Register before reading, so an event between the read and the wait wakes us.
             let waiter = hub.event_waiter(self.id);
-            let rows = match events::after(&pool, self.id, self.seq, LIVE_BATCH).await {
+            let rows = match self.shared.after(&pool, self.id, self.seq, since).await {
                 Ok(r) => r,
                 Err(e) => {
                     tracing::warn!(error = %e, "event stream read failed; retrying");
                     tokio::time::sleep(Duration::from_millis(500)).await;
+                    since = Instant::now();
                     continue;
                 }
             };
@@ -131,8 +270,9 @@ impl Follow {
             }
             // Nothing new: a finished task has written its last event — but it may have
             // finished between the read above and this check, so read once more before ending.
-            match store::get(&pool, &self.tenant, self.id).await {
-                Ok(Some(t)) if t.is_terminal() => {
+            // (A look that began after this stream woke: an event after it wakes the stream.)
+            match self.shared.ended(&pool, &self.tenant, self.id, since).await {
+                Ok(Some(true)) => {
                     let tail = events::after(&pool, self.id, self.seq, 1000).await.unwrap_or_default();
                     let last = tail.last()?.seq;
                     self.seq = last;
@@ -147,6 +287,7 @@ impl Follow {
                 _ = tokio::time::sleep(Duration::from_secs(5)) => {}
                 _ = self.room.shutdown.cancelled() => return None,
             }
+            since = Instant::now();
         }
     }
 }

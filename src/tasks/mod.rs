@@ -101,6 +101,8 @@ pub struct Lifecycle {
     pub shutdown: CancellationToken,
     /// The streams and waits each tenant holds open on this replica.
     pub guard: Arc<guard::Guard>,
+    /// The live feeds of this process, sharing each task's reads.
+    pub feeds: Arc<feed::Feeds>,
 }
 
 /// A task with what became of the operation on it.

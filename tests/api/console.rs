@@ -519,3 +519,74 @@ async fn every_grafana_panel_query_runs_against_the_migrated_schema_with_data() 
     assert!(ran >= 5, "{ran} panels");
     app.stop().await;
 }
+
+#[tokio::test]
+async fn at_its_stream_limit_a_task_page_follows_by_polling_and_the_overview_shows_the_replicas_holds() {
+    let s = serve(&[]).await;
+    let Some(b) = browser(1280, 800).await else { return };
+    let r = s
+        .client
+        .put(format!("{}/admin/tenants/default", s.base))
+        .bearer_auth(ADMIN)
+        .json(&json!({"max_streams": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success());
+    let id = s
+        .submit(json!({"prompt": "Slowly [mock:tool_turns=3] [mock:delay_ms=900] [mock:reply=All done.]", "model": "mock/demo"}), None)
+        .await;
+    // Another reader holds the tenant's one stream.
+    let held = s
+        .client
+        .get(format!("{}/tasks/{id}/events", s.base))
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(held.status(), 200);
+    open(&b, &s, &format!("#/tasks/{id}")).await;
+    b.wait_until(
+        "the page says the tenant is at its stream limit",
+        "const n = document.querySelector('#stream-state'); return !!n && n.textContent.includes('stream limit');",
+    )
+    .await;
+    b.js("document.querySelector('#stream-state').scrollIntoView({block: 'center'}); return null;").await;
+    b.screenshot("console-stream-limit").await;
+    b.wait_until(
+        "the events still arrive, polled, to the last",
+        "const l = document.querySelectorAll('#timeline li[data-seq]'); return l.length > 0 && l[l.length - 1].dataset.kind === 'finished';",
+    )
+    .await;
+    b.wait_until(
+        "the summary shows",
+        "const e = document.querySelector('#task-summary'); return !!e && e.textContent.includes('All done.');",
+    )
+    .await;
+    drop(held);
+    // The overview: this replica's open streams, by tenant, against the limit (a stream held on
+    // a task that runs a while).
+    let long = s.submit(json!({"prompt": "Long [mock:delay_ms=30000]", "model": "mock/demo"}), None).await;
+    let held = s
+        .client
+        .get(format!("{}/tasks/{long}/events", s.base))
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(held.status(), 200);
+    open(&b, &s, "").await;
+    b.wait_until(
+        "the holds card lists the tenant",
+        "const r = document.querySelector('#holds-table tr[data-tenant=\"default\"]'); return !!r && r.textContent.includes('1 / 1');",
+    )
+    .await;
+    assert!(b.text("[data-test=connections]").await.contains("connections on the replica that answered"));
+    b.js("document.querySelector('#holds-table').scrollIntoView({block: 'center'}); return null;").await;
+    b.screenshot("console-holds").await;
+    // The refused stream's 429 is the browser's to log; nothing else is.
+    let logs: Vec<String> = b.severe_logs().await.into_iter().filter(|l| !l.contains("429")).collect();
+    assert_eq!(logs, Vec::<String>::new(), "console errors");
+    drop(held);
+    b.close().await;
+}

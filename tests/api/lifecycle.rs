@@ -38,6 +38,7 @@ fn room(db: &TestDb) -> Lifecycle {
         shortcut: None,
         shutdown: Default::default(),
         guard: subagentd::tasks::guard::Guard::new(),
+        feeds: Default::default(),
     }
 }
 
@@ -305,4 +306,39 @@ async fn every_kind_of_end_wakes_a_waiter() {
     room.cancel(&acme(), queued).await.unwrap();
     let j = join.await.unwrap();
     assert_eq!((j.settled, j.task.status), (true, TaskStatus::Cancelled));
+}
+
+#[tokio::test]
+async fn streams_of_one_task_each_get_every_event_once_in_order_from_wherever_they_start() {
+    use futures_util::StreamExt;
+    let app = spawn_app().await;
+    let t = app.submit(json!({"prompt": "turns [mock:tool_turns=4] [mock:delay_ms=150]", "model": "mock/m"})).await;
+    let id: Uuid = t["id"].as_str().unwrap().parse().unwrap();
+    let room = app.service.as_ref().unwrap().tasks.as_ref().unwrap();
+    let scope = Scope::Tenant("default".into());
+    // Three streams at once, a fourth joining late from the start, a fifth from the middle.
+    let mut feeds = vec![];
+    for _ in 0..3 {
+        feeds.push(room.follow(&scope, id, None).await.unwrap().unwrap().boxed());
+    }
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    feeds.push(room.follow(&scope, id, Some(0)).await.unwrap().unwrap().boxed());
+    feeds.push(room.follow(&scope, id, Some(3)).await.unwrap().unwrap().boxed());
+    let mut seen = vec![];
+    for f in feeds {
+        let seqs: Vec<i32> = f.map(|e| e.seq).collect().await;
+        seen.push(seqs);
+    }
+    let last = *seen[0].last().unwrap();
+    let all: Vec<i32> = (1..=last).collect();
+    for (i, s) in seen.iter().enumerate().take(4) {
+        assert_eq!(s, &all, "stream {i}");
+    }
+    assert_eq!(seen[4], (4..=last).collect::<Vec<i32>>(), "from the middle");
+    let kinds: i64 = sqlx::query_scalar("SELECT count(*) FROM task_events WHERE task_id = $1 AND kind = 'finished'")
+        .bind(id)
+        .fetch_one(&app.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(kinds, 1);
 }

@@ -30,6 +30,7 @@ fn submitter(db: &TestDb, tweak: impl FnOnce(&mut Config)) -> Lifecycle {
         shortcut: None,
         shutdown: Default::default(),
         guard: subagentd::tasks::guard::Guard::new(),
+        feeds: Default::default(),
     }
 }
 

@@ -3,7 +3,8 @@
 //! BENCHMARKS.md.
 //!
 //! cargo bench --bench load                 # every scenario, then BENCHMARKS.md
-//! cargo bench --bench load -- throughput   # one scenario: throughput, concurrency, wait, admission, pgbench, flood
+//! cargo bench --bench load -- throughput   # one scenario: throughput, concurrency, wait, admission, pgbench,
+//!                                          # mcp, holds, connections, flood (and on request: soak, console)
 
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -1140,6 +1141,240 @@ async fn console(env: &Env, report: &Report) {
     report.lock().unwrap().push(line);
 }
 
+/// How one waiting request is made: the REST door's `POST /tasks?wait=true`, or a plain MCP
+/// `tools/call` of `task` in a session of its own.
+#[derive(Clone)]
+enum Door {
+    /// With a tenant's key, or none (single-user mode).
+    Rest {
+        key: Option<String>,
+    },
+    Mcp {
+        session: String,
+    },
+}
+
+impl Door {
+    async fn mcp(c: &reqwest::Client, base: &str) -> Door {
+        let r = c
+            .post(format!("{base}/mcp"))
+            .json(
+                &json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": "2025-11-25",
+                "capabilities": {}, "clientInfo": {"name": "bench", "version": "1"}}}),
+            )
+            .send()
+            .await
+            .unwrap();
+        Door::Mcp { session: r.headers()["mcp-session-id"].to_str().unwrap().to_string() }
+    }
+
+    /// One task, waited for; whether it completed.
+    async fn run(&self, c: &reqwest::Client, base: &str, prompt: &str, model: &str, n: u64) -> bool {
+        match self {
+            Door::Rest { key } => {
+                let mut r = c
+                    .post(format!("{base}/tasks?wait=true&timeout=60"))
+                    .json(&json!({"prompt": prompt, "model": model}));
+                if let Some(k) = key {
+                    r = r.bearer_auth(k);
+                }
+                r.send().await.is_ok_and(|r| r.status() == 200)
+            }
+            Door::Mcp { session } => {
+                let body = json!({"jsonrpc": "2.0", "id": n, "method": "tools/call", "params": {"name": "task",
+                    "arguments": {"subagent_type": "general", "description": "bench", "prompt": prompt, "model": model}}});
+                let r = c.post(format!("{base}/mcp")).header("mcp-session-id", session).json(&body).send().await;
+                match r {
+                    Ok(r) if r.status() == 200 => {
+                        r.json::<Value>().await.is_ok_and(|v| v["result"]["structuredContent"]["status"] == "completed")
+                    }
+                    _ => false,
+                }
+            }
+        }
+    }
+}
+
+/// `n` concurrent callers through `door` for `secs` (after a 3 s warm-up), each a task at a
+/// time with the fake provider at `provider_ms`: each task's time over the provider's own, and
+/// how many failed.
+async fn waiting_callers(
+    base: &str,
+    door: impl Fn(usize) -> Door,
+    n: usize,
+    secs: u64,
+    provider_ms: u64,
+) -> (Vec<f64>, u64) {
+    let client = reqwest::Client::builder().pool_max_idle_per_host(300).build().unwrap();
+    let lat: Arc<Mutex<Vec<f64>>> = Arc::default();
+    let warm = Instant::now() + Duration::from_secs(3);
+    let deadline = warm + Duration::from_secs(secs);
+    let failed = Arc::new(AtomicU64::new(0));
+    let mut ws = vec![];
+    for i in 0..n {
+        let (c, base, lat, failed, door) = (client.clone(), base.to_string(), lat.clone(), failed.clone(), door(i));
+        let start = Instant::now() + Duration::from_millis(provider_ms * i as u64 / n as u64);
+        ws.push(tokio::spawn(async move {
+            tokio::time::sleep_until(start.into()).await;
+            let mut k = 0;
+            while Instant::now() < deadline {
+                k += 1;
+                let t = Instant::now();
+                let run = uuid::Uuid::new_v4().to_string();
+                let ok = door.run(&c, &base, &format!("no-tools run:{run}"), "fake/gpt-4o", k).await;
+                let took = t.elapsed().as_secs_f64() * 1000.0;
+                let provider = PROVIDER_MS.lock().unwrap().as_mut().and_then(|m| m.remove(&run));
+                match provider {
+                    Some(p) if ok => {
+                        if t >= warm {
+                            lat.lock().unwrap().push(took - p);
+                        }
+                    }
+                    _ => {
+                        failed.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }));
+    }
+    for w in ws {
+        w.await.unwrap();
+    }
+    let v = lat.lock().unwrap().clone();
+    (v, failed.load(Ordering::Relaxed))
+}
+
+/// Scenario 9, the MCP door's overhead: the same task as a plain MCP `tools/call` of `task` and
+/// as `POST /tasks?wait=true`, 50 concurrent callers each (one MCP session each), provider 1 s.
+async fn mcp_overhead(env: &Env, report: &Report, secs: u64) {
+    env.latency.store(1000, Ordering::Relaxed);
+    let svc = env
+        .service(
+            "bench_mcp",
+            &["serve"],
+            &[("SUBAGENTD_MAX_RUNNING", "400".into()), ("SUBAGENTD_DB_MAX_CONNECTIONS", "40".into())],
+        )
+        .await;
+    let c = reqwest::Client::new();
+    let mut sessions = vec![];
+    for _ in 0..50 {
+        sessions.push(Door::mcp(&c, &svc.base).await);
+    }
+    let (mut rest, rest_failed) = waiting_callers(&svc.base, |_| Door::Rest { key: None }, 50, secs, 1000).await;
+    let (mut mcp, mcp_failed) = waiting_callers(&svc.base, |i| sessions[i].clone(), 50, secs, 1000).await;
+    let (r50, r99, m50, m99) = (pct(&mut rest, 0.5), pct(&mut rest, 0.99), pct(&mut mcp, 0.5), pct(&mut mcp, 0.99));
+    let line = format!(
+        "| 9. MCP door: a plain `tools/call` of `task` against `POST /tasks?wait=true` (50 concurrent callers each, provider 1000 ms) | ≤ 2 ms p50 extra | **MCP overhead p50 {m50:.1} ms, p99 {m99:.1} ms; REST p50 {r50:.1} ms, p99 {r99:.1} ms: {:+.1} ms p50, {:+.1} ms p99** ({} and {} calls; {} and {} failed) | {} |",
+        m50 - r50,
+        m99 - r99,
+        mcp.len(),
+        rest.len(),
+        mcp_failed,
+        rest_failed,
+        if m50 - r50 <= 2.0 && mcp_failed == 0 { "met" } else { "not met" }
+    );
+    println!("{line}");
+    report.lock().unwrap().push(line);
+}
+
+/// Scenario 10, held connections: the memory 1,000 open event streams cost, and tenant B's waits
+/// while tenant A holds its `max_streams` on a task that writes many events.
+async fn holds(env: &Env, report: &Report, secs: u64) {
+    const ADMIN: &str = "bench-admin";
+    const STREAMS: usize = 1000;
+    env.latency.store(1000, Ordering::Relaxed);
+    let svc = env
+        .service(
+            "bench_holds",
+            &["serve"],
+            &[
+                ("SUBAGENTD_MAX_RUNNING", "400".into()),
+                ("SUBAGENTD_DB_MAX_CONNECTIONS", "40".into()),
+                ("SUBAGENTD_ADMIN_TOKEN", ADMIN.into()),
+            ],
+        )
+        .await;
+    let c = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
+    let key = |tenant: &'static str| {
+        let (c, base) = (c.clone(), svc.base.clone());
+        async move {
+            let r =
+                c.post(format!("{base}/admin/keys")).bearer_auth(ADMIN).json(&json!({"tenant": tenant})).send().await;
+            r.unwrap().json::<Value>().await.unwrap()["key"].as_str().unwrap().to_string()
+        }
+    };
+    let (a, b) = (key("a").await, key("b").await);
+    let r = c
+        .put(format!("{}/admin/tenants/a", svc.base))
+        .bearer_auth(ADMIN)
+        .json(&json!({"max_streams": STREAMS}))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success());
+    // B's waits with nobody else around, first.
+    let as_b = |_| Door::Rest { key: Some(b.clone()) };
+    let (mut alone, _) = waiting_callers(&svc.base, as_b, 50, secs, 1000).await;
+    // A's task: a turn every 800 ms for half a minute and more, each turn a handful of events.
+    let t: Value = c
+        .post(format!("{}/tasks", svc.base))
+        .bearer_auth(&a)
+        .json(&json!({"prompt": "[mock:tool_turns=45] [mock:delay_ms=800]", "model": "mock/m", "max_turns": 50}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = t["id"].as_str().unwrap().to_string();
+    let before = rss_mib(svc.child.id());
+    let mut streams = vec![];
+    for _ in 0..STREAMS {
+        let r = c
+            .get(format!("{}/tasks/{id}/events", svc.base))
+            .bearer_auth(&a)
+            .header("accept", "text/event-stream")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        streams.push(r);
+    }
+    let refused = c
+        .get(format!("{}/tasks/{id}/events", svc.base))
+        .bearer_auth(&a)
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .unwrap()
+        .status();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let with_streams = rss_mib(svc.child.id());
+    // Every stream read, so that the events flow while B waits.
+    let readers: Vec<_> = streams
+        .into_iter()
+        .map(|r| {
+            tokio::spawn(async move {
+                let mut s = r.bytes_stream();
+                while let Some(Ok(_)) = futures_util::StreamExt::next(&mut s).await {}
+            })
+        })
+        .collect();
+    let (mut beside, failed) = waiting_callers(&svc.base, as_b, 50, secs, 1000).await;
+    for r in readers {
+        r.abort();
+    }
+    let (a50, a99, b50, b99) =
+        (pct(&mut alone, 0.5), pct(&mut alone, 0.99), pct(&mut beside, 0.5), pct(&mut beside, 0.99));
+    let line = format!(
+        "| 10. Held connections: {STREAMS} event streams of tenant A on one task (a turn every 800 ms), tenant B's 50 concurrent waits (provider 1000 ms) | B's waits as without A | **{:.1} MiB per 1,000 open streams ({before:.0} → {with_streams:.0} MiB); stream {} refused with {refused}; B's wait overhead p50 {b50:.1} ms, p99 {b99:.1} ms beside A's streams, against p50 {a50:.1} ms, p99 {a99:.1} ms alone; {failed} failed** | — |",
+        (with_streams - before) * 1000.0 / STREAMS as f64,
+        STREAMS + 1,
+    );
+    println!("{line}");
+    report.lock().unwrap().push(line);
+}
+
 /// 5. The same machine's pgbench simple-update TPS.
 async fn pgbench(env: &Env, report: &Report) {
     // PATH may hold symlinks to the server binaries only: pgbench sits beside the real ones.
@@ -1212,6 +1447,12 @@ async fn main() {
         let secs = std::env::var("BENCH_SOAK_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(1800);
         let rate = std::env::var("BENCH_SOAK_RATE").ok().and_then(|s| s.parse().ok()).unwrap_or(250);
         soak(&env, &report, secs, rate).await;
+    }
+    if want("mcp") {
+        mcp_overhead(&env, &report, 20).await;
+    }
+    if want("holds") {
+        holds(&env, &report, 20).await;
     }
     if want("connections") {
         connections(&env, &report, 1000).await;

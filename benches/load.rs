@@ -4,7 +4,7 @@
 //!
 //! cargo bench --bench load                 # every scenario, then BENCHMARKS.md
 //! cargo bench --bench load -- throughput   # one scenario: throughput, concurrency, wait, admission, pgbench,
-//!                                          # mcp, holds, connections, flood (and on request: soak, console)
+//!                                          # mcp, a2a, holds, connections, flood (and on request: soak, console)
 
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -1152,6 +1152,8 @@ enum Door {
     Mcp {
         session: String,
     },
+    /// A blocking A2A `SendMessage` (JSON-RPC), single-user mode.
+    A2a,
 }
 
 impl Door {
@@ -1188,6 +1190,19 @@ impl Door {
                     Ok(r) if r.status() == 200 => {
                         r.json::<Value>().await.is_ok_and(|v| v["result"]["structuredContent"]["status"] == "completed")
                     }
+                    _ => false,
+                }
+            }
+            Door::A2a => {
+                let body = json!({"jsonrpc": "2.0", "id": n, "method": "SendMessage", "params": {"message": {
+                    "messageId": uuid::Uuid::new_v4().to_string(), "role": "ROLE_USER", "parts": [{"text": prompt}],
+                    "metadata": {"model": model}}}});
+                let r = c.post(format!("{base}/a2a")).header("a2a-version", "1.0").json(&body).send().await;
+                match r {
+                    Ok(r) if r.status() == 200 => r
+                        .json::<Value>()
+                        .await
+                        .is_ok_and(|v| v["result"]["task"]["status"]["state"] == "TASK_STATE_COMPLETED"),
                     _ => false,
                 }
             }
@@ -1272,6 +1287,34 @@ async fn mcp_overhead(env: &Env, report: &Report, secs: u64) {
         mcp_failed,
         rest_failed,
         if m50 - r50 <= 2.0 && mcp_failed == 0 { "met" } else { "not met" }
+    );
+    println!("{line}");
+    report.lock().unwrap().push(line);
+}
+
+/// Scenario 11, the A2A door's overhead: the same task as a blocking A2A `SendMessage` (JSON-RPC)
+/// and as `POST /tasks?wait=true`, 50 concurrent callers each, provider 1 s.
+async fn a2a_overhead(env: &Env, report: &Report, secs: u64) {
+    env.latency.store(1000, Ordering::Relaxed);
+    let svc = env
+        .service(
+            "bench_a2a",
+            &["serve"],
+            &[("SUBAGENTD_MAX_RUNNING", "400".into()), ("SUBAGENTD_DB_MAX_CONNECTIONS", "40".into())],
+        )
+        .await;
+    let (mut rest, rest_failed) = waiting_callers(&svc.base, |_| Door::Rest { key: None }, 50, secs, 1000).await;
+    let (mut a2a, a2a_failed) = waiting_callers(&svc.base, |_| Door::A2a, 50, secs, 1000).await;
+    let (r50, r99, a50, a99) = (pct(&mut rest, 0.5), pct(&mut rest, 0.99), pct(&mut a2a, 0.5), pct(&mut a2a, 0.99));
+    let line = format!(
+        "| 11. A2A door: a blocking `SendMessage` (JSON-RPC) against `POST /tasks?wait=true` (50 concurrent callers each, provider 1000 ms) | ≤ 2 ms p50 extra | **A2A overhead p50 {a50:.1} ms, p99 {a99:.1} ms; REST p50 {r50:.1} ms, p99 {r99:.1} ms: {:+.1} ms p50, {:+.1} ms p99** ({} and {} calls; {} and {} failed) | {} |",
+        a50 - r50,
+        a99 - r99,
+        a2a.len(),
+        rest.len(),
+        a2a_failed,
+        rest_failed,
+        if a50 - r50 <= 2.0 && a2a_failed == 0 { "met" } else { "not met" }
     );
     println!("{line}");
     report.lock().unwrap().push(line);
@@ -1450,6 +1493,9 @@ async fn main() {
     }
     if want("mcp") {
         mcp_overhead(&env, &report, 20).await;
+    }
+    if want("a2a") {
+        a2a_overhead(&env, &report, 20).await;
     }
     if want("holds") {
         holds(&env, &report, 20).await;

@@ -1,5 +1,6 @@
 //! subagentd: LLM sub-agents as durable jobs.
 
+pub mod a2a;
 pub mod budget;
 pub mod cache;
 pub mod config;

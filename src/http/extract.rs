@@ -93,6 +93,13 @@ pub fn from_slice<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, serde_json::Er
 /// The body with every float that is a whole number (and fits an `i64`/`u64`) made an integer;
 /// `None` when there is none.
 fn whole_numbers(bytes: &[u8]) -> Option<serde_json::Value> {
+    let mut v: serde_json::Value = serde_json::from_slice(bytes).ok()?;
+    whole(&mut v).then_some(v)
+}
+
+/// Make every float in `v` that is a whole number (and fits an `i64`/`u64`) an integer, as JSON
+/// Schema counts it; whether there was one.
+pub fn whole(v: &mut serde_json::Value) -> bool {
     use serde_json::{Number, Value};
     fn walk(v: &mut Value) -> bool {
         match v {
@@ -110,8 +117,7 @@ fn whole_numbers(bytes: &[u8]) -> Option<serde_json::Value> {
             _ => false,
         }
     }
-    let mut v: Value = serde_json::from_slice(bytes).ok()?;
-    walk(&mut v).then_some(v)
+    walk(v)
 }
 
 /// `application/json` or `application/<anything>+json`, as axum's `Json` accepts.

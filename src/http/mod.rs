@@ -5,6 +5,7 @@
 //! May import every module below it: `tasks`, `hub`, `budget`, `engine`, `tools`, `llm`,
 //! `store`, `config`, `telemetry`, `cache`. Not `jobs`: the room is the way to a task.
 
+pub mod a2a;
 pub mod admin;
 pub mod agents;
 pub mod auth;
@@ -14,6 +15,7 @@ pub mod error;
 pub mod events;
 pub mod extract;
 pub mod health;
+pub mod jsonrpc;
 pub mod mcp;
 pub mod metrics;
 pub mod origin;
@@ -83,6 +85,7 @@ pub fn router(state: AppState) -> Router {
         .merge(health::router())
         .merge(console::router())
         .merge(mcp::router(state.clone()))
+        .merge(a2a::router(state.clone()))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "route_not_found", "Not found", "no such route") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(

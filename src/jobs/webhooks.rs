@@ -1,6 +1,7 @@
 //! The webhook sender: a task's deliveries (`task.finished`, `task.requires_action` at each
-//! pause) are POSTed to its `webhook_url` (signed like tool calls), retried with exponential
-//! backoff, each delivery's status kept in `webhook_deliveries`.
+//! pause) are POSTed to its `webhook_url` and to its A2A push configs (signed like tool calls;
+//! a push's body is the A2A `StreamResponse`, with the config's token and credentials), retried
+//! with exponential backoff, each delivery's status kept in `webhook_deliveries`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -76,43 +77,67 @@ async fn deliver(pool: &PgPool, caller: &Caller, d: tasks::Delivery) {
     }
 }
 
-/// POST the delivery's event (`{"event", "task"}`, the task as the API shows it now; a
-/// `task.requires_action` one also has `pause` and that pause's `actions`, answered or not, since
-/// the task may have moved on by the time it is sent) to the task's webhook, signed, with an
-/// idempotency key per event.
+/// POST the delivery's event to its target, signed, with an idempotency key per event: the
+/// task's webhook, or an A2A push config.
 async fn send(pool: &PgPool, caller: &Caller, d: &tasks::Delivery) -> Result<(), String> {
     let t = tasks::get_any(pool, d.task_id).await.map_err(|e| e.to_string())?.ok_or("the task is gone")?;
-    let Some(url) = t.webhook_url.clone() else { return Err("the task has no webhook".into()) };
     let tenant = t.tenant.clone();
+    let webhook_url = t.webhook_url.clone();
     let view = TaskView::one(pool, t).await.map_err(|e| e.to_string())?;
-    let key = match d.event.as_str() {
+    let mut key = match d.event.as_str() {
         "task.finished" => format!("{}:finished", d.task_id),
         other => format!("{}:{}:{}", d.task_id, other.trim_start_matches("task."), d.seq),
     };
+    let (url, body, headers) = if d.push_config.is_empty() {
+        let Some(url) = webhook_url else { return Err("the task has no webhook".into()) };
+        (url, webhook_body(pool, d, view).await?, vec![("content-type", "application/json".to_string())])
+    } else {
+        let c = crate::store::a2a::push_target(pool, d.task_id, &d.push_config)
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or("the push config was deleted")?;
+        let body = crate::a2a::push_body(pool, &view, &d.event).await.map_err(|e| e.to_string())?;
+        key = format!("{key}:{}", c.id);
+        let mut h = vec![("content-type", "application/a2a+json".to_string())];
+        if let Some(token) = c.token.filter(|t| !t.is_empty()) {
+            h.push(("x-a2a-notification-token", token));
+        }
+        if let Some(scheme) = c.auth_scheme.filter(|s| !s.is_empty()) {
+            let credentials = c.auth_credentials.unwrap_or_default();
+            h.push(("authorization", format!("{scheme} {credentials}").trim_end().to_string()));
+        }
+        (c.url, body, h)
+    };
+    let body = serde_json::to_vec(&body).unwrap_or_default();
+    caller.allow.check_url(&url).map_err(|e| e.0)?;
+    let secret = tools::signing_secret(pool, &tenant).await.map_err(|e| e.to_string())?;
+    let ts = chrono::Utc::now().timestamp();
+    let mut r = caller
+        .client
+        .post(&url)
+        .timeout(Duration::from_secs(10))
+        .header("idempotency-key", key)
+        .header("subagent-timestamp", ts.to_string())
+        .header("subagent-signature", crate::tools::http::signature(&secret, ts, &body));
+    for (k, v) in headers {
+        r = r.header(k, v);
+    }
+    match r.body(body).send().await {
+        Ok(r) if r.status().is_success() => Ok(()),
+        Ok(r) => Err(format!("HTTP {}", r.status().as_u16())),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// A webhook's body: `{"event", "task"}`, the task as the API shows it now; a
+/// `task.requires_action` one also has `pause` and that pause's `actions`, answered or not,
+/// since the task may have moved on by the time it is sent.
+async fn webhook_body(pool: &PgPool, d: &tasks::Delivery, view: TaskView) -> Result<serde_json::Value, String> {
     let mut payload = serde_json::json!({"event": d.event, "task": view});
     if d.event == "task.requires_action" {
         let actions = crate::store::actions::of_pause(pool, d.task_id, d.seq).await.map_err(|e| e.to_string())?;
         payload["pause"] = d.seq.into();
         payload["actions"] = serde_json::to_value(actions).unwrap_or_default();
     }
-    let body = serde_json::to_vec(&payload).unwrap_or_default();
-    caller.allow.check_url(&url).map_err(|e| e.0)?;
-    let secret = tools::signing_secret(pool, &tenant).await.map_err(|e| e.to_string())?;
-    let ts = chrono::Utc::now().timestamp();
-    let r = caller
-        .client
-        .post(&url)
-        .timeout(Duration::from_secs(10))
-        .header("content-type", "application/json")
-        .header("idempotency-key", key)
-        .header("subagent-timestamp", ts.to_string())
-        .header("subagent-signature", crate::tools::http::signature(&secret, ts, &body))
-        .body(body)
-        .send()
-        .await;
-    match r {
-        Ok(r) if r.status().is_success() => Ok(()),
-        Ok(r) => Err(format!("HTTP {}", r.status().as_u16())),
-        Err(e) => Err(e.to_string()),
-    }
+    Ok(payload)
 }

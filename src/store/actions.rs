@@ -88,8 +88,10 @@ pub async fn pause(
             SELECT id, last_event_seq, 'requires_action', jsonb_build_object('turn', $3::int, 'pause', pauses, 'actions', $10::jsonb)
             FROM u
          ), w AS (
-            INSERT INTO webhook_deliveries (task_id, event, seq)
-            SELECT id, 'task.requires_action', pauses FROM u WHERE webhook_url IS NOT NULL
+            INSERT INTO webhook_deliveries (task_id, event, seq, push_config)
+            SELECT id, 'task.requires_action', pauses, '' FROM u WHERE webhook_url IS NOT NULL
+            UNION ALL
+            SELECT u.id, 'task.requires_action', u.pauses, c.id FROM u JOIN a2a_push_configs c ON c.task_id = u.id
          )
          SELECT pauses FROM u",
     )

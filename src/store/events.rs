@@ -109,3 +109,12 @@ pub(super) fn insert_batched(of: u8, kinds: u8, datas: u8) -> String {
                  ON x.ei = u.b_i"
     )
 }
+
+/// The seq of the task's last event (0 for none; `None`: no such task of `tenant`'s).
+pub async fn last_seq(pool: &PgPool, tenant: Option<&str>, task: Uuid) -> Result<Option<i32>, StoreError> {
+    Ok(sqlx::query_scalar("SELECT last_event_seq FROM tasks WHERE id = $1 AND ($2::text IS NULL OR tenant = $2)")
+        .bind(task)
+        .bind(tenant)
+        .fetch_optional(pool)
+        .await?)
+}

@@ -7,6 +7,7 @@
 //! holds a lease token only while it runs (a constraint, migration 0016), so the fence needs no
 //! `status = 'running'`, and without one the primary key alone finds the row.
 
+pub mod a2a;
 pub mod actions;
 pub mod agents;
 pub mod budget;

@@ -136,7 +136,7 @@ pub(crate) const COLS: &str =
 /// A task's completion webhook as views show it: its `task.finished` delivery.
 pub(crate) const WEBHOOK: &str = "(SELECT jsonb_build_object('status', d.status, 'attempts', d.attempts, \
     'last_error', d.last_error, 'delivered_at', d.delivered_at) FROM webhook_deliveries d \
-    WHERE d.task_id = tasks.id AND d.event = 'task.finished') AS webhook";
+    WHERE d.task_id = tasks.id AND d.event = 'task.finished' AND d.push_config = '') AS webhook";
 
 /// The same for a task being inserted (its delivery is written by the same statement).
 const NEW_WEBHOOK: &str = "CASE WHEN webhook_url IS NULL THEN NULL ELSE jsonb_build_object('status', 'pending', \
@@ -309,7 +309,8 @@ pub async fn get_in(pool: &PgPool, tenant: Option<&str>, id: Uuid) -> Result<Opt
 
 #[derive(Debug, Clone, Default)]
 pub struct ListFilter {
-    pub status: Option<TaskStatus>,
+    /// Any of these (none: every status).
+    pub statuses: Vec<TaskStatus>,
     pub subagent_type: Option<String>,
     /// `provider/model`.
     pub model: Option<String>,
@@ -317,6 +318,11 @@ pub struct ListFilter {
     pub metadata: Option<Value>,
     pub created_after: Option<DateTime<Utc>>,
     pub created_before: Option<DateTime<Utc>>,
+    /// Only tasks whose status last changed at or after this time (their end, start or
+    /// creation).
+    pub changed_after: Option<DateTime<Utc>>,
+    /// Only tasks of this A2A context (a task that has none is its own context, by its id).
+    pub a2a_context: Option<String>,
     /// Keyset cursor: only tasks older than this id.
     pub before_id: Option<Uuid>,
     pub limit: i64,
@@ -336,13 +342,37 @@ fn v7_floor(t: DateTime<Utc>) -> Uuid {
 /// with a margin for ids made on a clock a little off the database's.
 pub async fn list(pool: &PgPool, tenant: Option<&str>, f: &ListFilter) -> Result<Vec<TaskRow>, StoreError> {
     let mut q: QueryBuilder<Postgres> = QueryBuilder::new(format!("SELECT {COLS}, {WEBHOOK} FROM tasks WHERE true"));
+    matching(&mut q, tenant, f);
+    if let Some(id) = f.before_id {
+        q.push(" AND id < ").push_bind(id);
+    }
+    q.push(" ORDER BY id DESC LIMIT ").push_bind(f.limit);
+    Ok(q.build_query_as().fetch_all(pool).await?)
+}
+
+/// How many tasks match the filter, on every page (`before_id` and `limit` aside).
+pub async fn count(pool: &PgPool, tenant: Option<&str>, f: &ListFilter) -> Result<i64, StoreError> {
+    let mut q: QueryBuilder<Postgres> = QueryBuilder::new("SELECT count(*) FROM tasks WHERE true");
+    matching(&mut q, tenant, f);
+    Ok(q.build_query_scalar().fetch_one(pool).await?)
+}
+
+/// The filter's conditions (but its page: `before_id`, `limit`).
+fn matching<'a>(q: &mut QueryBuilder<'a, Postgres>, tenant: Option<&'a str>, f: &'a ListFilter) {
     if let Some(tenant) = tenant {
         q.push(" AND tenant = ").push_bind(tenant);
     }
-    if let Some(s) = &f.status {
-        // A literal (from a closed set), not a parameter: the status indexes are partial
-        // (migration 0015), and only a plan made for this status can use them.
-        q.push(format_args!(" AND status = '{}'", s.as_str()));
+    // Literals (from a closed set), not parameters: the status indexes are partial (migration
+    // 0015), and only a plan made for the status can use them.
+    match f.statuses.as_slice() {
+        [] => {}
+        [s] => {
+            q.push(format_args!(" AND status = '{}'", s.as_str()));
+        }
+        many => {
+            let list: Vec<String> = many.iter().map(|s| format!("'{}'", s.as_str())).collect();
+            q.push(format_args!(" AND status IN ({})", list.join(", ")));
+        }
     }
     if let Some(s) = &f.subagent_type {
         q.push(" AND subagent_type = ").push_bind(s);
@@ -366,11 +396,16 @@ pub async fn list(pool: &PgPool, tenant: Option<&str>, f: &ListFilter) -> Result
         q.push(" AND created_at < ").push_bind(t);
         q.push(" AND id < ").push_bind(v7_floor(t + ID_CLOCK_MARGIN));
     }
-    if let Some(id) = f.before_id {
-        q.push(" AND id < ").push_bind(id);
+    if let Some(t) = f.changed_after {
+        q.push(" AND coalesce(finished_at, started_at, created_at) >= ").push_bind(t);
     }
-    q.push(" ORDER BY id DESC LIMIT ").push_bind(f.limit);
-    Ok(q.build_query_as().fetch_all(pool).await?)
+    if let Some(c) = &f.a2a_context {
+        q.push(" AND (id IN (SELECT a.task_id FROM a2a_tasks a WHERE a.context_id = ").push_bind(c.as_str());
+        if let Some(tenant) = tenant {
+            q.push(" AND a.tenant = ").push_bind(tenant);
+        }
+        q.push(") OR id::text = ").push_bind(c.as_str()).push(")");
+    }
 }
 
 /// Which tasks a cancel applies to (always within one tenant).
@@ -441,22 +476,25 @@ pub struct Delivery {
     /// The pause a `task.requires_action` delivery is about.
     pub seq: i32,
     pub attempts: i32,
+    /// Empty: to the task's `webhook_url`; else to the A2A push config of that id.
+    pub push_config: String,
 }
 
 /// Deliveries that are due: a `task.finished` one once its task has finished. A task's
-/// deliveries go in order: each pause's `task.requires_action` after the one before it is
-/// delivered (or given up), and `task.finished` after them all.
+/// deliveries to one target go in order: each pause's `task.requires_action` after the one
+/// before it is delivered (or given up), and `task.finished` after them all.
 pub async fn take_due_webhooks(pool: &PgPool, limit: i64, lease_secs: f64) -> Result<Vec<Delivery>, StoreError> {
     Ok(sqlx::query_as(
         "WITH due AS (
             SELECT d.id FROM webhook_deliveries d JOIN tasks t ON t.id = d.task_id
             WHERE d.status = 'pending' AND d.next_at <= now() AND (d.event <> 'task.finished' OR t.finished_at IS NOT NULL)
               AND NOT EXISTS (SELECT 1 FROM webhook_deliveries p WHERE p.task_id = d.task_id AND p.status = 'pending'
-                              AND p.event = 'task.requires_action' AND (d.event = 'task.finished' OR p.seq < d.seq))
+                              AND p.push_config = d.push_config AND p.event = 'task.requires_action'
+                              AND (d.event = 'task.finished' OR p.seq < d.seq))
             ORDER BY d.next_at LIMIT $1 FOR UPDATE OF d SKIP LOCKED
          )
          UPDATE webhook_deliveries d SET next_at = now() + make_interval(secs => $2) FROM due WHERE d.id = due.id
-         RETURNING d.id, d.task_id, d.event, d.seq, d.attempts",
+         RETURNING d.id, d.task_id, d.event, d.seq, d.attempts, d.push_config",
     )
     .bind(limit)
     .bind(lease_secs)

@@ -54,6 +54,11 @@ impl Lifecycle {
         Ok(EventsPage { events: rows, next_after, task_status: task.status })
     }
 
+    /// The seq of the task's last event now: follow it from there to see only what comes next.
+    pub async fn last_seq(&self, scope: &Scope, id: Uuid) -> Result<i32, TaskError> {
+        events::last_seq(&self.pool, scope.tenant(), id).await?.ok_or(TaskError::NotFound)
+    }
+
     /// The task's events after `after`, live, until its last. `None`: the task has ended and
     /// there is nothing after `after` — its stream has ended for good.
     pub async fn follow(

@@ -128,7 +128,7 @@ impl ListRequest {
             .map(|c| c.parse::<Uuid>().map_err(|_| TaskError::bad_param("cursor", "not a cursor returned by this API")))
             .transpose()?;
         let f = ListFilter {
-            status,
+            statuses: status.into_iter().collect(),
             subagent_type,
             model: self.model.clone(),
             metadata,
@@ -136,6 +136,7 @@ impl ListRequest {
             created_before: time_param("created_before", &self.created_before)?,
             before_id,
             limit: limit + 1,
+            ..ListFilter::default()
         };
         Ok((f, limit))
     }
@@ -184,5 +185,29 @@ impl Lifecycle {
             }
         }
         Ok(out)
+    }
+}
+
+impl Lifecycle {
+    /// A page of the caller's tasks by a filter a door made (`f.limit`: the page's size, 1 to
+    /// 200), newest first; with `total`, how many match on every page too.
+    pub async fn page(&self, scope: &Scope, mut f: ListFilter, total: bool) -> Result<(Page, Option<i64>), TaskError> {
+        let limit = f.limit;
+        if !(1..=200).contains(&limit) {
+            return Err(TaskError::bad_param("limit", "must be between 1 and 200"));
+        }
+        let count = match total {
+            true => Some(store::count(&self.pool, scope.tenant(), &f).await?),
+            false => None,
+        };
+        f.limit = limit + 1;
+        let mut rows = store::list(&self.pool, scope.tenant(), &f).await?;
+        let next_cursor = if rows.len() as i64 > limit {
+            rows.truncate(limit as usize);
+            rows.last().map(|r| r.id.to_string())
+        } else {
+            None
+        };
+        Ok((Page { tasks: TaskView::of(&self.pool, rows).await?, next_cursor }, count))
     }
 }

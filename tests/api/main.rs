@@ -4,6 +4,7 @@ mod fakes;
 mod faults;
 mod helpers;
 
+mod a2a;
 mod agents;
 mod batching;
 mod browser;

@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 use crate::fakes::serve_router;
 use crate::helpers::*;
 
-const ADMIN: &str = "mcp-admin-token";
+pub const ADMIN: &str = "mcp-admin-token";
 
 /// The Python that has the SDKs, if any (else the test is skipped, or fails under CI).
 pub fn python() -> Option<PathBuf> {
@@ -135,7 +135,7 @@ async fn py(scenario: &str, url: &str, key: &str, more: &[&str]) -> Option<Value
     Some(run_script(p, "mcp_client.py", args(scenario, url, key, more), vec![]).await)
 }
 
-async fn scalar<T: for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Send + Unpin>(
+pub async fn scalar<T: for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Send + Unpin>(
     db: &TestDb,
     sql: &str,
     id: &str,
@@ -211,7 +211,7 @@ async fn the_python_sdk_cancels_a_run_mid_call_and_the_provider_call_is_stopped(
 }
 
 /// A tool server that records its calls and answers `deployed`.
-async fn deploy_tool() -> (std::sync::Arc<std::sync::Mutex<usize>>, String) {
+pub async fn deploy_tool() -> (std::sync::Arc<std::sync::Mutex<usize>>, String) {
     use axum::routing::post;
     let calls = std::sync::Arc::new(std::sync::Mutex::new(0usize));
     let c = calls.clone();
@@ -229,7 +229,7 @@ async fn deploy_tool() -> (std::sync::Arc<std::sync::Mutex<usize>>, String) {
 }
 
 /// Tenant `tenant` with the catalog tool `deploy` (at `endpoint`) and every call needing approval.
-async fn approvals(base: &str, tenant: &str, key: &str, endpoint: &str) {
+pub async fn approvals(base: &str, tenant: &str, key: &str, endpoint: &str) {
     let c = reqwest::Client::new();
     let r = c
         .put(format!("{base}/tools/deploy"))

@@ -62,9 +62,36 @@ def _positive(case):
 def map_case(ctx, case):
     label = f"{case.method.upper()} {case.operation.path}"
     body = case.body
+    if case.operation.path.startswith("/a2a"):
+        # The A2A version the door serves (a request without it is 0.3's, refused).
+        case.headers = dict(case.headers or {})
+        case.headers["A2A-Version"] = "1.0"
     if _positive(case):
         _existing(label, case)
     return case
+
+
+def _a2a(label, case):
+    """A2A: an agent that exists at a per-agent URL, options that exist (none), push URLs the
+    allow-list admits."""
+    if "{name}" in case.operation.path and isinstance(case.path_parameters, dict):
+        case.path_parameters["name"] = "explore"
+    body = case.body
+    if not isinstance(body, dict):
+        return
+    if label.endswith("/message:send") or label.endswith("/message:stream"):
+        body.pop("metadata", None)
+        msg = body.get("message")
+        if isinstance(msg, dict):
+            msg.pop("metadata", None)
+            # A message to an existing task answers its pause: only a paused one takes it.
+            msg.pop("taskId", None)
+        conf = body.get("configuration")
+        if isinstance(conf, dict) and isinstance(conf.get("taskPushNotificationConfig"), dict):
+            _local_urls(conf["taskPushNotificationConfig"], ("url",))
+    if label.endswith("/pushNotificationConfigs"):
+        # The path names the task.
+        body.pop("taskId", None)
 
 
 def _mcp_session():
@@ -82,6 +109,8 @@ def _mcp_session():
 
 
 def _existing(label, case):
+    if case.operation.path.startswith("/a2a"):
+        _a2a(label, case)
     body = case.body
     if label in ("POST /mcp", "DELETE /mcp"):
         # A message of a session that exists (each case its own: a DELETE ends it).

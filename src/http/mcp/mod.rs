@@ -19,7 +19,6 @@
 //! request's own stream.
 
 mod calls;
-pub mod rpc;
 mod tasks;
 mod tools;
 
@@ -38,6 +37,7 @@ use tokio::sync::mpsc;
 use super::auth::key_prefix;
 use super::error::ApiError;
 use super::extract::ApiBytes;
+pub(crate) use super::jsonrpc as rpc;
 use super::{AppState, Tenant};
 use crate::store::mcp::{self as store, McpSession};
 use crate::tasks::kinds::Answerer;

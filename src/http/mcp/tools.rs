@@ -11,7 +11,6 @@ use serde_json::{json, Value};
 
 use super::rpc::RpcError;
 use super::Ctx;
-use crate::engine::agents::AgentType;
 use crate::tasks::kinds::TaskStatus;
 use crate::tasks::{TaskError, TaskView};
 
@@ -41,40 +40,10 @@ fn id_input(what: &str) -> Value {
 /// The tenant's agent types, each with its one-line description.
 async fn agents(ctx: &Ctx) -> Result<Vec<(String, String)>, RpcError> {
     let room = &ctx.st.tasks;
-    let names = crate::tasks::submit::agents::names(&room.pool, &room.file_agents, &ctx.tenant)
+    let all = crate::tasks::submit::agents::described(&room.pool, &room.file_agents, Some(&ctx.tenant))
         .await
         .map_err(|_| RpcError::internal())?;
-    let custom = crate::tasks::submit::agents::tenant_definitions(&room.pool, &ctx.tenant)
-        .await
-        .map_err(|_| RpcError::internal())?;
-    let mut out = vec![];
-    for n in names {
-        // Aliases (`general-purpose`) are accepted, and not listed twice.
-        if n == "general-purpose" {
-            continue;
-        }
-        let line = match AgentType::parse(&n) {
-            Some(t) => builtin_line(t).to_string(),
-            None => custom
-                .iter()
-                .find(|d| d.name == *n)
-                .or_else(|| room.file_agents.get(&n))
-                .map(|d| d.description.lines().next().unwrap_or("").trim().to_string())
-                .filter(|d| !d.is_empty())
-                .unwrap_or_else(|| "a custom agent".into()),
-        };
-        out.push((n, line));
-    }
-    Ok(out)
-}
-
-fn builtin_line(t: AgentType) -> &'static str {
-    match t {
-        AgentType::General => "heterogeneous work, writes included, with every tool the caller allows",
-        AgentType::Research => "read-only fact-finding",
-        AgentType::Explore => "read-only exploration of a codebase or a corpus",
-        AgentType::Plan => "a thinking pass that plans, with few tools",
-    }
+    Ok(all.into_iter().map(|d| (d.name, d.line)).collect())
 }
 
 fn task_input(agents: &[(String, String)]) -> Value {

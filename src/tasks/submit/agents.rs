@@ -48,6 +48,61 @@ pub async fn names(pool: &PgPool, files: &FileAgents, tenant: &str) -> Result<Ve
     Ok(names)
 }
 
+/// An agent type as a door lists it: its name and one-line description.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Described {
+    pub name: String,
+    pub line: String,
+    pub builtin: bool,
+}
+
+/// The agent types a tenant may name (`None`: the ones every tenant may — the built-ins and the
+/// agents directory's), each with its one-line description; aliases are not listed twice.
+pub async fn described(pool: &PgPool, files: &FileAgents, tenant: Option<&str>) -> Result<Vec<Described>, StoreError> {
+    let custom = match tenant {
+        Some(t) => tenant_definitions(pool, t).await?,
+        None => vec![],
+    };
+    let mut names: Vec<String> = BUILTIN_NAMES.iter().map(|s| s.to_string()).collect();
+    let mut more: Vec<String> = files.valid.iter().map(|d| d.name.to_string()).collect();
+    more.extend(custom.iter().map(|d| d.name.to_string()));
+    more.sort();
+    more.dedup();
+    names.extend(more);
+    let mut out = vec![];
+    for n in names {
+        // Aliases (`general-purpose`) are accepted, and not listed twice.
+        if n == "general-purpose" {
+            continue;
+        }
+        let (line, builtin) = match AgentType::parse(&n) {
+            Some(t) => (builtin_line(t).to_string(), true),
+            None => (
+                custom
+                    .iter()
+                    .find(|d| d.name.as_str() == n)
+                    .or_else(|| files.get(&n))
+                    .map(|d| d.description.lines().next().unwrap_or("").trim().to_string())
+                    .filter(|d| !d.is_empty())
+                    .unwrap_or_else(|| "a custom agent".into()),
+                false,
+            ),
+        };
+        out.push(Described { name: n, line, builtin });
+    }
+    Ok(out)
+}
+
+/// A built-in type's one-line description.
+pub fn builtin_line(t: AgentType) -> &'static str {
+    match t {
+        AgentType::General => "heterogeneous work, writes included, with every tool the caller allows",
+        AgentType::Research => "read-only fact-finding",
+        AgentType::Explore => "read-only exploration of a codebase or a corpus",
+        AgentType::Plan => "a thinking pass that plans, with few tools",
+    }
+}
+
 /// What a definition names that cannot be served here now. A definition is valid without
 /// these (it is stored and listed, from a file or over the API alike); a task of it is refused
 /// while its model cannot be served, and is offered only the tools that exist.

@@ -1,5 +1,6 @@
-//! JSON-RPC 2.0 as MCP uses it: one message per POST (no batches since 2025-06-18), the error
-//! codes the spec names, and the messages this server sends.
+//! JSON-RPC 2.0 as the MCP and A2A doors use it: one message per POST (no batches: MCP has
+//! none since 2025-06-18, A2A never had them), the error codes the spec names, and the messages
+//! this server sends.
 
 use serde_json::{json, Map, Value};
 

@@ -1,0 +1,144 @@
+//! Agent cards: the service's at `/.well-known/agent-card.json` (its skills the agent types
+//! every tenant has), one per agent type at `/a2a/agents/{name}/.well-known/agent-card.json`,
+//! and the authenticated extended card (`GetExtendedAgentCard`), whose skills add the tenant's
+//! own agents. URLs are the ones clients reach the service at: `SUBAGENTD_PUBLIC_URL`, else the
+//! request's `Host` (`X-Forwarded-Host`, `X-Forwarded-Proto`) as a proxy passes it on.
+
+use axum::extract::State;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+
+use super::super::auth::Mode;
+use super::super::error::ApiError;
+use super::super::extract::ApiPath;
+use super::errors::A2aError;
+use super::{AppState, Ctx, Tenant};
+use crate::engine::agents::AgentType;
+use crate::tasks::submit::agents::{described, Described};
+use crate::tasks::TaskError;
+
+/// Prompts that show what each built-in type is for.
+fn examples(name: &str) -> Vec<&'static str> {
+    match AgentType::parse(name) {
+        Some(AgentType::General) => vec![
+            "Refactor the date parsing in utils/dates.py to use the standard library, and summarise what changed",
+            "Draft a release note from the merged pull requests of this week",
+        ],
+        Some(AgentType::Research) => {
+            vec!["Which of our dependencies are affected by CVE-2026-1234? List each with the fixed version"]
+        }
+        Some(AgentType::Explore) => {
+            vec!["Where is the retry policy for outbound webhooks defined, and what are its limits?"]
+        }
+        Some(AgentType::Plan) => vec!["Plan the migration of the billing jobs from cron to a queue, step by step"],
+        None => vec![],
+    }
+}
+
+fn skill(d: &Described) -> Value {
+    let mut s = json!({
+        "id": d.name, "name": d.name, "description": d.line,
+        "tags": ["subagent", if d.builtin { "built-in" } else { "custom" }],
+        "inputModes": ["text/plain", "application/json"],
+        "outputModes": ["text/plain", "application/json"],
+    });
+    let ex = examples(&d.name);
+    if !ex.is_empty() {
+        s["examples"] = json!(ex);
+    }
+    s
+}
+
+/// A card: the service's (`agent` None) or one agent type's, at `base`.
+fn card(st: &AppState, base: &str, agent: Option<&Described>, skills: &[Described]) -> Value {
+    let (name, description, root) = match agent {
+        Some(a) => (
+            a.name.clone(),
+            format!("A sub-agent of type {}: {}. {}", a.name, a.line, ABOUT),
+            format!("{base}/a2a/agents/{}", a.name),
+        ),
+        None => (
+            "subagentd".to_string(),
+            format!(
+                "Runs LLM sub-agents as jobs. Each skill is an agent type: name it in the message's metadata as \
+                 `subagent_type` (default `general`). {ABOUT}"
+            ),
+            format!("{base}/a2a"),
+        ),
+    };
+    let mut c = json!({
+        "name": name,
+        "description": description,
+        "version": env!("CARGO_PKG_VERSION"),
+        "provider": {"organization": "subagentd", "url": base},
+        "supportedInterfaces": [
+            {"url": root, "protocolBinding": "JSONRPC", "protocolVersion": crate::a2a::VERSION},
+            {"url": format!("{root}/v1"), "protocolBinding": "HTTP+JSON", "protocolVersion": crate::a2a::VERSION},
+        ],
+        "capabilities": {"streaming": true, "pushNotifications": true, "extendedAgentCard": true},
+        "defaultInputModes": ["text/plain", "application/json"],
+        "defaultOutputModes": ["text/plain", "application/json"],
+        "skills": skills.iter().map(skill).collect::<Vec<_>>(),
+    });
+    if st.auth.mode != Mode::None {
+        c["securitySchemes"] = json!({"bearer": {"httpAuthSecurityScheme": {
+            "scheme": "Bearer", "description": "An API key of the service: `Authorization: Bearer sk_…`"}}});
+        c["securityRequirements"] = json!([{"schemes": {"bearer": {"list": []}}}]);
+    }
+    c
+}
+
+const ABOUT: &str = "A message starts a task that runs with a fresh conversation and its type's tools, and \
+    returns one summary (a text artifact; a structured output as a data artifact). Options such as `model`, \
+    `max_turns` or `output_schema` go in the message's metadata under the names of POST /tasks. A task that waits \
+    for a decision is input-required: answer it with a data part {\"actions\": [...]}.";
+
+fn reply(v: Value) -> Response {
+    let mut r = (StatusCode::OK, v.to_string()).into_response();
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r
+}
+
+/// `GET /.well-known/agent-card.json`: public.
+pub async fn shared(State(st): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
+    let room = &st.tasks;
+    let skills = described(&room.pool, &room.file_agents, None).await?;
+    let base = super::super::origin::base_url(&headers, room.cfg.public_url.as_deref());
+    Ok(reply(card(&st, &base, None, &skills)))
+}
+
+/// `GET /a2a/agents/{name}/.well-known/agent-card.json`: public for the built-in types and the
+/// agents directory's; a tenant's own agent's with that tenant's key.
+pub async fn of_agent(
+    State(st): State<AppState>,
+    ApiPath(name): ApiPath<String>,
+    tenant: Result<Tenant, ApiError>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let room = &st.tasks;
+    let mut all = described(&room.pool, &room.file_agents, None).await?;
+    if !all.iter().any(|d| d.name == name) {
+        if let Ok(Tenant(t)) = tenant {
+            all = described(&room.pool, &room.file_agents, Some(&t)).await?;
+        }
+    }
+    let Some(agent) = all.into_iter().find(|d| d.name == name) else {
+        return Err(ApiError::not_found("agent type (a tenant's own agent's card needs its key)"));
+    };
+    let base = super::super::origin::base_url(&headers, room.cfg.public_url.as_deref());
+    Ok(reply(card(&st, &base, Some(&agent), std::slice::from_ref(&agent))))
+}
+
+/// `GetExtendedAgentCard`: the card with the tenant's own agents among the skills.
+pub async fn extended(ctx: &Ctx) -> Result<Value, A2aError> {
+    let room = &ctx.st.tasks;
+    let all = described(&room.pool, &room.file_agents, Some(&ctx.tenant)).await.map_err(TaskError::from)?;
+    Ok(match &ctx.agent {
+        Some(name) => {
+            let agent = all.into_iter().find(|d| d.name == *name).ok_or_else(A2aError::not_found)?;
+            card(&ctx.st, &ctx.base, Some(&agent), std::slice::from_ref(&agent))
+        }
+        None => card(&ctx.st, &ctx.base, None, &all),
+    })
+}

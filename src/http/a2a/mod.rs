@@ -1,0 +1,295 @@
+//! The A2A door: every agent type as a remote agent over the Agent2Agent protocol (1.0).
+//! JSON-RPC 2.0 at `POST /a2a` (SSE for the streaming methods) and the HTTP+JSON binding under
+//! `/a2a/v1/`; each agent type is also an agent of its own at `/a2a/agents/{name}` (both
+//! bindings below it, and its own card). The service's card is at
+//! `/.well-known/agent-card.json`.
+//!
+//! Written on the lifecycle room, like every door: a method is one room operation (or two: a
+//! message to a paused task answers it, then joins it), so the rules hold here as at the REST
+//! door — tenants (another's task is not found), the depth rule, the model rule, budgets (an
+//! admission refusal is a `TASK_STATE_REJECTED` task, not stored), rate limits (429), holds
+//! (a blocking send is a wait, a stream a stream) and idempotency (a message's `messageId` is
+//! its key: a retry starts no second task). The A2A shapes of a task are `crate::a2a`'s (the
+//! webhook sender shapes push notifications with them); a task's context and its caller's
+//! messages are `store::a2a`'s rows.
+//!
+//! The official Rust SDK (`a2a-lf`, `a2a-server-lf`) was read first and not taken: its server
+//! brings its own axum stack and a protobuf build, keeps tasks in its own store, and its wire
+//! details (error codes, the version header, the empty DELETE body) would need overriding; the
+//! protocol's JSON is a few shapes, written here and in `crate::a2a` to the spec.
+
+mod card;
+mod errors;
+mod ops;
+mod push;
+mod rest;
+mod send;
+mod stream;
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::extract::{FromRequest, FromRequestParts, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+use super::auth::key_prefix;
+use super::error::ApiError;
+use super::extract::{ApiBytes, ApiPath};
+use super::jsonrpc;
+use super::{AppState, Tenant};
+use crate::tasks::kinds::Answerer;
+use crate::tasks::Scope;
+use errors::{A2aError, Kind};
+
+pub fn router(st: AppState) -> Router<AppState> {
+    let door = Router::new()
+        .route("/a2a", post(rpc))
+        .route("/a2a/agents/{name}", post(rpc))
+        .route("/a2a/v1/message:send", post(rest::send))
+        .route("/a2a/v1/message:stream", post(rest::stream))
+        .route("/a2a/v1/tasks", get(rest::list))
+        .route("/a2a/v1/tasks/{id}", get(rest::task_get).post(rest::task_post))
+        .route("/a2a/v1/tasks/{id}/pushNotificationConfigs", get(rest::push_list).post(rest::push_create))
+        .route("/a2a/v1/tasks/{id}/pushNotificationConfigs/{config}", get(rest::push_get).delete(rest::push_delete))
+        .route("/a2a/v1/extendedAgentCard", get(rest::extended_card))
+        .route("/a2a/agents/{name}/v1/message:send", post(rest::send))
+        .route("/a2a/agents/{name}/v1/message:stream", post(rest::stream))
+        .route("/a2a/agents/{name}/v1/tasks", get(rest::list))
+        .route("/a2a/agents/{name}/v1/tasks/{id}", get(rest::task_get).post(rest::task_post))
+        .route("/a2a/agents/{name}/v1/tasks/{id}/pushNotificationConfigs", get(rest::push_list).post(rest::push_create))
+        .route(
+            "/a2a/agents/{name}/v1/tasks/{id}/pushNotificationConfigs/{config}",
+            get(rest::push_get).delete(rest::push_delete),
+        )
+        .route("/a2a/agents/{name}/v1/extendedAgentCard", get(rest::extended_card))
+        .route_layer(axum::middleware::from_fn_with_state(st, check_origin));
+    Router::new()
+        .route("/.well-known/agent-card.json", get(card::shared))
+        .route("/a2a/agents/{name}/.well-known/agent-card.json", get(card::of_agent))
+        .merge(door)
+}
+
+/// An `Origin` other than the service's own is refused (a page elsewhere must not drive a
+/// caller's browser against the door); a request without one (any non-browser client) passes.
+async fn check_origin(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    if let Some(origin) = req.headers().get(header::ORIGIN) {
+        let own =
+            origin.to_str().is_ok_and(|o| super::origin::is_own(o, req.headers(), st.tasks.cfg.public_url.as_deref()));
+        if !own {
+            let mut e = A2aError::new(Kind::InvalidRequest, "forbidden: this Origin is not the service's own");
+            e.transport = Some((StatusCode::FORBIDDEN, vec![]));
+            return match req.uri().path().contains("/v1/") {
+                true => e.rest_response(),
+                false => e.rpc_response(None),
+            };
+        }
+    }
+    next.run(req).await
+}
+
+/// A request's place: who asks, at which agent, from where.
+#[derive(Clone)]
+pub(crate) struct Ctx {
+    pub st: AppState,
+    pub tenant: String,
+    /// The agent type of a per-agent URL (`/a2a/agents/{name}`); `None` at the shared one.
+    pub agent: Option<String>,
+    /// The base URL clients reach the service at.
+    pub base: String,
+    /// `Subagent-Depth` as sent.
+    pub depth: Option<String>,
+    pub key_prefix: Option<String>,
+    pub traceparent: Option<String>,
+}
+
+impl Ctx {
+    pub fn scope(&self) -> Scope {
+        Scope::Tenant(self.tenant.clone())
+    }
+
+    pub fn answerer(&self) -> Answerer {
+        Answerer::of(&self.scope(), self.key_prefix.clone())
+    }
+}
+
+/// An opened request: its context, body, path parameters and query.
+type Opened = (Ctx, axum::body::Bytes, HashMap<String, String>, Vec<(String, String)>);
+
+/// Everything a request to the door brings, its failures kept to be answered in the binding's
+/// shape (the extractor itself never rejects).
+pub(crate) struct Incoming {
+    tenant: Result<Tenant, ApiError>,
+    headers: HeaderMap,
+    path: Result<HashMap<String, String>, ApiError>,
+    query: Vec<(String, String)>,
+    body: Result<axum::body::Bytes, ApiError>,
+}
+
+impl FromRequest<AppState> for Incoming {
+    type Rejection = Infallible;
+
+    async fn from_request(req: Request, st: &AppState) -> Result<Self, Infallible> {
+        let (mut parts, body) = req.into_parts();
+        let tenant = Tenant::from_request_parts(&mut parts, st).await;
+        let path = ApiPath::<HashMap<String, String>>::from_request_parts(&mut parts, st).await.map(|p| p.0);
+        let query =
+            axum::extract::Query::<Vec<(String, String)>>::try_from_uri(&parts.uri).map(|q| q.0).unwrap_or_default();
+        let headers = parts.headers.clone();
+        let body = match tenant.is_ok() {
+            true => ApiBytes::from_request(Request::from_parts(parts, body), st).await.map(|b| b.0),
+            false => Ok(Default::default()),
+        };
+        Ok(Incoming { tenant, headers, path, query, body })
+    }
+}
+
+impl Incoming {
+    /// The request's context and body, once its caller is known and its version is ours.
+    fn open(self, st: AppState) -> Result<Opened, A2aError> {
+        let Tenant(tenant) = self.tenant?;
+        let path = self.path?;
+        let body = self.body?;
+        let header = |n: &str| self.headers.get(n).and_then(|v| v.to_str().ok()).map(str::to_string);
+        let ctx = Ctx {
+            tenant,
+            agent: path.get("name").cloned(),
+            base: super::origin::base_url(&self.headers, st.tasks.cfg.public_url.as_deref()),
+            depth: header("subagent-depth"),
+            key_prefix: key_prefix(&self.headers),
+            traceparent: header("traceparent"),
+            st,
+        };
+        Ok((ctx, body, path, self.query))
+    }
+
+    /// The version the request names (`A2A-Version`, as a header or a query parameter): 1.0
+    /// only. None named means 0.3, which is not served.
+    fn version(&self) -> Result<(), A2aError> {
+        let named = self
+            .headers
+            .get("a2a-version")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+            .or_else(|| self.query.iter().find(|(k, _)| k.eq_ignore_ascii_case("a2a-version")).map(|(_, v)| v.clone()))
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty())
+            .unwrap_or_else(|| "0.3".to_string());
+        let major = named.split('.').next().unwrap_or("");
+        if major == "1" {
+            return Ok(());
+        }
+        Err(A2aError::new(
+            Kind::VersionNotSupported,
+            format!(
+                "A2A version {named:?} is not supported: this agent serves {} (send `A2A-Version: {}`)",
+                crate::a2a::VERSION,
+                crate::a2a::VERSION
+            ),
+        )
+        .meta("supported", crate::a2a::VERSION))
+    }
+}
+
+/// What a method answers with.
+pub(crate) enum Out {
+    Json(Value),
+    /// `StreamResponse`s as they come (an error ends the stream).
+    Stream(mpsc::Receiver<Result<Value, A2aError>>),
+}
+
+/// A method's params as its type, or invalid params naming what is wrong.
+pub(crate) fn params<T: DeserializeOwned>(method: &str, mut v: Value) -> Result<T, A2aError> {
+    // ProtoJSON from a client whose numbers are all doubles (Python's protobuf): `3.0` is 3.
+    super::extract::whole(&mut v);
+    serde_json::from_value(v).map_err(|e| A2aError::params(format!("{method}: {e}")))
+}
+
+/// Run one method of A2A 1.0.
+async fn dispatch(ctx: Ctx, method: &str, p: Value) -> Result<Out, A2aError> {
+    if !p.is_object() {
+        return Err(A2aError::params(format!("{method}: params must be an object")));
+    }
+    // A request's tenant is empty or the key's own.
+    match p.get("tenant") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(t)) if t.is_empty() || *t == ctx.tenant => {}
+        Some(_) => {
+            return Err(A2aError::params("tenant: must be empty or the API key's own tenant").meta("field", "tenant"))
+        }
+    }
+    match method {
+        "SendMessage" => send::send(ctx, p).await.map(Out::Json),
+        "SendStreamingMessage" => send::stream(ctx, p).await.map(Out::Stream),
+        "GetTask" => ops::get(&ctx, p).await.map(Out::Json),
+        "ListTasks" => ops::list(&ctx, p).await.map(Out::Json),
+        "CancelTask" => ops::cancel(&ctx, p).await.map(Out::Json),
+        "SubscribeToTask" => ops::subscribe(ctx, p).await.map(Out::Stream),
+        "CreateTaskPushNotificationConfig" => push::create(&ctx, p).await.map(Out::Json),
+        "GetTaskPushNotificationConfig" => push::get(&ctx, p).await.map(Out::Json),
+        "ListTaskPushNotificationConfigs" => push::list(&ctx, p).await.map(Out::Json),
+        "DeleteTaskPushNotificationConfig" => push::delete(&ctx, p).await.map(Out::Json),
+        "GetExtendedAgentCard" => card::extended(&ctx).await.map(Out::Json),
+        other => Err(A2aError::new(Kind::MethodNotFound, format!("method not found: {other}"))),
+    }
+}
+
+fn json_reply(v: &Value) -> Response {
+    let mut r = (StatusCode::OK, v.to_string()).into_response();
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r
+}
+
+/// Server-Sent Events: each item as `shape` makes it (an error as an `error` event, the last).
+fn sse(
+    rx: mpsc::Receiver<Result<Value, A2aError>>,
+    shape: impl Fn(Result<Value, A2aError>) -> Event + Send + 'static,
+) -> Response {
+    let events = futures_util::stream::unfold((rx, shape), |(mut rx, shape)| async move {
+        let item = rx.recv().await?;
+        Some((Ok::<_, Infallible>(shape(item)), (rx, shape)))
+    });
+    Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))).into_response()
+}
+
+/// `POST /a2a` and `POST /a2a/agents/{name}`: one JSON-RPC request (no batches, no
+/// notifications), answered with JSON or, for the streaming methods, SSE.
+async fn rpc(State(st): State<AppState>, inc: Incoming) -> Response {
+    let version = inc.version();
+    let (ctx, body, _, _) = match inc.open(st) {
+        Ok(x) => x,
+        Err(e) => return e.rpc_response(None),
+    };
+    let (id, method, p) = match jsonrpc::parse(&body) {
+        Ok(jsonrpc::Incoming::Request { id, method, params }) => (id, method, params),
+        // A body that is not a JSON-RPC request is refused at the HTTP level too (as at the MCP
+        // door): 400, with the JSON-RPC error.
+        Ok(_) => {
+            let e = A2aError::new(Kind::InvalidRequest, "invalid request: A2A takes requests (with an `id`) only");
+            return e.bad_request().rpc_response(None);
+        }
+        Err(e) => {
+            let kind = if e.code == jsonrpc::PARSE_ERROR { Kind::Parse } else { Kind::InvalidRequest };
+            return A2aError::new(kind, e.message).bad_request().rpc_response(None);
+        }
+    };
+    if let Err(e) = version {
+        return e.rpc_response(Some(&id));
+    }
+    match dispatch(ctx, &method, p).await {
+        Ok(Out::Json(v)) => json_reply(&jsonrpc::result(&id, v)),
+        Ok(Out::Stream(rx)) => sse(rx, move |item| match item {
+            Ok(v) => Event::default().data(jsonrpc::result(&id, v).to_string()),
+            Err(e) => Event::default().event("error").data(jsonrpc::error(Some(&id), &e.rpc()).to_string()),
+        }),
+        Err(e) => e.rpc_response(Some(&id)),
+    }
+}

@@ -1,0 +1,431 @@
+//! `SendMessage` and `SendStreamingMessage`: a message starts a task, continues a context, or
+//! answers a paused task.
+//!
+//! - A message's text parts are the prompt; data parts join it as JSON; `raw` parts of a text
+//!   type are text; other `raw` and `url` parts are not taken (`ContentTypeNotSupportedError`).
+//! - The task's options come from the metadata (the request's, then the message's) under the
+//!   names `POST /tasks` uses, checked the same way; `subagent_type` defaults to `general`, and
+//!   at a per-agent URL is that agent.
+//! - A `contextId` alone continues the context's latest task, which must have ended (its
+//!   conversation, as `resume_from`); an unknown one starts that context.
+//! - A message with a `taskId` answers that task's pause with a data part `{"actions": [...]}`
+//!   (the items `POST /tasks/{id}/actions` takes); to any other task it is refused.
+//! - The `messageId` is the idempotency key (`a2a:<messageId>`): a retry returns the first task.
+//! - An admission refusal (budget, queue) is a `TASK_STATE_REJECTED` task, not stored.
+
+use base64::Engine;
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use tokio::sync::mpsc;
+use uuid::Uuid;
+
+use super::errors::{A2aError, Kind};
+use super::{params, push, stream, Ctx};
+use crate::a2a::{timestamp, Shown};
+use crate::budget::BudgetError;
+use crate::store::a2a::{self as store, A2aTask};
+use crate::tasks::answer::ActionAnswer;
+use crate::tasks::kinds::TaskStatus;
+use crate::tasks::{Submission, TaskError, TaskRequest, TaskView};
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SendParams {
+    #[serde(default)]
+    message: Option<Value>,
+    #[serde(default)]
+    configuration: Option<Configuration>,
+    #[serde(default)]
+    metadata: Option<Value>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Configuration {
+    #[serde(default)]
+    accepted_output_modes: Option<Vec<String>>,
+    #[serde(default, alias = "pushNotificationConfig")]
+    task_push_notification_config: Option<Value>,
+    #[serde(default)]
+    history_length: Option<i64>,
+    #[serde(default)]
+    return_immediately: Option<bool>,
+}
+
+/// The output modes a task's answer comes in (the summary as text, an output as JSON).
+const OUTPUT_MODES: [&str; 5] = ["text/plain", "text/markdown", "application/json", "text/*", "*/*"];
+
+/// A caller's message, read.
+struct Inbound {
+    id: String,
+    context_id: Option<String>,
+    task_id: Option<String>,
+    /// The text and data parts, in order.
+    prompt: String,
+    /// The answers of a data part `{"actions": [...]}`.
+    actions: Option<Vec<ActionAnswer>>,
+    metadata: Option<Value>,
+    /// The message as stored in the task's history.
+    stored: Value,
+}
+
+fn nonempty(v: &Value, field: &str) -> Result<Option<String>, A2aError> {
+    match v.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) if s.is_empty() => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(_) => {
+            Err(A2aError::params(format!("message.{field}: must be a string"))
+                .meta("field", format!("message.{field}")))
+        }
+    }
+}
+
+fn read_message(m: &Value) -> Result<Inbound, A2aError> {
+    let bad = |field: &str, msg: String| A2aError::params(format!("{field}: {msg}")).meta("field", field.to_string());
+    if !m.is_object() {
+        return Err(bad("message", "must be an object".into()));
+    }
+    let id = nonempty(m, "messageId")?.ok_or_else(|| bad("message.messageId", "required".into()))?;
+    if id.len() > 200 || !id.bytes().all(|b| (0x21..0x7f).contains(&b)) {
+        return Err(bad("message.messageId", "must be 1 to 200 visible ASCII characters (a UUID, say)".into()));
+    }
+    match m.get("role").and_then(Value::as_str) {
+        Some("ROLE_USER") => {}
+        other => return Err(bad("message.role", format!("{other:?}: a caller's message is ROLE_USER"))),
+    }
+    let Some(parts) = m.get("parts").and_then(Value::as_array).filter(|p| !p.is_empty()) else {
+        return Err(bad("message.parts", "at least one part is required".into()));
+    };
+    let mut texts = vec![];
+    let mut actions = None;
+    for (i, p) in parts.iter().enumerate() {
+        let at = format!("message.parts[{i}]");
+        let media = p.get("mediaType").and_then(Value::as_str).unwrap_or("");
+        let is_text = media.starts_with("text/") || media == "application/json";
+        let present: Vec<&str> = ["text", "raw", "url", "data"].into_iter().filter(|k| p.get(*k).is_some()).collect();
+        match present.as_slice() {
+            ["text"] => match &p["text"] {
+                Value::String(s) => texts.push(s.clone()),
+                _ => return Err(bad(&format!("{at}.text"), "must be a string".into())),
+            },
+            ["data"] => match p["data"].get("actions") {
+                Some(a) if p["data"].as_object().is_some_and(|o| o.len() == 1) => {
+                    let list: Vec<ActionAnswer> = serde_json::from_value(a.clone())
+                        .map_err(|e| bad(&format!("{at}.data.actions"), e.to_string()))?;
+                    actions = Some(list);
+                }
+                _ => texts.push(p["data"].to_string()),
+            },
+            ["raw"] if is_text => {
+                let raw = p["raw"].as_str().ok_or_else(|| bad(&format!("{at}.raw"), "must be base64".into()))?;
+                let bytes = base64::engine::general_purpose::STANDARD
+                    .decode(raw)
+                    .map_err(|_| bad(&format!("{at}.raw"), "is not base64".into()))?;
+                let s = String::from_utf8(bytes).map_err(|_| bad(&format!("{at}.raw"), "is not UTF-8 text".into()))?;
+                texts.push(s);
+            }
+            ["url"] if media.starts_with("text/") => {
+                let url = p["url"].as_str().ok_or_else(|| bad(&format!("{at}.url"), "must be a string".into()))?;
+                texts.push(format!("Attached ({media}): {url}"));
+            }
+            ["raw"] | ["url"] => {
+                let what = if media.is_empty() { "a part with no mediaType" } else { media };
+                return Err(A2aError::new(
+                    Kind::ContentTypeNotSupported,
+                    format!("{at}: {what} is not taken: a sub-agent's prompt is text (text parts, data parts as JSON, text/* files)"),
+                )
+                .meta("field", at)
+                .meta("mediaType", media));
+            }
+            [] => return Err(bad(&at, "has none of text, raw, url, data".into())),
+            _ => return Err(bad(&at, format!("has {} — a part has exactly one of them", present.join(", ")))),
+        }
+    }
+    let context_id = nonempty(m, "contextId")?;
+    if context_id.as_ref().is_some_and(|c| c.len() > 255) {
+        return Err(bad("message.contextId", "must be at most 255 characters".into()));
+    }
+    let metadata = match m.get("metadata") {
+        None | Some(Value::Null) => None,
+        Some(v @ Value::Object(_)) => Some(v.clone()),
+        Some(_) => return Err(bad("message.metadata", "must be an object".into())),
+    };
+    Ok(Inbound {
+        id,
+        context_id,
+        task_id: nonempty(m, "taskId")?,
+        prompt: texts.join("\n\n"),
+        actions,
+        metadata,
+        stored: m.clone(),
+    })
+}
+
+/// The task's request: the metadata's options, the message's prompt, the agent type.
+fn task_request(ctx: &Ctx, request_meta: Option<&Value>, msg: &Inbound) -> Result<TaskRequest, A2aError> {
+    let mut m = Map::new();
+    for (at, src) in [("metadata", request_meta), ("message.metadata", msg.metadata.as_ref())] {
+        match src {
+            None | Some(Value::Null) => {}
+            Some(Value::Object(o)) => m.extend(o.clone()),
+            Some(_) => return Err(A2aError::params(format!("{at}: must be an object")).meta("field", at)),
+        }
+    }
+    for (key, why) in [
+        ("prompt", "the prompt is the message's text"),
+        ("resume_from", "send the message with the contextId of the task to continue"),
+    ] {
+        if m.contains_key(key) {
+            return Err(A2aError::params(format!("metadata.{key}: {why}")).meta("field", format!("metadata.{key}")));
+        }
+    }
+    match (&ctx.agent, m.get("subagent_type")) {
+        (Some(a), Some(t)) if t.as_str() != Some(a.as_str()) => {
+            return Err(A2aError::params(format!("metadata.subagent_type: this URL is agent {a:?}'s"))
+                .meta("field", "metadata.subagent_type"))
+        }
+        (Some(a), _) => {
+            m.insert("subagent_type".into(), json!(a));
+        }
+        (None, None) => {
+            m.insert("subagent_type".into(), json!("general"));
+        }
+        (None, Some(_)) => {}
+    }
+    if msg.prompt.trim().is_empty() {
+        return Err(
+            A2aError::params("message.parts: no text or data to make a prompt of").meta("field", "message.parts")
+        );
+    }
+    m.insert("prompt".into(), json!(msg.prompt));
+    let bytes = serde_json::to_vec(&Value::Object(m)).unwrap_or_default();
+    super::super::extract::from_slice::<TaskRequest>(&bytes)
+        .map_err(|e| A2aError::params(format!("metadata: {e}")).meta("field", "metadata"))
+}
+
+/// How a send answers.
+#[derive(Clone, Copy, PartialEq)]
+enum How {
+    /// Once the task is settled (or the wait runs out).
+    Block,
+    /// At once.
+    Return,
+}
+
+/// What a send made.
+enum Started {
+    /// A task as it stands, and the event after which to follow it.
+    Task { view: Box<TaskView>, a2a: Option<A2aTask>, after: i32 },
+    /// A refused admission: the `Task`, not stored.
+    Rejected(Value),
+}
+
+pub async fn send(ctx: Ctx, p: Value) -> Result<Value, A2aError> {
+    let p: SendParams = params("SendMessage", p)?;
+    let conf = p.configuration.as_ref();
+    let history = history_length(conf.and_then(|c| c.history_length))?;
+    let how = if conf.and_then(|c| c.return_immediately) == Some(true) { How::Return } else { How::Block };
+    Ok(match start(&ctx, &p, how).await? {
+        Started::Task { view, a2a, .. } => {
+            json!({"task": Shown { task: &view, a2a: a2a.as_ref() }.task(history, true)})
+        }
+        Started::Rejected(task) => json!({"task": task}),
+    })
+}
+
+pub async fn stream(ctx: Ctx, p: Value) -> Result<mpsc::Receiver<Result<Value, A2aError>>, A2aError> {
+    let p: SendParams = params("SendStreamingMessage", p)?;
+    let history = history_length(p.configuration.as_ref().and_then(|c| c.history_length))?;
+    // Held before anything starts: at the tenant's stream limit, nothing is.
+    let hold = ctx.st.tasks.stream_hold(&ctx.tenant).await.map_err(A2aError::from)?;
+    Ok(match start(&ctx, &p, How::Return).await? {
+        Started::Task { view, a2a, after } => stream::follow(ctx, *view, a2a, after, hold, history),
+        Started::Rejected(task) => {
+            let (tx, rx) = mpsc::channel(1);
+            let _ = tx.try_send(Ok(json!({"task": task})));
+            rx
+        }
+    })
+}
+
+pub fn history_length(n: Option<i64>) -> Result<Option<usize>, A2aError> {
+    match n {
+        Some(n) if !(0..=i32::MAX as i64).contains(&n) => {
+            Err(A2aError::params("historyLength: must be 0 to 2147483647").meta("field", "historyLength"))
+        }
+        n => Ok(n.map(|n| n as usize)),
+    }
+}
+
+async fn start(ctx: &Ctx, p: &SendParams, how: How) -> Result<Started, A2aError> {
+    let msg = read_message(
+        p.message.as_ref().ok_or_else(|| A2aError::params("message: required").meta("field", "message"))?,
+    )?;
+    if let Some(modes) = p.configuration.as_ref().and_then(|c| c.accepted_output_modes.as_ref()) {
+        if !modes.is_empty() && !modes.iter().any(|m| OUTPUT_MODES.contains(&m.as_str())) {
+            return Err(A2aError::new(
+                Kind::ContentTypeNotSupported,
+                format!(
+                    "acceptedOutputModes: a task answers in text/plain (and application/json), not {}",
+                    modes.join(", ")
+                ),
+            ));
+        }
+    }
+    let push = match p.configuration.as_ref().and_then(|c| c.task_push_notification_config.as_ref()) {
+        Some(c) => Some(push::checked(ctx, c, None)?),
+        None => None,
+    };
+    let started = match &msg.task_id {
+        Some(task) => answer(ctx, &msg, task, how).await?,
+        None => submit(ctx, p, &msg, how).await?,
+    };
+    if let (Some(c), Started::Task { view, .. }) = (push, &started) {
+        push::register(ctx, c, view.id).await?;
+    }
+    Ok(started)
+}
+
+/// A message to an existing task: the answers to its pause.
+async fn answer(ctx: &Ctx, msg: &Inbound, task: &str, how: How) -> Result<Started, A2aError> {
+    let room = &ctx.st.tasks;
+    let scope = ctx.scope();
+    let view = super::ops::task_of(ctx, task).await?;
+    let a2a = crate::a2a::row(&room.pool, view.id).await.map_err(TaskError::from)?;
+    let context = Shown { task: &view, a2a: a2a.as_ref() }.context_id();
+    if msg.context_id.as_ref().is_some_and(|c| *c != context) {
+        return Err(A2aError::params(format!("message.contextId: task {} is in context {context:?}", view.id))
+            .meta("field", "message.contextId"));
+    }
+    match view.status {
+        TaskStatus::RequiresAction => {}
+        s if s.is_terminal() => {
+            return Err(A2aError::new(
+                Kind::UnsupportedOperation,
+                format!(
+                    "task {} is {s}: it takes no more messages; to continue its conversation, send a message with its \
+                     contextId and no taskId",
+                    view.id
+                ),
+            ))
+        }
+        s => {
+            return Err(A2aError::new(
+                Kind::UnsupportedOperation,
+                format!("task {} is {s}: it takes a message only while it waits for input (input-required)", view.id),
+            ))
+        }
+    }
+    let Some(actions) = msg.actions.clone() else {
+        return Err(A2aError::params(
+            "this task waits for answers: reply with a data part {\"actions\": [...]}, one answer per pending action \
+             (its status message lists them)",
+        )
+        .meta("field", "message.parts"));
+    };
+    let after = room.last_seq(&scope, view.id).await?;
+    let answered = room.answer(&scope, &ctx.answerer(), view.id, actions).await?;
+    let mut stored = msg.stored.clone();
+    stored["taskId"] = json!(view.id);
+    stored["contextId"] = json!(context);
+    store::append(&room.pool, view.id, &ctx.tenant, &stored).await.map_err(TaskError::from)?;
+    let view = match how {
+        How::Block => room.join(&scope, view.id, room.wait_bound(None)).await?.task,
+        How::Return => answered,
+    };
+    let a2a = crate::a2a::row(&room.pool, view.id).await.map_err(TaskError::from)?;
+    Ok(Started::Task { view: Box::new(view), a2a, after })
+}
+
+/// A message that starts a task: in a new context, or continuing one.
+async fn submit(ctx: &Ctx, p: &SendParams, msg: &Inbound, how: How) -> Result<Started, A2aError> {
+    let room = &ctx.st.tasks;
+    let scope = ctx.scope();
+    if msg.actions.is_some() {
+        return Err(A2aError::params(
+            "message: answers (a data part {\"actions\": ...}) go to a paused task: set its taskId",
+        )
+        .meta("field", "message.taskId"));
+    }
+    let key = format!("a2a:{}", msg.id);
+    // A retry of a message that started a task: that task, whatever its context holds now.
+    if let Some(t) = room.by_key(&ctx.tenant, &key).await? {
+        let view = match how {
+            How::Block => room.join(&scope, t.id, room.wait_bound(None)).await?.task,
+            How::Return => t,
+        };
+        let a2a = crate::a2a::row(&room.pool, view.id).await.map_err(TaskError::from)?;
+        return Ok(Started::Task { view: Box::new(view), a2a, after: 0 });
+    }
+    let mut request = task_request(ctx, p.metadata.as_ref(), msg)?;
+    let context = match &msg.context_id {
+        Some(c) => {
+            if let Some(latest) = store::latest_in_context(&room.pool, &ctx.tenant, c).await.map_err(TaskError::from)? {
+                let t = room.get(&scope, latest).await?;
+                if !t.status.is_terminal() {
+                    return Err(A2aError::new(
+                        Kind::UnsupportedOperation,
+                        format!(
+                            "context {c:?}: its latest task {} is {}: answer or wait for it (by its taskId) before \
+                             continuing the context",
+                            t.id, t.status
+                        ),
+                    ));
+                }
+                request.resume_from = Some(t.id);
+            }
+            c.clone()
+        }
+        None => Uuid::new_v4().to_string(),
+    };
+    let s = Submission {
+        idempotency_key: Some(key),
+        depth: ctx.depth.clone(),
+        traceparent: ctx.traceparent.clone(),
+        api_key: ctx.key_prefix.clone(),
+        ..Submission::new(ctx.tenant.clone(), request)
+    };
+    let id = s.id;
+    let mut stored = msg.stored.clone();
+    stored["taskId"] = json!(id);
+    stored["contextId"] = json!(context);
+    // The context first: a task is never without it (see migration 0019).
+    store::insert(&room.pool, id, &ctx.tenant, &context, &stored).await.map_err(TaskError::from)?;
+    let wait = (how == How::Block).then(|| room.wait_bound(None));
+    let created = match room.create(s, wait).await {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = store::forget(&room.pool, id).await;
+            return match e {
+                TaskError::Budget(BudgetError::QueueFull { .. } | BudgetError::Exhausted { .. }) => {
+                    Ok(Started::Rejected(rejected(id, &context, stored, &e)))
+                }
+                e => Err(e.into()),
+            };
+        }
+    };
+    if !created.created {
+        let _ = store::forget(&room.pool, id).await;
+    }
+    let a2a = crate::a2a::row(&room.pool, created.task.id).await.map_err(TaskError::from)?;
+    Ok(Started::Task { view: Box::new(created.task), a2a, after: 0 })
+}
+
+/// The task an admission refused: `TASK_STATE_REJECTED`, the reason in its message and
+/// metadata. Not stored: `GetTask` does not find it.
+fn rejected(id: Uuid, context: &str, message: Value, e: &TaskError) -> Value {
+    let reason = e.to_string();
+    json!({
+        "id": id,
+        "contextId": context,
+        "status": {
+            "state": "TASK_STATE_REJECTED",
+            "timestamp": timestamp(chrono::Utc::now()),
+            "message": {"messageId": format!("{id}:rejected"), "role": "ROLE_AGENT", "taskId": id, "contextId": context,
+                        "parts": [{"text": format!("{}: {reason}", e.code())}]},
+        },
+        "history": [message],
+        "metadata": {"code": e.code(), "reason": reason},
+    })
+}

@@ -1,0 +1,96 @@
+//! A task followed as A2A streams it: the `Task` first, then a `WORKING` status update when it
+//! starts and after each turn, and at the end its artifacts and its final status — or, at a
+//! pause, the `INPUT_REQUIRED` status saying what it waits for. The stream ends there (A2A 1.0
+//! has no `final` flag: the server closes the stream). Fed by the room's live feed of the
+//! task's events, so a task running on another replica streams the same.
+
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use super::errors::A2aError;
+use super::Ctx;
+use crate::a2a::{state, stream_ends, timestamp, Shown};
+use crate::store::a2a::A2aTask;
+use crate::tasks::guard::Hold;
+use crate::tasks::kinds::TaskStatus;
+use crate::tasks::TaskView;
+
+/// Stream `task` (its events after `after`) under `hold`.
+pub fn follow(
+    ctx: Ctx,
+    task: TaskView,
+    a2a: Option<A2aTask>,
+    after: i32,
+    hold: Hold,
+    history: Option<usize>,
+) -> mpsc::Receiver<Result<Value, A2aError>> {
+    // Bounded: a client that stops reading holds the producer back, not memory.
+    let (tx, rx) = mpsc::channel(8);
+    tokio::spawn(async move {
+        if let Err(e) = produce(&ctx, &tx, task, a2a, after, hold, history).await {
+            let _ = tx.send(Err(e)).await;
+        }
+    });
+    rx
+}
+
+async fn produce(
+    ctx: &Ctx,
+    tx: &mpsc::Sender<Result<Value, A2aError>>,
+    task: TaskView,
+    a2a: Option<A2aTask>,
+    after: i32,
+    hold: Hold,
+    history: Option<usize>,
+) -> Result<(), A2aError> {
+    let room = &ctx.st.tasks;
+    let scope = ctx.scope();
+    let shown = Shown { task: &task, a2a: a2a.as_ref() };
+    let context = shown.context_id();
+    if tx.send(Ok(json!({"task": shown.task(history, true)}))).await.is_err() || stream_ends(task.status) {
+        return Ok(());
+    }
+    let mut working = task.status == TaskStatus::Running;
+    let mut events = Box::pin(room.watch(&task, after, hold));
+    loop {
+        let ev = tokio::select! {
+            ev = events.next() => ev,
+            _ = tx.closed() => return Ok(()),
+        };
+        let Some(ev) = ev else { break };
+        let metadata = match ev.kind.as_str() {
+            "claimed" if !working => json!({}),
+            "checkpoint" => json!({"turn": ev.data["turn"]}),
+            "requires_action" => {
+                let now = room.get(&scope, task.id).await?;
+                if now.status == TaskStatus::RequiresAction {
+                    let update = Shown { task: &now, a2a: a2a.as_ref() }.status_update(None);
+                    let _ = tx.send(Ok(update)).await;
+                    return Ok(());
+                }
+                continue;
+            }
+            _ => continue,
+        };
+        working = true;
+        let mut update = json!({"taskId": task.id, "contextId": context,
+                                "status": {"state": state(TaskStatus::Running), "timestamp": timestamp(ev.created_at)}});
+        if metadata.as_object().is_some_and(|m| !m.is_empty()) {
+            update["metadata"] = metadata;
+        }
+        if tx.send(Ok(json!({"statusUpdate": update}))).await.is_err() {
+            return Ok(());
+        }
+    }
+    // The feed ends after the task's last event: it has ended.
+    let now = room.get(&scope, task.id).await?;
+    let shown = Shown { task: &now, a2a: a2a.as_ref() };
+    for artifact in shown.artifacts() {
+        if tx.send(Ok(shown.artifact_update(artifact))).await.is_err() {
+            return Ok(());
+        }
+    }
+    let _ = tx.send(Ok(shown.status_update(None))).await;
+    Ok(())
+}

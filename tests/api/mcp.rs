@@ -278,6 +278,13 @@ async fn an_approval_is_asked_through_elicitation_and_stored_as_answered_or_decl
         scalar(&db, "SELECT decision FROM task_actions WHERE task_id = $1", declined["task_id"].as_str().unwrap())
             .await;
     assert_eq!(decision, "deny");
+    // A task-augmented call that pauses: tasks/result blocks, asks through the same stream (with
+    // the related task), and then answers the result.
+    let bg = py("result_elicit", &url, &a, &[]).await.unwrap();
+    assert_eq!(*calls.lock().unwrap(), 2, "approved through tasks/result: the call ran");
+    let decision: String =
+        scalar(&db, "SELECT decision FROM task_actions WHERE task_id = $1", bg["task_id"].as_str().unwrap()).await;
+    assert_eq!(decision, "approve");
 }
 
 #[tokio::test]
@@ -303,9 +310,100 @@ async fn the_typescript_sdk_makes_a_plain_call() {
         replica(&db, &[("SUBAGENTD_DEFAULT_MODEL", "mock/m"), ("SUBAGENTD_PUBLIC_URL", "https://agents.example.com")])
             .await;
     let a = key(&r.base, "a").await;
-    let out = run_node(&modules, "mcp_client.mjs", vec![format!("{}/mcp", r.base), a]).await;
+    let url = format!("{}/mcp", r.base);
+    let out = run_node(&modules, "mcp_client.mjs", vec!["plain".into(), url.clone(), a.clone()]).await;
     assert_eq!(out["text"], "hello from typescript");
     assert_eq!(out["status"], "completed");
+    // A call the client gives up on: the SDK sends notifications/cancelled, and the task stops —
+    // its provider call dropped, in the ledger as interrupted.
+    let out = run_node(&modules, "mcp_client.mjs", vec!["abort".into(), url, a]).await;
+    assert_eq!(out["aborted"], true);
+    let id: uuid::Uuid =
+        sqlx::query_scalar("SELECT id FROM tasks WHERE description = 'given up on'").fetch_one(&db.pool).await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let s: String = scalar(&db, "SELECT status FROM tasks WHERE id = $1", &id.to_string()).await;
+        if s == "cancelled" {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the given-up call's task is {s}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let outcome: String = scalar(&db, "SELECT outcome FROM llm_calls WHERE task_id = $1", &id.to_string()).await;
+    assert_eq!(outcome, "interrupted");
+}
+
+pub async fn admin_put(base: &str, tenant: &str, body: Value) {
+    let r = reqwest::Client::new()
+        .put(format!("{base}/admin/tenants/{tenant}"))
+        .bearer_auth(ADMIN)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+}
+
+#[tokio::test]
+async fn refusals_per_agent_tools_and_task_pages_through_the_python_sdk() {
+    if python().is_none() {
+        return;
+    }
+    let db = test_db().await;
+    // No default model: the model rule refuses a call that names none.
+    let r = replica(&db, &[("SUBAGENTD_MCP_TOOL_PER_AGENT", "true")]).await;
+    let (a, b, c) = (key(&r.base, "a").await, key(&r.base, "b").await, key(&r.base, "c").await);
+    admin_put(&r.base, "a", json!({"usd_per_day": 1.5})).await;
+    sqlx::query(
+        "INSERT INTO usage_daily (day, tenant, model, agent_type, calls, ok, cost_usd)
+         VALUES ((now() AT TIME ZONE 'UTC')::date, 'a', 'mock/m', 'general', 3, 3, 1.5)",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    admin_put(&r.base, "b", json!({"max_queued": 0})).await;
+    // The limits are cached a few seconds.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let url = format!("{}/mcp", r.base);
+    py("refusals", &url, &a, &["--key2", &b]).await.unwrap();
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM tasks").fetch_one(&db.pool).await.unwrap();
+    assert_eq!(n, 0, "no refusal started a task");
+    let per = py("per_agent", &url, &c, &[]).await.unwrap();
+    let agent: String =
+        scalar(&db, "SELECT subagent_type FROM tasks WHERE id = $1", per["task_id"].as_str().unwrap()).await;
+    assert_eq!(agent, "plan", "agent_plan runs the plan type");
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM tasks").fetch_one(&db.pool).await.unwrap();
+    assert_eq!(n, 1, "the call from inside a sub-agent started nothing");
+    // tasks/list pages through all of c's tasks (50 a page), each once, and no other tenant's.
+    let http = reqwest::Client::new();
+    for i in 0..119 {
+        let r = http
+            .post(format!("{}/tasks", r.base))
+            .bearer_auth(&c)
+            .json(&json!({"prompt": format!("p{i}"), "model": "mock/m"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201);
+    }
+    let listed = py("list_paging", &url, &c, &[]).await.unwrap();
+    assert_eq!(listed["tasks"].as_array().unwrap().len(), 120);
+    assert_eq!(listed["pages"], 3);
+    // The rate limit is HTTP 429 with Retry-After, as at the REST door.
+    admin_put(&r.base, "c", json!({"requests_per_second": 0.5, "request_burst": 1})).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                      "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}});
+    let mut limited = None;
+    for _ in 0..3 {
+        let resp = post(&r.base, &c, None, &[], init.clone()).await;
+        if resp.status() == 429 {
+            limited = Some(resp);
+            break;
+        }
+    }
+    let limited = limited.expect("a 429 within three requests at 0.5 a second");
+    assert!(limited.headers().contains_key("retry-after"));
 }
 
 /// A raw JSON-RPC POST to `/mcp`.

@@ -1,10 +1,12 @@
 // The MCP door as the official TypeScript SDK's client sees it (tests/api/mcp.rs runs this):
-//   node mcp_client.mjs URL KEY
-// A plain call of `task`; prints one JSON object of facts, exits non-zero on a failed check.
+//   node mcp_client.mjs SCENARIO URL KEY
+// plain: a plain call of `task`. abort: a call the client gives up on (its AbortSignal fires:
+// the SDK sends notifications/cancelled). Prints one JSON object of facts, exits non-zero on a
+// failed check.
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 
-const [url, key] = process.argv.slice(2);
+const [scenario, url, key] = process.argv.slice(2);
 const check = (cond, what) => {
   if (!cond) {
     console.error('ASSERTION FAILED: ' + JSON.stringify(what));
@@ -19,12 +21,37 @@ const client = new Client({ name: 'subagentd-test', version: '1.0.0' });
 await client.connect(transport);
 const { tools } = await client.listTools();
 check(tools.some((t) => t.name === 'task'), tools.map((t) => t.name));
-const r = await client.callTool({
-  name: 'task',
-  arguments: { subagent_type: 'general', description: 'from typescript', prompt: 'hi [mock:reply=hello from typescript]' },
-});
-check(!r.isError, r);
-const text = r.content.filter((c) => c.type === 'text').map((c) => c.text).join('');
+let facts;
+if (scenario === 'plain') {
+  const r = await client.callTool({
+    name: 'task',
+    arguments: { subagent_type: 'general', description: 'from typescript', prompt: 'hi [mock:reply=hello from typescript]' },
+  });
+  check(!r.isError, r);
+  const text = r.content.filter((c) => c.type === 'text').map((c) => c.text).join('');
+  facts = { text, status: r.structuredContent.status, task_id: r.structuredContent.task_id };
+} else if (scenario === 'abort') {
+  const ac = new AbortController();
+  const call = client.callTool(
+    { name: 'task', arguments: { subagent_type: 'general', description: 'given up on', prompt: 'slow [mock:delay_ms=30000]' } },
+    undefined,
+    { signal: ac.signal },
+  );
+  setTimeout(() => ac.abort('the user moved on'), 1500);
+  let aborted = false;
+  try {
+    await call;
+  } catch (e) {
+    aborted = true;
+  }
+  check(aborted, 'the aborted call resolved');
+  // The SDK sends its notifications/cancelled without waiting for it: let it go out before the
+  // session ends.
+  await new Promise((r) => setTimeout(r, 1000));
+  facts = { aborted };
+} else {
+  check(false, `no scenario ${scenario}`);
+}
 await transport.terminateSession();
 await client.close();
-console.log(JSON.stringify({ text, status: r.structuredContent.status, task_id: r.structuredContent.task_id }));
+console.log(JSON.stringify(facts));

@@ -17,6 +17,7 @@ from datetime import timedelta
 import httpx
 import mcp.types as types
 from mcp import ClientSession
+from mcp.shared.exceptions import McpError
 from mcp.client.streamable_http import streamable_http_client
 
 warnings.simplefilter("ignore", DeprecationWarning)  # the SDK's experimental tasks API warns
@@ -247,8 +248,87 @@ async def old_version(args):
         return {"protocol": "2025-06-18"}
 
 
+async def refusals(args):
+    """Admission refusals are isError results naming the problem's code; none starts a task."""
+    async with Session(args) as s:
+        r = await s.call_tool("task", {"subagent_type": "general", "description": "no model", "prompt": "p"})
+        check(r.isError and "model_required" in text(r), text(r))
+        r = await s.call_tool("task", {"subagent_type": "general", "description": "no budget", "prompt": "p",
+                                       "model": "mock/m"})
+        check(r.isError and "budget_exhausted" in text(r), text(r))
+        # A task-augmented call's answer is a task or an error: refused, it is an error.
+        try:
+            await s.experimental.call_tool_as_task(
+                "task", {"subagent_type": "general", "description": "no budget", "prompt": "p", "model": "mock/m"})
+            check(False, "a refused task-augmented call made a task")
+        except McpError as e:
+            check("budget_exhausted" in str(e), str(e))
+    async with Session(args, key=args.key2) as s:
+        r = await s.call_tool("task", {"subagent_type": "general", "description": "queue full", "prompt": "p",
+                                       "model": "mock/m"})
+        check(r.isError and "queue_limit_reached" in text(r), text(r))
+    return {"ok": True}
+
+
+async def per_agent(args):
+    """One tool per agent type (configured): listed, called, and from inside a sub-agent neither
+    offered nor run."""
+    async with Session(args) as s:
+        names = [t.name for t in (await s.list_tools()).tools]
+        check({"agent_general", "agent_research", "agent_plan"} <= set(names), names)
+        r = await s.call_tool("agent_plan", {"description": "by its own tool",
+                                             "prompt": "p [mock:reply=planned]", "model": "mock/m"})
+        check(not r.isError and text(r) == "planned", text(r))
+        task_id = r.structuredContent["task_id"]
+    async with Session(args, headers={"Subagent-Depth": "1"}) as s:
+        names = [t.name for t in (await s.list_tools()).tools]
+        check(not any(n.startswith("agent_") for n in names) and "task" not in names, names)
+        r = await s.call_tool("agent_plan", {"description": "deeper", "prompt": "p", "model": "mock/m"})
+        check(r.isError and "recursion_refused" in text(r), text(r))
+    return {"task_id": task_id, "tools": names}
+
+
+async def result_elicit(args):
+    """A task-augmented call whose run pauses: tasks/result, called at once, blocks; the pending
+    approval is asked through it (with the related task), and then it answers the result."""
+    asked = []
+
+    async def on_elicit(ctx, params):
+        meta = params.meta.model_dump(by_alias=True) if params.meta else {}
+        asked.append({"message": params.message, "related": meta.get("io.modelcontextprotocol/related-task")})
+        return types.ElicitResult(action="accept", content={"decision": "approve"})
+
+    async with Session(args, elicit=on_elicit) as s:
+        created = await s.experimental.call_tool_as_task(
+            "task", {"subagent_type": "general", "description": "needs a yes",
+                     "prompt": "deploy it [mock:tool_turns=1] [mock:reply=deployed in the background]"})
+        task_id = created.task.taskId
+        result = await s.experimental.get_task_result(task_id, types.CallToolResult)
+        check(len(asked) == 1 and asked[0]["related"] == {"taskId": task_id}, asked)
+        check(not result.isError and text(result) == "deployed in the background", text(result))
+        got = await s.experimental.get_task(task_id)
+        check(got.status == "completed", got)
+        return {"task_id": task_id, "asked": asked}
+
+
+async def list_paging(args):
+    """tasks/list pages through all of the tenant's tasks, each once."""
+    async with Session(args) as s:
+        seen, cursor, pages = [], None, 0
+        while True:
+            page = await s.experimental.list_tasks(cursor=cursor)
+            seen += [t.taskId for t in page.tasks]
+            pages += 1
+            cursor = page.nextCursor
+            if not cursor:
+                break
+        check(len(seen) == len(set(seen)), "a task listed twice")
+        return {"tasks": seen, "pages": pages}
+
+
 SCENARIOS = {f.__name__: f for f in [list_tools, plain_call, long_call, task_augmented, cancel, elicit,
-                                     isolation, depth, replicas, old_version]}
+                                     isolation, depth, replicas, old_version, refusals, per_agent,
+                                     result_elicit, list_paging]}
 
 
 def main():

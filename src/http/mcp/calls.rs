@@ -65,7 +65,9 @@ pub async fn call(ctx: Ctx, id: Value, params: Value) -> Result<Reply, RpcError>
     let args = p.arguments.unwrap_or_else(|| json!({}));
     let progress = p.meta.as_ref().and_then(|m| m.get("progressToken")).cloned();
     let augmented = p.task.is_some() && ctx.tasks_supported();
-    let agent = p.name.strip_prefix("agent_").filter(|_| ctx.st.tasks.cfg.mcp_tool_per_agent && !ctx.nested());
+    // An `agent_<name>` tool is not offered from inside a sub-agent; called anyway, the room
+    // refuses it by the depth rule, as it does `task`.
+    let agent = p.name.strip_prefix("agent_").filter(|_| ctx.st.tasks.cfg.mcp_tool_per_agent);
     match (p.name.as_str(), agent) {
         ("task", _) | (_, Some(_)) => {
             let a: TaskArgs = match serde_json::from_value(args) {
@@ -98,11 +100,15 @@ pub async fn call(ctx: Ctx, id: Value, params: Value) -> Result<Reply, RpcError>
                 ..Submission::new(ctx.tenant.clone(), request)
             };
             if augmented {
-                return Ok(Reply::Json(match ctx.st.tasks.create(s, None).await {
-                    Ok(c) => json!({"task": super::tasks::mcp_task(&ctx, &c.task)}),
-                    Err(e) if e.is_client_error() => tools::refused(&e),
-                    Err(e) => return Err(internal(e)),
-                }));
+                // The answer to a task-augmented call is the task, or an error: a refusal starts
+                // no task, so it is a JSON-RPC error naming the problem's code.
+                return match ctx.st.tasks.create(s, None).await {
+                    Ok(c) => Ok(Reply::Json(json!({"task": tools::mcp_task(&ctx, &c.task)}))),
+                    Err(e) if e.is_client_error() => {
+                        Err(RpcError::params(format!("{}: {e}", e.code())).with(json!({"code": e.code()})))
+                    }
+                    Err(e) => Err(internal(e)),
+                };
             }
             let bound = Duration::from_secs(ctx.st.tasks.cfg.mcp_wait_seconds);
             if progress.is_none() && !ctx.elicits() {
@@ -112,7 +118,7 @@ pub async fn call(ctx: Ctx, id: Value, params: Value) -> Result<Reply, RpcError>
                     Err(e) => return Err(internal(e)),
                 }));
             }
-            Ok(follow(ctx, id, Start::Submit(Box::new(s)), bound, progress, None))
+            Ok(follow(ctx, id, Start::Submit(Box::new(s)), Until::Bound(bound), progress, None))
         }
         ("task_get" | "task_wait" | "task_cancel", _) => {
             let a: IdArgs = match serde_json::from_value(args) {
@@ -130,7 +136,7 @@ pub async fn call(ctx: Ctx, id: Value, params: Value) -> Result<Reply, RpcError>
                 _ => {
                     let bound = Duration::from_secs(ctx.st.tasks.cfg.mcp_wait_seconds);
                     if progress.is_some() || ctx.elicits() {
-                        return Ok(follow(ctx, id, Start::Task(task), bound, progress, None));
+                        return Ok(follow(ctx, id, Start::Task(task), Until::Bound(bound), progress, None));
                     }
                     room.join(&scope, task, bound).await.map(|j| j.task)
                 }
@@ -156,7 +162,15 @@ pub enum Start {
     Task(Uuid),
 }
 
-/// Answer on a stream: submit (or find) the task, then follow it for at most `bound` — progress
+/// How long a followed call follows its task: at most a bound, as a wait (under a wait hold it
+/// takes itself), or until the task ends (`tasks/result`), under the stream hold the caller took
+/// — a hold of no bound is a stream.
+pub enum Until {
+    Bound(Duration),
+    End(crate::tasks::guard::Hold),
+}
+
+/// Answer on a stream: submit (or find) the task, then follow it (`until`) — progress
 /// for every finished turn when the call has a `progressToken`, an elicitation for each pending
 /// action of a pause when the client can be asked — and end with the result (`related`: the MCP
 /// task the stream answers `tasks/result` for).
@@ -164,14 +178,14 @@ pub fn follow(
     ctx: Ctx,
     id: Value,
     start: Start,
-    bound: Duration,
+    until: Until,
     progress: Option<Value>,
     related: Option<Uuid>,
 ) -> Reply {
     // Bounded: a client that stops reading holds the producer back, not memory.
     let (tx, rx) = mpsc::channel::<Value>(8);
     tokio::spawn(async move {
-        let end = produce(&ctx, &tx, start, bound, progress, related).await;
+        let end = produce(&ctx, &tx, start, until, progress, related).await;
         let msg = match end {
             Ok(mut result) => {
                 if let Some(task) = related {
@@ -190,7 +204,7 @@ async fn produce(
     ctx: &Ctx,
     tx: &mpsc::Sender<Value>,
     start: Start,
-    bound: Duration,
+    until: Until,
     progress: Option<Value>,
     related: Option<Uuid>,
 ) -> Result<Value, RpcError> {
@@ -217,20 +231,29 @@ async fn produce(
     if task.status.is_terminal() {
         return Ok(tools::result(&task));
     }
-    // A wait: at the tenant's `max_waits` it is answered at once, as if it had run out.
-    let hold = match room.hold(&task.tenant, HoldKind::Wait).await {
-        Ok(Ok(h)) => h,
-        Ok(Err(_)) => return Ok(tools::result(&task)),
-        Err(_) => return Err(RpcError::internal()),
+    let (hold, deadline) = match until {
+        // A wait: at the tenant's `max_waits` it is answered at once, as if it had run out.
+        Until::Bound(bound) => match room.hold(&task.tenant, HoldKind::Wait).await {
+            Ok(Ok(h)) => (h, Some(tokio::time::Instant::now() + bound)),
+            Ok(Err(_)) => return Ok(tools::result(&task)),
+            Err(_) => return Err(RpcError::internal()),
+        },
+        Until::End(h) => (h, None),
     };
     let mut events = Box::pin(room.watch(&task, 0, hold));
-    let deadline = tokio::time::Instant::now() + bound;
+    let out_of_time = async move {
+        match deadline {
+            Some(d) => tokio::time::sleep_until(d).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(out_of_time);
     let max_turns = task.max_turns.unwrap_or(0);
     let mut asked: Vec<Uuid> = vec![];
     loop {
         let ev = tokio::select! {
             ev = events.next() => ev,
-            _ = tokio::time::sleep_until(deadline) => None,
+            _ = &mut out_of_time => None,
             _ = tx.closed() => return Err(RpcError::internal()),
         };
         let Some(ev) = ev else { break };

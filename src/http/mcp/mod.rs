@@ -128,6 +128,9 @@ pub(crate) enum Reply {
     Json(Value),
     /// Messages for the client before the response (progress, elicitation), then the response.
     Stream(mpsc::Receiver<Value>),
+    /// Refused before any answer: an HTTP error, as the REST door gives it (a stream beyond the
+    /// tenant's `max_streams`: 429 with `Retry-After`).
+    Refused(crate::tasks::TaskError),
 }
 
 async fn message(
@@ -203,6 +206,7 @@ async fn message(
         Incoming::Request { id, method, params } => match request(ctx, &id, &method, params).await {
             Ok(Reply::Json(v)) => json_reply(&rpc::result(&id, v)),
             Ok(Reply::Stream(rx)) => stream(rx),
+            Ok(Reply::Refused(e)) => ApiError::from(e).into_response(),
             Err(e) => json_reply(&rpc::error(Some(&id), &e)),
         },
     }

@@ -9,43 +9,12 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use uuid::Uuid;
 
-use super::calls::{self, Start};
+use super::calls::{self, Start, Until};
 use super::rpc::RpcError;
+use super::tools::mcp_task;
 use super::{Ctx, Reply};
-use crate::tasks::kinds::TaskStatus;
 use crate::tasks::list::ListRequest;
-use crate::tasks::{TaskError, TaskView};
-
-/// How often a client may poll a task.
-const POLL_MS: u64 = 1000;
-
-/// The service's task as an MCP task.
-pub fn mcp_task(ctx: &Ctx, t: &TaskView) -> Value {
-    let (status, message) = match t.status {
-        TaskStatus::Queued => ("working", Some("queued".to_string())),
-        TaskStatus::Running => ("working", None),
-        TaskStatus::RequiresAction => {
-            ("input_required", Some("paused: it waits for an answer to a pending action".into()))
-        }
-        TaskStatus::Completed => ("completed", None),
-        TaskStatus::Incomplete => {
-            ("completed", Some(format!("incomplete: stopped by {}", t.stop_reason.map_or("a limit", |r| r.as_str()))))
-        }
-        TaskStatus::Failed => ("failed", t.error.as_ref().and_then(|e| e["message"].as_str()).map(str::to_string)),
-        TaskStatus::Cancelled => ("cancelled", None),
-    };
-    let updated = [Some(t.created_at), t.started_at, t.finished_at].into_iter().flatten().max().unwrap_or(t.created_at);
-    let days = ctx.st.tasks.cfg.retention_days;
-    let ttl = if days == 0 { Value::Null } else { json!(u64::from(days) * 86_400_000) };
-    let mut v = json!({
-        "taskId": t.id, "status": status, "createdAt": t.created_at, "lastUpdatedAt": updated,
-        "ttl": ttl, "pollInterval": POLL_MS,
-    });
-    if let Some(m) = message {
-        v["statusMessage"] = json!(m);
-    }
-    v
-}
+use crate::tasks::TaskError;
 
 fn task_id(params: &Value) -> Result<Uuid, RpcError> {
     params
@@ -112,8 +81,14 @@ pub async fn handle(ctx: Ctx, id: Value, method: &str, params: Value) -> Result<
                 r["_meta"] = meta;
                 return Ok(Reply::Json(r));
             }
-            let bound = Duration::from_secs(room.cfg.wait_max_seconds);
-            Ok(calls::follow(ctx.clone(), id, Start::Task(task), bound, None, Some(task)))
+            // It blocks until the task ends, however long that is: a held connection of no
+            // bound, so a stream's hold (beyond the tenant's `max_streams`: 429, as every stream).
+            let hold = match room.stream_hold(&t.tenant).await {
+                Ok(h) => h,
+                Err(e @ TaskError::StreamLimit { .. }) => return Ok(Reply::Refused(e)),
+                Err(e) => return Err(calls::internal(e)),
+            };
+            Ok(calls::follow(ctx.clone(), id, Start::Task(task), Until::End(hold), None, Some(task)))
         }
         _ => Err(RpcError::new(super::rpc::METHOD_NOT_FOUND, format!("method not found: {method}"))),
     }

@@ -121,12 +121,27 @@ pub async fn list(ctx: &Ctx) -> Result<Value, RpcError> {
     Ok(json!({"tools": tools}))
 }
 
+/// A cancelled task's error code and message (its own, else `cancelled` and what happened).
+fn cancelled(t: &TaskView) -> (String, String) {
+    let e = t.error.as_ref();
+    let code = e.and_then(|e| e["code"].as_str()).unwrap_or("cancelled").to_string();
+    let message = e.and_then(|e| e["message"].as_str()).map(str::to_string).unwrap_or_else(|| {
+        let when = if t.started_at.is_some() { "while it ran" } else { "before it started" };
+        format!("task {} was cancelled {when}; its usage so far is in the result", t.id)
+    });
+    (code, message)
+}
+
 /// The task as a tool's structured result.
 fn structured(t: &TaskView) -> Value {
     let mut s = json!({
         "task_id": t.id, "status": t.status, "stop_reason": t.stop_reason, "summary": t.summary,
         "usage": t.usage, "cost_usd": t.cost_usd, "error": t.error,
     });
+    if t.status == TaskStatus::Cancelled && t.error.is_none() {
+        let (code, message) = cancelled(t);
+        s["error"] = json!({"code": code, "message": message});
+    }
     if let Some(o) = &t.output {
         s["output"] = o.clone();
     }
@@ -167,7 +182,10 @@ pub fn result(t: &TaskView) -> Value {
             let e = t.error.clone().unwrap_or_default();
             (format!("The task failed ({}): {}", e["code"].as_str().unwrap_or("failed"), e["message"].as_str().unwrap_or("")), true)
         }
-        TaskStatus::Cancelled => (format!("Task {} was cancelled.", t.id), true),
+        TaskStatus::Cancelled => {
+            let (code, message) = cancelled(t);
+            (format!("The task was cancelled ({code}): {message}"), true)
+        }
         TaskStatus::RequiresAction => (pause_text(t), false),
         TaskStatus::Queued | TaskStatus::Running => (
             format!(
@@ -190,4 +208,35 @@ pub fn refused(e: &TaskError) -> Value {
 /// A tool's arguments that are not what its schema says.
 pub fn bad_arguments(message: &str) -> Value {
     json!({"content": [{"type": "text", "text": format!("invalid arguments: {message}")}], "isError": true})
+}
+
+/// How often a client may poll a task.
+const POLL_MS: u64 = 1000;
+
+/// The service's task as an MCP task.
+pub fn mcp_task(ctx: &Ctx, t: &TaskView) -> Value {
+    let (status, message) = match t.status {
+        TaskStatus::Queued => ("working", Some("queued".to_string())),
+        TaskStatus::Running => ("working", None),
+        TaskStatus::RequiresAction => {
+            ("input_required", Some("paused: it waits for an answer to a pending action".into()))
+        }
+        TaskStatus::Completed => ("completed", None),
+        TaskStatus::Incomplete => {
+            ("completed", Some(format!("incomplete: stopped by {}", t.stop_reason.map_or("a limit", |r| r.as_str()))))
+        }
+        TaskStatus::Failed => ("failed", t.error.as_ref().and_then(|e| e["message"].as_str()).map(str::to_string)),
+        TaskStatus::Cancelled => ("cancelled", None),
+    };
+    let updated = [Some(t.created_at), t.started_at, t.finished_at].into_iter().flatten().max().unwrap_or(t.created_at);
+    let days = ctx.st.tasks.cfg.retention_days;
+    let ttl = if days == 0 { Value::Null } else { json!(u64::from(days) * 86_400_000) };
+    let mut v = json!({
+        "taskId": t.id, "status": status, "createdAt": t.created_at, "lastUpdatedAt": updated,
+        "ttl": ttl, "pollInterval": POLL_MS,
+    });
+    if let Some(m) = message {
+        v["statusMessage"] = json!(m);
+    }
+    v
 }

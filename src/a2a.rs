@@ -54,7 +54,9 @@ pub fn stream_ends(s: TaskStatus) -> bool {
 }
 
 pub fn timestamp(t: DateTime<Utc>) -> String {
-    t.to_rfc3339_opts(SecondsFormat::Millis, true)
+    // As stored (microseconds): a timestamp read back as `statusTimestampAfter` then means
+    // exactly that moment.
+    t.to_rfc3339_opts(SecondsFormat::Micros, true)
 }
 
 /// A task with its A2A row, if it was started at the A2A door.

@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 
 use crate::fakes::{serve, Answer};
 use crate::helpers::*;
-use crate::mcp::{approvals, deploy_tool, key, python, replica, run_script, scalar, Replica, ADMIN};
+use crate::mcp::{admin_put, approvals, deploy_tool, key, python, replica, run_script, scalar, Replica};
 
 const BASE: &str = "http://agents.example.com";
 
@@ -40,17 +40,6 @@ async fn sdk(r: &Replica, scenario: &str, key: &str, binding: &str, more: &[&str
 
 async fn tasks(db: &TestDb) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM tasks").fetch_one(&db.pool).await.unwrap()
-}
-
-async fn admin_put(base: &str, tenant: &str, body: Value) {
-    let r = reqwest::Client::new()
-        .put(format!("{base}/admin/tenants/{tenant}"))
-        .bearer_auth(ADMIN)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
 }
 
 #[tokio::test]
@@ -478,4 +467,39 @@ async fn a_stream_over_the_tenants_limit_is_refused_and_starts_nothing() {
     assert_eq!(rest.status(), 429);
     assert_eq!(rest.json::<Value>().await.unwrap()["error"]["status"], "RESOURCE_EXHAUSTED");
     drop(body);
+}
+
+#[tokio::test]
+async fn data_parts_model_rule_budget_stops_busy_contexts_and_list_pages_through_the_python_sdk() {
+    if python().is_none() {
+        return;
+    }
+    let db = test_db().await;
+    // No default model: a message that names none is refused by the model rule.
+    let r = replica(&db, &[]).await;
+    let a = key(&r.base, "a").await;
+    let f = sdk(&r, "details", &a, "JSONRPC", &[]).await;
+    assert_eq!(f["no_model"], "InvalidParamsError", "{f}");
+    assert_eq!(f["context_running"], "UnsupportedOperationError", "{f}");
+    // The data part joined the prompt as JSON.
+    let prompt: String = scalar(&db, "SELECT prompt FROM tasks WHERE id = $1", f["data_task"].as_str().unwrap()).await;
+    assert!(prompt.starts_with("file this ticket"), "{prompt}");
+    assert!(prompt.contains(r#"{"tags":["urgent"],"ticket":42}"#) || prompt.contains(r#""ticket":42"#), "{prompt}");
+    let (status, reason): (String, String) = sqlx::query_as("SELECT status, stop_reason FROM tasks WHERE id = $1")
+        .bind(uuid::Uuid::parse_str(f["budget_task"].as_str().unwrap()).unwrap())
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!((status.as_str(), reason.as_str()), ("incomplete", "budget"));
+    // Every task once, two a page; the refused and the busy-context messages stored nothing.
+    assert_eq!(f["listed"].as_array().unwrap().len(), 3, "{f}");
+    assert_eq!(f["pages"], 2);
+    assert_eq!(tasks(&db).await, 3);
+    // At or after the budget task's status time (the spec's "greater than or equal"): it and the
+    // slow task, not the data task, which ended before.
+    let mut after: Vec<&str> = f["after"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+    after.sort();
+    let mut want = vec![f["budget_task"].as_str().unwrap(), f["slow_task"].as_str().unwrap()];
+    want.sort();
+    assert_eq!(after, want, "{f}");
 }

@@ -373,8 +373,55 @@ async def refused(args):
         return out
 
 
+async def details(args):
+    """The mapping's finer points: data parts join the prompt as JSON; no model anywhere is
+    refused; a budget stop is COMPLETED with its stop reason; a context whose latest task still
+    runs takes no message; ListTasks pages (nextPageToken) and filters by status time."""
+    m = {"model": "mock/m"}
+    async with Door(args) as d:
+        c = d.client()
+        out = {}
+        try:
+            await d.send(message("no model named"))
+            out["no_model"] = "accepted"
+        except (A2AError, A2AClientError) as e:
+            out["no_model"] = type(e).__name__
+        (ev,) = await d.send(message(metadata=m, parts=[new_text_part("file this ticket [mock:reply=filed]"),
+                                                        new_data_part({"ticket": 42, "tags": ["urgent"]})]))
+        check(state(ev.task) == "TASK_STATE_COMPLETED", ev.task)
+        out["data_task"] = ev.task.id
+        (ev,) = await d.send(message("too dear", metadata={**m, "max_cost_usd": 0.000001}))
+        meta = MessageToDict(ev.task.metadata)
+        check(state(ev.task) == "TASK_STATE_COMPLETED" and meta["stop_reason"] == "budget", (state(ev.task), meta))
+        out["budget_task"] = ev.task.id
+        (slow,) = await d.send(message("slow [mock:delay_ms=3000]", metadata=m),
+                               configuration=SendMessageConfiguration(return_immediately=True))
+        try:
+            await d.send(message("and then?", context_id=slow.task.context_id, metadata=m))
+            out["context_running"] = "accepted"
+        except (A2AError, A2AClientError) as e:
+            out["context_running"] = type(e).__name__
+        await until(c, slow.task.id, ["TASK_STATE_COMPLETED"])
+        out["slow_task"] = slow.task.id
+        # Pages of two, every task once; then only what changed after the budget task ended.
+        seen, token, pages = [], "", 0
+        while True:
+            page = await c.list_tasks(ListTasksRequest(page_size=2, page_token=token))
+            seen += [t.id for t in page.tasks]
+            pages += 1
+            token = page.next_page_token
+            if not token:
+                break
+        check(len(seen) == len(set(seen)) == page.total_size, (seen, page.total_size))
+        out["listed"], out["pages"] = seen, pages
+        budget = await c.get_task(GetTaskRequest(id=out["budget_task"]))
+        after = await c.list_tasks(ListTasksRequest(status_timestamp_after=budget.status.timestamp))
+        out["after"] = [t.id for t in after.tasks]
+        return out
+
+
 SCENARIOS = {f.__name__: f for f in [blocking, nonblocking, stream, cancel, pause, context, push, isolation,
-                                      rejected, agent, refused]}
+                                      rejected, agent, refused, details]}
 
 
 def main():

@@ -10,7 +10,6 @@ use tokio::sync::mpsc;
 use uuid::Uuid;
 
 use super::errors::{A2aError, Kind};
-use super::send::history_length;
 use super::{params, stream, Ctx};
 use crate::a2a::{statuses_of, Shown};
 use crate::store::a2a::A2aTask;
@@ -161,4 +160,13 @@ pub async fn list(ctx: &Ctx, p: Value) -> Result<Value, A2aError> {
         "pageSize": page_size,
         "totalSize": total.unwrap_or(0),
     }))
+}
+
+pub fn history_length(n: Option<i64>) -> Result<Option<usize>, A2aError> {
+    match n {
+        Some(n) if !(0..=i32::MAX as i64).contains(&n) => {
+            Err(A2aError::params("historyLength: must be 0 to 2147483647").meta("field", "historyLength"))
+        }
+        n => Ok(n.map(|n| n as usize)),
+    }
 }

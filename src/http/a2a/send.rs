@@ -20,6 +20,7 @@ use tokio::sync::mpsc;
 use uuid::Uuid;
 
 use super::errors::{A2aError, Kind};
+use super::ops::history_length;
 use super::{params, push, stream, Ctx};
 use crate::a2a::{timestamp, Shown};
 use crate::budget::BudgetError;
@@ -247,15 +248,6 @@ pub async fn stream(ctx: Ctx, p: Value) -> Result<mpsc::Receiver<Result<Value, A
             rx
         }
     })
-}
-
-pub fn history_length(n: Option<i64>) -> Result<Option<usize>, A2aError> {
-    match n {
-        Some(n) if !(0..=i32::MAX as i64).contains(&n) => {
-            Err(A2aError::params("historyLength: must be 0 to 2147483647").meta("field", "historyLength"))
-        }
-        n => Ok(n.map(|n| n as usize)),
-    }
 }
 
 async fn start(ctx: &Ctx, p: &SendParams, how: How) -> Result<Started, A2aError> {

@@ -163,7 +163,21 @@ async fn principal(parts: &mut Parts, st: &AppState) -> Result<Principal, ApiErr
                     _ => Principal::Admin,
                 }
             }
-            None if st.auth.single_user_allowed(st).await? => Principal::Tenant(st.tasks.cfg.tenant.clone()),
+            None if st.auth.single_user_allowed(st).await? => {
+                // On a loopback listener, only requests addressed to this machine: a page whose
+                // name is rebound to 127.0.0.1 must not act as the single user.
+                let public = st.tasks.cfg.public_url.as_deref();
+                if st.auth.loopback && !super::origin::addressed_locally(&parts.headers, public) {
+                    return Err(ApiError::new(
+                        StatusCode::FORBIDDEN,
+                        "host_not_allowed",
+                        "Host not allowed",
+                        "single-user mode answers only requests addressed to this machine (localhost, 127.0.0.1, \
+                         [::1]) or to SUBAGENTD_PUBLIC_URL's host; send an API key, or set SUBAGENTD_PUBLIC_URL",
+                    ));
+                }
+                Principal::Tenant(st.tasks.cfg.tenant.clone())
+            }
             None => {
                 return Err(unauthorized(
                     "send an API key as `Authorization: Bearer sk_…` (create one with `subagentd keys create --tenant NAME`)",

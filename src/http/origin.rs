@@ -35,13 +35,35 @@ fn reached(headers: &HeaderMap) -> Option<(String, String)> {
     Some((scheme.clone(), authority(&scheme, host)))
 }
 
-/// Whether `origin` is the service's own: its public URL's, or the address the request came to.
+/// Whether `origin` is the service's own: its public URL's when one is configured (only that:
+/// a page on a rebound name sends an `Origin` that matches its own `Host`), else the address the
+/// request came to.
 pub fn is_own(origin: &str, headers: &HeaderMap, public_url: Option<&str>) -> bool {
     let Some((_, o)) = split(origin) else { return false };
-    if public_url.and_then(split).is_some_and(|(_, p)| p == o) {
-        return true;
+    if let Some((_, p)) = public_url.and_then(split) {
+        return p == o;
     }
     reached(headers).is_some_and(|(_, h)| h == o)
+}
+
+/// Whether the request was addressed to this machine by a loopback name (`localhost`,
+/// `127.0.0.1`, `[::1]`, any port), or to the public URL's host. A request without a `Host`
+/// (HTTP/1.0) counts as addressed here. Single-user mode answers only such requests: a web page
+/// whose name an attacker rebinds to 127.0.0.1 reaches the port, but with its own name as `Host`.
+pub fn addressed_locally(headers: &HeaderMap, public_url: Option<&str>) -> bool {
+    let Some(host) = header_str(headers, header::HOST.as_str()) else { return true };
+    let host = host.to_ascii_lowercase();
+    if public_url.and_then(split).is_some_and(|(scheme, p)| p == authority(&scheme, &host)) {
+        return true;
+    }
+    // The name without its port (an IPv6 literal keeps its brackets).
+    let name = match host.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or_default().to_string(),
+        None => host.rsplit_once(':').map_or(host.as_str(), |(n, _)| n).to_string(),
+    };
+    name == "localhost"
+        || name.ends_with(".localhost")
+        || name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 /// The base URL clients reach the service at (no trailing slash).
@@ -82,5 +104,23 @@ mod tests {
             "https://a.example.com"
         );
         assert_eq!(base_url(&h, Some("https://p.example.com/")), "https://p.example.com");
+        // With a public URL, only its origin: a rebound name's page sends Origin == Host.
+        let rebound = headers(&[("host", "evil.example.com")]);
+        assert!(!is_own("http://evil.example.com", &rebound, Some("https://public.example.com")));
+        assert!(is_own("http://evil.example.com", &rebound, None));
+    }
+
+    #[test]
+    fn a_request_is_addressed_locally_by_a_loopback_name_or_the_public_urls_host() {
+        for host in ["localhost:8080", "127.0.0.1:8080", "127.0.0.1", "[::1]:8080", "app.localhost:80", "LOCALHOST"] {
+            assert!(addressed_locally(&headers(&[("host", host)]), None), "{host}");
+        }
+        for host in ["evil.example.com:8080", "10.0.0.5:8080", "localhost.evil.com", "[::2]:80"] {
+            assert!(!addressed_locally(&headers(&[("host", host)]), None), "{host}");
+        }
+        assert!(addressed_locally(&HeaderMap::new(), None));
+        let public = Some("https://agents.example.com");
+        assert!(addressed_locally(&headers(&[("host", "agents.example.com")]), public));
+        assert!(!addressed_locally(&headers(&[("host", "other.example.com")]), public));
     }
 }

@@ -130,6 +130,32 @@ async fn a_non_loopback_address_never_defaults_to_single_user_mode() {
 }
 
 #[tokio::test]
+async fn single_user_mode_answers_only_requests_addressed_to_this_machine() {
+    // A web page whose name is rebound to 127.0.0.1 reaches the port with its own name as Host
+    // (and an Origin to match): no key is needed in single-user mode, so it must be refused.
+    let app = spawn_app_with(|_| {}, false).await;
+    let port = app.base.rsplit(':').next().unwrap().to_string();
+    let c = &app.client;
+    let rebound = format!("rebound.example.com:{port}");
+    let origin = format!("http://{rebound}");
+    let body = json!({"prompt": "x", "model": "mock/m"});
+    let r = c.post(app.url("/tasks")).header("host", &rebound).header("origin", &origin).json(&body).send().await;
+    let p = assert_problem(r.unwrap(), 403, "host_not_allowed").await;
+    assert!(p["detail"].as_str().unwrap().contains("SUBAGENTD_PUBLIC_URL"), "{p}");
+    for door in ["/mcp", "/a2a"] {
+        let r = c.post(app.url(door)).header("host", &rebound).header("origin", &origin).json(&json!({})).send();
+        assert_eq!(r.await.unwrap().status(), 403, "{door}");
+    }
+    assert_eq!(app.task_count().await, 0, "nothing started");
+    // The same request addressed to a loopback name is the single user's.
+    for host in [format!("localhost:{port}"), format!("127.0.0.1:{port}")] {
+        let r = c.post(app.url("/tasks")).header("host", &host).json(&body).send().await.unwrap();
+        assert_eq!(r.status(), 201, "{host}");
+    }
+    app.stop().await;
+}
+
+#[tokio::test]
 async fn the_cli_creates_keys_that_the_api_accepts_and_revokes_them() {
     let app = spawn_app_with(|_| {}, false).await;
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_subagentd"))

@@ -375,6 +375,62 @@ async fn under_1024_descriptors_one_tenant_flooding_streams_and_waits_leaves_the
     let r = client.get(format!("{base}/tasks/{a_task}?wait=true&timeout=60")).bearer_auth(&a).send().await.unwrap();
     assert_eq!(r.status(), 202, "A's extra wait is answered at once");
 
+    // The same at the other doors: A's streams refused with 429, its waits answered at once.
+    let mcp = Mcp::open(&client, &base, &a).await;
+    let r = mcp.call(&client, "tasks/result", json!({"taskId": a_task})).await;
+    assert_eq!(r.status(), 429, "MCP tasks/result is a stream: refused at A's cap");
+    let t = Instant::now();
+    let r: Value = mcp
+        .call(&client, "tools/call", json!({"name": "task_wait", "arguments": {"task_id": a_task}}))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(r["result"]["structuredContent"]["status"], "running", "MCP task_wait answered at once: {r}");
+    assert!(t.elapsed() < Duration::from_secs(10), "not held for the MCP wait ({:?})", t.elapsed());
+    let a2a = |key: &str, method: &str, params: Value| {
+        client
+            .post(format!("{base}/a2a"))
+            .bearer_auth(key)
+            .header("a2a-version", "1.0")
+            .json(&json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}))
+            .send()
+    };
+    let msg = |id: &str, text: &str| {
+        json!({"message": {"messageId": id, "role": "ROLE_USER", "parts": [{"text": text}],
+                                                          "metadata": {"model": "mock/m"}}})
+    };
+    let r = a2a(&a, "SendStreamingMessage", msg("a-stream", "x")).await.unwrap();
+    assert_eq!(r.status(), 429, "A2A SendStreamingMessage refused at A's cap");
+    let r = a2a(&a, "SubscribeToTask", json!({"id": a_task})).await.unwrap();
+    assert_eq!(r.status(), 429, "A2A SubscribeToTask refused at A's cap");
+    let t = Instant::now();
+    let r: Value =
+        a2a(&a, "SendMessage", msg("a-wait", "long [mock:delay_ms=60000]")).await.unwrap().json().await.unwrap();
+    let state = r["result"]["task"]["status"]["state"].as_str().unwrap_or_default().to_string();
+    assert!(
+        ["TASK_STATE_SUBMITTED", "TASK_STATE_WORKING"].contains(&state.as_str()),
+        "A2A blocking send answered at once: {r}"
+    );
+    assert!(t.elapsed() < Duration::from_secs(10), "not held for the A2A wait ({:?})", t.elapsed());
+    // B, at both doors, through the flood.
+    let mcp_b = Mcp::open(&client, &base, &b).await;
+    let r: Value = mcp_b
+        .call(
+            &client,
+            "tools/call",
+            json!({"name": "task", "arguments": {"subagent_type": "general",
+              "description": "B at the MCP door", "prompt": "p [mock:reply=mcp fine]", "model": "mock/m"}}),
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(r["result"]["structuredContent"]["summary"], "mcp fine", "{r}");
+    let r: Value =
+        a2a(&b, "SendMessage", msg("b-wait", "p [mock:reply=a2a fine]")).await.unwrap().json().await.unwrap();
+    assert_eq!(r["result"]["task"]["status"]["state"], "TASK_STATE_COMPLETED", "{r}");
+
     // B meanwhile: a wait that completes, and a stream of its events.
     let r = submit(&b, "while A floods [mock:reply=fine]", true).await.unwrap();
     assert_eq!(r.status(), 200);
@@ -425,6 +481,9 @@ async fn under_1024_descriptors_one_tenant_flooding_streams_and_waits_leaves_the
     assert!(took < Duration::from_secs(1), "answered at once: {took:?}");
     assert!(raw_request(port, "/readyz").0.contains("503"));
     assert!(raw_request(port, "/healthz").0.contains("200"));
+    for door in ["/mcp", "/a2a", "/.well-known/agent-card.json"] {
+        assert!(raw_request(port, door).0.contains("503"), "{door} beyond the cap");
+    }
     drop(idle);
 
     // It recovers.
@@ -452,4 +511,41 @@ async fn under_1024_descriptors_one_tenant_flooding_streams_and_waits_leaves_the
     let _ = std::fs::remove_file(&log_path);
     assert!(!log.contains("Too many open files"), "the log met EMFILE");
     assert!(log.contains("connections: descriptor budget"), "the start-up log names the budget");
+}
+
+/// An MCP session at `/mcp`, as raw JSON-RPC.
+struct Mcp {
+    base: String,
+    key: String,
+    session: String,
+}
+
+impl Mcp {
+    async fn open(client: &reqwest::Client, base: &str, key: &str) -> Mcp {
+        let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": "2025-11-25",
+                          "capabilities": {}, "clientInfo": {"name": "flood", "version": "1"}}});
+        let r = client
+            .post(format!("{base}/mcp"))
+            .bearer_auth(key)
+            .header("accept", "application/json, text/event-stream")
+            .json(&init)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let session = r.headers()["mcp-session-id"].to_str().unwrap().to_string();
+        Mcp { base: base.into(), key: key.into(), session }
+    }
+
+    async fn call(&self, client: &reqwest::Client, method: &str, params: Value) -> reqwest::Response {
+        client
+            .post(format!("{}/mcp", self.base))
+            .bearer_auth(&self.key)
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-session-id", &self.session)
+            .json(&json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}))
+            .send()
+            .await
+            .unwrap()
+    }
 }

@@ -16,7 +16,7 @@ use uuid::Uuid;
 
 use crate::engine::{StopCause, StopSignal};
 use crate::store::tasks::TaskRow;
-use crate::store::{Fence, CH_BUDGET, CH_CANCEL, CH_DONE, CH_EVENT, CH_QUEUED};
+use crate::store::{Fence, CH_BUDGET, CH_CANCEL, CH_DONE, CH_EVENT, CH_LIVE_PREFIX, CH_QUEUED, CH_WATCH};
 
 #[derive(Default)]
 pub struct Hub {
@@ -43,6 +43,8 @@ pub struct Hub {
     /// Notifications to send to every replica, batched by `publish_loop`.
     outbox: Mutex<Option<tokio::sync::mpsc::UnboundedSender<(&'static str, String)>>>,
     outbox_ready: Notify,
+    /// Live output: this process's subscribers and other replicas' watches (`live`).
+    pub live: crate::live::Registry,
 }
 
 /// One waiter's wake-up, and the finished task when a run in this process handed it over.
@@ -289,6 +291,9 @@ impl Hub {
     }
 
     fn dispatch(&self, channel: &str, payload: &str) {
+        if channel.starts_with(CH_LIVE_PREFIX) {
+            return self.live.notified(channel, payload);
+        }
         if payload.contains(',') {
             for p in payload.split(',') {
                 self.dispatch(channel, p);
@@ -317,7 +322,38 @@ impl Hub {
                 self.budget_settled.lock().unwrap_or_else(|e| e.into_inner()).insert(payload.to_string());
                 self.budget.notify_one();
             }
+            CH_WATCH => self.live.watch_said(payload),
             _ => {}
+        }
+    }
+
+    /// LISTEN on the live channel of every task subscribed here and UNLISTEN the rest: `listened`
+    /// is what this connection listens on.
+    async fn listen_live(
+        &self,
+        listener: &mut PgListener,
+        listened: &mut std::collections::HashSet<Uuid>,
+    ) -> Result<(), sqlx::Error> {
+        let wanted = self.live.subscribed();
+        for t in wanted.difference(listened).copied().collect::<Vec<_>>() {
+            listener.listen(&crate::live::channel(t)).await?;
+            listened.insert(t);
+        }
+        for t in listened.difference(&wanted).copied().collect::<Vec<_>>() {
+            listener.unlisten(&crate::live::channel(t)).await?;
+            listened.remove(&t);
+        }
+        Ok(())
+    }
+
+    /// Say this process's watches again, and forget others' that were not, every
+    /// `live::REFRESH`, until `shutdown`.
+    pub async fn refresh_live(self: Arc<Self>, shutdown: CancellationToken) {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(crate::live::REFRESH) => self.live.refresh(&self),
+                _ = shutdown.cancelled() => return,
+            }
         }
     }
 
@@ -334,9 +370,16 @@ impl Hub {
                     continue;
                 }
             };
-            if let Err(e) = listener.listen_all([CH_QUEUED, CH_DONE, CH_CANCEL, CH_EVENT, CH_BUDGET]).await {
+            if let Err(e) = listener.listen_all([CH_QUEUED, CH_DONE, CH_CANCEL, CH_EVENT, CH_BUDGET, CH_WATCH]).await {
                 tracing::warn!(error = %e, "LISTEN failed; retrying");
                 tokio::select! { _ = tokio::time::sleep(backoff) => {}, _ = shutdown.cancelled() => return }
+                continue;
+            }
+            // The live channels of the tasks this process has subscribers for (a new connection
+            // listens on none of them yet).
+            let mut live = std::collections::HashSet::new();
+            if let Err(e) = self.listen_live(&mut listener, &mut live).await {
+                tracing::warn!(error = %e, "LISTEN failed; retrying");
                 continue;
             }
             backoff = Duration::from_millis(100);
@@ -349,7 +392,18 @@ impl Hub {
                     _ = shutdown.cancelled() => return,
                 };
                 match next {
-                    Ok(Some(n)) => self.dispatch(n.channel(), n.payload()),
+                    Ok(Some(n)) => {
+                        self.dispatch(n.channel(), n.payload());
+                        // A watch said (this process's own among them, as soon as it is sent):
+                        // listen on the live channels of the tasks subscribed here, and only those.
+                        if n.channel() == CH_WATCH {
+                            if let Err(e) = self.listen_live(&mut listener, &mut live).await {
+                                tracing::warn!(error = %e, "notify listener failed; reconnecting");
+                                self.connected.store(false, std::sync::atomic::Ordering::Relaxed);
+                                break;
+                            }
+                        }
+                    }
                     // The connection dropped: reconnect ourselves, so that everyone is woken
                     // again only once we are listening.
                     Ok(None) => {

@@ -10,6 +10,7 @@ pub mod engine;
 pub mod http;
 pub mod hub;
 pub mod jobs;
+pub mod live;
 pub mod llm;
 pub mod service;
 pub mod store;

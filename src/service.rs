@@ -60,6 +60,7 @@ impl Service {
         let listener_stop = CancellationToken::new();
         let listen = tokio::spawn(hub.clone().listen(pool.clone(), listener_stop.clone()));
         let publish = hub.start_publishing(pool.clone(), listener_stop.clone()).await;
+        let refresh_live = tokio::spawn(hub.clone().refresh_live(listener_stop.clone()));
 
         let local_worker = roles
             .workers
@@ -136,6 +137,7 @@ impl Service {
             listener_stop.cancel();
             let _ = listen.await;
             let _ = publish.await;
+            let _ = refresh_live.await;
         });
         Ok(Service { addr, shutdown, hub, tasks: room, done })
     }

@@ -187,8 +187,31 @@ pub enum Refusal {
     LeaseLost,
 }
 
+/// Where a run's streamed text goes as the model writes it (live output: never stored).
+pub trait Live: Send + Sync {
+    /// Text of turn `turn`'s call, try `attempt`.
+    fn text(&self, turn: u32, attempt: u32, piece: &str);
+}
+
+/// One call attempt's text, to the run's `Live`.
+struct AttemptText {
+    live: Arc<dyn Live>,
+    turn: u32,
+    attempt: u32,
+}
+
+impl crate::llm::TextSink for AttemptText {
+    fn text(&self, piece: &str) {
+        self.live.text(self.turn, self.attempt, piece)
+    }
+}
+
 #[async_trait::async_trait]
 pub trait RunStore: Send + Sync {
+    /// Where the run's streamed text goes, if anywhere.
+    fn live(&self) -> Option<Arc<dyn Live>> {
+        None
+    }
     /// Reserve the next provider call against the budgets, and record its start (`started`:
     /// the `llm_call_started` event) in the same write.
     async fn reserve(&self, ask: &Ask, started: Value) -> Result<Grant, Refusal>;
@@ -489,9 +512,11 @@ async fn call_with_retries(
         let reserved = reserve(input, store, req, &a, asked_max, turn, try_no).await?;
         let started = Instant::now();
         let span = call_span(input, provider, req, turn, try_no);
-        if let Some(p) = &req.progress {
-            p.reset();
-        }
+        // Each try starts from nothing; its text goes out as this try's.
+        req.progress = Some(Arc::new(match store.live() {
+            Some(live) => Progress::with_sink(Arc::new(AttemptText { live, turn, attempt: try_no })),
+            None => Progress::default(),
+        }));
         let result = tokio::select! {
             r = tracing::Instrument::instrument(provider.chat(req), span.clone()) => r,
             cause = stop.stopped() => {

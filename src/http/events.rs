@@ -1,5 +1,6 @@
 //! `GET /tasks/{id}/events`: the task's event log (the room's `feed`) as JSON pages, or live as
-//! Server-Sent Events that resume from `Last-Event-ID` without gaps or duplicates.
+//! Server-Sent Events that resume from `Last-Event-ID` without gaps or duplicates, with the
+//! run's text as it streams (`output_delta`, live only).
 
 use std::convert::Infallible;
 use std::time::Duration;
@@ -17,7 +18,7 @@ use super::auth::Scope;
 use super::error::ApiError;
 use super::extract::{ApiQuery, TaskId};
 use super::AppState;
-use crate::tasks::feed::EventRow;
+use crate::tasks::feed::Item;
 
 /// The `retry:` hint sent at the start of every live stream.
 const RECONNECT_AFTER: Duration = Duration::from_secs(3);
@@ -72,7 +73,15 @@ async fn list(
     Ok(Sse::new(flat).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))).into_response())
 }
 
-fn to_sse(e: EventRow) -> Result<Event, Infallible> {
-    let data = json!({"seq": e.seq, "kind": e.kind, "data": e.data, "created_at": e.created_at});
-    Ok(Event::default().id(e.seq.to_string()).event(e.kind).data(data.to_string()))
+/// A stored event with its `id:` (its seq, to resume after); the run's text as it streams as
+/// `output_delta`, with no `id:` — it is not in the log, and a client that reconnects resumes
+/// the log after the last event it had.
+fn to_sse(item: Item) -> Result<Event, Infallible> {
+    Ok(match item {
+        Item::Event(e) => {
+            let data = json!({"seq": e.seq, "kind": e.kind, "data": e.data, "created_at": e.created_at});
+            Event::default().id(e.seq.to_string()).event(e.kind).data(data.to_string())
+        }
+        Item::Output(d) => Event::default().event("output_delta").data(json!(d).to_string()),
+    })
 }

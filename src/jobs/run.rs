@@ -95,6 +95,7 @@ impl Runner {
             budgets: Defaults::from_config(&self.cfg).spend(),
             hub: self.hub.clone(),
             committer: self.committer.clone(),
+            live: crate::live::Output::new(self.hub.clone(), self.pool.clone(), row.id),
         };
         let host = self.providers.resolve(&row.model).ok().and_then(|m| self.providers.get(&m.provider)?.host());
         let mut facts = RunFacts {
@@ -126,6 +127,9 @@ impl Runner {
         if let Some(t) = timer {
             t.abort();
         }
+        // The last text goes out before the end is committed: a subscriber has it all when it
+        // hears of the end.
+        store.live.close().await;
         finish::apply(&store, end, facts, row.started_at).await;
     }
 

@@ -28,6 +28,8 @@ pub struct PgRunStore {
     pub hub: Arc<Hub>,
     /// Commits turns together with other runs' (group commit).
     pub committer: Arc<Committer>,
+    /// Where the run's streamed text goes (live output).
+    pub live: Arc<crate::live::Output>,
 }
 
 /// One ledger row, as the engine recorded the call.
@@ -171,6 +173,10 @@ fn lease_lost(r: Result<Committed, StoreError>, what: &str) -> Result<(), LeaseL
 
 #[async_trait::async_trait]
 impl RunStore for PgRunStore {
+    fn live(&self) -> Option<Arc<dyn crate::engine::Live>> {
+        Some(self.live.clone())
+    }
+
     async fn reserve(&self, ask: &Ask, started: Value) -> Result<Grant, Refusal> {
         let w = ReserveWrite {
             fence: self.fence,

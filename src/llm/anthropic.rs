@@ -211,19 +211,20 @@ impl Streamed {
             "content_block_delta" => {
                 let d = v.get("delta").unwrap_or(&Value::Null);
                 let piece = |k: &str| d.get(k).and_then(Value::as_str).unwrap_or_default();
-                let added = match self.blocks.get_mut(block(&v)) {
+                match self.blocks.get_mut(block(&v)) {
                     Some(Block::Text(t)) => {
                         t.push_str(piece("text"));
-                        piece("text").len()
+                        if let Some(p) = progress {
+                            p.add_text(piece("text"));
+                        }
                     }
                     Some(Block::Tool(_, _, input)) => {
                         input.push_str(piece("partial_json"));
-                        piece("partial_json").len()
+                        if let Some(p) = progress {
+                            p.add_output(piece("partial_json").len());
+                        }
                     }
-                    _ => 0,
-                };
-                if let Some(p) = progress {
-                    p.add_output(added);
+                    _ => {}
                 }
             }
             "message_delta" => {

@@ -14,6 +14,7 @@
 //! | `[mock:loop]` | never give a final answer (every turn calls a tool with the same arguments) |
 //! | `[mock:delay_ms=N]` | wait `N` ms before answering |
 //! | `[mock:fail=KIND]` | every call fails: `429`, `500`, `529`, `400`, `timeout`, `protocol` |
+//! | `[mock:stream_ms=N]` | the final answer is written word by word, `N` ms apart, as a streamed answer is (live output) |
 //!
 //! Usage is deterministic: input tokens = characters of the conversation / 4, output
 //! tokens = characters of the answer / 4 (at least 1). Priced like a small model.
@@ -36,6 +37,7 @@ struct Script {
     looping: bool,
     delay_ms: u64,
     fail: Option<String>,
+    stream_ms: Option<u64>,
 }
 
 /// Each `[mock:…]` of `text`: where it stands, and its body (`None` when it is not closed: it
@@ -109,6 +111,7 @@ impl Script {
                 "loop" => s.looping = true,
                 "delay_ms" => s.delay_ms = v.trim().parse().unwrap_or(0),
                 "fail" => s.fail = Some(v.trim().to_string()),
+                "stream_ms" => s.stream_ms = v.trim().parse().ok(),
                 _ => {}
             }
         }
@@ -192,6 +195,13 @@ impl Provider for MockProvider {
             let p: String = strip_directives(prompt).chars().take(200).collect();
             format!("Mock summary: {p}")
         });
+        if let (Some(ms), Some(progress)) = (script.stream_ms, &req.progress) {
+            // Word by word, as a provider streams it.
+            for word in text.split_inclusive(' ') {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                progress.add_text(word);
+            }
+        }
         Ok(ChatResponse {
             usage: Usage { input_tokens, output_tokens: (text.len() as u64).div_ceil(4).max(1), ..Usage::default() },
             text: Some(text),

@@ -65,23 +65,44 @@ fn capped(p: Arc<dyn Provider>, max_connections: Option<u32>) -> Arc<dyn Provide
     Arc::new(limits::Limited::new(p, &cap))
 }
 
+/// Where a streamed answer's text goes as it arrives (live output).
+pub trait TextSink: Send + Sync {
+    fn text(&self, piece: &str);
+}
+
 /// What a streamed answer has produced so far, readable while the call is in flight (to
-/// record an interrupted call's output as it stood).
-#[derive(Debug, Default)]
+/// record an interrupted call's output as it stood), and its text as it arrives, to a sink.
+#[derive(Default)]
 pub struct Progress {
     output_chars: AtomicU64,
+    sink: Option<Arc<dyn TextSink>>,
+}
+
+impl std::fmt::Debug for Progress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Progress").field("output_chars", &self.output_chars).finish_non_exhaustive()
+    }
 }
 
 impl Progress {
+    /// Progress whose text also goes to `sink`.
+    pub fn with_sink(sink: Arc<dyn TextSink>) -> Progress {
+        Progress { sink: Some(sink), ..Progress::default() }
+    }
+
     pub fn add_output(&self, chars: usize) {
         self.output_chars.fetch_add(chars as u64, Ordering::Relaxed);
     }
+
+    /// Text the model wrote (not a tool call's arguments).
+    pub fn add_text(&self, piece: &str) {
+        self.add_output(piece.len());
+        if let Some(s) = &self.sink {
+            s.text(piece);
+        }
+    }
     pub fn output_chars(&self) -> u64 {
         self.output_chars.load(Ordering::Relaxed)
-    }
-    /// A new attempt starts from nothing.
-    pub fn reset(&self) {
-        self.output_chars.store(0, Ordering::Relaxed);
     }
 }
 

@@ -176,7 +176,7 @@ impl Streamed {
             if let Some(t) = delta.get("content").and_then(Value::as_str) {
                 self.text.push_str(t);
                 if let Some(p) = progress {
-                    p.add_output(t.len());
+                    p.add_text(t);
                 }
             }
             for c in delta.get("tool_calls").and_then(Value::as_array).into_iter().flatten() {

@@ -37,6 +37,11 @@ pub const CH_CANCEL: &str = "subagentd_cancel";
 pub const CH_EVENT: &str = "subagentd_event";
 /// A tenant with tasks waiting for budget settled a reservation (payload: the tenant).
 pub const CH_BUDGET: &str = "subagentd_budget";
+/// A replica watches a task's live output, or no longer does (`+task:replica`, `-task:replica`).
+pub const CH_WATCH: &str = "subagentd_watch";
+/// A task's own channel for its live output (`subagentd_live_<id, 32 hex digits>`), listened to
+/// only while some replica has a subscriber for it.
+pub const CH_LIVE_PREFIX: &str = "subagentd_live_";
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {

@@ -1,6 +1,8 @@
 //! A task's event log: a page of it, or followed live — every stored event after a sequence
 //! number, in order, without gaps or duplicates, woken by NOTIFY from whichever replica wrote
 //! them (a read every few seconds covers a lost notification), ending after the task's last.
+//! Followed live, it may also carry the run's text as the model writes it (`live`): never
+//! stored, so it has no place in the log, and a follower that comes back resumes the log.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,6 +14,23 @@ use super::kinds::TaskStatus;
 use super::{Lifecycle, Scope, TaskError, TaskView};
 pub use crate::store::events::EventRow;
 use crate::store::{events, tasks as store};
+
+/// What a live feed gives: a stored event, or some of the run's text as it streams.
+#[derive(Debug, Clone)]
+pub enum Item {
+    Event(EventRow),
+    Output(Arc<crate::live::Delta>),
+}
+
+impl Item {
+    /// The stored event, if it is one.
+    pub fn event(self) -> Option<EventRow> {
+        match self {
+            Item::Event(e) => Some(e),
+            Item::Output(_) => None,
+        }
+    }
+}
 
 /// A page of events.
 #[derive(Debug, serde::Serialize)]
@@ -59,14 +78,15 @@ impl Lifecycle {
         events::last_seq(&self.pool, scope.tenant(), id).await?.ok_or(TaskError::NotFound)
     }
 
-    /// The task's events after `after`, live, until its last. `None`: the task has ended and
-    /// there is nothing after `after` — its stream has ended for good.
+    /// The task's events after `after`, live, until its last, and the run's text as it streams.
+    /// `None`: the task has ended and there is nothing after `after` — its stream has ended for
+    /// good.
     pub async fn follow(
         &self,
         scope: &Scope,
         id: Uuid,
         after: Option<i32>,
-    ) -> Result<Option<impl Stream<Item = EventRow> + Send + 'static>, TaskError> {
+    ) -> Result<Option<impl Stream<Item = Item> + Send + 'static>, TaskError> {
         let (start, _) = checked(after, None)?;
         let task = self.row(scope, id).await?;
         if task.is_terminal() && events::after(&self.pool, id, start, 1).await?.is_empty() {
@@ -74,18 +94,20 @@ impl Lifecycle {
         }
         // Held until the stream is dropped (it ends, or its client leaves or stalls).
         let hold = self.stream_hold(&task.tenant).await?;
-        Ok(Some(self.feed(id, task.tenant, start, hold)))
+        Ok(Some(self.feed(id, task.tenant, start, hold, true)))
     }
 
     /// The task's events after `after`, live, under a hold the caller took (a door's wait that
-    /// reports progress: it counts as the wait it is, not as a stream). The task is the caller's.
+    /// reports progress: it counts as the wait it is, not as a stream), with the run's text as it
+    /// streams when `output`. The task is the caller's.
     pub fn watch(
         &self,
         task: &TaskView,
         after: i32,
         hold: super::guard::Hold,
-    ) -> impl Stream<Item = EventRow> + Send + 'static {
-        self.feed(task.id, task.tenant.clone(), after, hold)
+        output: bool,
+    ) -> impl Stream<Item = Item> + Send + 'static {
+        self.feed(task.id, task.tenant.clone(), after, hold, output)
     }
 
     fn feed(
@@ -94,9 +116,12 @@ impl Lifecycle {
         tenant: String,
         seq: i32,
         hold: super::guard::Hold,
-    ) -> impl Stream<Item = EventRow> + Send + 'static {
+        output: bool,
+    ) -> impl Stream<Item = Item> + Send + 'static {
         let shared = self.feeds.of(id);
-        let feed = Follow { room: self.clone(), id, tenant, seq, done: false, shared, _hold: hold };
+        // Subscribed before the log is read: text written from then on is not missed.
+        let live = output.then(|| self.hub.live.subscribe(id, &self.hub));
+        let feed = Follow { room: self.clone(), id, tenant, seq, done: false, shared, live, _hold: hold };
         let batches = futures_util::stream::unfold(feed, Follow::next);
         futures_util::StreamExt::flat_map(batches, futures_util::stream::iter)
     }
@@ -245,13 +270,16 @@ struct Follow {
     done: bool,
     /// The task's log, shared with its other streams here.
     shared: Arc<Shared>,
+    /// The run's text as it streams, when asked for.
+    live: Option<crate::live::Subscription>,
     /// Its place among the tenant's streams on this replica.
     _hold: super::guard::Hold,
 }
 
 impl Follow {
-    /// The next batch of events (waiting for one), or `None` once the task's last was given.
-    async fn next(mut self) -> Option<(Vec<EventRow>, Follow)> {
+    /// The next batch of events, or of the run's text (waiting for one), or `None` once the
+    /// task's last event was given.
+    async fn next(mut self) -> Option<(Vec<Item>, Follow)> {
         if self.done {
             return None;
         }
@@ -271,7 +299,7 @@ impl Follow {
             };
             if let Some(last) = rows.last() {
                 self.seq = last.seq;
-                return Some((rows, self));
+                return Some((rows.into_iter().map(Item::Event).collect(), self));
             }
             // Nothing new: a finished task has written its last event — but it may have
             // finished between the read above and this check, so read once more before ending.
@@ -282,15 +310,27 @@ impl Follow {
                     let last = tail.last()?.seq;
                     self.seq = last;
                     self.done = true;
-                    return Some((tail, self));
+                    return Some((tail.into_iter().map(Item::Event).collect(), self));
                 }
                 Ok(None) => return None,
                 _ => {}
             }
+            let text = async {
+                match self.live.as_mut() {
+                    Some(sub) => sub.rx.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 _ = waiter.notified() => {}
                 _ = tokio::time::sleep(Duration::from_secs(5)) => {}
                 _ = self.room.shutdown.cancelled() => return None,
+                d = text => match d {
+                    Ok(d) => return Some((vec![Item::Output(d)], self)),
+                    // A subscriber that fell behind misses some text, never an event.
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => self.live = None,
+                },
             }
             since = Instant::now();
         }

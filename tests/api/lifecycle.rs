@@ -326,7 +326,7 @@ async fn streams_of_one_task_each_get_every_event_once_in_order_from_wherever_th
     feeds.push(room.follow(&scope, id, Some(3)).await.unwrap().unwrap().boxed());
     let mut seen = vec![];
     for f in feeds {
-        let seqs: Vec<i32> = f.map(|e| e.seq).collect().await;
+        let seqs: Vec<i32> = f.filter_map(|i| async move { i.event() }).map(|e| e.seq).collect().await;
         seen.push(seqs);
     }
     let last = *seen[0].last().unwrap();

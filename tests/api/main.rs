@@ -18,6 +18,7 @@ mod health;
 mod holds;
 mod imports;
 mod lifecycle;
+mod live;
 mod liveness;
 mod mcp;
 mod observe;

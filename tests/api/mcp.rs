@@ -181,6 +181,9 @@ async fn the_python_sdk_lists_the_tools_calls_task_follows_long_runs_and_runs_mc
 
     let long = py("long_call", &url, &a, &[]).await.unwrap();
     assert_eq!(long["progress"][0], 1.0);
+    // The run's text as it streams, as progress messages.
+    let live = py("live_progress", &url, &a, &[]).await.unwrap();
+    assert!(live["notifications"].as_u64().unwrap() >= 2, "{live}");
     let bg = py("task_augmented", &url, &a, &[]).await.unwrap();
     let status: String = scalar(&db, "SELECT status FROM tasks WHERE id = $1", bg["task_id"].as_str().unwrap()).await;
     assert_eq!(status, "completed");

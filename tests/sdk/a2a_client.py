@@ -196,6 +196,15 @@ async def stream(args):
         check(seen[-2:] == ["artifact_update", "TASK_STATE_COMPLETED"], seen)
         art = [ev.artifact_update.artifact for ev in events if ev.WhichOneof("payload") == "artifact_update"]
         check(get_artifact_text(art[0]) == "streamed", art)
+        # The run's text as it streams: an artifact of its own, appended to, apart from the summary's.
+        reply = " ".join(f"word{i}" for i in range(40))
+        live_events = await d.send(message(f"write [mock:stream_ms=25] [mock:reply={reply}]"), streaming=True)
+        ups = [ev.artifact_update for ev in live_events if ev.WhichOneof("payload") == "artifact_update"]
+        live = [u for u in ups if u.artifact.artifact_id.startswith("live-output")]
+        check(len(live) >= 2 and not live[0].append and all(u.append for u in live[1:]), [(u.artifact.artifact_id, u.append) for u in live])
+        check("".join(get_artifact_text(u.artifact) for u in live) == reply, [get_artifact_text(u.artifact) for u in live])
+        summary = [u for u in ups if not u.artifact.artifact_id.startswith("live-output")]
+        check([get_artifact_text(u.artifact) for u in summary] == [reply], summary)
         # Subscribe to a task already running.
         (ev,) = await d.send(message("slow [mock:delay_ms=1500] [mock:reply=subscribed]"),
                              configuration=SendMessageConfiguration(return_immediately=True))

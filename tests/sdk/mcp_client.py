@@ -326,9 +326,30 @@ async def list_paging(args):
         return {"tasks": seen, "pages": pages}
 
 
+async def live_progress(args):
+    """With a progress token, the run's text as it streams comes as progress messages: progress
+    always growing, the messages joining into the summary."""
+    seen = []
+
+    async def on_progress(p, total, message):
+        seen.append((p, message))
+
+    reply = " ".join(f"word{i}" for i in range(40))
+    async with Session(args) as s:
+        r = await s.call_tool("task", {"subagent_type": "general", "description": "live",
+                                       "prompt": f"write [mock:stream_ms=25] [mock:reply={reply}]"},
+                              progress_callback=on_progress)
+        check(not r.isError and text(r) == reply, text(r))
+        values = [p for p, _ in seen]
+        check(all(a < b for a, b in zip(values, values[1:])), values)
+        live = "".join(m for p, m in seen if p < 1 and m)
+        check(live == reply, (live, reply))
+        return {"notifications": len(seen)}
+
+
 SCENARIOS = {f.__name__: f for f in [list_tools, plain_call, long_call, task_augmented, cancel, elicit,
                                      isolation, depth, replicas, old_version, refusals, per_agent,
-                                     result_elicit, list_paging]}
+                                     result_elicit, list_paging, live_progress]}
 
 
 def main():

@@ -12,6 +12,7 @@ use super::errors::A2aError;
 use super::Ctx;
 use crate::a2a::{state, stream_ends, timestamp, Shown};
 use crate::store::a2a::A2aTask;
+use crate::tasks::feed::Item;
 use crate::tasks::guard::Hold;
 use crate::tasks::kinds::TaskStatus;
 use crate::tasks::TaskView;
@@ -52,13 +53,32 @@ async fn produce(
         return Ok(());
     }
     let mut working = task.status == TaskStatus::Running;
-    let mut events = Box::pin(room.watch(&task, after, hold));
+    let mut events = Box::pin(room.watch(&task, after, hold, true));
+    // The live text's artifact of each turn: (turn, try) of the text it holds so far.
+    let mut live: Option<(u32, u32)> = None;
     loop {
-        let ev = tokio::select! {
+        let item = tokio::select! {
             ev = events.next() => ev,
             _ = tx.closed() => return Ok(()),
         };
-        let Some(ev) = ev else { break };
+        let ev = match item {
+            None => break,
+            Some(Item::Event(ev)) => ev,
+            Some(Item::Output(d)) => {
+                // An artifact of its own per turn (not the summary's), appended to as the text
+                // comes; a retried call's text starts it again.
+                let append = live == Some((d.turn, d.attempt));
+                live = Some((d.turn, d.attempt));
+                let update = json!({"artifactUpdate": {"taskId": task.id, "contextId": context, "append": append,
+                    "artifact": {"artifactId": format!("live-output-turn-{}", d.turn), "name": "live output",
+                                 "description": "The model's text as it writes it (turn, try in the metadata)",
+                                 "parts": [{"text": d.text}], "metadata": {"turn": d.turn, "try": d.attempt}}}});
+                if tx.send(Ok(update)).await.is_err() {
+                    return Ok(());
+                }
+                continue;
+            }
+        };
         let metadata = match ev.kind.as_str() {
             "claimed" if !working => json!({}),
             "checkpoint" => json!({"turn": ev.data["turn"]}),

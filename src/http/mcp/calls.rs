@@ -18,6 +18,7 @@ use super::rpc::{self, RpcError};
 use super::tools;
 use super::{Ctx, Reply};
 use crate::tasks::answer::ActionAnswer;
+use crate::tasks::feed::Item;
 use crate::tasks::guard::HoldKind;
 use crate::tasks::kinds::{Gate, TaskStatus};
 use crate::tasks::{Submission, TaskRequest, TaskView};
@@ -240,7 +241,10 @@ async fn produce(
         },
         Until::End(h) => (h, None),
     };
-    let mut events = Box::pin(room.watch(&task, 0, hold));
+    // With a progress token, the run's text as it streams goes out as progress messages.
+    let mut events = Box::pin(room.watch(&task, 0, hold, progress.is_some()));
+    // Text messages sent in the turn now running: progress between its turn's numbers.
+    let mut texts_in_turn = (0u32, 0u32);
     let out_of_time = async move {
         match deadline {
             Some(d) => tokio::time::sleep_until(d).await,
@@ -256,7 +260,28 @@ async fn produce(
             _ = &mut out_of_time => None,
             _ = tx.closed() => return Err(RpcError::internal()),
         };
-        let Some(ev) = ev else { break };
+        let ev = match ev {
+            None => break,
+            Some(Item::Event(ev)) => ev,
+            Some(Item::Output(d)) => {
+                let Some(token) = &progress else { continue };
+                if texts_in_turn.0 != d.turn {
+                    texts_in_turn = (d.turn, 0);
+                }
+                texts_in_turn.1 += 1;
+                // Progress must grow with every notification: turn n's text counts from n - 1
+                // towards n (its checkpoint), never reaching it.
+                let p = f64::from(d.turn.saturating_sub(1)) + 1.0 - 1.0 / f64::from(1 + texts_in_turn.1);
+                let mut n = json!({"progressToken": token, "progress": p, "message": d.text});
+                if max_turns > 0 {
+                    n["total"] = json!(max_turns);
+                }
+                if tx.send(rpc::notification("notifications/progress", n)).await.is_err() {
+                    return Err(RpcError::internal());
+                }
+                continue;
+            }
+        };
         match ev.kind.as_str() {
             "checkpoint" => {
                 if let Some(token) = &progress {

@@ -143,6 +143,85 @@ async fn a_running_tasks_page_streams_its_events_as_they_happen() {
 }
 
 #[tokio::test]
+async fn a_running_tasks_page_shows_its_text_as_the_model_writes_it() {
+    let s = serve(&[]).await;
+    let Some(b) = browser(1280, 800).await else { return };
+    let reply: String = (1..=60).map(|i| format!("word{i}")).collect::<Vec<_>>().join(" ");
+    let id = s
+        .submit(
+            // The page opens before the text starts: live output is what is written from then on.
+            json!({"prompt": format!("Write slowly [mock:delay_ms=2000] [mock:stream_ms=80] [mock:reply={reply}]"),
+                   "model": "mock/demo"}),
+            None,
+        )
+        .await;
+    open(&b, &s, &format!("#/tasks/{id}")).await;
+    // Part of the text, while the task still runs.
+    b.wait_until(
+        "some live text while it runs",
+        "const e = document.querySelector('#live-output'); const st = document.querySelector('#task-status');
+         return !!e && e.textContent.includes('word10') && !!st && st.textContent.trim() === 'running';",
+    )
+    .await;
+    let partial = b.text("#live-output").await;
+    assert!(partial.starts_with("word1 word2") && !partial.contains("word60"), "{partial}");
+    assert!(b.text("#live-note").await.contains("turn 1"));
+    b.screenshot("console-live-output").await;
+    b.wait_until("it ends", "const st = document.querySelector('#task-status'); return !!st && st.textContent.trim() === 'completed';").await;
+    b.wait_until("the whole text", &format!("return document.querySelector('#live-output').textContent === {};", json!(reply))).await;
+    assert_eq!(b.text("#task-summary").await.trim(), reply);
+    assert_eq!(b.severe_logs().await, Vec::<String>::new(), "console errors on the live page");
+    b.close().await;
+}
+
+#[tokio::test]
+async fn task_lists_name_tasks_apart_with_the_whole_id_on_hover_and_a_copy_button() {
+    let s = serve(&[]).await;
+    // Tasks of one second: their ids start alike (a UUIDv7's first digits are its time).
+    let mut ids = vec![];
+    for i in 0..4 {
+        ids.push(s.submit(json!({"prompt": format!("n{i} [mock:reply=ok]"), "model": "mock/demo"}), None).await);
+    }
+    assert!(ids.iter().all(|i| i[..8] == ids[0][..8]), "same first digits: {ids:?}");
+    let Some(b) = browser(1280, 800).await else { return };
+    open(&b, &s, "#/tasks").await;
+    for id in &ids {
+        b.wait_for(&format!("#tasks-table tr[data-task-id=\"{id}\"]")).await;
+    }
+    let shown = b
+        .js("return Array.from(document.querySelectorAll('#tasks-table tr[data-task-id]')).map(r => {
+               const a = r.querySelector('.task-short-id'); return [r.dataset.taskId, a.textContent, a.title]; });")
+        .await;
+    let shown: Vec<(String, String, String)> = serde_json::from_value(shown).unwrap();
+    let labels: std::collections::HashSet<&str> = shown.iter().map(|s| s.1.as_str()).collect();
+    assert_eq!(labels.len(), shown.len(), "every row named apart: {shown:?}");
+    for (id, label, title) in &shown {
+        assert_eq!(title, id, "the whole id on hover");
+        assert!(id.ends_with(label.trim_start_matches('…')), "{label} is part of {id}");
+    }
+    b.screenshot("console-task-ids").await;
+    // The copy button hands the whole id to the clipboard (a headless browser's clipboard cannot
+    // be read back: the Clipboard API's writeText is watched instead).
+    let first = &ids[0];
+    b.js("window.__copied = []; navigator.clipboard.writeText = async (t) => { window.__copied.push(t); }; return true;")
+        .await;
+    b.js(&format!("document.querySelector('#tasks-table tr[data-task-id=\"{first}\"] .copy-id').click(); return true;")).await;
+    b.wait_until(
+        "copied",
+        &format!("const c = document.querySelector('#tasks-table tr[data-task-id=\"{first}\"] .copy-id'); return !!c && c.dataset.copied === {};", json!(first)),
+    )
+    .await;
+    assert_eq!(b.js("return window.__copied;").await, json!([first]));
+    // The task page's header: the short id, the whole id on hover and beside it, a copy button.
+    open(&b, &s, &format!("#/tasks/{first}")).await;
+    b.wait_for("#task-page .task-title .copy-id").await;
+    assert_eq!(b.text("#task-id").await, *first);
+    let title = b.js("return document.querySelector('.task-title .task-short-id').title;").await;
+    assert_eq!(title, json!(first));
+    b.close().await;
+}
+
+#[tokio::test]
 async fn cancel_on_the_task_page_stops_a_slow_running_task() {
     let s = serve(&[]).await;
     let Some(b) = browser(1280, 800).await else { return };

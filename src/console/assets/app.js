@@ -117,7 +117,34 @@
     return s.length > n ? s.slice(0, n) + '…' : s;
   }
 
-  function shortId(id) { return id ? String(id).slice(0, 8) : dash; }
+  // A task id (UUIDv7) by the part that differs: its first digits are its creation time, the same
+  // for every task of a busy minute, so the last eight (random) ones are shown.
+  function shortId(id) { return id ? '…' + String(id).slice(-8) : dash; }
+
+  // A short id with the whole one on hover, and a button that copies the whole one.
+  function idWithCopy(id, link) {
+    const label = link
+      ? h('a', { href: '#/tasks/' + encodeURIComponent(id), title: id, class: 'mono task-short-id' }, shortId(id))
+      : h('span', { title: id, class: 'mono task-short-id' }, shortId(id));
+    const btn = h('button', { type: 'button', class: 'copy-id', title: 'Copy the whole id', 'aria-label': 'Copy task id ' + id }, 'copy');
+    btn.addEventListener('click', async (e) => {
+      e.preventDefault();
+      e.stopPropagation();
+      let ok = false;
+      try { if (navigator.clipboard) { await navigator.clipboard.writeText(id); ok = true; } } catch (err) { ok = false; }
+      if (!ok) {
+        const area = h('textarea', { class: 'copy-buffer' }, id);
+        document.body.append(area);
+        area.select();
+        try { ok = document.execCommand('copy'); } catch (err) { ok = false; }
+        area.remove();
+      }
+      btn.textContent = ok ? 'copied' : 'copy failed';
+      btn.dataset.copied = ok ? id : '';
+      setTimeout(() => { btn.textContent = 'copy'; }, 1500);
+    });
+    return h('span', { class: 'id-cell' }, label, btn);
+  }
 
   function json(v) {
     try { return JSON.stringify(v); } catch (e) { return String(v); }
@@ -345,7 +372,7 @@
     let cost = fmtCost(t.cost_usd);
     if (t.cost_complete === false) cost += '+';
     return h('tr', { dataset: { taskId: t.id } },
-      td(h('a', { href: '#/tasks/' + encodeURIComponent(t.id), title: t.id }, shortId(t.id)), 'mono'),
+      td(idWithCopy(t.id, true), 'mono'),
       td(statusSpan(t.status)),
       td(t.subagent_type || dash),
       td(t.model || dash, 'mono'),
@@ -633,16 +660,23 @@
     const timeline = h('ol', { id: 'timeline', class: 'timeline' });
     const streamNote = h('span', { class: 'muted', id: 'stream-state' });
     const conversation = h('div', { id: 'conversation', class: 'conversation' });
+    // The run's text as the model writes it (output_delta: live only, never stored).
+    const liveText = h('div', { id: 'live-output', class: 'pre live-output' });
+    const liveNote = h('span', { class: 'muted', id: 'live-note' });
+    const live = h('section', { id: 'live-card', class: 'card', hidden: true },
+      h('h2', null, 'Live output ', liveNote), liveText);
     const calls = makeTable('calls', [['Turn', 'num'], ['Attempt', 'num'], ['Try', 'num'], 'Model', 'Outcome', ['HTTP', 'num'],
       ['In', 'num'], ['Out', 'num'], ['Cached', 'num'], ['Cost', 'num'], ['Latency ms', 'num'], 'Est.', 'Error'], 'No LLM calls yet.');
 
     root.append(h('section', { id: 'task-page', class: 'page' },
       h('section', { class: 'card task-header' },
         h('div', { class: 'task-title' },
-          h('h1', null, 'Task ', h('span', { class: 'mono task-id', id: 'task-id' }, id)),
+          h('h1', null, 'Task ', idWithCopy(id, false)),
+          h('span', { class: 'mono muted task-id', id: 'task-id' }, id),
           statusSlot, stopReason),
         cancelBtn),
       pending,
+      live,
       h('div', { class: 'grid-2' },
         card('Details', fields),
         h('div', null,
@@ -905,6 +939,7 @@
 
     async function streamEnded() {
       closeStream();
+      if (liveAt) setText(liveNote, 'as it was written; the run has ended');
       await refreshTask();
       await backfill(firstGap());
       if (!alive()) return;
@@ -949,10 +984,28 @@
       retryTimer = setTimeout(() => pollInstead(round + 1), POLL_EVENTS_MS);
     }
 
+    // The text of the call streaming now: a new turn (or a retried call) starts it again.
+    let liveAt = null;
+    function onOutput(msg) {
+      let d;
+      try { d = JSON.parse(msg.data); } catch (e) { return; }
+      if (!d || typeof d.text !== 'string') return;
+      const at = `${d.turn}/${d.try}`;
+      if (at !== liveAt) {
+        liveAt = at;
+        liveText.textContent = '';
+        setText(liveNote, `turn ${d.turn}${d.try > 1 ? `, try ${d.try}` : ''}, as it is written`);
+      }
+      live.hidden = false;
+      liveText.append(document.createTextNode(d.text));
+      liveText.scrollTop = liveText.scrollHeight;
+    }
+
     function openStream() {
       if (!alive() || es || typeof window.EventSource !== 'function') return;
       es = new EventSource(`${base}/events?after=${maxSeq}`);
       setText(streamNote, 'Live');
+      es.addEventListener('output_delta', onOutput);
       const handler = (msg) => {
         let ev;
         try { ev = JSON.parse(msg.data); } catch (e) { return; }

@@ -46,10 +46,11 @@ pub fn is_own(origin: &str, headers: &HeaderMap, public_url: Option<&str>) -> bo
     reached(headers).is_some_and(|(_, h)| h == o)
 }
 
-/// Whether the request was addressed to this machine by a loopback name (`localhost`,
-/// `127.0.0.1`, `[::1]`, any port), or to the public URL's host. A request without a `Host`
-/// (HTTP/1.0) counts as addressed here. Single-user mode answers only such requests: a web page
-/// whose name an attacker rebinds to 127.0.0.1 reaches the port, but with its own name as `Host`.
+/// Whether the request was addressed to this machine: by a loopback name (`localhost`,
+/// `127.0.0.1`, `[::1]`, any port), by a name of one label (the machine's own host name, as on
+/// a LAN), or by the public URL's host. A request without a `Host` (HTTP/1.0) counts as addressed
+/// here. Single-user mode answers only such requests: a web page whose name an attacker rebinds
+/// to 127.0.0.1 reaches the port, but with its own (dotted, registered) name as `Host`.
 pub fn addressed_locally(headers: &HeaderMap, public_url: Option<&str>) -> bool {
     let Some(host) = header_str(headers, header::HOST.as_str()) else { return true };
     let host = host.to_ascii_lowercase();
@@ -61,9 +62,10 @@ pub fn addressed_locally(headers: &HeaderMap, public_url: Option<&str>) -> bool 
         Some(rest) => rest.split(']').next().unwrap_or_default().to_string(),
         None => host.rsplit_once(':').map_or(host.as_str(), |(n, _)| n).to_string(),
     };
-    name == "localhost"
-        || name.ends_with(".localhost")
-        || name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+    match name.parse::<std::net::IpAddr>() {
+        Ok(ip) => ip.is_loopback(),
+        Err(_) => !name.is_empty() && (!name.contains('.') || name.ends_with(".localhost")),
+    }
 }
 
 /// The base URL clients reach the service at (no trailing slash).
@@ -112,7 +114,7 @@ mod tests {
 
     #[test]
     fn a_request_is_addressed_locally_by_a_loopback_name_or_the_public_urls_host() {
-        for host in ["localhost:8080", "127.0.0.1:8080", "127.0.0.1", "[::1]:8080", "app.localhost:80", "LOCALHOST"] {
+        for host in ["localhost:8080", "127.0.0.1:8080", "127.0.0.1", "[::1]:8080", "app.localhost:80", "LOCALHOST", "mybox:8080"] {
             assert!(addressed_locally(&headers(&[("host", host)]), None), "{host}");
         }
         for host in ["evil.example.com:8080", "10.0.0.5:8080", "localhost.evil.com", "[::2]:80"] {

@@ -337,6 +337,13 @@ pub struct ProviderConfig {
     /// Bill this provider's models at the shipped list prices (default: only the official APIs;
     /// set it for Azure, OpenRouter, or a test double of an official API).
     pub shipped_prices: Option<bool>,
+    /// Its models can call tools (default true). A run with tools never falls back to one that
+    /// cannot: it is skipped, with the reason.
+    #[serde(default)]
+    pub supports_tools: Option<bool>,
+    /// Its models can give a structured answer (`output_schema`; default true). Likewise.
+    #[serde(default)]
+    pub supports_structured_output: Option<bool>,
     /// Use the provider's prompt cache. Anthropic: mark cache breakpoints (`cache_control`) on
     /// every request (default on). OpenAI-compatible: caching is automatic on a byte-stable
     /// prefix, which every request keeps; on, a `prompt_cache_key` per run is sent too, so a

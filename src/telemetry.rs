@@ -50,6 +50,11 @@ pub const COUNTERS: &[(&str, &str)] = &[
     ("subagentd_llm_calls_total", "Provider call attempts, by provider, model and outcome."),
     ("subagentd_llm_retries_total", "Provider call attempts that were retries, by provider and model."),
     ("subagentd_llm_errors_total", "Provider call attempts that failed, by provider, model and HTTP status."),
+    (
+        "subagentd_model_fallbacks_total",
+        "Calls moved to a run's next fallback model, by the model that could not serve it, the next one, and why.",
+    ),
+    ("subagentd_output_deltas_total", "Live output sent to a running task's subscribers (coalesced deltas)."),
     ("subagentd_tokens_total", "Tokens of provider calls, by model and kind (input, output, cached: read from the cache, cache_write: written to it)."),
     ("subagentd_cost_microusd_total", "Cost of provider calls in millionths of a US dollar, by model."),
     ("subagentd_webhook_attempts_total", "Webhook delivery attempts, by outcome and event."),
@@ -128,6 +133,8 @@ pub fn register_metrics(providers: &[String], models: &[(String, String)]) {
     }
     // (Tenants come and go: the family is there from the start with an empty tenant.)
     zero("subagentd_rate_limited_total", &[("tenant", String::new())]);
+    zero("subagentd_model_fallbacks_total", &[("from", String::new()), ("to", String::new()), ("reason", String::new())]);
+    zero("subagentd_output_deltas_total", &[]);
     for limit in ["max_streams", "max_waits"] {
         zero("subagentd_hold_refusals_total", &[("tenant", String::new()), ("limit", limit.into())]);
     }

@@ -152,6 +152,10 @@ pub fn validate(l: &Limits) -> Result<(), BudgetError> {
             return negative(f);
         }
     }
+    if let Some(models) = &l.fallback_models {
+        crate::llm::check_fallback_models(models)
+            .map_err(|message| BudgetError::Invalid { field: "fallback_models", message })?;
+    }
     if l.requests_per_second.is_some_and(|r| !(0.001..=1_000_000.0).contains(&r)) {
         return Err(BudgetError::Invalid {
             field: "requests_per_second",

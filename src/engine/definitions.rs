@@ -1,6 +1,6 @@
 //! Custom agent definitions: Markdown with YAML front matter, compatible with
 //! `.claude/agents/*.md` — `name`, `description`, `tools`, `disallowed_tools`, `model`,
-//! `max_turns`, `approval`, `output_schema`; the body is the system prompt. Claude Code's own
+//! `max_turns`, `approval`, `output_schema`, `fallback_models`, `fallback_on`; the body is the system prompt. Claude Code's own
 //! fields are kept as written (`claude_code`), see `claude_code`.
 
 use std::collections::BTreeMap;
@@ -81,6 +81,13 @@ pub struct AgentDefinition {
     /// The JSON Schema its final answer must satisfy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_schema: Option<Value>,
+    /// The models its calls move to, in order, when their own cannot serve them (wins over the
+    /// tenant's; a task's own wins over it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fallback_models: Vec<String>,
+    /// Which failures move a call to the next model (default `unavailable`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback_on: Option<Vec<super::spec::FallbackWhen>>,
     /// Claude Code's own front-matter fields, kept as written.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub claude_code: BTreeMap<String, Value>,
@@ -142,6 +149,10 @@ struct FrontMatter {
     read_only: Option<bool>,
     #[serde(alias = "outputSchema")]
     output_schema: Option<serde_yaml::Value>,
+    #[serde(alias = "fallbackModels")]
+    fallback_models: Option<ToolList>,
+    #[serde(alias = "fallbackOn")]
+    fallback_on: Option<ToolList>,
 }
 
 /// Is `name` usable for a custom agent?
@@ -163,15 +174,7 @@ pub fn check_name(name: &str) -> Result<(), String> {
 /// another matter, checked when a task uses it: a definition may name a model that is not
 /// configured yet.
 pub fn check_model(model: &str) -> Result<(), String> {
-    let ok = !model.is_empty()
-        && model.len() <= 200
-        && !model.chars().any(|c| c.is_whitespace() || c.is_control())
-        && model.split_once('/').is_none_or(|(p, m)| !p.is_empty() && !m.is_empty());
-    if ok {
-        Ok(())
-    } else {
-        Err("must be `provider/model` or a model alias (no spaces, at most 200 characters)".into())
-    }
+    crate::llm::check_model_name(model)
 }
 
 /// A definition's fields as its author wrote them (front matter or JSON), its name and system
@@ -188,9 +191,23 @@ pub struct Written {
     pub approval: Option<String>,
     pub read_only: Option<bool>,
     pub output_schema: Option<Value>,
+    pub fallback_models: Vec<String>,
+    pub fallback_on: Option<Vec<String>>,
     /// Claude Code's own front-matter fields, as written.
     pub claude_code: BTreeMap<String, Value>,
     pub notices: Vec<String>,
+}
+
+pub use crate::llm::check_fallback_models;
+
+/// `fallback_on` as written: `unavailable`, `context_length`.
+pub fn check_fallback_on(when: &[String]) -> Result<Vec<super::spec::FallbackWhen>, String> {
+    when.iter()
+        .map(|w| {
+            super::spec::FallbackWhen::parse(w.trim())
+                .ok_or_else(|| format!("{w:?} is not one of unavailable, context_length"))
+        })
+        .collect()
 }
 
 /// A field at fault (`None`: the definition as a whole), and what is wrong with it.
@@ -229,6 +246,11 @@ impl Written {
                 Some(v)
             }
         };
+        let fallback_models = check_fallback_models(&self.fallback_models).map_err(|e| (Some("fallback_models"), e))?;
+        let fallback_on = match self.fallback_on {
+            None => None,
+            Some(w) => Some(check_fallback_on(&w).map_err(|e| (Some("fallback_on"), e))?),
+        };
         Ok(AgentDefinition {
             name,
             description: self.description,
@@ -241,6 +263,8 @@ impl Written {
             approval,
             read_only,
             output_schema,
+            fallback_models,
+            fallback_on,
             claude_code: self.claude_code,
             notices,
         })
@@ -365,6 +389,8 @@ pub fn parse_markdown(source: &str, text: &str) -> Result<AgentDefinition, Defin
         approval: fm.approval,
         read_only: fm.read_only,
         output_schema: fm.output_schema.map(|v| super::claude_code::to_json(&v)),
+        fallback_models: fm.fallback_models.map(ToolList::names).unwrap_or_default(),
+        fallback_on: fm.fallback_on.map(ToolList::names),
         claude_code,
         notices,
     };

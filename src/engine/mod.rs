@@ -70,6 +70,95 @@ pub struct RunInput {
     pub answers: Vec<Answer>,
     /// The JSON Schema the final answer must satisfy (`output_schema`).
     pub output_schema: Option<Value>,
+    /// The models a call moves to, in order, when its own cannot serve it (`fallback_models`).
+    pub fallbacks: Vec<Fallback>,
+    /// Which failures move a call to the next model (`fallback_on`).
+    pub fallback_on: FallbackOn,
+}
+
+/// Another model a run's calls may move to (invariant 5: named by the caller, the agent or
+/// the tenant; every move an event and a ledger row).
+#[derive(Clone)]
+pub struct Fallback {
+    pub provider: Arc<dyn Provider>,
+    pub provider_name: String,
+    pub model: String,
+    pub price: Option<Price>,
+    pub max_tokens: Option<u32>,
+    pub text_tool_calls: bool,
+    /// Why it cannot serve this run (its provider calls no tools, or gives no structured
+    /// output, and the run needs it): skipped, with this reason.
+    pub unfit: Option<String>,
+}
+
+impl std::fmt::Debug for Fallback {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fallback")
+            .field("model", &format!("{}/{}", self.provider_name, self.model))
+            .field("unfit", &self.unfit)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Which failures move a call to the next model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FallbackOn {
+    /// The model cannot be served: retries ran out against the deadline, the provider is
+    /// unreachable, 5xx or 529, or a 429 asks to wait longer than the run can.
+    pub unavailable: bool,
+    /// The prompt does not fit the model's context.
+    pub context_length: bool,
+}
+
+impl Default for FallbackOn {
+    fn default() -> Self {
+        FallbackOn { unavailable: true, context_length: false }
+    }
+}
+
+/// The model a call goes to: the run's own (`at` 0), or the fallback it moved to.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Target<'a> {
+    pub provider_name: &'a str,
+    pub model: &'a str,
+    pub price: Option<Price>,
+    pub max_tokens: Option<u32>,
+    pub text_tool_calls: bool,
+}
+
+impl Target<'_> {
+    pub fn full(&self) -> String {
+        format!("{}/{}", self.provider_name, self.model)
+    }
+}
+
+impl RunInput {
+    pub(crate) fn target(&self, at: usize) -> Target<'_> {
+        match at.checked_sub(1).and_then(|i| self.fallbacks.get(i)) {
+            None => Target {
+                provider_name: &self.provider_name,
+                model: &self.model,
+                price: self.price,
+                max_tokens: self.max_tokens,
+                text_tool_calls: self.text_tool_calls,
+            },
+            Some(f) => Target {
+                provider_name: &f.provider_name,
+                model: &f.model,
+                price: f.price,
+                max_tokens: f.max_tokens,
+                text_tool_calls: f.text_tool_calls,
+            },
+        }
+    }
+
+    /// The provider of model `at` (`primary` is the run's own).
+    fn provider_at<'a>(&'a self, primary: &'a dyn Provider, at: usize) -> &'a dyn Provider {
+        match at.checked_sub(1).and_then(|i| self.fallbacks.get(i)) {
+            None => primary,
+            Some(f) => f.provider.as_ref(),
+        }
+    }
 }
 
 /// A tool call a paused run waits on.
@@ -345,6 +434,7 @@ pub async fn run(
         check: input.output_schema.as_ref().and_then(output::OutputCheck::new),
         force_output: false,
         streak: (None, 0),
+        at: 0,
     };
     let mut n = input.turns_done;
     while n < input.max_turns {
@@ -426,17 +516,17 @@ fn max_turns_reached(input: &RunInput, last_text: Option<String>, turn: u32) -> 
 }
 
 /// What a call asks to reserve: its prompt (estimated generously, at 3 characters a token) and
-/// every output token the provider is allowed to produce.
-fn ask(input: &RunInput, req: &ChatRequest) -> Ask {
+/// every output token the provider is allowed to produce, at model `t`'s price.
+fn ask(t: &Target, floor: u32, req: &ChatRequest) -> Ask {
     let worst = worst_case(req);
-    let price = |u: Usage| input.price.map_or(Decimal::ZERO, |p| p.worst_cost(&u));
+    let price = |u: Usage| t.price.map_or(Decimal::ZERO, |p| p.worst_cost(&u));
     let max_out = req.max_tokens.unwrap_or(0);
     Ask {
         prompt_usd: price(Usage { input_tokens: worst.input_tokens, ..Usage::default() }),
         prompt_tokens: worst.input_tokens,
         out_usd: price(Usage { output_tokens: 1, ..Usage::default() }),
         max_out,
-        floor: input.output_floor.min(max_out),
+        floor: floor.min(max_out),
     }
 }
 
@@ -461,21 +551,21 @@ fn worst_case(req: &ChatRequest) -> Usage {
 }
 
 /// The `llm_call_started` event, written with the call's reservation.
-fn started_event(input: &RunInput, req: &ChatRequest, a: &Ask, turn: u32, try_no: u32) -> Value {
+fn started_event(t: &Target, req: &ChatRequest, a: &Ask, turn: u32, try_no: u32) -> Value {
     let (usd, tokens) = a.worst();
     // `prompt_tokens` and `max_tokens` let a rescue estimate the call, should its worker be lost.
-    json!({"turn": turn, "try": try_no, "model": format!("{}/{}", input.provider_name, input.model),
+    json!({"turn": turn, "try": try_no, "model": t.full(),
            "messages": req.messages.len(), "tools": req.tools.len(),
            "reserved_usd": usd, "reserved_tokens": tokens, "prompt_tokens": a.prompt_tokens, "max_tokens": a.max_out})
 }
 
-/// The request of the run's next turn, over the conversation so far.
-fn request(input: &RunInput, messages: &[Message], force_output: bool) -> ChatRequest {
+/// The request of the run's next turn to model `t`, over the conversation so far.
+fn request(input: &RunInput, t: &Target, messages: &[Message], force_output: bool) -> ChatRequest {
     ChatRequest {
-        model: input.model.clone(),
+        model: t.model.to_string(),
         messages: messages.to_vec(),
         tools: input.tools.clone(),
-        max_tokens: input.max_tokens,
+        max_tokens: t.max_tokens,
         traceparent: input.traceparent.as_deref().map(crate::telemetry::child),
         progress: Some(std::sync::Arc::new(Progress::default())),
         output_schema: input.output_schema.clone(),
@@ -488,101 +578,171 @@ fn request(input: &RunInput, messages: &[Message], force_output: bool) -> ChatRe
 /// (`RunInput::first_reserved` then tells the run).
 pub fn first_reservation(input: &RunInput) -> (Ask, Value) {
     let messages: Vec<Message> = input.history.iter().chain(&input.new_messages).cloned().collect();
-    let req = request(input, &messages, false);
-    let a = ask(input, &req);
-    (a, started_event(input, &req, &a, input.turns_done + 1, 1))
+    let t = input.target(0);
+    let req = request(input, &t, &messages, false);
+    let a = ask(&t, input.output_floor, &req);
+    (a, started_event(&t, &req, &a, input.turns_done + 1, 1))
 }
 
 /// One provider call of turn `turn`, with its retries: each try reserved against the budgets
-/// first, recorded in the ledger when it fails or is stopped, and retried while the policy allows.
+/// first, recorded in the ledger when it fails or is stopped, and retried while the policy
+/// allows; when the model cannot serve it, moved to the next fallback model (`at`, which the
+/// run's later calls keep), the same request from the same checkpoint.
 async fn call_with_retries(
     input: &RunInput,
-    provider: &dyn Provider,
+    primary: &dyn Provider,
+    at: &mut usize,
     store: &dyn RunStore,
     stop: &StopSignal,
     req: &mut ChatRequest,
     turn: u32,
 ) -> Result<(crate::llm::ChatResponse, CallRecord), Outcome> {
-    let first = Instant::now();
-    let a = ask(input, req);
-    let asked_max = req.max_tokens;
     let mut try_no = 0;
-    loop {
-        try_no += 1;
-        let reserved = reserve(input, store, req, &a, asked_max, turn, try_no).await?;
-        let started = Instant::now();
-        let span = call_span(input, provider, req, turn, try_no);
-        // Each try starts from nothing; its text goes out as this try's.
-        req.progress = Some(Arc::new(match store.live() {
-            Some(live) => Progress::with_sink(Arc::new(AttemptText { live, turn, attempt: try_no })),
-            None => Progress::default(),
-        }));
-        let result = tokio::select! {
-            r = tracing::Instrument::instrument(provider.chat(req), span.clone()) => r,
-            cause = stop.stopped() => {
-                let rec = interrupted(input, req, turn, try_no, started, reserved, &cause);
-                let _ = store.record_failed_call(&rec).await;
-                return Err(Outcome::Stopped(cause));
+    'models: loop {
+        let t = input.target(*at);
+        let provider = input.provider_at(primary, *at);
+        req.model = t.model.to_string();
+        req.max_tokens = t.max_tokens;
+        let first = Instant::now();
+        let a = ask(&t, input.output_floor, req);
+        let asked_max = req.max_tokens;
+        loop {
+            try_no += 1;
+            let reserved = reserve(input, store, req, &t, &a, asked_max, (*at == 0, turn), try_no).await?;
+            let started = Instant::now();
+            let span = call_span(&t, provider, req, turn, try_no);
+            // Each try starts from nothing; its text goes out as this try's.
+            req.progress = Some(Arc::new(match store.live() {
+                Some(live) => Progress::with_sink(Arc::new(AttemptText { live, turn, attempt: try_no })),
+                None => Progress::default(),
+            }));
+            let result = tokio::select! {
+                r = tracing::Instrument::instrument(provider.chat(req), span.clone()) => r,
+                cause = stop.stopped() => {
+                    let rec = interrupted(&t, req, turn, try_no, started, reserved, &cause);
+                    let _ = store.record_failed_call(&rec).await;
+                    return Err(Outcome::Stopped(cause));
+                }
+            };
+            match &result {
+                Ok(r) => {
+                    span.record("gen_ai.usage.input_tokens", r.usage.input_tokens.min(i64::MAX as u64) as i64);
+                    span.record("gen_ai.usage.output_tokens", r.usage.output_tokens.min(i64::MAX as u64) as i64);
+                    span.record("gen_ai.response.model", r.model.as_deref().unwrap_or(t.model));
+                    crate::telemetry::span_strings(&span, "gen_ai.response.finish_reasons", &[r.finish.as_str()]);
+                }
+                Err(e) => {
+                    span.record("error", tracing::field::display(&e.message));
+                    crate::telemetry::span_error(&span, e.code(), &e.message);
+                }
             }
-        };
-        match &result {
-            Ok(r) => {
-                span.record("gen_ai.usage.input_tokens", r.usage.input_tokens.min(i64::MAX as u64) as i64);
-                span.record("gen_ai.usage.output_tokens", r.usage.output_tokens.min(i64::MAX as u64) as i64);
-                span.record("gen_ai.response.model", r.model.as_deref().unwrap_or(&input.model));
-                crate::telemetry::span_strings(&span, "gen_ai.response.finish_reasons", &[r.finish.as_str()]);
+            let mut rec = record(&t, turn, try_no, started, reserved);
+            let e = match result {
+                Ok(resp) => {
+                    rec.usage = resp.usage;
+                    rec.usage_estimated = resp.usage_estimated;
+                    rec.cost_usd = t.price.map(|p| p.cost(&resp.usage));
+                    rec.http_status = resp.http_status;
+                    return Ok((resp, rec));
+                }
+                Err(e) => e,
+            };
+            rec.outcome = CallOutcome::Error;
+            rec.http_status = e.http_status;
+            rec.error = Some(e.message.clone());
+            rec.cost_usd = t.price.map(|_| Decimal::ZERO);
+            if store.record_failed_call(&rec).await.is_err() {
+                return Err(Outcome::Stopped(StopCause::LeaseLost));
             }
-            Err(e) => {
-                span.record("error", tracing::field::display(&e.message));
-                crate::telemetry::span_error(&span, e.code(), &e.message);
+            let delay = e
+                .retryable()
+                .then(|| input.retry.next_delay(try_no, first.elapsed(), e.retry_after, e.restarting()))
+                .flatten();
+            if let Some(d) = delay {
+                tokio::select! {
+                    _ = tokio::time::sleep(d) => {}
+                    cause = stop.stopped() => return Err(Outcome::Stopped(cause)),
+                }
+                continue;
             }
-        }
-        let mut rec = record(input, turn, try_no, started, reserved);
-        let e = match result {
-            Ok(resp) => {
-                rec.usage = resp.usage;
-                rec.usage_estimated = resp.usage_estimated;
-                rec.cost_usd = input.price.map(|p| p.cost(&resp.usage));
-                rec.http_status = resp.http_status;
-                return Ok((resp, rec));
+            // This model cannot serve the call: the next one may.
+            match fall_back(input, at, store, &e, turn).await {
+                Ok(true) => continue 'models,
+                Ok(false) => return Err(failed(&e, try_no)),
+                Err(LeaseLost) => return Err(Outcome::Stopped(StopCause::LeaseLost)),
             }
-            Err(e) => e,
-        };
-        rec.outcome = CallOutcome::Error;
-        rec.http_status = e.http_status;
-        rec.error = Some(e.message.clone());
-        rec.cost_usd = input.price.map(|_| Decimal::ZERO);
-        if store.record_failed_call(&rec).await.is_err() {
-            return Err(Outcome::Stopped(StopCause::LeaseLost));
-        }
-        let delay = e
-            .retryable()
-            .then(|| input.retry.next_delay(try_no, first.elapsed(), e.retry_after, e.restarting()))
-            .flatten();
-        let Some(d) = delay else { return Err(failed(&e, try_no)) };
-        tokio::select! {
-            _ = tokio::time::sleep(d) => {}
-            cause = stop.stopped() => return Err(Outcome::Stopped(cause)),
         }
     }
+}
+
+/// Why error `e` may move a call to the next model, if it may: `unavailable` (it cannot be
+/// served now) or `context_length`. A client error (400, 401, 404…) or a body the service
+/// cannot read never does: another model would be asked the same wrong thing.
+pub fn fallback_reason(e: &LlmError) -> Option<&'static str> {
+    use crate::llm::LlmErrorKind as K;
+    match e.kind {
+        K::Connection | K::Timeout | K::RateLimited | K::Overloaded | K::Server => Some("unavailable"),
+        K::ContextExceeded => Some("context_length"),
+        K::Client | K::Protocol => None,
+    }
+}
+
+/// Move the run to its next fallback model that can serve it, after model `at` failed with `e`
+/// (when `fallback_on` allows it): a `model_fallback` event names both models and the reason; a
+/// model that cannot serve the run is skipped, with a `model_fallback_skipped` event. False when
+/// there is none.
+async fn fall_back(
+    input: &RunInput,
+    at: &mut usize,
+    store: &dyn RunStore,
+    e: &LlmError,
+    turn: u32,
+) -> Result<bool, LeaseLost> {
+    let Some(reason) = fallback_reason(e) else { return Ok(false) };
+    let allowed = match reason {
+        "context_length" => input.fallback_on.context_length,
+        _ => input.fallback_on.unavailable,
+    };
+    if !allowed {
+        return Ok(false);
+    }
+    let from = input.target(*at).full();
+    while *at < input.fallbacks.len() {
+        *at += 1;
+        let next = input.target(*at).full();
+        if let Some(why) = input.fallbacks[*at - 1].unfit.clone() {
+            store.events(&[("model_fallback_skipped", json!({"turn": turn, "model": next, "reason": why}))]).await?;
+            continue;
+        }
+        metrics::counter!("subagentd_model_fallbacks_total", "from" => from.clone(), "to" => next.clone(),
+                          "reason" => reason)
+        .increment(1);
+        let event = json!({"turn": turn, "from": from, "to": next, "reason": reason, "error": e.message,
+                           "http_status": e.http_status});
+        store.events(&[("model_fallback", event)]).await?;
+        return Ok(true);
+    }
+    Ok(false)
 }
 
 /// Reserve try `try_no` of the call against the budgets (its `llm_call_started` event with it),
 /// lowering its `max_tokens` to what the budget affords: what is held until it settles. The
 /// run's first call may have been reserved with the task, whole (`first_reservation`).
+#[allow(clippy::too_many_arguments)] // the call's place: which model, which turn, which try
 async fn reserve(
     input: &RunInput,
     store: &dyn RunStore,
     req: &mut ChatRequest,
+    t: &Target<'_>,
     a: &Ask,
     asked_max: Option<u32>,
-    turn: u32,
+    (own_model, turn): (bool, u32),
     try_no: u32,
 ) -> Result<(Decimal, u64), Outcome> {
-    if input.first_reserved && turn == input.turns_done + 1 && try_no == 1 {
+    if input.first_reserved && own_model && turn == input.turns_done + 1 && try_no == 1 {
         return Ok(a.worst());
     }
-    let started = started_event(input, req, a, turn, try_no);
+    let started = started_event(t, req, a, turn, try_no);
     match store.reserve(a, started).await {
         Ok(g) => {
             // The budget may afford fewer output tokens than asked: the call asks for those.
@@ -597,15 +757,15 @@ async fn reserve(
 
 /// A call's span: OpenTelemetry GenAI semantic conventions, as span fields (numbers as i64:
 /// tracing's unsigned fields reach OpenTelemetry as strings).
-fn call_span(input: &RunInput, provider: &dyn Provider, req: &ChatRequest, turn: u32, try_no: u32) -> tracing::Span {
+fn call_span(t: &Target, provider: &dyn Provider, req: &ChatRequest, turn: u32, try_no: u32) -> tracing::Span {
     tracing::info_span!(
         "llm_call",
-        otel.name = %format!("chat {}", input.model),
+        otel.name = %format!("chat {}", t.model),
         otel.kind = "client",
         gen_ai.operation.name = "chat",
         gen_ai.provider.name = %provider.system(),
-        gen_ai.system = %input.provider_name,
-        gen_ai.request.model = %input.model,
+        gen_ai.system = %t.provider_name,
+        gen_ai.request.model = %t.model,
         gen_ai.request.max_tokens = i64::from(req.max_tokens.unwrap_or(0)),
         turn = i64::from(turn),
         try_no = i64::from(try_no),
@@ -617,13 +777,13 @@ fn call_span(input: &RunInput, provider: &dyn Provider, req: &ChatRequest, turn:
 }
 
 /// A call's ledger row, before its answer is known (`ok`, no usage).
-fn record(input: &RunInput, turn: u32, try_no: u32, started: Instant, reserved: (Decimal, u64)) -> CallRecord {
+fn record(t: &Target, turn: u32, try_no: u32, started: Instant, reserved: (Decimal, u64)) -> CallRecord {
     CallRecord {
         key: uuid::Uuid::now_v7(),
         turn,
         try_no,
-        provider: input.provider_name.clone(),
-        model: input.model.clone(),
+        provider: t.provider_name.to_string(),
+        model: t.model.to_string(),
         usage: Usage::default(),
         cost_usd: None,
         latency_ms: started.elapsed().as_millis().min(u32::MAX as u128) as u32,
@@ -640,7 +800,7 @@ fn record(input: &RunInput, turn: u32, try_no: u32, started: Instant, reserved: 
 /// it did before the connection was dropped: recorded, its usage estimated — the prompt as
 /// sent, and the output streamed so far, else the reserved bound.
 fn interrupted(
-    input: &RunInput,
+    t: &Target,
     req: &ChatRequest,
     turn: u32,
     try_no: u32,
@@ -654,11 +814,11 @@ fn interrupted(
     }
     CallRecord {
         usage,
-        cost_usd: input.price.map(|p| p.cost(&usage)),
+        cost_usd: t.price.map(|p| p.cost(&usage)),
         outcome: CallOutcome::Interrupted,
         error: Some(format!("stopped while the provider was answering ({cause:?})")),
         usage_estimated: true,
-        ..record(input, turn, try_no, started, reserved)
+        ..record(t, turn, try_no, started, reserved)
     }
 }
 

@@ -114,6 +114,33 @@ pub struct TaskOptions {
     /// The JSON Schema the final answer must satisfy (the request's, else the definition's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_schema: Option<serde_json::Value>,
+    /// The models a call moves to, in order, when its own cannot serve it: the request's, else
+    /// the definition's, else the tenant's (`provider/model`, resolved at submission).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fallback_models: Vec<String>,
+    /// Which failures move a call to the next model; `None`: `unavailable` only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback_on: Option<Vec<FallbackWhen>>,
+}
+
+/// A failure that moves a call to the next model (`fallback_on`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FallbackWhen {
+    /// The model cannot be served (retries ran out, unreachable, 5xx/529, a long 429).
+    Unavailable,
+    /// The prompt does not fit the model's context.
+    ContextLength,
+}
+
+impl FallbackWhen {
+    pub fn parse(s: &str) -> Option<FallbackWhen> {
+        match s {
+            "unavailable" => Some(FallbackWhen::Unavailable),
+            "context_length" => Some(FallbackWhen::ContextLength),
+            _ => None,
+        }
+    }
 }
 
 fn is_none_approval(a: &Approval) -> bool {
@@ -152,6 +179,17 @@ impl TaskOptions {
             system.push_str(&super::output::instructions(schema));
         }
         super::fresh_conversation(system, prompt.to_string())
+    }
+
+    /// Which failures move a call to the next model.
+    pub fn fallback_on(&self) -> super::FallbackOn {
+        match &self.fallback_on {
+            None => super::FallbackOn::default(),
+            Some(w) => super::FallbackOn {
+                unavailable: w.contains(&FallbackWhen::Unavailable),
+                context_length: w.contains(&FallbackWhen::ContextLength),
+            },
+        }
     }
 
     /// Read the stored options (once per run, once per view).

@@ -150,6 +150,8 @@ fn input() -> RunInput {
         gates: vec![],
         answers: vec![],
         output_schema: None,
+        fallbacks: vec![],
+        fallback_on: FallbackOn::default(),
     }
 }
 
@@ -448,4 +450,108 @@ async fn no_matching_answer_within_the_turns_ends_invalid_output_with_the_errors
     let Outcome::InvalidOutput { summary, errors } = o else { panic!("{o:?}") };
     assert_eq!(summary, r#"{"m": 1}"#, "the last answer is kept as the summary");
     assert!(errors[0].contains("\"n\" is a required property"), "{errors:?}");
+}
+
+fn fallback(p: &Arc<Scripted>, model: &str, unfit: Option<&str>) -> Fallback {
+    Fallback {
+        provider: p.clone(),
+        provider_name: "backup".into(),
+        model: model.into(),
+        price: Some(Price {
+            input_per_m: 10.into(),
+            output_per_m: 20.into(),
+            cached_per_m: 0.into(),
+            cache_write_per_m: 0.into(),
+        }),
+        max_tokens: Some(64),
+        text_tool_calls: false,
+        unfit: unfit.map(str::to_string),
+    }
+}
+
+fn unavailable() -> LlmError {
+    LlmError::from_status(529, "overloaded", None)
+}
+
+#[tokio::test]
+async fn a_call_its_model_cannot_serve_moves_to_the_next_fallback_with_an_event_and_a_ledger_row_each() {
+    // The primary answers 503 to every try (3 tries, the policy's), the backup answers.
+    let primary = Scripted::new(vec![Err(unavailable()), Err(unavailable()), Err(unavailable())]);
+    let backup = Arc::new(Scripted::new(vec![Ok(text("from the backup"))]));
+    let inp = RunInput { fallbacks: vec![fallback(&backup, "b1", None)], ..input() };
+    let (o, store, _) = go(&primary, inp).await;
+    assert_eq!(o, Outcome::Completed { summary: "from the backup".into(), output: None });
+    // Each failed try is a ledger row of its own model; the answer, the backup's.
+    let failed = store.failed.lock().unwrap();
+    assert_eq!(
+        failed.iter().map(|c| (c.model.as_str(), c.try_no)).collect::<Vec<_>>(),
+        [("m1", 1), ("m1", 2), ("m1", 3)]
+    );
+    let cp = store.checkpoints.lock().unwrap();
+    let last = &cp.last().unwrap().call;
+    assert_eq!((last.provider.as_str(), last.model.as_str(), last.try_no), ("backup", "b1", 4));
+    // At the backup's price, and asking what the backup allows.
+    assert_eq!(last.cost_usd, Some(Decimal::new(2, 4)), "10 in and 5 out at 10 and 20 per million");
+    assert_eq!(backup.requests()[0].model, "b1");
+    assert_eq!(backup.requests()[0].max_tokens, Some(64));
+    assert!(store.events.lock().unwrap().contains(&"model_fallback"));
+    // From the same checkpoint: the backup sees the conversation the primary was asked.
+    assert_eq!(backup.requests()[0].messages, primary.requests()[0].messages);
+}
+
+#[tokio::test]
+async fn a_client_error_never_falls_back_and_a_context_overflow_only_when_asked() {
+    let bad = || LlmError::from_status(400, "bad request", None);
+    let backup = Arc::new(Scripted::new(vec![Ok(text("never"))]));
+    let primary = Scripted::new(vec![Err(bad())]);
+    let (o, store, _) = go(&primary, RunInput { fallbacks: vec![fallback(&backup, "b1", None)], ..input() }).await;
+    assert!(matches!(o, Outcome::Failed { ref code, .. } if code == "provider_rejected"), "{o:?}");
+    assert!(backup.requests().is_empty());
+    assert!(!store.events.lock().unwrap().contains(&"model_fallback"));
+    let overflow = || LlmError::new(LlmErrorKind::ContextExceeded, "too long");
+    let primary = Scripted::new(vec![Err(overflow())]);
+    let (o, _, _) = go(&primary, RunInput { fallbacks: vec![fallback(&backup, "b1", None)], ..input() }).await;
+    assert!(matches!(o, Outcome::Failed { ref code, .. } if code == "context_exceeded"), "{o:?}");
+    assert!(backup.requests().is_empty(), "context_length is not in the default fallback_on");
+    let primary = Scripted::new(vec![Err(overflow())]);
+    let inp = RunInput {
+        fallbacks: vec![fallback(&backup, "b1", None)],
+        fallback_on: FallbackOn { unavailable: true, context_length: true },
+        ..input()
+    };
+    let (o, _, _) = go(&primary, inp).await;
+    assert_eq!(o, Outcome::Completed { summary: "never".into(), output: None });
+}
+
+#[tokio::test]
+async fn a_fallback_that_cannot_serve_the_run_is_skipped_with_its_reason() {
+    let unfit = Arc::new(Scripted::new(vec![Ok(text("unfit"))]));
+    let fit = Arc::new(Scripted::new(vec![Ok(text("fit"))]));
+    let primary = Scripted::new(vec![Err(unavailable()), Err(unavailable()), Err(unavailable())]);
+    let inp = RunInput {
+        fallbacks: vec![
+            fallback(&unfit, "no-tools", Some("its provider cannot call tools")),
+            fallback(&fit, "b2", None),
+        ],
+        ..input()
+    };
+    let (o, store, _) = go(&primary, inp).await;
+    assert_eq!(o, Outcome::Completed { summary: "fit".into(), output: None });
+    assert!(unfit.requests().is_empty());
+    let events = store.events.lock().unwrap();
+    let skipped = events.iter().position(|e| *e == "model_fallback_skipped").unwrap();
+    let moved = events.iter().position(|e| *e == "model_fallback").unwrap();
+    assert!(skipped < moved);
+}
+
+#[tokio::test]
+async fn a_fallback_the_budget_cannot_afford_ends_the_run_with_budget() {
+    let backup = Arc::new(Scripted::new(vec![Ok(text("dear"))]));
+    let primary = Scripted::new(vec![Err(unavailable()), Err(unavailable()), Err(unavailable())]);
+    let store = Store { budget_left: Mutex::new(Some(Decimal::new(1, 3))), ..Store::default() };
+    let inp = RunInput { fallbacks: vec![fallback(&backup, "b1", None)], max_tokens: Some(10), ..input() };
+    let t = Tools::default();
+    let o = run_to_end(inp, &primary, &t, &store, &StopSignal::new()).await;
+    assert!(matches!(o, Outcome::Incomplete { stop_reason: StopReason::Budget, .. }), "{o:?}");
+    assert!(backup.requests().is_empty(), "never called");
 }

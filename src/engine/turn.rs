@@ -45,6 +45,8 @@ pub(super) struct Turns<'a> {
     pub force_output: bool,
     /// (tool name, arguments) of consecutive identical calls, and how many, for loop detection.
     pub streak: (Option<(String, String)>, usize),
+    /// The model the run's calls go to: 0 its own, `n` its `n`th fallback (moved to, and kept).
+    pub at: usize,
 }
 
 /// A turn's tool calls, screened: each one's result where it is not to run (refused, cut, a
@@ -59,25 +61,26 @@ impl Turns<'_> {
     /// Turn `turn`: its call, and what its answer leads to.
     pub async fn turn(&mut self, turn: u32) -> Step {
         let input = self.input;
-        let mut req = request(input, &self.messages, self.force_output);
-        let (mut resp, call) =
-            match call_with_retries(input, self.provider, self.store, self.stop, &mut req, turn).await {
-                Ok(r) => r,
-                Err(Outcome::Stopped(StopCause::Budget(limit))) => {
-                    let summary = self.last_text.take().unwrap_or_else(|| {
-                        format!(
-                            "(sub-agent {} stopped after {} turns: the next call would exceed the {limit} budget)",
-                            input.agent,
-                            turn - 1
-                        )
-                    });
-                    return Step::End(Outcome::Incomplete { stop_reason: StopReason::Budget, summary }.into());
-                }
-                Err(o) => return Step::End(o.into()),
-            };
+        let mut req = request(input, &input.target(self.at), &self.messages, self.force_output);
+        let called = call_with_retries(input, self.provider, &mut self.at, self.store, self.stop, &mut req, turn).await;
+        let target = input.target(self.at);
+        let (mut resp, call) = match called {
+            Ok(r) => r,
+            Err(Outcome::Stopped(StopCause::Budget(limit))) => {
+                let summary = self.last_text.take().unwrap_or_else(|| {
+                    format!(
+                        "(sub-agent {} stopped after {} turns: the next call would exceed the {limit} budget)",
+                        input.agent,
+                        turn - 1
+                    )
+                });
+                return Step::End(Outcome::Incomplete { stop_reason: StopReason::Budget, summary }.into());
+            }
+            Err(o) => return Step::End(o.into()),
+        };
         let mut events = vec![(
             "llm_call_finished",
-            json!({"turn": turn, "model": format!("{}/{}", input.provider_name, input.model),
+            json!({"turn": turn, "model": target.full(),
                    "input_tokens": call.usage.input_tokens, "output_tokens": call.usage.output_tokens,
                    "cached_tokens": call.usage.cached_tokens, "cache_write_tokens": call.usage.cache_write_tokens,
                    "latency_ms": call.latency_ms, "try": call.try_no,
@@ -85,7 +88,7 @@ impl Turns<'_> {
         )];
         // Cut at the output limit: the text is partial, and so may be a tool call's arguments.
         let cut = resp.finish == FinishReason::Length;
-        if resp.tool_calls.is_empty() && !cut && input.text_tool_calls {
+        if resp.tool_calls.is_empty() && !cut && target.text_tool_calls {
             let offered: Vec<&str> = input.tools.iter().map(|t| t.name.as_str()).collect();
             if let Some(calls) = resp.text.as_deref().and_then(|t| crate::llm::text_tools::parse(t, &offered, turn)) {
                 events.push(("text_tool_calls", json!({"turn": turn, "calls": calls.len()})));

@@ -107,6 +107,10 @@ struct PutAgent {
     read_only: Option<bool>,
     #[serde(default)]
     output_schema: Option<Value>,
+    #[serde(default)]
+    fallback_models: Option<Vec<String>>,
+    #[serde(default)]
+    fallback_on: Option<Vec<String>>,
 }
 
 fn definition_error(e: crate::engine::definitions::DefinitionError) -> ApiError {
@@ -159,6 +163,8 @@ fn parse_body(name: &str, headers: &HeaderMap, body: &Bytes) -> Result<AgentDefi
                 approval: p.approval,
                 read_only: p.read_only,
                 output_schema: p.output_schema,
+                fallback_models: p.fallback_models.unwrap_or_default(),
+                fallback_on: p.fallback_on,
                 ..Written::default()
             };
             written

@@ -296,7 +296,42 @@ impl Runner {
             gates: opts.gates(),
             answers: vec![],
             output_schema: opts.output_schema.clone(),
+            fallbacks: opts.fallback_models.iter().filter_map(|m| self.fallback(m, opts)).collect(),
+            fallback_on: opts.fallback_on(),
         }
+    }
+
+    /// Fallback model `name` as a run of `opts` may use it: unfit (skipped, with the reason)
+    /// when its provider cannot serve what the run needs, or is not configured on this worker.
+    fn fallback(&self, name: &str, opts: &TaskOptions) -> Option<engine::Fallback> {
+        let m = ModelRef::parse(name)?;
+        let (provider, mut unfit) = match self.providers.for_model(&m) {
+            Some(p) => (p, None),
+            None => (
+                Arc::new(crate::llm::mock::MockProvider) as Arc<dyn crate::llm::Provider>,
+                Some(format!("no provider {:?} is configured on this worker", m.provider)),
+            ),
+        };
+        let cannot = self.providers.cannot(&m);
+        if unfit.is_none() && !opts.tools.is_empty() && cannot.contains(&"tools") {
+            unfit = Some("its provider cannot call tools, and this run has tools".into());
+        }
+        if unfit.is_none() && opts.output_schema.is_some() && cannot.contains(&"structured output") {
+            unfit = Some("its provider gives no structured output, and this run has an output_schema".into());
+        }
+        Some(engine::Fallback {
+            provider,
+            provider_name: m.provider.clone(),
+            price: self.providers.price(&m),
+            max_tokens: Some(self.providers.max_tokens_for(
+                &m,
+                opts.agent.as_ref().and_then(|d| d.max_output_tokens),
+                self.cfg.max_output_tokens,
+            )),
+            text_tool_calls: self.providers.text_tool_calls(&m),
+            model: m.model,
+            unfit,
+        })
     }
 
     /// What the first provider call of `t`, about to start here, will reserve, so that the

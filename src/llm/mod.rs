@@ -370,6 +370,42 @@ pub struct ProviderSettings {
     pub text_tool_calls: bool,
     /// The shipped price table applies to its models.
     pub shipped_prices: bool,
+    /// What its models cannot serve, if anything: `tools`, `structured output`.
+    pub cannot: Vec<&'static str>,
+}
+
+/// Is `model` a model name at all (`provider/model` or an alias)? Whether it can be served is
+/// another matter (`Providers::resolve`).
+pub fn check_model_name(model: &str) -> Result<(), String> {
+    let ok = !model.is_empty()
+        && model.len() <= 200
+        && !model.chars().any(|c| c.is_whitespace() || c.is_control())
+        && model.split_once('/').is_none_or(|(p, m)| !p.is_empty() && !m.is_empty());
+    if ok {
+        Ok(())
+    } else {
+        Err("must be `provider/model` or a model alias (no spaces, at most 200 characters)".into())
+    }
+}
+
+/// At most this many fallback models (each may wait out its own retries).
+pub const MAX_FALLBACK_MODELS: usize = 5;
+
+/// A list of fallback models as written: each a model name, none twice, at most five.
+pub fn check_fallback_models(models: &[String]) -> Result<Vec<String>, String> {
+    if models.len() > MAX_FALLBACK_MODELS {
+        return Err(format!("at most {MAX_FALLBACK_MODELS} models"));
+    }
+    let mut out: Vec<String> = vec![];
+    for (i, m) in models.iter().enumerate() {
+        let m = m.trim().to_string();
+        check_model_name(&m).map_err(|e| format!("[{i}] {m:?}: {e}"))?;
+        if out.contains(&m) {
+            return Err(format!("[{i}] {m:?} is named twice"));
+        }
+        out.push(m);
+    }
+    Ok(out)
 }
 
 /// `provider/model`, split.
@@ -539,6 +575,13 @@ impl Providers {
                 model_max_output_tokens: model_max,
                 text_tool_calls: pc.text_tool_calls.unwrap_or(!official),
                 shipped_prices: pc.shipped_prices.unwrap_or(official),
+                cannot: [
+                    (!pc.supports_tools.unwrap_or(true)).then_some("tools"),
+                    (!pc.supports_structured_output.unwrap_or(true)).then_some("structured output"),
+                ]
+                .into_iter()
+                .flatten()
+                .collect(),
             },
         );
         Ok(())
@@ -649,6 +692,11 @@ impl Providers {
     /// Whether the model's provider reads tool calls written as text.
     pub fn text_tool_calls(&self, m: &ModelRef) -> bool {
         self.settings.get(&m.provider).is_some_and(|s| s.text_tool_calls)
+    }
+
+    /// What the model's provider cannot serve (`tools`, `structured output`), as configured.
+    pub fn cannot(&self, m: &ModelRef) -> &[&'static str] {
+        self.settings.get(&m.provider).map_or(&[], |s| s.cannot.as_slice())
     }
 }
 

@@ -430,6 +430,8 @@ fn commit_turns_sql(whole: bool, one: bool) -> String {
                 stop_reason = CASE WHEN b_status IS NULL THEN stop_reason ELSE b_stop END,
                 summary = CASE WHEN b_status IS NULL THEN summary ELSE b_summary END,
                 output = CASE WHEN b_status IS NULL THEN output ELSE b_output END,
+                answered_model = CASE WHEN b_status IS NOT NULL AND b_outcome = 'ok'
+                    THEN b_provider || '/' || b_model ELSE answered_model END,
                 error_code = CASE WHEN b_status IS NULL THEN error_code ELSE b_ecode END,
                 error_message = CASE WHEN b_status IS NULL THEN error_message ELSE b_emsg END,
                 finished_at = CASE WHEN b_status IS NULL THEN finished_at ELSE now() END,

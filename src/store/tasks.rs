@@ -59,6 +59,9 @@ pub struct TaskRow {
     /// How many times the run paused, and the time spent paused (in ms).
     pub pauses: i32,
     pub paused_ms: i64,
+    /// The model (`provider/model`) whose answer ended the run: its own, or a fallback.
+    #[sqlx(default)]
+    pub answered_model: Option<String>,
     /// Its `task.finished` delivery (`{status, attempts, last_error, delivered_at}`), where the
     /// statement read it (`WEBHOOK`).
     #[sqlx(default)]
@@ -131,7 +134,7 @@ pub(crate) const COLS: &str =
     unpriced_calls,     estimated_calls, attempt, \
     lease_token, lease_expires_at, worker_id, cancel_requested, idempotency_key, request_hash, metadata, created_at, \
     started_at, finished_at, parent_task_id, max_cost_usd, max_tokens, traceparent, webhook_url, waiting_for, api_key, \
-    pauses, paused_ms";
+    pauses, paused_ms, answered_model";
 
 /// A task's completion webhook as views show it: its `task.finished` delivery.
 pub(crate) const WEBHOOK: &str = "(SELECT jsonb_build_object('status', d.status, 'attempts', d.attempts, \

@@ -47,11 +47,15 @@ pub struct Limits {
     /// is answered at once, as if it had run out).
     #[arg(long)]
     pub max_waits: Option<i32>,
+    /// The models a call moves to, in order, when its own cannot serve it (unless the task or
+    /// its agent definition names its own); `provider/model` or an alias, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    pub fallback_models: Option<Vec<String>>,
 }
 
 const LIMIT_COLS: &str = "usd_per_day, usd_per_month, tokens_per_day, max_running, max_queued, max_task_cost_usd, \
     max_task_tokens, max_task_turns, max_task_timeout_seconds, approval, requests_per_second, request_burst, \
-    max_streams, max_waits";
+    max_streams, max_waits, fallback_models";
 
 pub async fn ensure(pool: &PgPool, tenant: &str) -> Result<(), StoreError> {
     sqlx::query("INSERT INTO tenants (name) VALUES ($1) ON CONFLICT DO NOTHING").bind(tenant).execute(pool).await?;
@@ -68,15 +72,16 @@ pub async fn put_limits(pool: &PgPool, tenant: &str, l: &Limits) -> Result<bool,
     Ok(sqlx::query_scalar(
         "INSERT INTO tenants (name, usd_per_day, usd_per_month, tokens_per_day, max_running, max_queued,
              max_task_cost_usd, max_task_tokens, max_task_turns, max_task_timeout_seconds, approval,
-             requests_per_second, request_burst, max_streams, max_waits)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
+             requests_per_second, request_burst, max_streams, max_waits, fallback_models)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
          ON CONFLICT (name) DO UPDATE SET usd_per_day = EXCLUDED.usd_per_day, usd_per_month = EXCLUDED.usd_per_month,
              tokens_per_day = EXCLUDED.tokens_per_day, max_running = EXCLUDED.max_running,
              max_queued = EXCLUDED.max_queued, max_task_cost_usd = EXCLUDED.max_task_cost_usd,
              max_task_tokens = EXCLUDED.max_task_tokens, max_task_turns = EXCLUDED.max_task_turns,
              max_task_timeout_seconds = EXCLUDED.max_task_timeout_seconds, approval = EXCLUDED.approval,
              requests_per_second = EXCLUDED.requests_per_second, request_burst = EXCLUDED.request_burst,
-             max_streams = EXCLUDED.max_streams, max_waits = EXCLUDED.max_waits, updated_at = now()
+             max_streams = EXCLUDED.max_streams, max_waits = EXCLUDED.max_waits,
+             fallback_models = EXCLUDED.fallback_models, updated_at = now()
          RETURNING (xmax = 0)",
     )
     .bind(tenant)
@@ -94,6 +99,7 @@ pub async fn put_limits(pool: &PgPool, tenant: &str, l: &Limits) -> Result<bool,
     .bind(l.request_burst)
     .bind(l.max_streams)
     .bind(l.max_waits)
+    .bind(&l.fallback_models)
     .fetch_one(pool)
     .await?)
 }

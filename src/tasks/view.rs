@@ -21,6 +21,13 @@ pub struct TaskView {
     pub subagent_type: String,
     pub description: Option<String>,
     pub model: String,
+    /// The models its calls may move to, in order (`fallback_models`), and on what failures.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub fallback_models: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fallback_on: Option<Vec<crate::engine::spec::FallbackWhen>>,
+    /// The model whose answer ended the run (its own `model`, or a fallback), once it ended.
+    pub answered_model: Option<String>,
     pub prompt: String,
     pub max_turns: Option<u32>,
     /// The tools the run is offered (its whitelist).
@@ -101,6 +108,9 @@ impl From<TaskRow> for TaskView {
             subagent_type: r.subagent_type,
             description: r.description,
             model: r.model,
+            fallback_models: opts.as_ref().map(|o| o.fallback_models.clone()).unwrap_or_default(),
+            fallback_on: opts.as_ref().and_then(|o| o.fallback_on.clone()),
+            answered_model: r.answered_model,
             prompt: r.prompt,
             max_turns: opts.as_ref().map(|o| o.max_turns.get()),
             tools: opts.map(|o| o.tools.into_iter().map(|t| t.name).collect()).unwrap_or_default(),

@@ -167,8 +167,16 @@ async fn a_running_tasks_page_shows_its_text_as_the_model_writes_it() {
     assert!(partial.starts_with("word1 word2") && !partial.contains("word60"), "{partial}");
     assert!(b.text("#live-note").await.contains("turn 1"));
     b.screenshot("console-live-output").await;
-    b.wait_until("it ends", "const st = document.querySelector('#task-status'); return !!st && st.textContent.trim() === 'completed';").await;
-    b.wait_until("the whole text", &format!("return document.querySelector('#live-output').textContent === {};", json!(reply))).await;
+    b.wait_until(
+        "it ends",
+        "const st = document.querySelector('#task-status'); return !!st && st.textContent.trim() === 'completed';",
+    )
+    .await;
+    b.wait_until(
+        "the whole text",
+        &format!("return document.querySelector('#live-output').textContent === {};", json!(reply)),
+    )
+    .await;
     assert_eq!(b.text("#task-summary").await.trim(), reply);
     assert_eq!(b.severe_logs().await, Vec::<String>::new(), "console errors on the live page");
     b.close().await;
@@ -203,9 +211,14 @@ async fn task_lists_name_tasks_apart_with_the_whole_id_on_hover_and_a_copy_butto
     // The copy button hands the whole id to the clipboard (a headless browser's clipboard cannot
     // be read back: the Clipboard API's writeText is watched instead).
     let first = &ids[0];
-    b.js("window.__copied = []; navigator.clipboard.writeText = async (t) => { window.__copied.push(t); }; return true;")
-        .await;
-    b.js(&format!("document.querySelector('#tasks-table tr[data-task-id=\"{first}\"] .copy-id').click(); return true;")).await;
+    b.js(
+        "window.__copied = []; navigator.clipboard.writeText = async (t) => { window.__copied.push(t); }; return true;",
+    )
+    .await;
+    b.js(&format!(
+        "document.querySelector('#tasks-table tr[data-task-id=\"{first}\"] .copy-id').click(); return true;"
+    ))
+    .await;
     b.wait_until(
         "copied",
         &format!("const c = document.querySelector('#tasks-table tr[data-task-id=\"{first}\"] .copy-id'); return !!c && c.dataset.copied === {};", json!(first)),

@@ -1,6 +1,7 @@
 //! One integration-test binary (each file in tests/ would link the crate again).
 
 mod fakes;
+mod fallback;
 mod faults;
 mod helpers;
 

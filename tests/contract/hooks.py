@@ -132,6 +132,10 @@ def _existing(label, case):
             body["subagent_type"] = "general"
         if isinstance(body.get("resume_from"), str) and _is_uuid(body["resume_from"]):
             del body["resume_from"]
+        # Fallback models that are served here, none the task's own.
+        fallbacks = body.get("fallback_models")
+        if isinstance(fallbacks, list) and all(isinstance(m, str) for m in fallbacks):
+            body["fallback_models"] = [f"mock/fallback-{i}" for i in range(len(fallbacks))]
         # Names of tools the tenant has: it has none.
         allowed = body.get("allowed_tools")
         if isinstance(allowed, list) and all(isinstance(t, str) for t in allowed):

@@ -72,6 +72,13 @@ pub struct TaskRequest {
     /// The JSON Schema the final answer must satisfy (default: the agent definition's).
     #[serde(default)]
     pub output_schema: Option<Value>,
+    /// The models a call moves to, in order, when its own cannot serve it (default: the agent
+    /// definition's, else the tenant's; `[]`: none).
+    #[serde(default)]
+    pub fallback_models: Option<Vec<String>>,
+    /// Which failures move a call to the next model: `unavailable` (the default), `context_length`.
+    #[serde(default)]
+    pub fallback_on: Option<Vec<String>>,
 }
 
 /// One submission: the request and what came with it, as the door received it.

@@ -13,7 +13,7 @@ use crate::budget::{self, Limits, Smallest};
 use crate::engine::agents::{AgentType, Approval};
 use crate::engine::claude_code;
 use crate::engine::definitions::AgentDefinition;
-use crate::engine::spec::{MaxTurns, TaskOptions, Usd};
+use crate::engine::spec::{FallbackWhen, MaxTurns, TaskOptions, Usd};
 use crate::llm::{ModelRef, ResolveError};
 use crate::store::tasks::{self, NewTask, TaskRow};
 use crate::tasks::{Lifecycle, TaskError};
@@ -279,6 +279,7 @@ impl Lifecycle {
             }
             None => definition.and_then(|d| d.output_schema.clone()),
         };
+        let (fallback_models, fallback_on) = self.fallbacks(body, limits, who, own)?;
         Ok(TaskOptions {
             max_turns: MaxTurns::for_agent(who.agent, own.turns),
             system_prompt: body.system_prompt.clone(),
@@ -290,7 +291,49 @@ impl Lifecycle {
             approval,
             action_timeout_seconds,
             output_schema,
+            fallback_models,
+            fallback_on,
         })
+    }
+
+    /// The fallback models (the request's, else the definition's, else the tenant's), each one
+    /// served here, priced where a USD limit applies, and not the task's own model; and which
+    /// failures move a call to them. Explicit like the model itself (invariant 5).
+    fn fallbacks(
+        &self,
+        body: &TaskRequest,
+        limits: &Limits,
+        who: &Agent,
+        own: &TaskLimits,
+    ) -> Result<(Vec<String>, Option<Vec<FallbackWhen>>), TaskError> {
+        let definition = who.definition.as_ref();
+        let (field, names) = match (&body.fallback_models, definition.filter(|d| !d.fallback_models.is_empty())) {
+            (Some(list), _) => ("fallback_models", list.clone()),
+            (None, Some(d)) => ("agent.fallback_models", d.fallback_models.clone()),
+            (None, None) => ("tenant.fallback_models", limits.fallback_models.clone().unwrap_or_default()),
+        };
+        let names = crate::llm::check_fallback_models(&names).map_err(|m| TaskError::invalid(field, m))?;
+        let mut models = vec![];
+        for (i, name) in names.iter().enumerate() {
+            let m = self.resolve_model(Some(name), None).map_err(|e| match e {
+                TaskError::UnknownModel { detail, .. } => {
+                    TaskError::invalid(field, format!("[{i}] {}", detail.trim_start_matches("model: ")))
+                }
+                e => e,
+            })?;
+            if m == who.model || models.contains(&m.full()) {
+                return Err(TaskError::invalid(field, format!("[{i}] {name:?} is the task's model, or named twice")));
+            }
+            self.priced(&m, limits, own).map_err(|e| TaskError::invalid(field, format!("[{i}] {e}")))?;
+            models.push(m.full());
+        }
+        let fallback_on = match body.fallback_on.as_ref() {
+            Some(w) => Some(
+                crate::engine::definitions::check_fallback_on(w).map_err(|m| TaskError::invalid("fallback_on", m))?,
+            ),
+            None => definition.and_then(|d| d.fallback_on.clone()),
+        };
+        Ok((models, fallback_on))
     }
 
     /// The task `resume_from` names, if it can be resumed, with its options.

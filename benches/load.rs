@@ -4,7 +4,8 @@
 //!
 //! cargo bench --bench load                 # every scenario, then BENCHMARKS.md
 //! cargo bench --bench load -- throughput   # one scenario: throughput, concurrency, wait, admission, pgbench,
-//!                                          # mcp, a2a, holds, connections, flood (and on request: soak, console)
+//!                                          # mcp, a2a, holds, live, connections, flood (and on request: soak, console)
+//! BENCH_STREAM_PIECES=N                    # the fake streams its final answers in N pieces (when asked to stream)
 
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -44,6 +45,36 @@ static PROVIDER_MS: Mutex<Option<std::collections::HashMap<String, f64>>> = Mute
 static ERROR_EVERY: AtomicU64 = AtomicU64::new(0);
 static CALLS: AtomicU64 = AtomicU64::new(0);
 
+/// Pieces the fake streams a final answer in, when the request asks for a stream (0: it answers
+/// one JSON body, as a server that ignores `stream` does), and the gap between them in ms. Set by
+/// `BENCH_STREAM_PIECES` / `BENCH_STREAM_GAP_MS`, or by a scenario.
+static STREAM_PIECES: AtomicU64 = AtomicU64::new(0);
+static STREAM_GAP_MS: AtomicU64 = AtomicU64::new(0);
+
+/// A final answer as OpenAI-compatible Server-Sent Events: `pieces` content deltas `gap_ms` apart.
+fn streamed_answer(pieces: u64, gap_ms: u64) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let chunk = |v: Value| axum::body::Bytes::from(format!("data: {v}\n\n"));
+    let stream = futures_util::stream::unfold(0u64, move |i| async move {
+        let item = match i {
+            i if i < pieces => {
+                if gap_ms > 0 && i > 0 {
+                    tokio::time::sleep(Duration::from_millis(gap_ms)).await;
+                }
+                chunk(json!({"choices": [{"index": 0, "delta": {"content": format!("word{i} ")}}]}))
+            }
+            i if i == pieces => chunk(json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+                                             "usage": {"prompt_tokens": 100, "completion_tokens": pieces, "total_tokens": 100 + pieces}})),
+            i if i == pieces + 1 => axum::body::Bytes::from("data: [DONE]\n\n"),
+            _ => return None,
+        };
+        Some((Ok::<_, std::convert::Infallible>(item), i + 1))
+    });
+    let mut r = axum::body::Body::from_stream(stream).into_response();
+    r.headers_mut().insert("content-type", axum::http::HeaderValue::from_static("text/event-stream"));
+    r
+}
+
 /// The fake provider: a tool call first (unless the prompt says `no-tools`), then an answer.
 async fn fake_chat(latency: Arc<AtomicU64>, Json(req): Json<Value>) -> axum::response::Response {
     use axum::response::IntoResponse;
@@ -75,6 +106,10 @@ async fn fake_chat(latency: Arc<AtomicU64>, Json(req): Json<Value>) -> axum::res
             "usage": usage}),
         )
         .into_response();
+    }
+    let pieces = STREAM_PIECES.load(Ordering::Relaxed);
+    if pieces > 0 && req["stream"] == true {
+        return streamed_answer(pieces, STREAM_GAP_MS.load(Ordering::Relaxed));
     }
     Json(
         json!({"choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "done"}}], "usage": usage}),
@@ -1320,6 +1355,81 @@ async fn a2a_overhead(env: &Env, report: &Report, secs: u64) {
     report.lock().unwrap().push(line);
 }
 
+/// Scenario 12, live output: the service CPU a subscriber costs per 1,000 deltas. 50 tasks each
+/// stream a 2,000-piece answer over about 20 s (a piece every 10 ms); run once with nobody
+/// watching, once with an SSE subscriber on each task; the difference in the service's CPU
+/// time, per 1,000 `output_delta` events the subscribers received.
+async fn live(env: &Env, report: &Report) {
+    const TASKS: usize = 50;
+    env.latency.store(0, Ordering::Relaxed);
+    STREAM_PIECES.store(2000, Ordering::Relaxed);
+    STREAM_GAP_MS.store(10, Ordering::Relaxed);
+    let svc = env
+        .service("bench_live", &["serve"], &[("SUBAGENTD_MAX_RUNNING", "200".into()), ("SUBAGENTD_DB_MAX_CONNECTIONS", "40".into())])
+        .await;
+    let client = reqwest::Client::new();
+    let mut rows = vec![];
+    for watched in [false, true] {
+        let (_, cpu0) = cpu_seconds(svc.child.id());
+        let t0 = Instant::now();
+        let mut ids = vec![];
+        for i in 0..TASKS {
+            let r = client
+                .post(format!("{}/tasks", svc.base))
+                .json(&json!({"prompt": format!("no-tools live {i} {watched}"), "model": "fake/m"}))
+                .send()
+                .await
+                .unwrap();
+            ids.push(r.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_string());
+        }
+        let readers: Vec<_> = ids
+            .iter()
+            .map(|id| {
+                let (c, url) = (client.clone(), format!("{}/tasks/{id}/events", svc.base));
+                tokio::spawn(async move {
+                    if !watched {
+                        // Wait for the end without a stream: poll the task.
+                        loop {
+                            let t: Value = c.get(url.trim_end_matches("/events")).send().await.unwrap().json().await.unwrap();
+                            if t["finished_at"].is_string() {
+                                return 0u64;
+                            }
+                            tokio::time::sleep(Duration::from_millis(500)).await;
+                        }
+                    }
+                    let r = c.get(url).header("accept", "text/event-stream").send().await.unwrap();
+                    let mut s = r.bytes_stream();
+                    let mut deltas = 0u64;
+                    let mut buf = String::new();
+                    while let Some(Ok(b)) = futures_util::StreamExt::next(&mut s).await {
+                        buf.push_str(&String::from_utf8_lossy(&b));
+                        while let Some(end) = buf.find("\n\n") {
+                            let ev: String = buf.drain(..end + 2).collect();
+                            deltas += u64::from(ev.contains("event: output_delta"));
+                        }
+                    }
+                    deltas
+                })
+            })
+            .collect();
+        let mut deltas = 0;
+        for r in readers {
+            deltas += r.await.unwrap();
+        }
+        let (_, cpu1) = cpu_seconds(svc.child.id());
+        rows.push((watched, cpu1 - cpu0, deltas, t0.elapsed().as_secs_f64()));
+    }
+    STREAM_PIECES.store(0, Ordering::Relaxed);
+    let (_, unwatched_cpu, _, unwatched_s) = rows[0];
+    let (_, watched_cpu, deltas, watched_s) = rows[1];
+    let per_k = (watched_cpu - unwatched_cpu) * 1000.0 / (deltas.max(1) as f64) * 1000.0;
+    let line = format!(
+        "| 12. Live output: {TASKS} tasks each streaming 2,000 pieces over ~20 s, unwatched, then each with an SSE subscriber | — | **{per_k:.1} ms of service CPU per 1,000 deltas** ({deltas} deltas; service CPU {unwatched_cpu:.2} s unwatched in {unwatched_s:.1} s, {watched_cpu:.2} s watched in {watched_s:.1} s) | — |"
+    );
+    println!("{line}");
+    report.lock().unwrap().push(line);
+}
+
 /// Scenario 10, held connections: the memory 1,000 open event streams cost, and tenant B's waits
 /// while tenant A holds its `max_streams` on a task that writes many events.
 async fn holds(env: &Env, report: &Report, secs: u64) {
@@ -1461,6 +1571,9 @@ async fn main() {
     let want = |s: &str| all || which.iter().any(|w| w == s);
     let env = Env::start().await;
     let report: Report = Arc::default();
+    let env_u64 = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
+    STREAM_PIECES.store(env_u64("BENCH_STREAM_PIECES").unwrap_or(0), Ordering::Relaxed);
+    STREAM_GAP_MS.store(env_u64("BENCH_STREAM_GAP_MS").unwrap_or(0), Ordering::Relaxed);
     if want("throughput") {
         throughput(&env, &report, std::env::var("BENCH_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(60)).await;
     }
@@ -1499,6 +1612,9 @@ async fn main() {
     }
     if want("holds") {
         holds(&env, &report, 20).await;
+    }
+    if want("live") {
+        live(&env, &report).await;
     }
     if want("connections") {
         connections(&env, &report, 1000).await;

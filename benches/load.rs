@@ -4,7 +4,9 @@
 //!
 //! cargo bench --bench load                 # every scenario, then BENCHMARKS.md
 //! cargo bench --bench load -- throughput   # one scenario: throughput, concurrency, wait, admission, pgbench,
-//!                                          # mcp, a2a, holds, live, connections, flood (and on request: soak, console)
+//!                                          # mcp, a2a, holds, live, priority, connections, flood (and on request:
+//!                                          # soak, console)
+//! BENCH_SCHEDULED=N                        # throughput with N tasks scheduled a day ahead beside it
 //! BENCH_STREAM_PIECES=N                    # the fake streams its final answers in N pieces (when asked to stream)
 
 use std::process::{Child, Command, Stdio};
@@ -379,6 +381,22 @@ async fn throughput(env: &Env, report: &Report, secs: u64) {
         )
         .await;
     let pool = subagentd::db::connect(&svc.db_url, 2).await.unwrap();
+    // Tasks waiting for a time a day ahead, beside the load (`BENCH_SCHEDULED`): what they cost
+    // while they wait.
+    if let Some(n) = std::env::var("BENCH_SCHEDULED").ok().and_then(|v| v.parse::<i64>().ok()) {
+        sqlx::query(
+            "INSERT INTO tasks (id, tenant, subagent_type, prompt, model, options, metadata, status, run_at, last_event_seq)
+             SELECT gen_random_uuid(), 'default', 'general', 'later', 'fake/gpt-4o', '{\"max_turns\": 5}', '{}',
+                    'scheduled', now() + interval '1 day' + make_interval(secs => g), 0
+             FROM generate_series(1, $1) AS g",
+        )
+        .bind(n)
+        .execute(&pool)
+        .await
+        .unwrap();
+        let _ = sqlx::query("ANALYZE tasks").execute(&pool).await;
+        println!("{n} scheduled tasks wait beside the load");
+    }
     let client = reqwest::Client::new();
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let submitted = Arc::new(AtomicU64::new(0));
@@ -1180,9 +1198,10 @@ async fn console(env: &Env, report: &Report) {
 /// `tools/call` of `task` in a session of its own.
 #[derive(Clone)]
 enum Door {
-    /// With a tenant's key, or none (single-user mode).
+    /// With a tenant's key, or none (single-user mode); with a priority, or the default.
     Rest {
         key: Option<String>,
+        priority: Option<&'static str>,
     },
     Mcp {
         session: String,
@@ -1208,10 +1227,12 @@ impl Door {
     /// One task, waited for; whether it completed.
     async fn run(&self, c: &reqwest::Client, base: &str, prompt: &str, model: &str, n: u64) -> bool {
         match self {
-            Door::Rest { key } => {
-                let mut r = c
-                    .post(format!("{base}/tasks?wait=true&timeout=60"))
-                    .json(&json!({"prompt": prompt, "model": model}));
+            Door::Rest { key, priority } => {
+                let mut body = json!({"prompt": prompt, "model": model});
+                if let Some(p) = priority {
+                    body["priority"] = json!(p);
+                }
+                let mut r = c.post(format!("{base}/tasks?wait=true&timeout=60")).json(&body);
                 if let Some(k) = key {
                     r = r.bearer_auth(k);
                 }
@@ -1310,7 +1331,8 @@ async fn mcp_overhead(env: &Env, report: &Report, secs: u64) {
     for _ in 0..50 {
         sessions.push(Door::mcp(&c, &svc.base).await);
     }
-    let (mut rest, rest_failed) = waiting_callers(&svc.base, |_| Door::Rest { key: None }, 50, secs, 1000).await;
+    let (mut rest, rest_failed) =
+        waiting_callers(&svc.base, |_| Door::Rest { key: None, priority: None }, 50, secs, 1000).await;
     let (mut mcp, mcp_failed) = waiting_callers(&svc.base, |i| sessions[i].clone(), 50, secs, 1000).await;
     let (r50, r99, m50, m99) = (pct(&mut rest, 0.5), pct(&mut rest, 0.99), pct(&mut mcp, 0.5), pct(&mut mcp, 0.99));
     let line = format!(
@@ -1338,7 +1360,8 @@ async fn a2a_overhead(env: &Env, report: &Report, secs: u64) {
             &[("SUBAGENTD_MAX_RUNNING", "400".into()), ("SUBAGENTD_DB_MAX_CONNECTIONS", "40".into())],
         )
         .await;
-    let (mut rest, rest_failed) = waiting_callers(&svc.base, |_| Door::Rest { key: None }, 50, secs, 1000).await;
+    let (mut rest, rest_failed) =
+        waiting_callers(&svc.base, |_| Door::Rest { key: None, priority: None }, 50, secs, 1000).await;
     let (mut a2a, a2a_failed) = waiting_callers(&svc.base, |_| Door::A2a, 50, secs, 1000).await;
     let (r50, r99, a50, a99) = (pct(&mut rest, 0.5), pct(&mut rest, 0.99), pct(&mut a2a, 0.5), pct(&mut a2a, 0.99));
     let line = format!(
@@ -1365,7 +1388,11 @@ async fn live(env: &Env, report: &Report) {
     STREAM_PIECES.store(2000, Ordering::Relaxed);
     STREAM_GAP_MS.store(10, Ordering::Relaxed);
     let svc = env
-        .service("bench_live", &["serve"], &[("SUBAGENTD_MAX_RUNNING", "200".into()), ("SUBAGENTD_DB_MAX_CONNECTIONS", "40".into())])
+        .service(
+            "bench_live",
+            &["serve"],
+            &[("SUBAGENTD_MAX_RUNNING", "200".into()), ("SUBAGENTD_DB_MAX_CONNECTIONS", "40".into())],
+        )
         .await;
     let client = reqwest::Client::new();
     let mut rows = vec![];
@@ -1390,7 +1417,8 @@ async fn live(env: &Env, report: &Report) {
                     if !watched {
                         // Wait for the end without a stream: poll the task.
                         loop {
-                            let t: Value = c.get(url.trim_end_matches("/events")).send().await.unwrap().json().await.unwrap();
+                            let t: Value =
+                                c.get(url.trim_end_matches("/events")).send().await.unwrap().json().await.unwrap();
                             if t["finished_at"].is_string() {
                                 return 0u64;
                             }
@@ -1425,6 +1453,69 @@ async fn live(env: &Env, report: &Report) {
     let per_k = (watched_cpu - unwatched_cpu) * 1000.0 / (deltas.max(1) as f64) * 1000.0;
     let line = format!(
         "| 12. Live output: {TASKS} tasks each streaming 2,000 pieces over ~20 s, unwatched, then each with an SSE subscriber | — | **{per_k:.1} ms of service CPU per 1,000 deltas** ({deltas} deltas; service CPU {unwatched_cpu:.2} s unwatched in {unwatched_s:.1} s, {watched_cpu:.2} s watched in {watched_s:.1} s) | — |"
+    );
+    println!("{line}");
+    report.lock().unwrap().push(line);
+}
+
+/// Scenario 13, priority: a tenant's high-priority wait-mode requests (20 callers, provider
+/// 1 s) with its running limit (100), first alone, then beside 10,000 of its own low-priority
+/// tasks queued behind that limit; and the plan of the claim's pick.
+async fn priority(env: &Env, report: &Report, secs: u64) {
+    env.latency.store(1000, Ordering::Relaxed);
+    let svc = env
+        .service(
+            "bench_prio",
+            &["serve"],
+            &[
+                ("SUBAGENTD_MAX_RUNNING", "400".into()),
+                ("SUBAGENTD_DB_MAX_CONNECTIONS", "40".into()),
+                ("SUBAGENTD_DEFAULT_MAX_RUNNING", "100".into()),
+            ],
+        )
+        .await;
+    let high = |_| Door::Rest { key: None, priority: Some("high") };
+    let (mut alone, alone_failed) = waiting_callers(&svc.base, high, 20, secs, 1000).await;
+    // The backlog: 10,000 low-priority tasks of the same tenant.
+    let client = reqwest::Client::builder().pool_max_idle_per_host(64).build().unwrap();
+    let made = Arc::new(AtomicU64::new(0));
+    let mut subs = vec![];
+    for _ in 0..32 {
+        let (c, base, made) = (client.clone(), svc.base.clone(), made.clone());
+        subs.push(tokio::spawn(async move {
+            while made.fetch_add(1, Ordering::Relaxed) < 10_000 {
+                let body = json!({"prompt": "no-tools backlog", "model": "fake/gpt-4o", "priority": "low"});
+                let _ = c.post(format!("{base}/tasks")).json(&body).send().await;
+            }
+        }));
+    }
+    for s in subs {
+        let _ = s.await;
+    }
+    let pool = subagentd::db::connect(&svc.db_url, 2).await.unwrap();
+    let queued: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM tasks WHERE status = 'queued'").fetch_one(&pool).await.unwrap();
+    let (mut beside, beside_failed) = waiting_callers(&svc.base, high, 20, secs, 1000).await;
+    let left: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM tasks WHERE status = 'queued'").fetch_one(&pool).await.unwrap();
+    let plan: Vec<String> = sqlx::query_scalar(
+        "EXPLAIN (COSTS OFF) SELECT id, priority FROM tasks q
+         WHERE q.status = 'queued' AND q.tenant = 'default' AND q.waiting_for IS NULL
+         ORDER BY q.priority DESC, q.id LIMIT 100 FOR UPDATE SKIP LOCKED",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap_or_default();
+    println!("claim's pick, planned with {left} queued:\n{}", plan.join("\n"));
+    let (a50, a99, b50, b99) =
+        (pct(&mut alone, 0.5), pct(&mut alone, 0.99), pct(&mut beside, 0.5), pct(&mut beside, 0.99));
+    let line = format!(
+        "| 13. Priority: a tenant's high-priority waits (20 callers, provider 1000 ms, its running limit 100), alone and beside 10,000 of its own low-priority tasks queued behind that limit | as without the backlog | **overhead p50 {b50:.1} ms, p99 {b99:.1} ms beside the backlog ({queued} queued at the start, {left} at the end), against p50 {a50:.1} ms, p99 {a99:.1} ms alone** ({} and {} calls; {} and {} failed); the claim's pick: `{}` | — |",
+        beside.len(),
+        alone.len(),
+        beside_failed,
+        alone_failed,
+        plan.iter().map(|l| l.trim()).collect::<Vec<_>>().join(" / ")
     );
     println!("{line}");
     report.lock().unwrap().push(line);
@@ -1466,7 +1557,7 @@ async fn holds(env: &Env, report: &Report, secs: u64) {
         .unwrap();
     assert!(r.status().is_success());
     // B's waits with nobody else around, first.
-    let as_b = |_| Door::Rest { key: Some(b.clone()) };
+    let as_b = |_| Door::Rest { key: Some(b.clone()), priority: None };
     let (mut alone, _) = waiting_callers(&svc.base, as_b, 50, secs, 1000).await;
     // A's task: a turn every 800 ms for half a minute and more, each turn a handful of events.
     let t: Value = c
@@ -1615,6 +1706,9 @@ async fn main() {
     }
     if want("live") {
         live(&env, &report).await;
+    }
+    if want("priority") {
+        priority(&env, &report, 20).await;
     }
     if want("connections") {
         connections(&env, &report, 1000).await;

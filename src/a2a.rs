@@ -24,7 +24,7 @@ pub const VERSION: &str = "1.0";
 /// `stop_reason` in the metadata), as `incomplete` is at the REST door a finished task.
 pub fn state(s: TaskStatus) -> &'static str {
     match s {
-        TaskStatus::Queued => "TASK_STATE_SUBMITTED",
+        TaskStatus::Scheduled | TaskStatus::Queued => "TASK_STATE_SUBMITTED",
         TaskStatus::Running => "TASK_STATE_WORKING",
         TaskStatus::RequiresAction => "TASK_STATE_INPUT_REQUIRED",
         TaskStatus::Completed | TaskStatus::Incomplete => "TASK_STATE_COMPLETED",
@@ -37,7 +37,7 @@ pub fn state(s: TaskStatus) -> &'static str {
 /// `AUTH_REQUIRED` stand for none: a rejected task is not stored, and none needs auth.
 pub fn statuses_of(state: &str) -> Option<Vec<TaskStatus>> {
     Some(match state {
-        "TASK_STATE_SUBMITTED" => vec![TaskStatus::Queued],
+        "TASK_STATE_SUBMITTED" => vec![TaskStatus::Scheduled, TaskStatus::Queued],
         "TASK_STATE_WORKING" => vec![TaskStatus::Running],
         "TASK_STATE_INPUT_REQUIRED" => vec![TaskStatus::RequiresAction],
         "TASK_STATE_COMPLETED" => vec![TaskStatus::Completed, TaskStatus::Incomplete],
@@ -119,7 +119,7 @@ impl Shown<'_> {
                 };
                 Some(self.agent(format!("{}:end", t.id), vec![json!({"text": text})]))
             }
-            TaskStatus::Queued | TaskStatus::Running => None,
+            TaskStatus::Scheduled | TaskStatus::Queued | TaskStatus::Running => None,
         }
     }
 

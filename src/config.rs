@@ -121,6 +121,10 @@ pub struct Config {
     #[arg(long, env = "SUBAGENTD_DEFAULT_MAX_QUEUED", global = true)]
     pub default_max_queued: Option<i32>,
 
+    /// Default limit of scheduled tasks (waiting for their time) per tenant.
+    #[arg(long, env = "SUBAGENTD_DEFAULT_MAX_SCHEDULED", default_value_t = 100_000, global = true)]
+    pub default_max_scheduled: i32,
+
     /// Default API request rate per tenant, per process (a tenant's own rate wins); unset: no
     /// rate limit. With N replicas a tenant may make N times this rate.
     #[arg(long, env = "SUBAGENTD_DEFAULT_REQUESTS_PER_SECOND", global = true)]

@@ -16,7 +16,7 @@ use uuid::Uuid;
 
 use crate::engine::{StopCause, StopSignal};
 use crate::store::tasks::TaskRow;
-use crate::store::{Fence, CH_BUDGET, CH_CANCEL, CH_DONE, CH_EVENT, CH_LIVE_PREFIX, CH_QUEUED, CH_WATCH};
+use crate::store::{Fence, CH_BUDGET, CH_CANCEL, CH_DONE, CH_EVENT, CH_LIVE_PREFIX, CH_QUEUED, CH_TIMER, CH_WATCH};
 
 #[derive(Default)]
 pub struct Hub {
@@ -35,6 +35,8 @@ pub struct Hub {
     queued_generation: std::sync::atomic::AtomicU64,
     /// Some task finished (webhooks may be due).
     pub finished: Notify,
+    /// A task at a time, or a schedule, was made (the timer looks again).
+    pub timer: Notify,
     /// Tenants whose budget waiters may now fit (a reservation of theirs settled).
     budget_settled: Mutex<std::collections::HashSet<String>>,
     pub budget: Notify,
@@ -323,6 +325,7 @@ impl Hub {
                 self.budget.notify_one();
             }
             CH_WATCH => self.live.watch_said(payload),
+            CH_TIMER => self.timer.notify_one(),
             _ => {}
         }
     }
@@ -370,7 +373,9 @@ impl Hub {
                     continue;
                 }
             };
-            if let Err(e) = listener.listen_all([CH_QUEUED, CH_DONE, CH_CANCEL, CH_EVENT, CH_BUDGET, CH_WATCH]).await {
+            if let Err(e) =
+                listener.listen_all([CH_QUEUED, CH_DONE, CH_CANCEL, CH_EVENT, CH_BUDGET, CH_WATCH, CH_TIMER]).await
+            {
                 tracing::warn!(error = %e, "LISTEN failed; retrying");
                 tokio::select! { _ = tokio::time::sleep(backoff) => {}, _ = shutdown.cancelled() => return }
                 continue;

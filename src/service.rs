@@ -68,23 +68,27 @@ impl Service {
         let worker =
             local_worker.clone().map(|w| tokio::spawn(crate::jobs::run_worker(w, shutdown.clone(), cfg.drain_grace())));
 
+        let tasks = crate::tasks::Lifecycle {
+            pool: pool.clone(),
+            cfg: cfg.clone(),
+            providers,
+            file_agents,
+            tool_caller,
+            hub: hub.clone(),
+            limits_cache: Arc::new(crate::cache::TtlCache::new(std::time::Duration::from_secs(5))),
+            tools_cache: Arc::new(crate::cache::TtlCache::new(std::time::Duration::from_secs(5))),
+            shortcut: local_worker.as_ref().map(|w| w.shortcut()),
+            shutdown: shutdown.clone(),
+            guard: crate::tasks::guard::Guard::new(),
+            feeds: Default::default(),
+        };
+        // A worker process queues the tasks whose time has come and makes schedules' ticks.
+        let timer_stop = CancellationToken::new();
+        let timer = roles.workers.then(|| crate::jobs::timer::Timer { room: tasks.clone() }.start(timer_stop.clone()));
+
         let mut room = None;
         let (addr, server) = if roles.api {
             let loopback = cfg.listen.ip().is_loopback();
-            let tasks = crate::tasks::Lifecycle {
-                pool: pool.clone(),
-                cfg: cfg.clone(),
-                providers,
-                file_agents,
-                tool_caller,
-                hub: hub.clone(),
-                limits_cache: Arc::new(crate::cache::TtlCache::new(std::time::Duration::from_secs(5))),
-                tools_cache: Arc::new(crate::cache::TtlCache::new(std::time::Duration::from_secs(5))),
-                shortcut: local_worker.as_ref().map(|w| w.shortcut()),
-                shutdown: shutdown.clone(),
-                guard: crate::tasks::guard::Guard::new(),
-                feeds: Default::default(),
-            };
             let auth = crate::http::auth::Auth::new(mode, loopback);
             let conns = Arc::new(crate::http::capacity::Connections::new(plan.cap));
             tracing::info!(
@@ -130,6 +134,10 @@ impl Service {
         let done = tokio::spawn(async move {
             if let Some(w) = worker {
                 let _ = w.await;
+            }
+            timer_stop.cancel();
+            if let Some(t) = timer {
+                let _ = t.await;
             }
             if let Some(s) = server {
                 let _ = s.await;

@@ -79,7 +79,7 @@ pub const COUNTERS: &[(&str, &str)] = &[
 pub const GAUGES: &[(&str, &str)] = &[
     (
         "subagentd_tasks",
-        "Open tasks across all replicas, by status (queued, running, requires_action), read at scrape.",
+        "Open tasks across all replicas, by status (scheduled, queued, running, requires_action), read at scrape.",
     ),
     ("subagentd_active_runs", "Sub-agents running in this process now."),
     (
@@ -133,7 +133,10 @@ pub fn register_metrics(providers: &[String], models: &[(String, String)]) {
     }
     // (Tenants come and go: the family is there from the start with an empty tenant.)
     zero("subagentd_rate_limited_total", &[("tenant", String::new())]);
-    zero("subagentd_model_fallbacks_total", &[("from", String::new()), ("to", String::new()), ("reason", String::new())]);
+    zero(
+        "subagentd_model_fallbacks_total",
+        &[("from", String::new()), ("to", String::new()), ("reason", String::new())],
+    );
     zero("subagentd_output_deltas_total", &[]);
     for limit in ["max_streams", "max_waits"] {
         zero("subagentd_hold_refusals_total", &[("tenant", String::new()), ("limit", limit.into())]);

@@ -29,6 +29,9 @@ pub enum BudgetError {
     /// `max_queued` tasks are already queued.
     #[error("{detail}")]
     QueueFull { max: i32, queued: i64, detail: String },
+    /// `max_scheduled` tasks already wait for their time.
+    #[error("{detail}")]
+    ScheduledFull { max: i32, scheduled: i64, detail: String },
     /// A spend window is used up (including the calls in flight).
     #[error("{detail}")]
     Exhausted { limit: &'static str, value: Value, current: Value, detail: String },
@@ -50,6 +53,7 @@ pub struct Defaults {
     /// configured: see `http::capacity`).
     pub max_streams: Option<i32>,
     pub max_waits: Option<i32>,
+    pub max_scheduled: i32,
 }
 
 impl Defaults {
@@ -64,6 +68,7 @@ impl Defaults {
             request_burst: c.default_request_burst,
             max_streams: c.default_max_streams,
             max_waits: c.default_max_waits,
+            max_scheduled: c.default_max_scheduled,
         }
     }
 
@@ -92,6 +97,7 @@ pub fn effective(own: Limits, d: &Defaults) -> Limits {
         request_burst: if own.requests_per_second.is_some() { own.request_burst } else { d.request_burst },
         max_streams: own.max_streams.or(d.max_streams),
         max_waits: own.max_waits.or(d.max_waits),
+        max_scheduled: own.max_scheduled.or(Some(d.max_scheduled)),
         ..own
     }
 }
@@ -146,11 +152,15 @@ pub fn validate(l: &Limits) -> Result<(), BudgetError> {
         ("max_task_timeout_seconds", l.max_task_timeout_seconds.map(i64::from)),
         ("max_streams", l.max_streams.map(i64::from)),
         ("max_waits", l.max_waits.map(i64::from)),
+        ("max_scheduled", l.max_scheduled.map(i64::from)),
     ];
     for (f, v) in ints {
         if v.is_some_and(|v| v < 0) {
             return negative(f);
         }
+    }
+    if l.priority.as_deref().is_some_and(|p| crate::tasks::kinds::Priority::parse(p).is_none()) {
+        return Err(BudgetError::Invalid { field: "priority", message: "must be one of high, normal, low".into() });
     }
     if let Some(models) = &l.fallback_models {
         crate::llm::check_fallback_models(models)
@@ -219,10 +229,23 @@ pub async fn admission_checks(
     limits: &Limits,
     tenant: &str,
     smallest: Smallest,
+    scheduled: bool,
 ) -> Result<(), BudgetError> {
     tenants::limits(&mut *conn, tenant, true).await?;
     let used = sql::usage_now(&mut *conn, tenant).await?;
-    if let Some(max) = limits.max_queued {
+    // A task waiting for its time counts against `max_scheduled`, not the queue.
+    if let (true, Some(max)) = (scheduled, limits.max_scheduled) {
+        let n = sql::scheduled(&mut *conn, tenant).await?;
+        if n >= i64::from(max) {
+            refused("max_scheduled", "admission");
+            return Err(BudgetError::ScheduledFull {
+                max,
+                scheduled: n,
+                detail: format!("{n} tasks wait for their time; the limit is {max}: retry when some have started"),
+            });
+        }
+    }
+    if let (false, Some(max)) = (scheduled, limits.max_queued) {
         if used.queued >= i64::from(max) {
             refused("max_queued", "admission");
             return Err(BudgetError::QueueFull {
@@ -340,5 +363,19 @@ mod tests {
         assert!(check_tenant_name("acme.eu-1").is_ok());
         assert!(matches!(check_tenant_name("no spaces"), Err(BudgetError::Invalid { field: "tenant", .. })));
         assert!(check_tenant_name(&"x".repeat(65)).is_err());
+    }
+
+    #[test]
+    fn a_usd_limit_read_from_json_is_refused_when_negative_however_small() {
+        let read = |j: &str| serde_json::from_str::<Limits>(j);
+        let err = read(r#"{"usd_per_month": -2.2e-110}"#).unwrap_err().to_string();
+        assert!(err.contains("must not be negative"), "{err}");
+        assert!(read(r#"{"max_task_cost_usd": -1}"#).is_err());
+        assert_eq!(read(r#"{"usd_per_day": 12.5}"#).unwrap().usd_per_day, Some(Decimal::new(125, 1)));
+        assert_eq!(read(r#"{"usd_per_day": 0, "usd_per_month": null}"#).unwrap().usd_per_day, Some(Decimal::ZERO));
+        assert_eq!(read("{}").unwrap().usd_per_month, None);
+        // Fallback models are taken as written: a name with spaces is not trimmed into one.
+        let spaced = Limits { fallback_models: Some(vec![" mock/a".into()]), ..Limits::default() };
+        assert!(matches!(validate(&spaced), Err(BudgetError::Invalid { field: "fallback_models", .. })));
     }
 }

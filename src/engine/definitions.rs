@@ -88,6 +88,9 @@ pub struct AgentDefinition {
     /// Which failures move a call to the next model (default `unavailable`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fallback_on: Option<Vec<super::spec::FallbackWhen>>,
+    /// Its tasks' priority among their tenant's queued tasks (wins over the tenant's default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<crate::tasks::kinds::Priority>,
     /// Claude Code's own front-matter fields, kept as written.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub claude_code: BTreeMap<String, Value>,
@@ -153,6 +156,7 @@ struct FrontMatter {
     fallback_models: Option<ToolList>,
     #[serde(alias = "fallbackOn")]
     fallback_on: Option<ToolList>,
+    priority: Option<String>,
 }
 
 /// Is `name` usable for a custom agent?
@@ -193,6 +197,7 @@ pub struct Written {
     pub output_schema: Option<Value>,
     pub fallback_models: Vec<String>,
     pub fallback_on: Option<Vec<String>>,
+    pub priority: Option<String>,
     /// Claude Code's own front-matter fields, as written.
     pub claude_code: BTreeMap<String, Value>,
     pub notices: Vec<String>,
@@ -251,6 +256,13 @@ impl Written {
             None => None,
             Some(w) => Some(check_fallback_on(&w).map_err(|e| (Some("fallback_on"), e))?),
         };
+        let priority = match self.priority.as_deref().map(str::trim) {
+            None => None,
+            Some(p) => Some(
+                crate::tasks::kinds::Priority::parse(p)
+                    .ok_or((Some("priority"), "must be one of high, normal, low".to_string()))?,
+            ),
+        };
         Ok(AgentDefinition {
             name,
             description: self.description,
@@ -265,6 +277,7 @@ impl Written {
             output_schema,
             fallback_models,
             fallback_on,
+            priority,
             claude_code: self.claude_code,
             notices,
         })
@@ -391,6 +404,7 @@ pub fn parse_markdown(source: &str, text: &str) -> Result<AgentDefinition, Defin
         output_schema: fm.output_schema.map(|v| super::claude_code::to_json(&v)),
         fallback_models: fm.fallback_models.map(ToolList::names).unwrap_or_default(),
         fallback_on: fm.fallback_on.map(ToolList::names),
+        priority: fm.priority,
         claude_code,
         notices,
     };

@@ -111,6 +111,8 @@ struct PutAgent {
     fallback_models: Option<Vec<String>>,
     #[serde(default)]
     fallback_on: Option<Vec<String>>,
+    #[serde(default)]
+    priority: Option<String>,
 }
 
 fn definition_error(e: crate::engine::definitions::DefinitionError) -> ApiError {
@@ -165,6 +167,7 @@ fn parse_body(name: &str, headers: &HeaderMap, body: &Bytes) -> Result<AgentDefi
                 output_schema: p.output_schema,
                 fallback_models: p.fallback_models.unwrap_or_default(),
                 fallback_on: p.fallback_on,
+                priority: p.priority,
                 ..Written::default()
             };
             written

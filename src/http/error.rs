@@ -116,6 +116,11 @@ impl From<BudgetError> for ApiError {
                     .with(json!({"limit": "max_queued", "value": max, "current": queued}))
                     .header(header::RETRY_AFTER, HeaderValue::from_static("5"))
             }
+            BudgetError::ScheduledFull { max, scheduled, detail } => {
+                ApiError::new(StatusCode::TOO_MANY_REQUESTS, "scheduled_limit_reached", "Limit reached", detail)
+                    .with(json!({"limit": "max_scheduled", "value": max, "current": scheduled}))
+                    .header(header::RETRY_AFTER, HeaderValue::from_static("60"))
+            }
             BudgetError::Exhausted { limit, value, current, detail } => {
                 ApiError::new(StatusCode::PAYMENT_REQUIRED, "budget_exhausted", "Budget exhausted", detail)
                     .with(json!({"limit": limit, "value": value, "current": current}))
@@ -193,6 +198,7 @@ impl From<TaskError> for ApiError {
             )
             .with(json!({"task_id": task_id})),
             TaskError::NotFound => ApiError::not_found("task"),
+            TaskError::ScheduleNotFound => ApiError::not_found("schedule"),
             TaskError::NotPaused { .. } => {
                 ApiError::new(StatusCode::CONFLICT, "task_not_paused", "Task is not waiting", detail)
             }

@@ -21,6 +21,7 @@ pub mod metrics;
 pub mod origin;
 pub mod overview;
 pub mod ratelimit;
+pub mod schedules;
 pub mod serve;
 pub mod tasks;
 pub mod tools;
@@ -76,6 +77,7 @@ pub fn router(state: AppState) -> Router {
     let app = Router::new()
         .merge(tasks::router())
         .merge(agents::router())
+        .merge(schedules::router())
         .merge(tools::router())
         .merge(usage::router())
         .merge(events::router())

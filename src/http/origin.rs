@@ -114,7 +114,15 @@ mod tests {
 
     #[test]
     fn a_request_is_addressed_locally_by_a_loopback_name_or_the_public_urls_host() {
-        for host in ["localhost:8080", "127.0.0.1:8080", "127.0.0.1", "[::1]:8080", "app.localhost:80", "LOCALHOST", "mybox:8080"] {
+        for host in [
+            "localhost:8080",
+            "127.0.0.1:8080",
+            "127.0.0.1",
+            "[::1]:8080",
+            "app.localhost:80",
+            "LOCALHOST",
+            "mybox:8080",
+        ] {
             assert!(addressed_locally(&headers(&[("host", host)]), None), "{host}");
         }
         for host in ["evil.example.com:8080", "10.0.0.5:8080", "localhost.evil.com", "[::2]:80"] {

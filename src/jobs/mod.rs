@@ -1,7 +1,7 @@
 //! Running tasks: the worker and its runs (`worker`, `run`, `run_store`, `finish`), the
 //! long-running services of a worker process — the claim loop, heartbeat, rescuer, retention,
 //! webhook sender and budget waker, each in its own file with a `pass` that runs once (the
-//! tests' hook).
+//! tests' hook); and the timer (tasks at a time, schedules), which submits through the room.
 //!
 //! May import: the lifecycle room (`tasks`: a run's end goes through `tasks::end`; its kinds
 //! and views), `hub`, `engine`, `budget`, `tools`, `llm`, `store`, `config`, `telemetry`,
@@ -16,6 +16,7 @@ pub mod rescuer;
 pub mod retention;
 pub mod run;
 pub mod run_store;
+pub mod timer;
 pub mod waits;
 pub mod webhooks;
 pub mod worker;

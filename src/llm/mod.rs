@@ -378,8 +378,8 @@ pub struct ProviderSettings {
 /// another matter (`Providers::resolve`).
 pub fn check_model_name(model: &str) -> Result<(), String> {
     let ok = !model.is_empty()
-        && model.len() <= 200
-        && !model.chars().any(|c| c.is_whitespace() || c.is_control())
+        && model.chars().count() <= 200
+        && !model.chars().any(|c| c.is_whitespace() || c.is_control() || c == '\u{feff}')
         && model.split_once('/').is_none_or(|(p, m)| !p.is_empty() && !m.is_empty());
     if ok {
         Ok(())
@@ -398,7 +398,7 @@ pub fn check_fallback_models(models: &[String]) -> Result<Vec<String>, String> {
     }
     let mut out: Vec<String> = vec![];
     for (i, m) in models.iter().enumerate() {
-        let m = m.trim().to_string();
+        let m = m.to_string();
         check_model_name(&m).map_err(|e| format!("[{i}] {m:?}: {e}"))?;
         if out.contains(&m) {
             return Err(format!("[{i}] {m:?} is named twice"));

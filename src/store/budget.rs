@@ -211,6 +211,14 @@ pub struct Use {
     pub queued: i64,
 }
 
+/// How many of the tenant's tasks wait for their time.
+pub async fn scheduled(conn: &mut PgConnection, tenant: &str) -> Result<i64, StoreError> {
+    Ok(sqlx::query_scalar("SELECT count(*) FROM tasks WHERE tenant = $1 AND status = 'scheduled'")
+        .bind(tenant)
+        .fetch_one(conn)
+        .await?)
+}
+
 pub async fn usage_now(conn: &mut PgConnection, tenant: &str) -> Result<Use, StoreError> {
     Ok(sqlx::query_as(
         "WITH d AS (SELECT (now() AT TIME ZONE 'UTC')::date AS today)

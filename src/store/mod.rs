@@ -18,6 +18,7 @@ pub mod mcp;
 pub mod overview;
 pub mod retention;
 pub mod runs;
+pub mod schedules;
 pub mod sessions;
 pub mod tasks;
 pub mod tenants;
@@ -37,6 +38,8 @@ pub const CH_CANCEL: &str = "subagentd_cancel";
 pub const CH_EVENT: &str = "subagentd_event";
 /// A tenant with tasks waiting for budget settled a reservation (payload: the tenant).
 pub const CH_BUDGET: &str = "subagentd_budget";
+/// A task to run at a time, or a schedule, was made: the timers look again (payload: empty).
+pub const CH_TIMER: &str = "subagentd_timer";
 /// A replica watches a task's live output, or no longer does (`+task:replica`, `-task:replica`).
 pub const CH_WATCH: &str = "subagentd_watch";
 /// A task's own channel for its live output (`subagentd_live_<id, 32 hex digits>`), listened to

@@ -12,6 +12,7 @@ use super::StoreError;
 
 #[derive(Debug, Clone, Default, Serialize, sqlx::FromRow)]
 pub struct Now {
+    pub scheduled: i64,
     pub queued: i64,
     pub running: i64,
     pub requires_action: i64,
@@ -21,6 +22,7 @@ pub struct Now {
 pub async fn now(pool: &PgPool, tenant: Option<&str>) -> Result<Now, StoreError> {
     Ok(sqlx::query_as(
         "SELECT
+            (SELECT count(*) FROM tasks WHERE status = 'scheduled' AND ($1::text IS NULL OR tenant = $1)) AS scheduled,
             (SELECT count(*) FROM tasks WHERE status = 'queued' AND ($1::text IS NULL OR tenant = $1)) AS queued,
             (SELECT count(*) FROM tasks WHERE status = 'running' AND ($1::text IS NULL OR tenant = $1)) AS running,
             (SELECT count(*) FROM tasks WHERE status = 'requires_action' AND ($1::text IS NULL OR tenant = $1))

@@ -12,7 +12,7 @@ use super::StoreError;
 
 /// Claim up to `limit` queued tasks, fairly across tenants and within each tenant's running
 /// limit: each slot goes to the tenant that would then have the fewest tasks running (each
-/// tenant's oldest first), a tenant at its limit is skipped, and
+/// tenant's highest priority first, then its oldest), a tenant at its limit is skipped, and
 /// a tenant another claimer is serving right now is skipped too (its row is the lock that
 /// keeps the running limit exact across replicas).
 pub async fn claim(
@@ -60,10 +60,12 @@ pub async fn claim(
                 CASE WHEN max_running IS NULL THEN $1 ELSE greatest(max_running - running, 0) END AS free
             FROM busy
          ), pick AS (
-            SELECT c.id, room.running + row_number() OVER (PARTITION BY room.tenant ORDER BY c.id) AS load
+            -- Within a tenant: higher priority first, then arrival (tasks_tenant_queued_prio_idx).
+            SELECT c.id, room.running + row_number() OVER (PARTITION BY room.tenant ORDER BY c.priority DESC, c.id) AS load
             FROM room, LATERAL (
-                SELECT id FROM tasks q WHERE q.status = 'queued' AND q.tenant = room.tenant AND q.waiting_for IS NULL
-                ORDER BY q.id LIMIT least(room.free, $1) FOR UPDATE SKIP LOCKED
+                SELECT id, priority FROM tasks q
+                WHERE q.status = 'queued' AND q.tenant = room.tenant AND q.waiting_for IS NULL
+                ORDER BY q.priority DESC, q.id LIMIT least(room.free, $1) FOR UPDATE SKIP LOCKED
             ) c
          ), chosen AS (
             -- The least busy tenant first: each pick goes to whoever would then run the fewest.

@@ -62,6 +62,12 @@ pub struct TaskRow {
     /// The model (`provider/model`) whose answer ended the run: its own, or a fallback.
     #[sqlx(default)]
     pub answered_model: Option<String>,
+    /// When a scheduled task is (or was) queued.
+    #[sqlx(default)]
+    pub run_at: Option<DateTime<Utc>>,
+    /// Its rank among its tenant's queued tasks (2 high, 1 normal, 0 low).
+    #[sqlx(default)]
+    pub priority: i16,
     /// Its `task.finished` delivery (`{status, attempts, last_error, delivered_at}`), where the
     /// statement read it (`WEBHOOK`).
     #[sqlx(default)]
@@ -95,6 +101,10 @@ pub struct NewTask {
     pub api_key: Option<String>,
     /// Insert the task already claimed, to run in this process (wait mode's fast path).
     pub start: Option<StartHere>,
+    /// A start time ahead: the task waits `scheduled` until then.
+    pub run_at: Option<DateTime<Utc>>,
+    /// Its rank among its tenant's queued tasks (`Priority::rank`).
+    pub priority: i16,
 }
 
 /// The lease under which a task is inserted `running` instead of `queued`.
@@ -134,7 +144,7 @@ pub(crate) const COLS: &str =
     unpriced_calls,     estimated_calls, attempt, \
     lease_token, lease_expires_at, worker_id, cancel_requested, idempotency_key, request_hash, metadata, created_at, \
     started_at, finished_at, parent_task_id, max_cost_usd, max_tokens, traceparent, webhook_url, waiting_for, api_key, \
-    pauses, paused_ms, answered_model";
+    pauses, paused_ms, answered_model, run_at, priority";
 
 /// A task's completion webhook as views show it: its `task.finished` delivery.
 pub(crate) const WEBHOOK: &str = "(SELECT jsonb_build_object('status', d.status, 'attempts', d.attempts, \
@@ -157,7 +167,14 @@ pub async fn insert(conn: &mut PgConnection, t: &NewTask) -> Result<Inserted, St
 
 async fn insert_once(conn: &mut PgConnection, t: &NewTask, retried: bool) -> Result<Inserted, StoreError> {
     let row: Option<StartedRow> = match &t.start {
-        None => bind_common(sqlx::query_as(&INSERT_QUEUED), t).bind(&t.api_key).fetch_optional(&mut *conn).await?,
+        None => {
+            bind_common(sqlx::query_as(&INSERT_QUEUED), t)
+                .bind(&t.api_key)
+                .bind(t.priority)
+                .bind(t.run_at)
+                .fetch_optional(&mut *conn)
+                .await?
+        }
         Some(s) => {
             let first = s.first_call.as_ref();
             bind_common(sqlx::query_as(&INSERT_STARTED), t)
@@ -171,6 +188,7 @@ async fn insert_once(conn: &mut PgConnection, t: &NewTask, retried: bool) -> Res
                 .bind(first.and_then(|f| f.defaults.usd_per_month))
                 .bind(first.and_then(|f| f.defaults.tokens_per_day))
                 .bind(&t.api_key)
+                .bind(t.priority)
                 .fetch_optional(&mut *conn)
                 .await?
         }
@@ -218,14 +236,16 @@ fn bind_common<'q>(q: Query<'q>, t: &'q NewTask) -> Query<'q> {
 }
 
 const INSERT_COLS: &str = "id, tenant, subagent_type, description, prompt, model, options, metadata, idempotency_key, \
-    request_hash, parent_task_id, max_cost_usd, max_tokens, traceparent, webhook_url, last_event_seq, api_key";
+    request_hash, parent_task_id, max_cost_usd, max_tokens, traceparent, webhook_url, last_event_seq, api_key, priority";
 
-/// A queued task and its `created` event.
+/// A queued task ($17 its priority) and its `created` event; with a start time ahead ($18), a
+/// scheduled one.
 static INSERT_QUEUED: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
         "WITH t AS (
-            INSERT INTO tasks ({INSERT_COLS})
-            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, 1, $16)
+            INSERT INTO tasks ({INSERT_COLS}, status, run_at)
+            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, 1, $16, $17,
+                    CASE WHEN $18::timestamptz IS NULL THEN 'queued' ELSE 'scheduled' END, $18)
             ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
             RETURNING {COLS}, {NEW_WEBHOOK}
          ), e AS (
@@ -255,7 +275,7 @@ static INSERT_STARTED: std::sync::LazyLock<String> = std::sync::LazyLock::new(||
             INSERT INTO tasks ({INSERT_COLS}, status, attempt, lease_token, lease_expires_at, started_at, worker_id,
                                reserved_usd, reserved_tokens)
             SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
-                    CASE WHEN pre.reserved THEN 3 ELSE 2 END, $25,
+                    CASE WHEN pre.reserved THEN 3 ELSE 2 END, $25, $26,
                     'running', 1, $16::uuid, clock_timestamp() + make_interval(secs => $18::float8), now(), $17::text,
                     CASE WHEN pre.reserved THEN $19 ELSE 0 END,
                     CASE WHEN pre.reserved THEN $20 ELSE 0 END
@@ -457,10 +477,11 @@ pub async fn cancel_matching(
     Ok(sqlx::query_as(sql).bind(tenant).bind(f.id).bind(&f.statuses).bind(&f.metadata).fetch_all(pool).await?)
 }
 
-/// Tasks queued and running, across tenants (partial-index scans).
+/// Tasks scheduled, queued and running, across tenants (partial-index scans).
 pub async fn open_counts(pool: &PgPool) -> Result<Vec<(TaskStatus, i64)>, StoreError> {
     Ok(sqlx::query_as(
-        "SELECT 'queued', count(*) FROM tasks WHERE status = 'queued'
+        "SELECT 'scheduled', count(*) FROM tasks WHERE status = 'scheduled'
+         UNION ALL SELECT 'queued', count(*) FROM tasks WHERE status = 'queued'
          UNION ALL SELECT 'running', count(*) FROM tasks WHERE status = 'running'
          UNION ALL SELECT 'requires_action', count(*) FROM tasks WHERE status = 'requires_action'",
     )
@@ -542,4 +563,31 @@ pub async fn webhook_attempted(
         }
     };
     Ok(())
+}
+
+/// Queue the scheduled tasks whose time has come (at most `limit`), each with a `queued` event;
+/// their ids. Any replica may run it: each task is queued once (`SKIP LOCKED`).
+pub async fn queue_due(pool: &PgPool, limit: i64) -> Result<Vec<Uuid>, StoreError> {
+    Ok(sqlx::query_scalar(
+        "WITH due AS (
+            SELECT id FROM tasks WHERE status = 'scheduled' AND run_at <= now()
+            ORDER BY run_at LIMIT $1 FOR UPDATE SKIP LOCKED
+         ), u AS (
+            UPDATE tasks t SET status = 'queued', last_event_seq = t.last_event_seq + 1
+            FROM due WHERE t.id = due.id
+            RETURNING t.id, t.last_event_seq, t.run_at
+         ), e AS (
+            INSERT INTO task_events (task_id, seq, kind, data)
+            SELECT id, last_event_seq, 'queued', jsonb_build_object('run_at', run_at) FROM u
+         )
+         SELECT id FROM u",
+    )
+    .bind(limit)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// When the next scheduled task is due, if any is.
+pub async fn next_run_at(pool: &PgPool) -> Result<Option<DateTime<Utc>>, StoreError> {
+    Ok(sqlx::query_scalar("SELECT min(run_at) FROM tasks WHERE status = 'scheduled'").fetch_one(pool).await?)
 }

@@ -14,8 +14,10 @@ use super::StoreError;
 #[serde(deny_unknown_fields)]
 pub struct Limits {
     #[arg(long)]
+    #[serde(default, deserialize_with = "usd")]
     pub usd_per_day: Option<Decimal>,
     #[arg(long)]
+    #[serde(default, deserialize_with = "usd")]
     pub usd_per_month: Option<Decimal>,
     #[arg(long)]
     pub tokens_per_day: Option<i64>,
@@ -24,6 +26,7 @@ pub struct Limits {
     #[arg(long)]
     pub max_queued: Option<i32>,
     #[arg(long)]
+    #[serde(default, deserialize_with = "usd")]
     pub max_task_cost_usd: Option<Decimal>,
     #[arg(long)]
     pub max_task_tokens: Option<i64>,
@@ -51,11 +54,28 @@ pub struct Limits {
     /// its agent definition names its own); `provider/model` or an alias, comma-separated.
     #[arg(long, value_delimiter = ',')]
     pub fallback_models: Option<Vec<String>>,
+    /// Tasks waiting for their start time (`run_at`) the tenant may have at once.
+    #[arg(long)]
+    pub max_scheduled: Option<i32>,
+    /// The tenant's default task priority: `high`, `normal` or `low`.
+    #[arg(long)]
+    pub priority: Option<String>,
+}
+
+/// A USD limit as JSON gives it: a number, none negative (however small: -1e-100 is refused, not
+/// rounded to zero).
+fn usd<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Decimal>, D::Error> {
+    use serde::de::Error;
+    match Option::<f64>::deserialize(d)? {
+        None => Ok(None),
+        Some(v) if v < 0.0 => Err(D::Error::custom("must not be negative")),
+        Some(v) => Decimal::try_from(v).map(Some).map_err(|_| D::Error::custom("must be at most 1000000000")),
+    }
 }
 
 const LIMIT_COLS: &str = "usd_per_day, usd_per_month, tokens_per_day, max_running, max_queued, max_task_cost_usd, \
     max_task_tokens, max_task_turns, max_task_timeout_seconds, approval, requests_per_second, request_burst, \
-    max_streams, max_waits, fallback_models";
+    max_streams, max_waits, fallback_models, max_scheduled, priority";
 
 pub async fn ensure(pool: &PgPool, tenant: &str) -> Result<(), StoreError> {
     sqlx::query("INSERT INTO tenants (name) VALUES ($1) ON CONFLICT DO NOTHING").bind(tenant).execute(pool).await?;
@@ -72,8 +92,8 @@ pub async fn put_limits(pool: &PgPool, tenant: &str, l: &Limits) -> Result<bool,
     Ok(sqlx::query_scalar(
         "INSERT INTO tenants (name, usd_per_day, usd_per_month, tokens_per_day, max_running, max_queued,
              max_task_cost_usd, max_task_tokens, max_task_turns, max_task_timeout_seconds, approval,
-             requests_per_second, request_burst, max_streams, max_waits, fallback_models)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
+             requests_per_second, request_burst, max_streams, max_waits, fallback_models, max_scheduled, priority)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)
          ON CONFLICT (name) DO UPDATE SET usd_per_day = EXCLUDED.usd_per_day, usd_per_month = EXCLUDED.usd_per_month,
              tokens_per_day = EXCLUDED.tokens_per_day, max_running = EXCLUDED.max_running,
              max_queued = EXCLUDED.max_queued, max_task_cost_usd = EXCLUDED.max_task_cost_usd,
@@ -81,7 +101,8 @@ pub async fn put_limits(pool: &PgPool, tenant: &str, l: &Limits) -> Result<bool,
              max_task_timeout_seconds = EXCLUDED.max_task_timeout_seconds, approval = EXCLUDED.approval,
              requests_per_second = EXCLUDED.requests_per_second, request_burst = EXCLUDED.request_burst,
              max_streams = EXCLUDED.max_streams, max_waits = EXCLUDED.max_waits,
-             fallback_models = EXCLUDED.fallback_models, updated_at = now()
+             fallback_models = EXCLUDED.fallback_models, max_scheduled = EXCLUDED.max_scheduled,
+             priority = EXCLUDED.priority, updated_at = now()
          RETURNING (xmax = 0)",
     )
     .bind(tenant)
@@ -100,6 +121,8 @@ pub async fn put_limits(pool: &PgPool, tenant: &str, l: &Limits) -> Result<bool,
     .bind(l.max_streams)
     .bind(l.max_waits)
     .bind(&l.fallback_models)
+    .bind(l.max_scheduled)
+    .bind(&l.priority)
     .fetch_one(pool)
     .await?)
 }

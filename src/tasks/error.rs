@@ -38,6 +38,9 @@ pub enum TaskError {
     /// No such task for the caller (another tenant's task is not found either).
     #[error("no such task")]
     NotFound,
+    /// No such schedule of the caller's.
+    #[error("no such schedule")]
+    ScheduleNotFound,
     /// Answers for a task that is not waiting for any.
     #[error("the task is {status}: only a task that requires action takes answers")]
     NotPaused { status: TaskStatus },
@@ -95,7 +98,7 @@ impl TaskError {
             TaskError::NotTerminal { .. } => "task_not_terminal",
             TaskError::UnpricedModel { .. } => "unpriced_model",
             TaskError::IdempotencyConflict { .. } => "idempotency_conflict",
-            TaskError::NotFound => "not_found",
+            TaskError::NotFound | TaskError::ScheduleNotFound => "not_found",
             TaskError::NotPaused { .. } => "task_not_paused",
             TaskError::UnknownAction { .. } => "unknown_action",
             TaskError::WrongActionKind { .. } => "wrong_action_kind",
@@ -103,6 +106,7 @@ impl TaskError {
             TaskError::StreamLimit { .. } => "stream_limit_reached",
             TaskError::Budget(BudgetError::Invalid { .. }) => "validation_failed",
             TaskError::Budget(BudgetError::QueueFull { .. }) => "queue_limit_reached",
+            TaskError::Budget(BudgetError::ScheduledFull { .. }) => "scheduled_limit_reached",
             TaskError::Budget(BudgetError::Exhausted { .. }) => "budget_exhausted",
             TaskError::Budget(BudgetError::Store(e)) | TaskError::Store(e) if e.is_unavailable() => "unavailable",
             TaskError::Budget(BudgetError::Store(_)) | TaskError::Store(_) | TaskError::Internal(_) => "internal",

@@ -91,6 +91,8 @@ macro_rules! text_enum {
 text_enum! {
     /// A task's state; the schema's check constraint keeps the column to these values.
     TaskStatus {
+        /// Waiting for its start time (`run_at`): queued then.
+        Scheduled = "scheduled",
         Queued = "queued",
         Running = "running",
         /// Paused until the caller answers its pending actions (decisions or tool outputs).
@@ -112,11 +114,12 @@ impl Default for TaskStatus {
 impl TaskStatus {
     /// No run will change it again.
     pub fn is_terminal(self) -> bool {
-        !matches!(self, TaskStatus::Queued | TaskStatus::Running | TaskStatus::RequiresAction)
+        !matches!(self, TaskStatus::Scheduled | TaskStatus::Queued | TaskStatus::Running | TaskStatus::RequiresAction)
     }
 
-    /// Still to be run, running, or paused: what a cancel applies to.
-    pub const OPEN: [TaskStatus; 3] = [TaskStatus::Queued, TaskStatus::Running, TaskStatus::RequiresAction];
+    /// Waiting for its time, still to be run, running, or paused: what a cancel applies to.
+    pub const OPEN: [TaskStatus; 4] =
+        [TaskStatus::Scheduled, TaskStatus::Queued, TaskStatus::Running, TaskStatus::RequiresAction];
 }
 
 text_enum! {
@@ -135,6 +138,42 @@ text_enum! {
         /// The model ended with an empty answer.
         FinalAnswerEmpty = "final_answer_empty",
         Cancelled = "cancelled",
+    }
+}
+
+text_enum! {
+    /// Which of a tenant's queued tasks is claimed first: `high`, then `normal`, then `low`
+    /// (then arrival). Kept in `tasks.priority` as its rank (2, 1, 0), in the order the claim
+    /// index sorts.
+    Priority {
+        High = "high",
+        Normal = "normal",
+        Low = "low",
+    }
+}
+
+#[allow(clippy::derivable_impls)] // the enum comes from `text_enum!`
+impl Default for Priority {
+    fn default() -> Self {
+        Priority::Normal
+    }
+}
+
+impl Priority {
+    pub fn rank(self) -> i16 {
+        match self {
+            Priority::High => 2,
+            Priority::Normal => 1,
+            Priority::Low => 0,
+        }
+    }
+
+    pub fn from_rank(r: i16) -> Priority {
+        match r {
+            2.. => Priority::High,
+            1 => Priority::Normal,
+            _ => Priority::Low,
+        }
     }
 }
 

@@ -54,7 +54,7 @@ pub struct Page {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BulkCancel {
-    /// Among `queued`, `running` and `requires_action` (default: all three).
+    /// Among `scheduled`, `queued`, `running` and `requires_action` (default: all four).
     #[serde(default)]
     pub status: Option<Vec<String>>,
     /// Only tasks whose metadata contains this object.
@@ -167,7 +167,7 @@ impl Lifecycle {
         let Some(statuses) = statuses else {
             return Err(TaskError::invalid(
                 "status",
-                "must list `queued`, `running` and/or `requires_action` (terminal tasks cannot be cancelled)",
+                "must list `scheduled`, `queued`, `running` and/or `requires_action` (terminal tasks cannot be cancelled)",
             ));
         };
         if body.metadata.as_ref().is_some_and(|m| !m.is_object()) {

@@ -22,6 +22,7 @@ pub mod feed;
 pub mod guard;
 pub mod kinds;
 pub mod list;
+pub mod schedule;
 pub mod submit;
 pub mod view;
 

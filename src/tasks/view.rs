@@ -28,6 +28,11 @@ pub struct TaskView {
     pub fallback_on: Option<Vec<crate::engine::spec::FallbackWhen>>,
     /// The model whose answer ended the run (its own `model`, or a fallback), once it ended.
     pub answered_model: Option<String>,
+    /// Which of its tenant's queued tasks is claimed first.
+    pub priority: crate::tasks::kinds::Priority,
+    /// A scheduled task's start time (kept once it is queued).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub run_at: Option<DateTime<Utc>>,
     pub prompt: String,
     pub max_turns: Option<u32>,
     /// The tools the run is offered (its whitelist).
@@ -111,6 +116,8 @@ impl From<TaskRow> for TaskView {
             fallback_models: opts.as_ref().map(|o| o.fallback_models.clone()).unwrap_or_default(),
             fallback_on: opts.as_ref().and_then(|o| o.fallback_on.clone()),
             answered_model: r.answered_model,
+            priority: crate::tasks::kinds::Priority::from_rank(r.priority),
+            run_at: r.run_at,
             prompt: r.prompt,
             max_turns: opts.as_ref().map(|o| o.max_turns.get()),
             tools: opts.map(|o| o.tools.into_iter().map(|t| t.name).collect()).unwrap_or_default(),

@@ -255,7 +255,7 @@ impl TestApp {
         let deadline = tokio::time::Instant::now() + within;
         loop {
             let t = self.get_task(id).await;
-            if !matches!(t["status"].as_str(), Some("queued" | "running")) {
+            if !matches!(t["status"].as_str(), Some("scheduled" | "queued" | "running")) {
                 return t;
             }
             assert!(tokio::time::Instant::now() < deadline, "task {id} not terminal in time: {t}");

@@ -27,6 +27,7 @@ mod openapi;
 mod pauses;
 mod providers;
 mod ratelimit;
+mod schedules;
 mod servers;
 mod services;
 mod structured;

@@ -126,20 +126,23 @@ def _existing(label, case):
                 _local_urls(tool, ("endpoint",))
                 _valid_schema(tool, "parameters")
     if label == "POST /tasks" and isinstance(body, dict):
-        if isinstance(body.get("model"), str) and body["model"]:
-            body["model"] = MODEL
-        if isinstance(body.get("subagent_type"), str):
-            body["subagent_type"] = "general"
-        if isinstance(body.get("resume_from"), str) and _is_uuid(body["resume_from"]):
-            del body["resume_from"]
-        # Fallback models that are served here, none the task's own.
-        fallbacks = body.get("fallback_models")
-        if isinstance(fallbacks, list) and all(isinstance(m, str) for m in fallbacks):
-            body["fallback_models"] = [f"mock/fallback-{i}" for i in range(len(fallbacks))]
-        # Names of tools the tenant has: it has none.
-        allowed = body.get("allowed_tools")
-        if isinstance(allowed, list) and all(isinstance(t, str) for t in allowed):
-            body["allowed_tools"] = []
+        _task(body)
+    if label == "PUT /schedules/{name}" and isinstance(body, dict):
+        # A cron expression whose fields hold values (a pattern sees only their count) and a
+        # time zone that exists.
+        if isinstance(body.get("cron"), str):
+            body["cron"] = "*/5 * * * *"
+        if isinstance(body.get("timezone"), str):
+            body["timezone"] = "Europe/Berlin"
+        task = body.get("task")
+        if isinstance(task, dict):
+            _local_urls(task, ("webhook_url",))
+            _valid_schema(task, "output_schema")
+            for tool in task.get("tools") if isinstance(task.get("tools"), list) else []:
+                if isinstance(tool, dict):
+                    _local_urls(tool, ("endpoint",))
+                    _valid_schema(tool, "parameters")
+            _task(task)
     if label == "PUT /agents/{name}":
         # A name read back from GET /agents (the stateful phase) may be a built-in's, which the
         # path's schema excludes.
@@ -163,3 +166,21 @@ def _existing(label, case):
                 q["from"], q["to"] = q["to"], q["from"]
             else:
                 q["to"] = q["from"]
+
+
+def _task(body):
+    """A task as POST /tasks (or a schedule) takes it: names that exist here."""
+    if isinstance(body.get("model"), str) and body["model"]:
+        body["model"] = MODEL
+    if isinstance(body.get("subagent_type"), str):
+        body["subagent_type"] = "general"
+    if isinstance(body.get("resume_from"), str) and _is_uuid(body["resume_from"]):
+        del body["resume_from"]
+    # Fallback models that are served here, none the task's own.
+    fallbacks = body.get("fallback_models")
+    if isinstance(fallbacks, list) and all(isinstance(m, str) for m in fallbacks):
+        body["fallback_models"] = [f"mock/fallback-{i}" for i in range(len(fallbacks))]
+    # Names of tools the tenant has: it has none.
+    allowed = body.get("allowed_tools")
+    if isinstance(allowed, list) and all(isinstance(t, str) for t in allowed):
+        body["allowed_tools"] = []

@@ -5,9 +5,9 @@
 
   // ---------------------------------------------------------------- constants
   const SESSION_URL = '/console/session';
-  const STATUSES = ['queued', 'running', 'requires_action', 'completed', 'incomplete', 'failed', 'cancelled'];
+  const STATUSES = ['scheduled', 'queued', 'running', 'requires_action', 'completed', 'incomplete', 'failed', 'cancelled'];
   const TERMINAL = new Set(['completed', 'incomplete', 'failed', 'cancelled']);
-  const CANCELLABLE = new Set(['queued', 'running', 'requires_action']);
+  const CANCELLABLE = new Set(['scheduled', 'queued', 'running', 'requires_action']);
   const EVENT_KINDS = ['created', 'claimed', 'llm_call_started', 'llm_call_finished', 'llm_call_failed',
     'tool_calls_started', 'tool_call_finished', 'tool_call_refused', 'tool_call_cut', 'loop_warning',
     'checkpoint', 'cancel_requested', 'cancelled', 'released', 'rescued', 'finished', 'budget_wait',
@@ -434,6 +434,7 @@
 
     root.append(h('section', { id: 'overview', class: 'page' },
       h('div', { class: 'tiles' },
+        tile('scheduled', 'count-scheduled', 'Scheduled'),
         tile('queued', 'count-queued', 'Queued'),
         tile('running', 'count-running', 'Running'),
         tile('requires_action', 'count-requires-action', 'Requires action'),
@@ -701,7 +702,11 @@
       if (t.cost_complete === false) cost += ' (incomplete)';
       if (t.usage_estimated) cost += ' (estimated)';
       const rows = [
-        ['Type', t.subagent_type], ['Description', t.description], ['Model', t.model, 'mono'], ['Tenant', t.tenant],
+        ['Type', t.subagent_type], ['Description', t.description], ['Model', t.model, 'mono'],
+        ...(t.answered_model && t.answered_model !== t.model ? [['Answered by', t.answered_model, 'mono']] : []),
+        ...(t.fallback_models && t.fallback_models.length ? [['Fallback models', t.fallback_models.join(', '), 'mono']] : []),
+        ['Tenant', t.tenant], ['Priority', t.priority],
+        ...(t.run_at ? [['Runs at', timeEl(t.run_at)]] : []),
         ['Turns', `${t.turns == null ? dash : t.turns} / ${t.max_turns == null ? dash : t.max_turns}`],
         ['Tokens in / out / cached', `${fmtInt(u.input_tokens)} / ${fmtInt(u.output_tokens)} / ${fmtInt(u.cached_tokens)}`],
         ...(u.cache_write_tokens ? [['Cache writes', fmtInt(u.cache_write_tokens)]] : []),

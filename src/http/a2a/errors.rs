@@ -191,7 +191,7 @@ impl From<TaskError> for A2aError {
         let code = e.code();
         let message = e.to_string();
         let kind = match &e {
-            TaskError::NotFound => return A2aError::not_found(),
+            TaskError::NotFound | TaskError::ScheduleNotFound => return A2aError::not_found(),
             TaskError::Invalid { .. }
             | TaskError::BadParam { .. }
             | TaskError::ModelRequired
@@ -207,7 +207,9 @@ impl From<TaskError> for A2aError {
                 Kind::UnsupportedOperation
             }
             TaskError::StreamLimit { .. }
-            | TaskError::Budget(BudgetError::QueueFull { .. } | BudgetError::Exhausted { .. }) => {
+            | TaskError::Budget(
+                BudgetError::QueueFull { .. } | BudgetError::ScheduledFull { .. } | BudgetError::Exhausted { .. },
+            ) => {
                 return A2aError::from(ApiError::from(e));
             }
             TaskError::Budget(BudgetError::Store(_)) | TaskError::Store(_) | TaskError::Internal(_) => {

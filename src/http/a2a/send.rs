@@ -340,6 +340,8 @@ async fn submit(ctx: &Ctx, p: &SendParams, msg: &Inbound, how: How) -> Result<St
         )
         .meta("field", "message.taskId"));
     }
+    // Checked before a retry is looked up: a message the door refuses is refused every time.
+    let mut request = task_request(ctx, p.metadata.as_ref(), msg)?;
     let key = format!("a2a:{}", msg.id);
     // A retry of a message that started a task: that task, whatever its context holds now.
     if let Some(t) = room.by_key(&ctx.tenant, &key).await? {
@@ -350,7 +352,6 @@ async fn submit(ctx: &Ctx, p: &SendParams, msg: &Inbound, how: How) -> Result<St
         let a2a = crate::a2a::row(&room.pool, view.id).await.map_err(TaskError::from)?;
         return Ok(Started::Task { view: Box::new(view), a2a, after: 0 });
     }
-    let mut request = task_request(ctx, p.metadata.as_ref(), msg)?;
     let context = match &msg.context_id {
         Some(c) => {
             if let Some(latest) = store::latest_in_context(&room.pool, &ctx.tenant, c).await.map_err(TaskError::from)? {
@@ -390,9 +391,9 @@ async fn submit(ctx: &Ctx, p: &SendParams, msg: &Inbound, how: How) -> Result<St
         Err(e) => {
             let _ = store::forget(&room.pool, id).await;
             return match e {
-                TaskError::Budget(BudgetError::QueueFull { .. } | BudgetError::Exhausted { .. }) => {
-                    Ok(Started::Rejected(rejected(id, &context, stored, &e)))
-                }
+                TaskError::Budget(
+                    BudgetError::QueueFull { .. } | BudgetError::ScheduledFull { .. } | BudgetError::Exhausted { .. },
+                ) => Ok(Started::Rejected(rejected(id, &context, stored, &e))),
                 e => Err(e.into()),
             };
         }

@@ -20,7 +20,7 @@ pub fn task_output_schema() -> Value {
         "type": "object",
         "properties": {
             "task_id": {"type": "string"},
-            "status": {"type": "string", "description": "queued, running, requires_action, completed, incomplete, failed, cancelled"},
+            "status": {"type": "string", "description": "scheduled, queued, running, requires_action, completed, incomplete, failed, cancelled"},
             "stop_reason": {"type": ["string", "null"]},
             "summary": {"type": ["string", "null"], "description": "the sub-agent's one summary"},
             "output": {"description": "with an output_schema: the final answer's value"},
@@ -187,7 +187,7 @@ pub fn result(t: &TaskView) -> Value {
             (format!("The task was cancelled ({code}): {message}"), true)
         }
         TaskStatus::RequiresAction => (pause_text(t), false),
-        TaskStatus::Queued | TaskStatus::Running => (
+        TaskStatus::Scheduled | TaskStatus::Queued | TaskStatus::Running => (
             format!(
                 "Task {} is still running. Call task_wait with task_id \"{}\" to wait for its result, or task_get to look.",
                 t.id, t.id
@@ -216,6 +216,10 @@ const POLL_MS: u64 = 1000;
 /// The service's task as an MCP task.
 pub fn mcp_task(ctx: &Ctx, t: &TaskView) -> Value {
     let (status, message) = match t.status {
+        TaskStatus::Scheduled => (
+            "working",
+            Some(format!("scheduled: it starts at {}", t.run_at.map_or_else(String::new, |r| r.to_rfc3339()))),
+        ),
         TaskStatus::Queued => ("working", Some("queued".to_string())),
         TaskStatus::Running => ("working", None),
         TaskStatus::RequiresAction => {

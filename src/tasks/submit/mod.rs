@@ -79,6 +79,16 @@ pub struct TaskRequest {
     /// Which failures move a call to the next model: `unavailable` (the default), `context_length`.
     #[serde(default)]
     pub fallback_on: Option<Vec<String>>,
+    /// Start at this time (RFC 3339); until then the task is `scheduled`. A time past runs now.
+    #[serde(default)]
+    pub run_at: Option<String>,
+    /// Start this many seconds from now (instead of `run_at`).
+    #[serde(default)]
+    pub delay_seconds: Option<f64>,
+    /// `high`, `normal` or `low`: which of the tenant's queued tasks is claimed first (default:
+    /// the agent definition's, else the tenant's, else `normal`).
+    #[serde(default)]
+    pub priority: Option<String>,
 }
 
 /// One submission: the request and what came with it, as the door received it.
@@ -124,7 +134,7 @@ pub enum Submitted {
 }
 
 /// A validated task, ready to insert.
-struct Prepared {
+pub(in crate::tasks) struct Prepared {
     new: NewTask,
     options: TaskOptions,
     /// Its smallest first call, which a spend budget must still hold for it to be admitted.
@@ -172,7 +182,9 @@ impl Lifecycle {
         // queue's claim round trip (not for tenants with a running limit: only the claim keeps
         // it exact).
         let place = match &self.shortcut {
-            Some(w) if s.waiting && limits.max_running.is_none() => w.take(&p.new, &p.options),
+            Some(w) if s.waiting && limits.max_running.is_none() && p.new.run_at.is_none() => {
+                w.take(&p.new, &p.options)
+            }
             _ => None,
         };
         let inserted = match place {
@@ -187,8 +199,11 @@ impl Lifecycle {
             }
             None => {
                 let (inserted, _) = self.admit(&limits, &p).await?;
-                if matches!(inserted, Inserted::New(..)) {
-                    self.hub.publish(CH_QUEUED, String::new());
+                match (&inserted, p.new.run_at) {
+                    (Inserted::New(..), None) => self.hub.publish(CH_QUEUED, String::new()),
+                    // The timers see a start time sooner than they planned for.
+                    (Inserted::New(..), Some(_)) => self.hub.publish(crate::store::CH_TIMER, String::new()),
+                    _ => {}
                 }
                 inserted
             }
@@ -231,7 +246,8 @@ impl Lifecycle {
     async fn admit(&self, limits: &Limits, p: &Prepared) -> Result<(Inserted, bool), TaskError> {
         let new = &p.new;
         let first = new.start.as_ref().and_then(|s| s.first_call.as_ref());
-        if !budget::guards_admission(limits) {
+        let scheduled = new.run_at.is_some();
+        if !budget::guards_admission(limits) && !scheduled {
             // One statement, which also writes the first call's reservation when it can.
             let mut conn = self.pool.acquire().await.map_err(StoreError::from)?;
             let r = tasks::insert(&mut conn, new).await?;
@@ -239,7 +255,7 @@ impl Lifecycle {
             return Ok((r, reserved));
         }
         let mut tx = self.pool.begin().await.map_err(StoreError::from)?;
-        budget::admission_checks(&mut tx, limits, &new.tenant, p.smallest).await?;
+        budget::admission_checks(&mut tx, limits, &new.tenant, p.smallest, scheduled).await?;
         let r = tasks::insert(&mut tx, new).await?;
         // With a spend budget, the reservation is checked against it in the same transaction.
         let reserved = match (&r, first) {

@@ -16,6 +16,7 @@ use crate::engine::definitions::AgentDefinition;
 use crate::engine::spec::{FallbackWhen, MaxTurns, TaskOptions, Usd};
 use crate::llm::{ModelRef, ResolveError};
 use crate::store::tasks::{self, NewTask, TaskRow};
+use crate::tasks::kinds::Priority;
 use crate::tasks::{Lifecycle, TaskError};
 use crate::tools::catalog;
 use crate::tools::{ToolDef, Whitelist};
@@ -28,7 +29,12 @@ const MAX_METADATA_BYTES: usize = 16 * 1024;
 struct Checked {
     max_turns: Option<u32>,
     metadata: Value,
+    /// A start time ahead (a time past, or none: now).
+    run_at: Option<chrono::DateTime<chrono::Utc>>,
 }
+
+/// The furthest ahead a task may be scheduled.
+const MAX_SCHEDULE_AHEAD_DAYS: i64 = 366;
 
 /// Who runs the task: its agent (a custom definition runs with general's policy), and the model.
 struct Agent {
@@ -48,7 +54,7 @@ struct TaskLimits {
 }
 
 impl Lifecycle {
-    pub(super) async fn prepare(&self, s: &Submission, limits: &Limits) -> Result<Prepared, TaskError> {
+    pub(in crate::tasks) async fn prepare(&self, s: &Submission, limits: &Limits) -> Result<Prepared, TaskError> {
         let body = &s.request;
         let checked = self.check(body)?;
         let who = self.agent(s).await?;
@@ -91,6 +97,8 @@ impl Lifecycle {
             webhook_url: body.webhook_url.clone(),
             api_key: s.api_key.clone(),
             start: None,
+            run_at: checked.run_at,
+            priority: self.priority(body, limits, &who)?.rank(),
         };
         // What a spend budget must still hold for the task: its first call at the smallest.
         let spends = limits.usd_per_day.is_some() || limits.usd_per_month.is_some() || limits.tokens_per_day.is_some();
@@ -161,7 +169,22 @@ impl Lifecycle {
             }
             Some(_) => return Err(TaskError::invalid("metadata", "must be a JSON object")),
         };
-        Ok(Checked { max_turns, metadata })
+        let run_at = run_at(body)?;
+        Ok(Checked { max_turns, metadata, run_at })
+    }
+
+    /// The request's priority, else the agent definition's, else the tenant's, else `normal`.
+    fn priority(&self, body: &TaskRequest, limits: &Limits, who: &Agent) -> Result<Priority, TaskError> {
+        match body.priority.as_deref() {
+            Some(p) => Priority::parse(p.trim())
+                .ok_or_else(|| TaskError::invalid("priority", format!("{p:?} is not one of high, normal, low"))),
+            None => Ok(who
+                .definition
+                .as_ref()
+                .and_then(|d| d.priority)
+                .or_else(|| limits.priority.as_deref().and_then(Priority::parse))
+                .unwrap_or_default()),
+        }
     }
 
     /// The agent and the model. A resumed task continues its parent: same agent and model
@@ -437,4 +460,26 @@ fn task_limits(
         None => cap,
     };
     Ok(TaskLimits { turns, max_cost_usd, max_tokens, timeout_seconds })
+}
+
+/// When the task starts: `run_at` (RFC 3339) or `delay_seconds` from now, not both; `None` for
+/// now (a time past is now). At most a year ahead.
+fn run_at(body: &TaskRequest) -> Result<Option<chrono::DateTime<chrono::Utc>>, TaskError> {
+    let now = chrono::Utc::now();
+    let at = match (&body.run_at, body.delay_seconds) {
+        (Some(_), Some(_)) => return Err(TaskError::invalid("run_at", "give run_at or delay_seconds, not both")),
+        (Some(t), None) => chrono::DateTime::parse_from_rfc3339(t.trim())
+            .map_err(|_| TaskError::invalid("run_at", format!("{t:?} is not an RFC 3339 time (2026-11-26T09:00:00Z)")))?
+            .with_timezone(&chrono::Utc),
+        (None, Some(d)) if !d.is_finite() || d < 0.0 => {
+            return Err(TaskError::invalid("delay_seconds", "must be a number of seconds, 0 or more"))
+        }
+        (None, Some(d)) => now + chrono::Duration::milliseconds((d.min(1e12) * 1000.0) as i64),
+        (None, None) => return Ok(None),
+    };
+    if at > now + chrono::Duration::days(MAX_SCHEDULE_AHEAD_DAYS) {
+        let field = if body.run_at.is_some() { "run_at" } else { "delay_seconds" };
+        return Err(TaskError::invalid(field, format!("must be at most {MAX_SCHEDULE_AHEAD_DAYS} days ahead")));
+    }
+    Ok((at > now).then_some(at))
 }

@@ -1,0 +1,71 @@
+//! `/schedules`: a tenant's cron schedules, each submitting its task body at every tick (the
+//! room's `schedule`): create or replace, read, list, delete, pause and resume.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::json;
+
+use super::error::ApiError;
+use super::extract::{ApiJson, ApiPath};
+use super::{AppState, Tenant};
+use crate::tasks::schedule::ScheduleRequest;
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/schedules", get(list))
+        .route("/schedules/{name}", get(read).put(put).delete(delete))
+        .route("/schedules/{name}/pause", post(pause))
+        .route("/schedules/{name}/resume", post(resume))
+}
+
+async fn list(State(st): State<AppState>, Tenant(tenant): Tenant) -> Result<Response, ApiError> {
+    let all = st.tasks.schedules(&tenant).await?;
+    Ok(Json(json!({"schedules": all})).into_response())
+}
+
+async fn read(
+    State(st): State<AppState>,
+    Tenant(tenant): Tenant,
+    ApiPath(name): ApiPath<String>,
+) -> Result<Response, ApiError> {
+    Ok(Json(st.tasks.schedule(&tenant, &name).await?).into_response())
+}
+
+async fn put(
+    State(st): State<AppState>,
+    Tenant(tenant): Tenant,
+    ApiPath(name): ApiPath<String>,
+    ApiJson(body): ApiJson<ScheduleRequest>,
+) -> Result<Response, ApiError> {
+    let (row, created) = st.tasks.put_schedule(&tenant, &name, body).await?;
+    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, Json(row)).into_response())
+}
+
+async fn delete(
+    State(st): State<AppState>,
+    Tenant(tenant): Tenant,
+    ApiPath(name): ApiPath<String>,
+) -> Result<Response, ApiError> {
+    st.tasks.delete_schedule(&tenant, &name).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+async fn pause(
+    State(st): State<AppState>,
+    Tenant(tenant): Tenant,
+    ApiPath(name): ApiPath<String>,
+) -> Result<Response, ApiError> {
+    Ok(Json(st.tasks.pause_schedule(&tenant, &name, true).await?).into_response())
+}
+
+async fn resume(
+    State(st): State<AppState>,
+    Tenant(tenant): Tenant,
+    ApiPath(name): ApiPath<String>,
+) -> Result<Response, ApiError> {
+    Ok(Json(st.tasks.pause_schedule(&tenant, &name, false).await?).into_response())
+}

@@ -1,0 +1,157 @@
+//! `schedules`: a tenant's cron schedules, each with the task body its ticks submit, when it
+//! ticks next, and how its last tick went. A tick is taken by one replica at a time (a short
+//! hold, `ticking_until`) and made once by its task's idempotency key.
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use super::StoreError;
+
+#[derive(Debug, Clone, sqlx::FromRow, serde::Serialize)]
+pub struct ScheduleRow {
+    #[serde(skip)]
+    pub tenant: String,
+    pub name: String,
+    pub cron: String,
+    pub timezone: String,
+    pub task: Value,
+    pub paused: bool,
+    pub next_run_at: Option<DateTime<Utc>>,
+    pub last_run_at: Option<DateTime<Utc>>,
+    pub last_task_id: Option<Uuid>,
+    pub last_error: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+const COLS: &str = "tenant, name, cron, timezone, task, paused, next_run_at, last_run_at, last_task_id, last_error, \
+    created_at, updated_at";
+
+pub async fn list(pool: &PgPool, tenant: &str) -> Result<Vec<ScheduleRow>, StoreError> {
+    let sql = format!("SELECT {COLS} FROM schedules WHERE tenant = $1 ORDER BY name");
+    Ok(sqlx::query_as(&sql).bind(tenant).fetch_all(pool).await?)
+}
+
+pub async fn get(pool: &PgPool, tenant: &str, name: &str) -> Result<Option<ScheduleRow>, StoreError> {
+    let sql = format!("SELECT {COLS} FROM schedules WHERE tenant = $1 AND name = $2");
+    Ok(sqlx::query_as(&sql).bind(tenant).bind(name).fetch_optional(pool).await?)
+}
+
+/// A schedule as written by `put`.
+pub struct SchedulePut<'a> {
+    pub tenant: &'a str,
+    pub name: &'a str,
+    pub cron: &'a str,
+    pub timezone: &'a str,
+    pub task: &'a Value,
+    pub paused: bool,
+    pub next_run_at: Option<DateTime<Utc>>,
+}
+
+/// Insert or replace a schedule (its history kept); the row, and true when it was created.
+pub async fn put(pool: &PgPool, p: &SchedulePut<'_>) -> Result<(ScheduleRow, bool), StoreError> {
+    let sql = format!(
+        "INSERT INTO schedules (tenant, name, cron, timezone, task, paused, next_run_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)
+         ON CONFLICT (tenant, name) DO UPDATE SET cron = EXCLUDED.cron, timezone = EXCLUDED.timezone,
+             task = EXCLUDED.task, paused = EXCLUDED.paused, next_run_at = EXCLUDED.next_run_at,
+             ticking_until = NULL, updated_at = now()
+         RETURNING {COLS}, (xmax = 0) AS created"
+    );
+    #[derive(sqlx::FromRow)]
+    struct Put {
+        #[sqlx(flatten)]
+        row: ScheduleRow,
+        created: bool,
+    }
+    let r: Put = sqlx::query_as(&sql)
+        .bind(p.tenant)
+        .bind(p.name)
+        .bind(p.cron)
+        .bind(p.timezone)
+        .bind(p.task)
+        .bind(p.paused)
+        .bind(p.next_run_at)
+        .fetch_one(pool)
+        .await?;
+    Ok((r.row, r.created))
+}
+
+pub async fn delete(pool: &PgPool, tenant: &str, name: &str) -> Result<bool, StoreError> {
+    let r = sqlx::query("DELETE FROM schedules WHERE tenant = $1 AND name = $2")
+        .bind(tenant)
+        .bind(name)
+        .execute(pool)
+        .await?;
+    Ok(r.rows_affected() == 1)
+}
+
+/// Pause (no ticks) or resume (ticking from `next_run_at`) a schedule; the row, if it exists.
+pub async fn set_paused(
+    pool: &PgPool,
+    tenant: &str,
+    name: &str,
+    paused: bool,
+    next_run_at: Option<DateTime<Utc>>,
+) -> Result<Option<ScheduleRow>, StoreError> {
+    let sql = format!(
+        "UPDATE schedules SET paused = $3, next_run_at = $4, ticking_until = NULL, updated_at = now()
+         WHERE tenant = $1 AND name = $2 RETURNING {COLS}"
+    );
+    Ok(sqlx::query_as(&sql).bind(tenant).bind(name).bind(paused).bind(next_run_at).fetch_optional(pool).await?)
+}
+
+/// Take the schedules due now (at most `limit`), each held by this replica for `hold_secs`:
+/// another replica takes a tick only if this one has not finished it by then.
+pub async fn take_due(pool: &PgPool, limit: i64, hold_secs: f64) -> Result<Vec<ScheduleRow>, StoreError> {
+    let sql = format!(
+        "WITH due AS (
+            SELECT tenant, name FROM schedules
+            WHERE NOT paused AND next_run_at <= now() AND (ticking_until IS NULL OR ticking_until < now())
+            ORDER BY next_run_at LIMIT $1 FOR UPDATE SKIP LOCKED
+         )
+         UPDATE schedules s SET ticking_until = now() + make_interval(secs => $2)
+         FROM due WHERE s.tenant = due.tenant AND s.name = due.name
+         RETURNING {}",
+        COLS.split(", ").map(|c| format!("s.{}", c.trim())).collect::<Vec<_>>().join(", ")
+    );
+    Ok(sqlx::query_as(&sql).bind(limit).bind(hold_secs).fetch_all(pool).await?)
+}
+
+/// The tick due at `due` is done: the schedule ticks next at `next`, its last tick was `tick`
+/// (its task, or why it was refused). Written only if the schedule still waits for that tick (a
+/// replica that finished it first, or an edit meanwhile, wins).
+#[allow(clippy::too_many_arguments)]
+pub async fn ticked(
+    pool: &PgPool,
+    tenant: &str,
+    name: &str,
+    due: DateTime<Utc>,
+    next: Option<DateTime<Utc>>,
+    tick: DateTime<Utc>,
+    task: Option<Uuid>,
+    error: Option<&str>,
+) -> Result<bool, StoreError> {
+    let r = sqlx::query(
+        "UPDATE schedules SET next_run_at = $4, last_run_at = $5, last_task_id = coalesce($6, last_task_id),
+             last_error = $7, ticking_until = NULL, updated_at = now()
+         WHERE tenant = $1 AND name = $2 AND next_run_at = $3",
+    )
+    .bind(tenant)
+    .bind(name)
+    .bind(due)
+    .bind(next)
+    .bind(tick)
+    .bind(task)
+    .bind(error)
+    .execute(pool)
+    .await?;
+    Ok(r.rows_affected() == 1)
+}
+
+/// When the next schedule is due, if any is.
+pub async fn next_due(pool: &PgPool) -> Result<Option<DateTime<Utc>>, StoreError> {
+    Ok(sqlx::query_scalar("SELECT min(next_run_at) FROM schedules WHERE NOT paused").fetch_one(pool).await?)
+}

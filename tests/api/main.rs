@@ -12,6 +12,7 @@ mod browser;
 mod budgets;
 mod caching;
 mod chaos;
+mod clients;
 mod console;
 mod contract;
 mod dbrestart;

@@ -1,0 +1,157 @@
+"""The client libraries' types, made from openapi.yaml: Python dataclasses
+(clients/python/subagentd/_models.py) and TypeScript interfaces
+(clients/typescript/src/models.ts), one per schema named in MODELS.
+
+    python clients/gen.py           # write both files
+    python clients/gen.py --check   # exit 1 if either is not what openapi.yaml makes
+
+A field added to the API (in openapi.yaml) and missed by a client fails the check, which the
+test suite runs (tests/api/clients.rs).
+"""
+import json
+import pathlib
+import sys
+
+import yaml
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+SPEC = ROOT / "openapi.yaml"
+PY = ROOT / "clients/python/subagentd/_models.py"
+TS = ROOT / "clients/typescript/src/models.ts"
+
+# openapi.yaml's component schema → the clients' type of the same name.
+MODELS = [
+    "Task", "PendingAction", "TaskPage", "Event", "EventsPage", "Message", "Call", "CancelledMany",
+    "Agent", "Tool", "ToolSource", "UsageRow", "UsageReport", "Key", "NewKey", "Limits", "TenantView",
+    "Schedule", "Problem", "FieldError",
+]
+
+KEYWORDS = {"try", "from", "global", "class", "def", "return", "import", "pass", "in", "is", "not", "and", "or"}
+
+
+def load():
+    return yaml.safe_load(SPEC.read_text())
+
+
+def resolve(spec, s):
+    if isinstance(s, dict) and "$ref" in s:
+        name = s["$ref"].rsplit("/", 1)[-1]
+        return name, spec["components"]["schemas"][name]
+    return None, s
+
+
+def types_of(s):
+    t = s.get("type")
+    if isinstance(t, list):
+        return [x for x in t if x != "null"], "null" in t
+    if t is None and "enum" in s:
+        return ["string"], None in s["enum"]
+    return ([t] if t else []), False
+
+
+def py_type(spec, s):
+    name, s2 = resolve(spec, s)
+    if name in MODELS:
+        return name, False
+    if name and not s2.get("properties"):
+        s = s2
+    ts, nullable = types_of(s)
+    if len(ts) != 1:
+        return "Any", True
+    t = ts[0]
+    if t == "array":
+        item, _ = py_type(spec, s.get("items", {}))
+        return f"List[{item}]", nullable
+    return {"string": "str", "integer": "int", "number": "float", "boolean": "bool", "object": "Dict[str, Any]"}.get(t, "Any"), nullable
+
+
+def ts_type(spec, s):
+    name, s2 = resolve(spec, s)
+    if name in MODELS:
+        return name, False
+    if name and not s2.get("properties"):
+        s = s2
+    ts, nullable = types_of(s)
+    if len(ts) != 1:
+        return "unknown", False
+    t = ts[0]
+    if t == "array":
+        item, _ = ts_type(spec, s.get("items", {}))
+        return f"{item}[]", nullable
+    return {"string": "string", "integer": "number", "number": "number", "boolean": "boolean",
+            "object": "Record<string, unknown>"}.get(t, "unknown"), nullable
+
+
+def nested(spec, s):
+    """The model a field holds (or holds a list of), if any."""
+    name, _ = resolve(spec, s)
+    if name in MODELS:
+        return name, False
+    if s.get("type") == "array" or (isinstance(s.get("type"), list) and "array" in s["type"]):
+        name, _ = resolve(spec, s.get("items", {}))
+        if name in MODELS:
+            return name, True
+    return None, False
+
+
+def python(spec):
+    out = ['"""The API\'s types, made from openapi.yaml by clients/gen.py: do not edit by hand."""',
+           "# fmt: off", "from __future__ import annotations", "",
+           "import dataclasses as _dc", "from dataclasses import dataclass", "from typing import Any, Dict, List, Optional", "",
+           "from ._model import Model", ""]
+    for name in MODELS:
+        s = spec["components"]["schemas"][name]
+        props = s.get("properties", {})
+        required = set(s.get("required", []))
+        desc = (s.get("description") or f"A {name} as the API shows it.").split("\n")[0].replace('"""', "'")
+        out += ["", "@dataclass(repr=False)", f"class {name}(Model):", f'    """{desc}"""', ""]
+        nests = {}
+        for p, ps in props.items():
+            attr = p + "_" if p in KEYWORDS else p
+            t, nullable = py_type(spec, ps)
+            n, many = nested(spec, ps)
+            if n:
+                nests[p] = (n, many)
+            out.append(f"    {attr}: Optional[{t}] = None")
+        out.append("    extra: Dict[str, Any] = _dc.field(default_factory=dict)")
+        out.append(f"    _fields = {json.dumps(list(props))}")
+        out.append(f"    _nested = {{{', '.join(f'{json.dumps(k)}: ({json.dumps(v[0])}, {v[1]})' for k, v in nests.items())}}}")
+        out.append(f"    _required = {json.dumps(sorted(required & set(props)))}")
+    return "\n".join(out) + "\n"
+
+
+def typescript(spec):
+    out = ["// The API's types, made from openapi.yaml by clients/gen.py: do not edit by hand.", ""]
+    for name in MODELS:
+        s = spec["components"]["schemas"][name]
+        props = s.get("properties", {})
+        required = set(s.get("required", []))
+        desc = (s.get("description") or f"A {name} as the API shows it.").split("\n")[0]
+        out += [f"/** {desc} */", f"export interface {name} {{"]
+        for p, ps in props.items():
+            t, nullable = ts_type(spec, ps)
+            opt = "" if p in required else "?"
+            key = p if p.isidentifier() else json.dumps(p)
+            out.append(f"  {key}{opt}: {t}{' | null' if nullable else ''};")
+        out += ["  /** Fields this version does not know yet. */", "  [field: string]: unknown;", "}", ""]
+    out.append(f"export const MODEL_FIELDS: Record<string, string[]> = {json.dumps({n: list(spec['components']['schemas'][n].get('properties', {})) for n in MODELS})};")
+    return "\n".join(out) + "\n"
+
+
+def main():
+    spec = load()
+    made = {PY: python(spec), TS: typescript(spec)}
+    if "--check" in sys.argv:
+        stale = [str(p.relative_to(ROOT)) for p, text in made.items() if not p.exists() or p.read_text() != text]
+        if stale:
+            print("not made from the current openapi.yaml (run python clients/gen.py): " + ", ".join(stale))
+            sys.exit(1)
+        print("clients' types match openapi.yaml")
+        return
+    for p, text in made.items():
+        p.write_text(text)
+        print("wrote", p.relative_to(ROOT))
+
+
+if __name__ == "__main__":
+    main()

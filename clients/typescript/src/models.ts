@@ -1,0 +1,302 @@
+// The API's types, made from openapi.yaml by clients/gen.py: do not edit by hand.
+
+/** A Task as the API shows it. */
+export interface Task {
+  id: string;
+  tenant?: string;
+  status: string;
+  stop_reason?: string | null;
+  subagent_type: string;
+  description?: string | null;
+  model: string;
+  fallback_models?: string[];
+  fallback_on?: string[];
+  answered_model?: string | null;
+  priority?: string;
+  run_at?: string;
+  prompt: string;
+  max_turns?: number | null;
+  tools?: string[];
+  summary?: string | null;
+  output?: unknown;
+  error?: Record<string, unknown> | null;
+  turns: number;
+  usage: Record<string, unknown>;
+  cost_usd: number;
+  cost_complete: boolean;
+  usage_estimated?: boolean;
+  waiting_for?: string | null;
+  pending_actions?: PendingAction[];
+  attempt: number;
+  metadata: Record<string, unknown>;
+  created_at: string;
+  started_at?: string | null;
+  finished_at?: string | null;
+  queue_ms?: number | null;
+  run_ms?: number | null;
+  parent_task_id?: string | null;
+  trace_id?: string | null;
+  webhook?: Record<string, unknown> | null;
+  /** Fields this version does not know yet. */
+  [field: string]: unknown;
+}
+
+/** What a paused run waits for, answered by its `id` (POST /tasks/{id}/actions). */
+export interface PendingAction {
+  id?: string;
+  tool_call_id?: string;
+  kind?: string;
+  name?: string;
+  arguments?: unknown;
+  turn?: number;
+  created_at?: string;
+  expires_at?: string;
+  /** Fields this version does not know yet. */
+  [field: string]: unknown;
+}
+
+/** A page of tasks, newest first. */
+export interface TaskPage {
+  tasks: Task[];
+  next_cursor: string | null;
+  /** Fields this version does not know yet. */
+  [field: string]: unknown;
+}
+
+/** One event of a task's log. */
+export interface Event {
+  seq?: number;
+  kind?: string;
+  data?: Record<string, unknown>;
+  created_at?: string;
+  /** Fields this version does not know yet. */
+  [field: string]: unknown;
+}
+
+/** A page of a task's events. */
+export interface EventsPage {
+  events: Event[];
+  next_after: number;
+  task_status: string;
+  /** Fields this version does not know yet. */
+  [field: string]: unknown;
+}
+
+/** One message of a task's saved conversation. */
+export interface Message {
+  seq?: number;
+  turn?: number;
+  message?: Record<string, unknown>;
+  created_at?: string;
+  /** Fields this version does not know yet. */
+  [field: string]: unknown;
+}
+
+/** One provider call attempt, as the ledger records it. */
+export interface Call {
+  turn?: number;
+  attempt?: number;
+  try?: number;
+  provider?: string;
+  model?: string;
+  input_tokens?: number;
+  output_tokens?: number;
+  cached_tokens?: number;
+  cache_write_tokens?: number;
+  cost_usd?: number | null;
+  latency_ms?: number;
+  http_status?: number | null;
+  outcome?: string;
+  error?: string | null;
+  usage_estimated?: boolean;
+  created_at?: string;
+  /** Fields this version does not know yet. */
+  [field: string]: unknown;
+}
+
+/** What a bulk cancel did. */
+export interface CancelledMany {
+  cancelled: string[];
+  cancel_requested: string[];
+  /** Fields this version does not know yet. */
+  [field: string]: unknown;
+}
+
+/** A Agent as the API shows it. */
+export interface Agent {
+  name: string;
+  source: string;
+  description?: string;
+  system_prompt?: string;
+  tools?: unknown;
+  disallowed_tools?: string[];
+  model?: string;
+  max_turns?: number;
+  max_output_tokens?: number;
+  approval?: string;
+  read_only?: boolean;
+  output_schema?: Record<string, unknown>;
+  fallback_models?: string[];
+  fallback_on?: string[];
+  priority?: string;
+  claude_code?: Record<string, unknown>;
+  warnings?: string[];
+  unmatched_tools?: string[];
+  /** Fields this version does not know yet. */
+  [field: string]: unknown;
+}
+
+/** A Tool as the API shows it. */
+export interface Tool {
+  name?: string;
+  description?: string;
+  parameters?: Record<string, unknown>;
+  policy?: string;
+  source?: string;
+  endpoint?: string | null;
+  run_by?: string;
+  timeout_ms?: number;
+  tool_source?: string;
+  mcp_tool?: string;
+  /** Fields this version does not know yet. */
+  [field: string]: unknown;
+}
+
+/** A ToolSource as the API shows it. */
+export interface ToolSource {
+  name?: string;
+  url?: string;
+  headers?: string[];
+  tools?: Tool[];
+  refreshed_at?: string | null;
+  last_error?: string | null;
+  /** Fields this version does not know yet. */
+  [field: string]: unknown;
+}
+
+/** Calls, tokens and cost of one group (the columns not grouped by are null). */
+export interface UsageRow {
+  day?: string | null;
+  tenant?: string | null;
+  model?: string | null;
+  agent_type?: string | null;
+  api_key?: string | null;
+  calls?: number;
+  ok?: number;
+  failed?: number;
+  input_tokens?: number;
+  output_tokens?: number;
+  cached_tokens?: number;
+  cache_write_tokens?: number;
+  cost_usd?: number;
+  estimated_calls?: number;
+  /** Fields this version does not know yet. */
+  [field: string]: unknown;
+}
+
+/** Usage over the days asked, grouped. */
+export interface UsageReport {
+  from: string;
+  to: string;
+  group_by: string[];
+  rows: UsageRow[];
+  /** Fields this version does not know yet. */
+  [field: string]: unknown;
+}
+
+/** An API key (never the key itself). */
+export interface Key {
+  id?: string;
+  tenant?: string;
+  prefix?: string;
+  name?: string | null;
+  created_at?: string;
+  revoked_at?: string | null;
+  /** Fields this version does not know yet. */
+  [field: string]: unknown;
+}
+
+/** A new API key, with the key itself (shown only in this answer). */
+export interface NewKey {
+  id: string;
+  tenant: string;
+  prefix: string;
+  name?: string | null;
+  created_at?: string;
+  revoked_at?: string | null;
+  key: string;
+  /** Fields this version does not know yet. */
+  [field: string]: unknown;
+}
+
+/** A Limits as the API shows it. */
+export interface Limits {
+  usd_per_day?: number | null;
+  usd_per_month?: number | null;
+  tokens_per_day?: number | null;
+  max_running?: number | null;
+  max_queued?: number | null;
+  max_task_cost_usd?: number | null;
+  max_task_tokens?: number | null;
+  max_task_turns?: number | null;
+  max_task_timeout_seconds?: number | null;
+  approval?: string | null;
+  requests_per_second?: number | null;
+  request_burst?: number | null;
+  max_streams?: number | null;
+  max_waits?: number | null;
+  fallback_models?: string[] | null;
+  max_scheduled?: number | null;
+  priority?: string | null;
+  /** Fields this version does not know yet. */
+  [field: string]: unknown;
+}
+
+/** A tenant's limits, its use now, and the configured defaults of the limits it does not set. */
+export interface TenantView {
+  name: string;
+  limits: Limits;
+  use: Record<string, unknown>;
+  defaults: Record<string, unknown>;
+  /** Fields this version does not know yet. */
+  [field: string]: unknown;
+}
+
+/** A Schedule as the API shows it. */
+export interface Schedule {
+  name: string;
+  cron: string;
+  timezone: string;
+  task: Record<string, unknown>;
+  paused: boolean;
+  next_run_at?: string | null;
+  last_run_at?: string | null;
+  last_task_id?: string | null;
+  last_error?: string | null;
+  created_at?: string;
+  updated_at?: string;
+  /** Fields this version does not know yet. */
+  [field: string]: unknown;
+}
+
+/** A Problem as the API shows it. */
+export interface Problem {
+  type: string;
+  code: string;
+  title: string;
+  status: number;
+  detail: string;
+  errors?: FieldError[];
+  /** Fields this version does not know yet. */
+  [field: string]: unknown;
+}
+
+/** One field of a request at fault, and what is wrong with it. */
+export interface FieldError {
+  field: string;
+  message: string;
+  /** Fields this version does not know yet. */
+  [field: string]: unknown;
+}
+
+export const MODEL_FIELDS: Record<string, string[]> = {"Task": ["id", "tenant", "status", "stop_reason", "subagent_type", "description", "model", "fallback_models", "fallback_on", "answered_model", "priority", "run_at", "prompt", "max_turns", "tools", "summary", "output", "error", "turns", "usage", "cost_usd", "cost_complete", "usage_estimated", "waiting_for", "pending_actions", "attempt", "metadata", "created_at", "started_at", "finished_at", "queue_ms", "run_ms", "parent_task_id", "trace_id", "webhook"], "PendingAction": ["id", "tool_call_id", "kind", "name", "arguments", "turn", "created_at", "expires_at"], "TaskPage": ["tasks", "next_cursor"], "Event": ["seq", "kind", "data", "created_at"], "EventsPage": ["events", "next_after", "task_status"], "Message": ["seq", "turn", "message", "created_at"], "Call": ["turn", "attempt", "try", "provider", "model", "input_tokens", "output_tokens", "cached_tokens", "cache_write_tokens", "cost_usd", "latency_ms", "http_status", "outcome", "error", "usage_estimated", "created_at"], "CancelledMany": ["cancelled", "cancel_requested"], "Agent": ["name", "source", "description", "system_prompt", "tools", "disallowed_tools", "model", "max_turns", "max_output_tokens", "approval", "read_only", "output_schema", "fallback_models", "fallback_on", "priority", "claude_code", "warnings", "unmatched_tools"], "Tool": ["name", "description", "parameters", "policy", "source", "endpoint", "run_by", "timeout_ms", "tool_source", "mcp_tool"], "ToolSource": ["name", "url", "headers", "tools", "refreshed_at", "last_error"], "UsageRow": ["day", "tenant", "model", "agent_type", "api_key", "calls", "ok", "failed", "input_tokens", "output_tokens", "cached_tokens", "cache_write_tokens", "cost_usd", "estimated_calls"], "UsageReport": ["from", "to", "group_by", "rows"], "Key": ["id", "tenant", "prefix", "name", "created_at", "revoked_at"], "NewKey": ["id", "tenant", "prefix", "name", "created_at", "revoked_at", "key"], "Limits": ["usd_per_day", "usd_per_month", "tokens_per_day", "max_running", "max_queued", "max_task_cost_usd", "max_task_tokens", "max_task_turns", "max_task_timeout_seconds", "approval", "requests_per_second", "request_burst", "max_streams", "max_waits", "fallback_models", "max_scheduled", "priority"], "TenantView": ["name", "limits", "use", "defaults"], "Schedule": ["name", "cron", "timezone", "task", "paused", "next_run_at", "last_run_at", "last_task_id", "last_error", "created_at", "updated_at"], "Problem": ["type", "code", "title", "status", "detail", "errors"], "FieldError": ["field", "message"]};

@@ -21,7 +21,9 @@ pub struct Limits {
     pub usd_per_month: Option<Decimal>,
     #[arg(long)]
     pub tokens_per_day: Option<i64>,
-    #[arg(long)]
+    /// Running tasks at once (across replicas). The flag is `--tenant-max-running`: `--max-running`
+    /// is the process's own setting, which every subcommand takes.
+    #[arg(long = "tenant-max-running", id = "tenant_max_running")]
     pub max_running: Option<i32>,
     #[arg(long)]
     pub max_queued: Option<i32>,
@@ -32,7 +34,9 @@ pub struct Limits {
     pub max_task_tokens: Option<i64>,
     #[arg(long)]
     pub max_task_turns: Option<i32>,
-    #[arg(long)]
+    /// The longest `timeout_seconds` a task may ask for (`--tenant-max-task-timeout-seconds`:
+    /// `--max-task-timeout-seconds` is the process's own).
+    #[arg(long = "tenant-max-task-timeout-seconds", id = "tenant_max_task_timeout_seconds")]
     pub max_task_timeout_seconds: Option<i32>,
     /// The tenant's default approval mode: `none`, `propose` or `all`.
     #[arg(long)]

@@ -195,6 +195,80 @@ async fn the_cli_creates_keys_that_the_api_accepts_and_revokes_them() {
 }
 
 #[tokio::test]
+async fn the_cli_sets_every_limit_and_shows_it_and_a_flag_the_process_also_takes_stays_the_processs() {
+    let app = spawn_app_with(with_admin, false).await;
+    let cli = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_subagentd"))
+            .args(args)
+            .env("DATABASE_URL", &app.db.url)
+            .env("RUST_LOG", "error")
+            .output()
+            .unwrap()
+    };
+    let out = cli(&[
+        "tenants",
+        "set",
+        "acme",
+        "--usd-per-day",
+        "5",
+        "--usd-per-month",
+        "100.5",
+        "--tokens-per-day",
+        "1000",
+        "--tenant-max-running",
+        "4",
+        "--max-queued",
+        "100",
+        "--max-task-cost-usd",
+        "0.5",
+        "--max-task-tokens",
+        "5000",
+        "--max-task-turns",
+        "7",
+        "--tenant-max-task-timeout-seconds",
+        "60",
+        "--approval",
+        "propose",
+        "--requests-per-second",
+        "20",
+        "--request-burst",
+        "40",
+        "--max-streams",
+        "10",
+        "--max-waits",
+        "20",
+        "--fallback-models",
+        "mock/a,mock/b",
+        "--max-scheduled",
+        "30",
+        "--priority",
+        "high",
+        // The process's own setting, taken by every subcommand: not the tenant's.
+        "--max-running",
+        "8",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = cli(&["tenants", "show", "acme"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let shown: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let l = &shown["limits"];
+    assert_eq!(
+        (&l["usd_per_day"], &l["usd_per_month"], &l["max_running"], &l["max_task_timeout_seconds"]),
+        (&json!(5.0), &json!(100.5), &json!(4), &json!(60)),
+        "{shown}"
+    );
+    assert_eq!(
+        (&l["fallback_models"], &l["priority"], &l["max_waits"]),
+        (&json!(["mock/a", "mock/b"]), &json!("high"), &json!(20))
+    );
+    let api = app.client.get(app.url("/admin/tenants/acme")).bearer_auth(ADMIN).send().await.unwrap();
+    assert_eq!(api.json::<Value>().await.unwrap()["limits"], *l, "the API reads what the CLI set");
+    let out = cli(&["tenants", "set", "acme", "--usd-per-day=-1"]);
+    assert!(!out.status.success(), "a negative limit is refused");
+    app.stop().await;
+}
+
+#[tokio::test]
 async fn admission_over_the_queue_limit_is_429_with_retry_after_and_writes_nothing() {
     let app = spawn_app_with(with_admin, false).await;
     set_limits(&app, "default", json!({"max_queued": 2})).await;

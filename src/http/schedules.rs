@@ -2,7 +2,7 @@
 //! room's `schedule`): create or replace, read, list, delete, pause and resume.
 
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -34,13 +34,20 @@ async fn read(
     Ok(Json(st.tasks.schedule(&tenant, &name).await?).into_response())
 }
 
+/// `Subagent-Depth`: a schedule makes tasks, so a sub-agent's tool may not set one going.
+fn depth(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    super::tasks::header_text(headers, "subagent-depth", "Subagent-Depth")
+}
+
 async fn put(
     State(st): State<AppState>,
     Tenant(tenant): Tenant,
     ApiPath(name): ApiPath<String>,
+    headers: HeaderMap,
     ApiJson(body): ApiJson<ScheduleRequest>,
 ) -> Result<Response, ApiError> {
-    let (row, created) = st.tasks.put_schedule(&tenant, &name, body).await?;
+    let depth = depth(&headers)?;
+    let (row, created) = st.tasks.put_schedule(&tenant, &name, body, depth.as_deref()).await?;
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(row)).into_response())
 }
@@ -59,13 +66,15 @@ async fn pause(
     Tenant(tenant): Tenant,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Response, ApiError> {
-    Ok(Json(st.tasks.pause_schedule(&tenant, &name, true).await?).into_response())
+    Ok(Json(st.tasks.pause_schedule(&tenant, &name, true, None).await?).into_response())
 }
 
 async fn resume(
     State(st): State<AppState>,
     Tenant(tenant): Tenant,
     ApiPath(name): ApiPath<String>,
+    headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    Ok(Json(st.tasks.pause_schedule(&tenant, &name, false).await?).into_response())
+    let depth = depth(&headers)?;
+    Ok(Json(st.tasks.pause_schedule(&tenant, &name, false, depth.as_deref()).await?).into_response())
 }

@@ -65,7 +65,7 @@ fn respond(status: StatusCode, task: TaskView) -> Response {
 }
 
 /// A header as the room takes it; one that is not visible ASCII is refused here.
-fn header_text(headers: &HeaderMap, name: &str, field: &str) -> Result<Option<String>, ApiError> {
+pub(super) fn header_text(headers: &HeaderMap, name: &str, field: &str) -> Result<Option<String>, ApiError> {
     headers
         .get(name)
         .map(|v| v.to_str().map(str::to_string).map_err(|_| ApiError::bad_param(field, "must be visible ASCII")))

@@ -169,7 +169,10 @@ impl Lifecycle {
         tenant: &str,
         name: &str,
         req: ScheduleRequest,
+        depth: Option<&str>,
     ) -> Result<(ScheduleRow, bool), TaskError> {
+        // Its ticks would start tasks at depth 0: a sub-agent's tool may not set one going.
+        super::submit::check_depth(depth)?;
         check_name(name)?;
         let timezone = req.timezone.unwrap_or_else(|| "UTC".into());
         let spec = CronSpec::parse(&req.cron, &timezone)?;
@@ -201,7 +204,16 @@ impl Lifecycle {
 
     /// Pause a schedule, or resume it from its next tick after now (the ticks it missed while
     /// paused are not made).
-    pub async fn pause_schedule(&self, tenant: &str, name: &str, paused: bool) -> Result<ScheduleRow, TaskError> {
+    pub async fn pause_schedule(
+        &self,
+        tenant: &str,
+        name: &str,
+        paused: bool,
+        depth: Option<&str>,
+    ) -> Result<ScheduleRow, TaskError> {
+        if !paused {
+            super::submit::check_depth(depth)?;
+        }
         let s = self.schedule(tenant, name).await?;
         let next = match paused {
             true => s.next_run_at,

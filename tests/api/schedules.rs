@@ -217,6 +217,17 @@ async fn a_schedule_is_checked_as_a_submission_and_a_refused_tick_is_its_last_er
         assert!(p.to_string().contains(field), "{body}: {p}");
     }
     assert_eq!(app.client.get(app.url("/schedules/bad")).send().await.unwrap().status(), 404, "nothing written");
+    // From inside a sub-agent (its tool forwarding Subagent-Depth): its ticks would start tasks
+    // at depth 0, so neither setting one nor resuming one is allowed there.
+    let ok = json!({"cron": "@hourly", "task": {"prompt": "p", "model": "mock/m"}});
+    let r = app.client.put(app.url("/schedules/deep")).header("subagent-depth", "1").json(&ok).send().await.unwrap();
+    assert_problem(r, 422, "recursion_refused").await;
+    assert_eq!(app.client.get(app.url("/schedules/deep")).send().await.unwrap().status(), 404, "nothing written");
+    let paused = json!({"cron": "@hourly", "paused": true, "task": {"prompt": "p", "model": "mock/m"}});
+    assert_eq!(put_schedule(&app, "deep", paused).await.status(), 201);
+    let r = app.client.post(app.url("/schedules/deep/resume")).header("subagent-depth", "1").send().await.unwrap();
+    assert_problem(r, 422, "recursion_refused").await;
+    assert_eq!(app.get_json("/schedules/deep").await["paused"], true);
     // A tick the queue refuses: its error, and the schedule goes on.
     set_limits(&app, "default", json!({"max_queued": 0})).await;
     let r =

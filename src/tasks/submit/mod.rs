@@ -142,7 +142,7 @@ pub(in crate::tasks) struct Prepared {
 }
 
 /// Refuse calls made from inside a sub-agent's tool: sub-agents are one level deep.
-fn check_depth(depth: Option<&str>) -> Result<(), TaskError> {
+pub(in crate::tasks) fn check_depth(depth: Option<&str>) -> Result<(), TaskError> {
     let Some(v) = depth else { return Ok(()) };
     let depth: u32 =
         v.trim().parse().map_err(|_| TaskError::bad_param("Subagent-Depth", "must be a non-negative integer"))?;

@@ -413,6 +413,17 @@ impl FileConfig {
     }
 }
 
+/// Where `subagentd healthcheck` asks by default: `/readyz` at the listen address, a wildcard
+/// address (`0.0.0.0`, `::`) asked on loopback.
+pub fn readyz_url(listen: SocketAddr) -> String {
+    let ip = match listen.ip() {
+        std::net::IpAddr::V4(v4) if v4.is_unspecified() => std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
+        std::net::IpAddr::V6(v6) if v6.is_unspecified() => std::net::IpAddr::V6(std::net::Ipv6Addr::LOCALHOST),
+        ip => ip,
+    };
+    format!("http://{}/readyz", SocketAddr::new(ip, listen.port()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -422,5 +433,13 @@ mod tests {
         let f: FileConfig = toml::from_str(include_str!("../subagentd.example.toml")).unwrap();
         assert_eq!(f.tool_aliases.get("Read").map(String::as_str), Some("docs__read"));
         assert!(f.providers.contains_key("local"));
+    }
+
+    #[test]
+    fn the_health_check_asks_a_wildcard_listener_on_loopback() {
+        let at = |s: &str| readyz_url(s.parse().unwrap());
+        assert_eq!(at("0.0.0.0:8080"), "http://127.0.0.1:8080/readyz");
+        assert_eq!(at("[::]:9000"), "http://[::1]:9000/readyz");
+        assert_eq!(at("10.1.2.3:80"), "http://10.1.2.3:80/readyz");
     }
 }

@@ -41,6 +41,16 @@ enum Command {
         #[command(subcommand)]
         action: TenantsCmd,
     },
+    /// Ask a running service whether it is ready (`GET /readyz`): exit 0 on 200, else 1. For
+    /// container health checks: needs no shell and no curl.
+    Healthcheck {
+        /// The URL to ask (default: `/readyz` at `--listen`, a wildcard address asked on loopback).
+        #[arg(long)]
+        url: Option<String>,
+        /// Seconds to wait for the answer.
+        #[arg(long, default_value_t = 5.0)]
+        timeout: f64,
+    },
 }
 
 #[derive(Subcommand)]
@@ -134,6 +144,10 @@ fn collect_when_idle() {
 
 async fn run() {
     let cli = Cli::parse();
+    if let Command::Healthcheck { url, timeout } = &cli.command {
+        let url = url.clone().unwrap_or_else(|| subagentd::config::readyz_url(cli.config.listen));
+        std::process::exit(healthcheck(&url, *timeout).await);
+    }
     let otel = subagentd::telemetry::init_tracing(&cli.config.log_format, cli.config.otlp_endpoint.as_deref())
         .unwrap_or_else(|e| fail(e));
     let cfg = Arc::new(cli.config);
@@ -164,6 +178,7 @@ async fn run() {
         Command::Worker => Roles { api: false, workers: true },
         Command::Keys { action } => return admin(&cfg, Admin::Keys(action)).await,
         Command::Tenants { action } => return admin(&cfg, Admin::Tenants(action)).await,
+        Command::Healthcheck { .. } => unreachable!("answered above"),
     };
     let file = match &cfg.config_file {
         Some(path) => FileConfig::load(path).unwrap_or_else(|e| fail(e)),
@@ -254,4 +269,29 @@ async fn admin(cfg: &Config, cmd: Admin) {
     };
     println!("{out}");
     db.pool.close().await;
+}
+
+/// `subagentd healthcheck`: 0 when `url` answers 200 within `timeout` seconds; else 1, with why
+/// on stderr.
+async fn healthcheck(url: &str, timeout: f64) -> i32 {
+    let timeout = std::time::Duration::from_secs_f64(timeout.clamp(0.1, 300.0));
+    let answer = match reqwest::Client::builder().timeout(timeout).build() {
+        Ok(c) => c.get(url).send().await,
+        Err(e) => {
+            eprintln!("healthcheck: {e}");
+            return 1;
+        }
+    };
+    match answer {
+        Ok(r) if r.status() == reqwest::StatusCode::OK => 0,
+        Ok(r) => {
+            let status = r.status();
+            eprintln!("healthcheck: {url} answered {status}: {}", r.text().await.unwrap_or_default());
+            1
+        }
+        Err(e) => {
+            eprintln!("healthcheck: {url}: {e}");
+            1
+        }
+    }
 }

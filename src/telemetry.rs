@@ -191,6 +191,12 @@ pub fn register_metrics(providers: &[String], models: &[(String, String)]) {
     }
 }
 
+/// Whether the text logs are coloured: only on a terminal (a file or a log collector would keep
+/// the escape codes), and never with `NO_COLOR` set to anything but "" (no-color.org).
+pub fn colour(terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    terminal && no_color.is_none_or(|v| v.is_empty())
+}
+
 /// Install the tracing subscriber: logs to stderr (`text` or `json`; JSON lines carry the
 /// fields of their span — task_id, attempt, trace_id), and, when `otlp` is set, an OpenTelemetry
 /// layer exporting spans over OTLP/HTTP to `<otlp>/v1/traces`. Returns the provider to flush
@@ -217,7 +223,9 @@ pub fn init_tracing(
             .with_filter(filter)
             .boxed()
     } else {
-        tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_filter(filter).boxed()
+        use std::io::IsTerminal;
+        let ansi = colour(std::io::stderr().is_terminal(), std::env::var_os("NO_COLOR").as_deref());
+        tracing_subscriber::fmt::layer().with_ansi(ansi).with_writer(std::io::stderr).with_filter(filter).boxed()
     };
     let (otel, provider) = match otlp {
         Some(base) => {
@@ -319,6 +327,15 @@ pub fn child(traceparent: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn logs_are_coloured_only_on_a_terminal_and_never_with_no_color() {
+        use std::ffi::OsStr;
+        assert!(colour(true, None));
+        assert!(!colour(false, None), "a pipe or a file gets no escape codes");
+        assert!(!colour(true, Some(OsStr::new("1"))));
+        assert!(colour(true, Some(OsStr::new(""))), "an empty NO_COLOR is as if unset");
+    }
 
     #[test]
     fn traceparents_are_validated_and_children_keep_the_trace() {

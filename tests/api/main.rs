@@ -16,6 +16,7 @@ mod clients;
 mod console;
 mod contract;
 mod dbrestart;
+mod deploy;
 mod health;
 mod holds;
 mod imports;

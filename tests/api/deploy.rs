@@ -1,0 +1,186 @@
+//! The container files against the real binary: the Dockerfile's and compose's health checks run
+//! under `dash` (the `/bin/sh` of debian:bookworm-slim, which has no `/dev/tcp`), the containers'
+//! environment names only settings the service reads, logs written to a file carry no colour
+//! codes, and the dashboards' role reads the usage views and nothing else.
+
+use std::collections::BTreeSet;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use crate::helpers::*;
+
+fn repo_file(name: &str) -> String {
+    std::fs::read_to_string(format!("{}/{name}", env!("CARGO_MANIFEST_DIR"))).unwrap()
+}
+
+/// The Dockerfile's `HEALTHCHECK … CMD [..]` (exec form) as its argument list.
+fn dockerfile_healthcheck() -> Vec<String> {
+    let text = repo_file("Dockerfile");
+    let line = text.lines().find(|l| l.starts_with("HEALTHCHECK")).expect("the Dockerfile has a HEALTHCHECK");
+    let cmd = line.split_once(" CMD ").expect("HEALTHCHECK … CMD …").1.trim();
+    serde_json::from_str(cmd).unwrap_or_else(|e| panic!("the HEALTHCHECK is not in exec form ({e}): {cmd}"))
+}
+
+fn compose() -> serde_yaml::Value {
+    serde_yaml::from_str(&repo_file("docker-compose.yml")).unwrap()
+}
+
+/// Compose's `test:` of the subagentd service as a command line for `/bin/sh -c`, as Docker
+/// runs it (`CMD` args are joined here; `CMD-SHELL` is already one).
+fn compose_healthcheck() -> String {
+    let test = &compose()["services"]["subagentd"]["healthcheck"]["test"];
+    let parts: Vec<String> = serde_yaml::from_value(test.clone()).expect("a list");
+    match parts.first().map(String::as_str) {
+        Some("CMD") => shell_words(&parts[1..]),
+        Some("CMD-SHELL") => parts[1..].join(" "),
+        other => panic!("unexpected healthcheck form {other:?}"),
+    }
+}
+
+fn shell_words(args: &[String]) -> String {
+    args.iter().map(|a| format!("'{}'", a.replace('\'', r"'\''"))).collect::<Vec<_>>().join(" ")
+}
+
+/// Run `line` under dash with the binary first on PATH and `env`; its exit code and stderr.
+async fn under_dash(line: &str, env: &[(&str, &str)]) -> (i32, String) {
+    let bin_dir = std::path::Path::new(env!("CARGO_BIN_EXE_subagentd")).parent().unwrap();
+    let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default());
+    let mut cmd = Command::new("/usr/bin/dash");
+    cmd.arg("-c").arg(line).env_clear().env("PATH", path).stdin(Stdio::null());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    // Off the runtime's thread: a fake this test serves must answer meanwhile.
+    let out = tokio::task::spawn_blocking(move || cmd.output()).await.unwrap().expect("run dash (Debian's /bin/sh)");
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[tokio::test]
+async fn the_dockerfile_and_compose_health_checks_pass_under_dash_while_the_service_is_ready_and_fail_after() {
+    if !std::path::Path::new("/usr/bin/dash").exists() {
+        assert!(
+            std::env::var("SUBAGENTD_REQUIRE_TOOLS").is_err(),
+            "/usr/bin/dash is required (SUBAGENTD_REQUIRE_TOOLS=1)"
+        );
+        eprintln!("NOTICE: no /usr/bin/dash (apt-get install dash): the health check test did not run");
+        return;
+    }
+    let db = test_db().await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    // As in the image: listening on every address; the check asks on loopback.
+    let listen = format!("0.0.0.0:{port}");
+    let proc = spawn_binary(&["serve"], &db.url, &[("SUBAGENTD_LISTEN", &listen)]);
+    let client = reqwest::Client::new();
+    wait_until_ok(&client, &format!("http://127.0.0.1:{port}/readyz"), Duration::from_secs(30)).await;
+    let docker = shell_words(&dockerfile_healthcheck());
+    let compose = compose_healthcheck();
+    // The container's environment: the image's ENV, no DATABASE_URL needed by the check.
+    let env = [("SUBAGENTD_LISTEN", listen.as_str())];
+    for (what, line) in [("Dockerfile", &docker), ("docker-compose.yml", &compose)] {
+        let (code, err) = under_dash(line, &env).await;
+        assert_eq!(code, 0, "{what}'s health check `{line}` under dash: {err}");
+    }
+    drop(proc);
+    for (what, line) in [("Dockerfile", &docker), ("docker-compose.yml", &compose)] {
+        let (code, err) = under_dash(line, &env).await;
+        assert_ne!(code, 0, "{what}'s health check passed with the service stopped");
+        assert!(err.contains("healthcheck"), "it says why: {err}");
+    }
+    // A check of a URL that answers but is not ready fails too (404 here), saying what it got.
+    let fake = crate::fakes::serve_router(axum::Router::new()).await;
+    let (code, err) = under_dash(&format!("subagentd healthcheck --url {fake}/readyz"), &[]).await;
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("404"), "{err}");
+}
+
+/// Every environment variable the service reads: its settings' (clap's `env`), and the few
+/// read directly.
+pub fn settings_read() -> BTreeSet<String> {
+    use clap::Args;
+    let cmd = subagentd::config::Config::augment_args(clap::Command::new("subagentd"));
+    let mut names: BTreeSet<String> =
+        cmd.get_arguments().filter_map(|a| a.get_env()).map(|e| e.to_string_lossy().into_owned()).collect();
+    assert!(names.contains("DATABASE_URL") && names.contains("SUBAGENTD_LISTEN"), "{names:?}");
+    names.extend(["RUST_LOG", "NO_COLOR", "MIMALLOC_ALLOW_THP"].map(String::from));
+    names
+}
+
+#[test]
+fn the_containers_environment_names_only_settings_the_service_reads() {
+    let known = settings_read();
+    let mut named = vec![];
+    for line in repo_file("Dockerfile").lines() {
+        if let Some(rest) = line.strip_prefix("ENV ") {
+            for pair in rest.split_whitespace() {
+                named.push(("Dockerfile ENV", pair.split('=').next().unwrap().to_string()));
+            }
+        }
+    }
+    let compose = compose();
+    let env = compose["services"]["subagentd"]["environment"].as_mapping().expect("subagentd's environment");
+    for k in env.keys() {
+        named.push(("docker-compose.yml", k.as_str().unwrap().to_string()));
+    }
+    assert!(named.len() >= 3, "{named:?}");
+    for (at, name) in &named {
+        assert!(known.contains(name), "{at} sets {name}, which the service does not read");
+    }
+}
+
+#[tokio::test]
+async fn logs_written_to_a_file_carry_no_colour_codes() {
+    let db = test_db().await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let listen = format!("127.0.0.1:{port}");
+    let path = std::env::temp_dir().join(format!("subagentd-log-{}", uuid::Uuid::new_v4()));
+    let file = std::fs::File::create(&path).unwrap();
+    let proc = spawn_binary_with(
+        &["serve"],
+        &db.url,
+        &[("SUBAGENTD_LISTEN", &listen), ("RUST_LOG", "info")],
+        Limited { stderr: Some(file), ..Limited::default() },
+    );
+    let client = reqwest::Client::new();
+    wait_until_ok(&client, &format!("http://{listen}/readyz"), Duration::from_secs(30)).await;
+    let r = client
+        .post(format!("http://{listen}/tasks?wait=true"))
+        .json(&serde_json::json!({"prompt": "hello", "model": "mock/m"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    drop(proc);
+    let log = std::fs::read_to_string(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
+    assert!(log.lines().count() >= 2 && log.contains("INFO"), "the service logged: {log}");
+    assert!(!log.contains('\u{1b}'), "escape codes in a log file:\n{log}");
+}
+
+#[tokio::test]
+async fn the_dashboards_role_reads_the_usage_views_and_nothing_else() {
+    let app = spawn_app().await;
+    app.wait_task(serde_json::json!({"prompt": "x [mock:tool_turns=1]", "model": "mock/m"})).await;
+    let mut c = app.db.pool.acquire().await.unwrap();
+    sqlx::query("SET ROLE subagentd_dashboards").execute(&mut *c).await.expect("migration 0022 made the role");
+    for view in ["v_usage_daily", "v_task_outcomes", "v_task_latency"] {
+        let n: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {view}"))
+            .fetch_one(&mut *c)
+            .await
+            .unwrap_or_else(|e| panic!("{view}: {e}"));
+        assert!(n >= 1, "{view} shows the task's usage");
+    }
+    for refused in [
+        "SELECT count(*) FROM tasks",
+        "SELECT count(*) FROM task_messages",
+        "SELECT count(*) FROM api_keys",
+        "DELETE FROM usage_daily",
+        "DROP VIEW v_usage_daily",
+        "CREATE TABLE dash_owned (x int)",
+    ] {
+        let e = sqlx::query(refused).execute(&mut *c).await.expect_err(refused).to_string();
+        assert!(e.contains("permission denied") || e.contains("must be owner"), "{refused}: {e}");
+    }
+    sqlx::query("RESET ROLE").execute(&mut *c).await.unwrap();
+    drop(c);
+    app.stop().await;
+}

@@ -1,4 +1,5 @@
-//! The ops console: `/console` (the page), `/console/assets/…` (embedded, versioned), and
+//! The web pages: the API reference (`/docs`, rendering `/openapi.yaml`), and the ops console:
+//! `/console` (the page), `/console/assets/…` (embedded, versioned, shared by both), and
 //! `/console/session`, where an API key or the admin token is exchanged once for a session
 //! cookie (`HttpOnly`, `SameSite=Strict`, `Secure` behind TLS) whose writes need its CSRF token.
 //! The key itself is never stored in the browser, put in a URL or logged.
@@ -27,6 +28,26 @@ pub fn router() -> Router<AppState> {
         .route("/console", get(page))
         .route("/console/assets/{*path}", get(asset))
         .route("/console/session", get(whoami).post(sign_in).delete(sign_out))
+        .route("/docs", get(reference))
+        .route("/openapi.yaml", get(openapi))
+}
+
+/// `/docs`: the API reference, drawn in the browser from `/openapi.yaml` by the vendored Redoc.
+async fn reference() -> Response {
+    let mut resp = ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], console::DOCS.as_str()).into_response();
+    let h = resp.headers_mut();
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    for (k, v) in console::DOCS_SECURITY_HEADERS {
+        h.insert(*k, HeaderValue::from_static(v));
+    }
+    resp
+}
+
+/// `/openapi.yaml`: the API's description, as this binary serves it.
+async fn openapi() -> Response {
+    let mut resp = ([(header::CONTENT_TYPE, "application/yaml; charset=utf-8")], console::OPENAPI).into_response();
+    resp.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    secured(resp)
 }
 
 fn secured(mut resp: Response) -> Response {

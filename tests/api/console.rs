@@ -682,3 +682,46 @@ async fn at_its_stream_limit_a_task_page_follows_by_polling_and_the_overview_sho
     drop(held);
     b.close().await;
 }
+
+#[tokio::test]
+async fn the_api_reference_draws_the_task_operations_from_the_binarys_own_document_and_fetches_nothing_elsewhere() {
+    let s = serve(&[]).await;
+    let r = s.client.get(format!("{}/openapi.yaml", s.base)).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["content-type"], "application/yaml; charset=utf-8");
+    let served = r.text().await.unwrap();
+    assert_eq!(served, include_str!("../../openapi.yaml"), "the binary serves the repository's document");
+    let r = s.client.get(format!("{}/docs", s.base)).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let csp = r.headers()["content-security-policy"].to_str().unwrap().to_string();
+    for directive in ["default-src 'none'", "script-src 'self';", "connect-src 'self'", "frame-ancestors 'none'"] {
+        assert!(csp.contains(directive), "{directive} in {csp}");
+    }
+    assert!(!csp.contains("http") && !csp.contains("unsafe-eval") && !csp.contains("blob:"), "{csp}");
+
+    let Some(b) = browser(1280, 900).await else { return };
+    b.client.goto(&format!("{}/docs", s.base)).await.unwrap();
+    b.wait_until("Redoc drew the document", "return document.documentElement.dataset.reference === 'ready';").await;
+    let text = b.js("return document.body.innerText;").await.as_str().unwrap_or_default().to_string();
+    for op in [
+        "Submit a task",
+        "List tasks, newest first",
+        "Read a task; with",
+        "Cancel every queued, running and/or paused task",
+        "The task's usage ledger",
+    ] {
+        assert!(text.contains(op), "the reference shows {op:?}");
+    }
+    // Every request the page made went to this origin.
+    let origins =
+        b.js("return [...new Set(performance.getEntriesByType('resource').map(e => new URL(e.name).origin))];").await;
+    assert_eq!(origins, serde_json::json!([s.base]), "requests beyond the service: {origins}");
+    assert_eq!(b.severe_logs().await, Vec::<String>::new(), "errors (a CSP refusal among them) in the page");
+    // The task operations, where a reader lands from the README.
+    b.js("const h = [...document.querySelectorAll('h2')].find(e => e.textContent.includes('Submit a task')); \
+          h.scrollIntoView(); window.scrollBy(0, -20); return null;")
+        .await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    b.screenshot("api-reference").await;
+    b.close().await;
+}

@@ -17,6 +17,7 @@ mod console;
 mod contract;
 mod dbrestart;
 mod deploy;
+mod examples;
 mod health;
 mod holds;
 mod imports;

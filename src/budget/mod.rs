@@ -235,7 +235,7 @@ pub async fn admission_checks(
     let used = sql::usage_now(&mut *conn, tenant).await?;
     // A task waiting for its time counts against `max_scheduled`, not the queue.
     if let (true, Some(max)) = (scheduled, limits.max_scheduled) {
-        let n = sql::scheduled(&mut *conn, tenant).await?;
+        let n = sql::scheduled(&mut *conn, tenant, i64::from(max)).await?;
         if n >= i64::from(max) {
             refused("max_scheduled", "admission");
             return Err(BudgetError::ScheduledFull {

@@ -73,7 +73,7 @@ impl Runner {
         let fence = Fence { id: row.id, lease };
         metrics::counter!("subagentd_claims_total").increment(1);
         if row.attempt == 1 {
-            let wait = (chrono::Utc::now() - row.created_at).to_std().unwrap_or_default();
+            let wait = (chrono::Utc::now() - row.queued_since()).to_std().unwrap_or_default();
             metrics::histogram!("subagentd_queue_wait_seconds").record(wait.as_secs_f64());
         }
         let _active = ActiveRun::start();

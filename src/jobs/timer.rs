@@ -15,6 +15,8 @@ use crate::tasks::Lifecycle;
 
 /// The longest the timer sleeps: a task at a time is queued within this of it, at worst.
 pub const POLL: Duration = Duration::from_secs(1);
+/// The shortest wait between passes that found nothing to do.
+const MIN_WAIT: Duration = Duration::from_millis(20);
 /// Work taken at once; more waiting means another pass at once.
 const BATCH: i64 = 500;
 const TICKS: i64 = 50;
@@ -63,8 +65,10 @@ impl Timer {
                 Ok(p) if p.queued as i64 >= BATCH || p.ticks as i64 >= TICKS => wait = Duration::ZERO,
                 Ok(_) => {
                     if let Some(next) = self.next_due().await {
+                        // A pass that did not take what is due (another replica holds it) waits a
+                        // little, never zero: no replica spins on a time already past.
                         let left = (next - Utc::now()).to_std().unwrap_or(Duration::ZERO);
-                        wait = left.min(POLL);
+                        wait = left.clamp(MIN_WAIT, POLL);
                     }
                 }
                 Err(e) => tracing::warn!(error = %e, "timer pass failed"),

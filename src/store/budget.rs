@@ -212,11 +212,16 @@ pub struct Use {
 }
 
 /// How many of the tenant's tasks wait for their time.
-pub async fn scheduled(conn: &mut PgConnection, tenant: &str) -> Result<i64, StoreError> {
-    Ok(sqlx::query_scalar("SELECT count(*) FROM tasks WHERE tenant = $1 AND status = 'scheduled'")
-        .bind(tenant)
-        .fetch_one(conn)
-        .await?)
+/// The tenant's scheduled tasks, counted up to `upto` (its limit: beyond it the number does not
+/// matter, and the count runs under the tenant's row lock).
+pub async fn scheduled(conn: &mut PgConnection, tenant: &str, upto: i64) -> Result<i64, StoreError> {
+    Ok(sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT 1 FROM tasks WHERE tenant = $1 AND status = 'scheduled' LIMIT $2) s",
+    )
+    .bind(tenant)
+    .bind(upto)
+    .fetch_one(conn)
+    .await?)
 }
 
 pub async fn usage_now(conn: &mut PgConnection, tenant: &str) -> Result<Use, StoreError> {

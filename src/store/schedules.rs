@@ -151,7 +151,13 @@ pub async fn ticked(
     Ok(r.rows_affected() == 1)
 }
 
-/// When the next schedule is due, if any is.
+/// When the next schedule is due, if any is: a schedule held by a replica making its tick (or
+/// whose tick just failed) counts from the end of its hold, so a held, past-due schedule does not
+/// make every timer spin.
 pub async fn next_due(pool: &PgPool) -> Result<Option<DateTime<Utc>>, StoreError> {
-    Ok(sqlx::query_scalar("SELECT min(next_run_at) FROM schedules WHERE NOT paused").fetch_one(pool).await?)
+    Ok(sqlx::query_scalar(
+        "SELECT min(greatest(next_run_at, coalesce(ticking_until, next_run_at))) FROM schedules WHERE NOT paused",
+    )
+    .fetch_one(pool)
+    .await?)
 }

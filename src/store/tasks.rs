@@ -75,6 +75,12 @@ pub struct TaskRow {
 }
 
 impl TaskRow {
+    /// When the task joined the queue: its creation, or its start time when it was scheduled
+    /// (the time it waited for that is not queueing).
+    pub fn queued_since(&self) -> DateTime<Utc> {
+        self.run_at.map_or(self.created_at, |at| at.max(self.created_at))
+    }
+
     pub fn is_terminal(&self) -> bool {
         self.status.is_terminal()
     }

@@ -80,17 +80,25 @@ impl CronSpec {
         None
     }
 
-    /// The latest tick at or before `now`, from `due` (a due tick) on.
+    /// The latest tick at or before `now`, from `due` (a due tick) on. Looked for in windows
+    /// ending at `now` that grow eightfold, not by walking from `due`: after days without a
+    /// replica, a cron of every second is a few dozen steps, not millions.
     pub fn latest_until(&self, due: DateTime<Utc>, now: DateTime<Utc>) -> DateTime<Utc> {
-        let (mut latest, mut n) = (due, 0);
-        while let Some(t) = self.next_after(latest).filter(|t| *t <= now) {
-            latest = t;
-            n += 1;
-            if n > 1_000_000 {
-                break;
+        let mut window = chrono::Duration::minutes(1);
+        loop {
+            // Whole seconds: a cron's ticks are, and croner counts on from the time it is given.
+            let from = chrono::SubsecRound::trunc_subsecs(now - window, 0).max(due);
+            let mut latest = (from == due).then_some(due);
+            let mut at = from;
+            while let Some(t) = self.next_after(at).filter(|t| *t <= now) {
+                latest = Some(t);
+                at = t;
             }
+            if let Some(l) = latest {
+                return l;
+            }
+            window = window * 8;
         }
-        latest
     }
 }
 
@@ -113,11 +121,14 @@ pub struct ScheduleRequest {
 pub fn check_name(name: &str) -> Result<(), TaskError> {
     let ok = !name.is_empty()
         && name.len() <= 64
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        // `.` and `..` are path segments a URL resolves away: such a schedule could not be read.
+        && name != "."
+        && name != "..";
     if ok {
         Ok(())
     } else {
-        Err(TaskError::invalid("name", "must be 1-64 characters of a-z, A-Z, 0-9, '-', '_' and '.'"))
+        Err(TaskError::invalid("name", "must be 1-64 characters of a-z, A-Z, 0-9, '-', '_' and '.', not . or .."))
     }
 }
 
@@ -323,6 +334,26 @@ mod tests {
     fn missed_ticks_come_down_to_the_latest() {
         let s = CronSpec::parse("* * * * *", "UTC").unwrap();
         assert_eq!(s.latest_until(at("2026-11-26T09:00:00Z"), at("2026-11-26T09:42:30Z")), at("2026-11-26T09:42:00Z"));
+        // Weeks without a replica, a tick every second (2.2 million of them): the latest.
+        let every_second = CronSpec::parse("* * * * * *", "UTC").unwrap();
+        let now = at("2026-11-26T09:42:30.5Z");
+        assert_eq!(every_second.latest_until(at("2026-11-01T00:00:00Z"), now), at("2026-11-26T09:42:30Z"));
+        // A yearly tick far back, none since: the due one itself.
+        let yearly = CronSpec::parse("@yearly", "UTC").unwrap();
+        assert_eq!(yearly.latest_until(at("2026-01-01T00:00:00Z"), now), at("2026-01-01T00:00:00Z"));
+        // A monthly one missed three times: the latest.
+        let monthly = CronSpec::parse("@monthly", "UTC").unwrap();
+        assert_eq!(monthly.latest_until(at("2026-08-01T00:00:00Z"), now), at("2026-11-01T00:00:00Z"));
+    }
+
+    #[test]
+    fn a_schedule_name_is_a_url_segment_that_stays() {
+        for ok in ["nightly", "eu.weekly-2", "a", ".hidden", "..x"] {
+            assert!(check_name(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", ".", "..", "a/b", "a b", &"x".repeat(65)] {
+            assert!(check_name(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -100,7 +100,7 @@ impl From<TaskRow> for TaskView {
     fn from(r: TaskRow) -> Self {
         let opts = TaskOptions::from_stored(&r.options).ok();
         let error = r.error_code.as_ref().map(|c| json!({"code": c, "message": r.error_message}));
-        let queue_ms = r.started_at.map(|s| (s - r.created_at).num_milliseconds());
+        let queue_ms = r.started_at.map(|s| (s - r.queued_since()).num_milliseconds());
         let run_ms = match (r.started_at, r.finished_at) {
             (Some(s), Some(f)) => Some((f - s).num_milliseconds()),
             _ => None,

@@ -52,6 +52,13 @@ async fn a_delayed_task_waits_scheduled_and_runs_at_its_time_on_another_replica(
     let started = ts(&done["started_at"]);
     assert!(started >= run_at, "started {started} before its time {run_at}");
     assert!(started - run_at < chrono::TimeDelta::seconds(2), "queued within a second or so: {started} vs {run_at}");
+    // Its queue wait counts from its start time, not from its submission 3 s before: in the
+    // API and in the dashboards' view.
+    let queue_ms = done["queue_ms"].as_i64().unwrap();
+    assert!((0..3000).contains(&queue_ms), "queue_ms {queue_ms} counts the scheduled wait: {done}");
+    let p50: f64 =
+        sqlx::query_scalar("SELECT queue_wait_p50_ms FROM v_task_latency").fetch_one(&app.db.pool).await.unwrap();
+    assert!((0.0..3000.0).contains(&p50), "v_task_latency's queue wait {p50} ms counts the scheduled wait");
     let events = app.get_json(&format!("/tasks/{id}/events")).await;
     let kinds: Vec<&str> = events["events"].as_array().unwrap().iter().map(|e| e["kind"].as_str().unwrap()).collect();
     assert_eq!(&kinds[..3], ["created", "queued", "claimed"], "{kinds:?}");

@@ -55,20 +55,16 @@ enum Command {
 
 #[derive(Subcommand)]
 enum KeysCmd {
-    /// Create a key for a tenant and print it (the only time it is shown).
+    /// Create a key for a tenant (`--tenant NAME`, required) and print it (the only time it is
+    /// shown).
     Create {
-        #[arg(long)]
-        tenant: String,
         #[arg(long)]
         name: Option<String>,
     },
     /// Revoke a key by id or prefix (`sk_…` before the second underscore).
     Revoke { key: String },
-    /// List keys (never the keys themselves).
-    List {
-        #[arg(long)]
-        tenant: Option<String>,
-    },
+    /// List keys (never the keys themselves): every tenant's, or `--tenant NAME`'s.
+    List,
 }
 
 #[derive(Subcommand)]
@@ -143,7 +139,9 @@ fn collect_when_idle() {
 }
 
 async fn run() {
-    let cli = Cli::parse();
+    use clap::{CommandFactory, FromArgMatches};
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     if let Command::Healthcheck { url, timeout } = &cli.command {
         let url = url.clone().unwrap_or_else(|| subagentd::config::readyz_url(cli.config.listen));
         std::process::exit(healthcheck(&url, *timeout).await);
@@ -176,7 +174,10 @@ async fn run() {
         }
         Command::Serve { no_workers } => Roles { api: true, workers: !no_workers },
         Command::Worker => Roles { api: false, workers: true },
-        Command::Keys { action } => return admin(&cfg, Admin::Keys(action)).await,
+        Command::Keys { action } => {
+            let tenant = tenant_given(&matches);
+            return admin(&cfg, Admin::Keys(action, tenant)).await;
+        }
         Command::Tenants { action } => return admin(&cfg, Admin::Tenants(action)).await,
         Command::Healthcheck { .. } => unreachable!("answered above"),
     };
@@ -228,8 +229,24 @@ fn fail(e: impl std::fmt::Display) -> ! {
 }
 
 enum Admin {
-    Keys(KeysCmd),
+    /// With the `--tenant` given on the command line, if one was.
+    Keys(KeysCmd, Option<String>),
     Tenants(TenantsCmd),
+}
+
+/// The `--tenant` of `keys …` when it was given on the command line. It is the global setting
+/// (single-user mode's tenant, `SUBAGENTD_TENANT`, default `default`), which every subcommand
+/// takes: its default or environment value must not pass for a choice (`keys list` would list
+/// one tenant's keys, `keys create` make a key for `default`).
+fn tenant_given(m: &clap::ArgMatches) -> Option<String> {
+    let mut at = m;
+    while let Some((_, sub)) = at.subcommand() {
+        at = sub;
+    }
+    [at, m]
+        .into_iter()
+        .find(|x| x.value_source("tenant") == Some(clap::parser::ValueSource::CommandLine))
+        .and_then(|x| x.get_one::<String>("tenant").cloned())
 }
 
 /// The admin commands: straight to the database (the service need not run).
@@ -238,19 +255,20 @@ async fn admin(cfg: &Config, cmd: Admin) {
     use subagentd::store::tenants;
     let db = Database::open(cfg).await.unwrap_or_else(|e| fail(e));
     let out = match cmd {
-        Admin::Keys(KeysCmd::Create { tenant, name }) => {
+        Admin::Keys(KeysCmd::Create { name }, tenant) => {
+            let tenant = tenant.unwrap_or_else(|| fail("keys create: give the key's tenant with --tenant NAME"));
             budget::check_tenant_name(&tenant).unwrap_or_else(|e| fail(e));
             let (row, key) = tenants::create_key(&db.pool, &tenant, name.as_deref()).await.unwrap_or_else(|e| fail(e));
             eprintln!("created key {} for tenant {} (shown once; it is stored hashed):", row.id, row.tenant);
             key
         }
-        Admin::Keys(KeysCmd::Revoke { key }) => {
+        Admin::Keys(KeysCmd::Revoke { key }, _) => {
             match tenants::revoke_key(&db.pool, &key).await.unwrap_or_else(|e| fail(e)) {
                 Some(row) => format!("revoked {} ({}) of tenant {}", row.id, row.prefix, row.tenant),
                 None => fail(format!("no key {key:?}")),
             }
         }
-        Admin::Keys(KeysCmd::List { tenant }) => {
+        Admin::Keys(KeysCmd::List, tenant) => {
             let rows = tenants::list_keys(&db.pool, tenant.as_deref()).await.unwrap_or_else(|e| fail(e));
             serde_json::to_string_pretty(&rows).unwrap_or_default()
         }
@@ -275,7 +293,8 @@ async fn admin(cfg: &Config, cmd: Admin) {
 /// on stderr.
 async fn healthcheck(url: &str, timeout: f64) -> i32 {
     let timeout = std::time::Duration::from_secs_f64(timeout.clamp(0.1, 300.0));
-    let answer = match reqwest::Client::builder().timeout(timeout).build() {
+    // No proxy: a container's HTTP_PROXY must not carry a check of its own loopback.
+    let answer = match reqwest::Client::builder().no_proxy().timeout(timeout).build() {
         Ok(c) => c.get(url).send().await,
         Err(e) => {
             eprintln!("healthcheck: {e}");
@@ -293,5 +312,45 @@ async fn healthcheck(url: &str, timeout: f64) -> i32 {
             eprintln!("healthcheck: {url}: {e}");
             1
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// A subcommand's own flag under the id of a global setting shadows it: its type then
+    /// decides how the setting is read (`tenants set` panicked so), or the setting's default
+    /// passes for the flag's value (`keys list` listed only `default`'s keys).
+    #[test]
+    fn no_subcommand_flag_takes_the_id_of_a_global_setting() {
+        let cmd = Cli::command();
+        cmd.clone().debug_assert();
+        let globals: Vec<String> =
+            cmd.get_arguments().filter(|a| a.is_global_set()).map(|a| a.get_id().to_string()).collect();
+        assert!(globals.iter().any(|g| g == "tenant") && globals.iter().any(|g| g == "max_running"));
+        fn walk(c: &clap::Command, globals: &[String], path: &str) {
+            for sub in c.get_subcommands() {
+                let here = format!("{path} {}", sub.get_name());
+                for a in sub.get_arguments() {
+                    assert!(!globals.contains(&a.get_id().to_string()), "`{here}` redefines --{}", a.get_id());
+                }
+                walk(sub, globals, &here);
+            }
+        }
+        walk(&cmd, &globals, "subagentd");
+    }
+
+    #[test]
+    fn the_keys_tenant_counts_only_when_given_on_the_command_line() {
+        let given = |args: &[&str]| tenant_given(&Cli::command().get_matches_from(args));
+        assert_eq!(given(&["subagentd", "keys", "list"]), None);
+        assert_eq!(given(&["subagentd", "keys", "list", "--tenant", "acme"]), Some("acme".into()));
+        assert_eq!(given(&["subagentd", "--tenant", "acme", "keys", "create"]), Some("acme".into()));
+        assert_eq!(
+            given(&["subagentd", "keys", "create", "--tenant", "initech", "--name", "ci"]),
+            Some("initech".into())
+        );
     }
 }

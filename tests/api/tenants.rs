@@ -180,6 +180,28 @@ async fn the_cli_creates_keys_that_the_api_accepts_and_revokes_them() {
     assert_eq!(tenant, "initech");
     let stored: String = sqlx::query_scalar("SELECT key_hash FROM api_keys").fetch_one(&app.db.pool).await.unwrap();
     assert!(!stored.contains(&key[12..]), "the key is stored hashed");
+    // Listing: every tenant's keys, or one tenant's; a key needs its tenant named.
+    let cli = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_subagentd"))
+            .args(args)
+            .env("DATABASE_URL", &app.db.url)
+            .env("RUST_LOG", "error")
+            .output()
+            .unwrap()
+    };
+    assert!(cli(&["keys", "create", "--tenant", "acme"]).status.success());
+    let tenants_listed = |out: std::process::Output| -> Vec<String> {
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let rows: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+        let mut t: Vec<String> = rows.iter().map(|r| r["tenant"].as_str().unwrap().to_string()).collect();
+        t.sort();
+        t
+    };
+    assert_eq!(tenants_listed(cli(&["keys", "list"])), ["acme", "initech"]);
+    assert_eq!(tenants_listed(cli(&["keys", "list", "--tenant", "acme"])), ["acme"]);
+    let out = cli(&["keys", "create"]);
+    assert!(!out.status.success(), "a key for the default tenant made without asking");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--tenant"));
     let prefix = key.rsplit_once('_').unwrap().0.to_string();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_subagentd"))
         .args(["keys", "revoke", &prefix])
@@ -188,8 +210,10 @@ async fn the_cli_creates_keys_that_the_api_accepts_and_revokes_them() {
         .output()
         .unwrap();
     assert!(out.status.success());
-    let revoked: bool =
-        sqlx::query_scalar("SELECT revoked_at IS NOT NULL FROM api_keys").fetch_one(&app.db.pool).await.unwrap();
+    let revoked: bool = sqlx::query_scalar("SELECT revoked_at IS NOT NULL FROM api_keys WHERE tenant = 'initech'")
+        .fetch_one(&app.db.pool)
+        .await
+        .unwrap();
     assert!(revoked);
     app.stop().await;
 }
@@ -253,13 +277,13 @@ async fn the_cli_sets_every_limit_and_shows_it_and_a_flag_the_process_also_takes
     let shown: Value = serde_json::from_slice(&out.stdout).unwrap();
     let l = &shown["limits"];
     assert_eq!(
-        (&l["usd_per_day"], &l["usd_per_month"], &l["max_running"], &l["max_task_timeout_seconds"]),
-        (&json!(5.0), &json!(100.5), &json!(4), &json!(60)),
-        "{shown}"
-    );
-    assert_eq!(
-        (&l["fallback_models"], &l["priority"], &l["max_waits"]),
-        (&json!(["mock/a", "mock/b"]), &json!("high"), &json!(20))
+        *l,
+        json!({"usd_per_day": 5.0, "usd_per_month": 100.5, "tokens_per_day": 1000, "max_running": 4,
+               "max_queued": 100, "max_task_cost_usd": 0.5, "max_task_tokens": 5000, "max_task_turns": 7,
+               "max_task_timeout_seconds": 60, "approval": "propose", "requests_per_second": 20.0,
+               "request_burst": 40, "max_streams": 10, "max_waits": 20, "fallback_models": ["mock/a", "mock/b"],
+               "max_scheduled": 30, "priority": "high"}),
+        "every flag set its own limit, and --max-running none"
     );
     let api = app.client.get(app.url("/admin/tenants/acme")).bearer_auth(ADMIN).send().await.unwrap();
     assert_eq!(api.json::<Value>().await.unwrap()["limits"], *l, "the API reads what the CLI set");

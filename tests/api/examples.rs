@@ -68,6 +68,80 @@ fn sh_blocks(md: &str) -> Vec<Block> {
     out
 }
 
+/// Where a shell line leaves a statement: inside a quote, a `$(…)`, after a trailing `\`, or
+/// with a here-document to read.
+#[derive(Default)]
+struct Lexer {
+    single: bool,
+    double: bool,
+    depth: i64,
+    heredoc: Option<String>,
+}
+
+impl Lexer {
+    /// Read one line; whether the statement goes on after it.
+    fn line(&mut self, l: &str) -> bool {
+        if let Some(end) = &self.heredoc {
+            if l.trim() == end {
+                self.heredoc = None;
+            }
+            return self.open(false);
+        }
+        let c: Vec<char> = l.chars().collect();
+        let (mut k, mut escaped_end) = (0, false);
+        while k < c.len() {
+            let ch = c[k];
+            if self.single {
+                self.single = ch != '\'';
+            } else if ch == '\\' {
+                escaped_end = k + 1 == c.len();
+                k += 1;
+            } else if self.double {
+                match ch {
+                    '"' => self.double = false,
+                    '$' if c.get(k + 1) == Some(&'(') => {
+                        self.depth += 1;
+                        k += 1;
+                    }
+                    _ => {}
+                }
+            } else {
+                match ch {
+                    '\'' => self.single = true,
+                    '"' => self.double = true,
+                    '#' if k == 0 || c[k - 1].is_whitespace() => break,
+                    '$' if c.get(k + 1) == Some(&'(') => {
+                        self.depth += 1;
+                        k += 1;
+                    }
+                    ')' if self.depth > 0 => self.depth -= 1,
+                    '<' if c.get(k + 1) == Some(&'<') && c.get(k + 2) != Some(&'<') => {
+                        let rest: String = c[k + 2..].iter().collect();
+                        let word: String = rest
+                            .trim_start_matches('-')
+                            .trim_start()
+                            .trim_start_matches(['\'', '"'])
+                            .chars()
+                            .take_while(|x| x.is_alphanumeric() || *x == '_')
+                            .collect();
+                        if !word.is_empty() {
+                            self.heredoc = Some(word);
+                        }
+                        k += 1;
+                    }
+                    _ => {}
+                }
+            }
+            k += 1;
+        }
+        self.open(escaped_end)
+    }
+
+    fn open(&self, continued: bool) -> bool {
+        continued || self.single || self.double || self.depth > 0 || self.heredoc.is_some()
+    }
+}
+
 /// For each statement of `code` that runs curl: its first and last line (1-based) and the
 /// status announced on the line after it (`# → 404 …`), if any.
 fn announced(code: &str) -> Vec<(usize, usize, Option<u16>)> {
@@ -76,18 +150,8 @@ fn announced(code: &str) -> Vec<(usize, usize, Option<u16>)> {
     let mut i = 0;
     while i < lines.len() {
         let start = i;
-        // A statement goes on while a line ends in `\`, or a quote or `$(` is open.
-        let (mut quotes, mut parens) = (0usize, 0i64);
-        loop {
-            let l = lines[i];
-            if !l.trim_start().starts_with('#') {
-                quotes += l.matches('\'').count();
-                parens += l.matches("$(").count() as i64 - l.matches(')').count() as i64;
-            }
-            let open = l.trim_end().ends_with('\\') || quotes % 2 == 1 || parens > 0;
-            if !open || i + 1 == lines.len() {
-                break;
-            }
+        let mut lexer = Lexer::default();
+        while lexer.line(lines[i]) && i + 1 < lines.len() {
             i += 1;
         }
         let text = lines[start..=i].join("\n");
@@ -108,15 +172,16 @@ const PRELUDE: &str = r#"
 # $1: the script's line (the block's own line + 1: the line sourcing this comes first).
 __fail() { echo "EXAMPLE FAILED at the block's line $(($1 - 1)): $2" >&2; echo "line $(($1 - 1)): $2" >> "$EX_STATE/failures"; }
 curl() {
-  local line=${BASH_LINENO[0]} expect="" s e st
+  local line=${BASH_LINENO[0]} expect="" s e st row=""
   while read -r s e st; do
-    if (( line >= s && line <= e )); then expect=$st; fi
+    if (( line >= s && line <= e )); then expect=$st; row="$s $e"; fi
   done < "$EX_STATE/announced"
+  if [ -n "$expect" ] && [ "$expect" != "-" ]; then echo "$row" >> "$EX_STATE/consumed"; fi
   local id="" args=() hdr="$EX_STATE/headers.$$.$RANDOM" body="$EX_STATE/body.$$.$RANDOM"
   [ -f "$EX_STATE/id" ] && id=$(cat "$EX_STATE/id")
   for a in "$@"; do args+=("${a//__TASK_ID__/$id}"); done
-  command curl -D "$hdr" "${args[@]}" | tee "$body"
-  local rc=${PIPESTATUS[0]}
+  local rc=0
+  command curl -D "$hdr" "${args[@]}" | tee "$body" || rc=${PIPESTATUS[0]}
   local status
   status=$(grep -aoE '^HTTP/[0-9.]+ [0-9]{3}' "$hdr" 2>/dev/null | tail -n1 | awk '{print $2}')
   if [ "$rc" != 0 ] && [ "$rc" != 18 ] || [ -z "$status" ]; then
@@ -203,11 +268,13 @@ async fn every_shell_example_in_the_readme_and_the_docs_runs_against_the_binary(
                 .replace("127.0.0.1:8080", &listen)
                 .replace("<id>", "__TASK_ID__");
             let _ = std::fs::remove_file(state.join("failures"));
+            let _ = std::fs::remove_file(state.join("consumed"));
             let script = state.join("block.sh");
             // The prelude sourced on line 1: the block's line numbers are its own, plus one.
             std::fs::write(state.join("prelude.sh"), PRELUDE).unwrap();
             std::fs::write(&script, format!("source \"$EX_STATE/prelude.sh\"\n{code}")).unwrap();
-            let table: String = announced(&code)
+            let statements = announced(&code);
+            let table: String = statements
                 .iter()
                 .map(|(s, e, st)| format!("{} {} {}\n", s + 1, e + 1, st.map_or("-".to_string(), |v| v.to_string())))
                 .collect();
@@ -235,10 +302,22 @@ async fn every_shell_example_in_the_readme_and_the_docs_runs_against_the_binary(
                 }
             };
             ran += 1;
-            let logged = std::fs::read_to_string(state.join("failures")).unwrap_or_default();
+            let mut logged = std::fs::read_to_string(state.join("failures")).unwrap_or_default();
+            // Every announced status was checked: a curl that bash placed outside its statement's
+            // lines would otherwise pass with any 2xx.
+            let consumed = std::fs::read_to_string(state.join("consumed")).unwrap_or_default();
+            if out.status.success() {
+                for (st, en, _) in statements.iter().filter(|(_, _, st)| st.is_some()) {
+                    if !consumed.lines().any(|l| l == format!("{} {}", st + 1, en + 1)) {
+                        logged.push_str(&format!(
+                            "lines {st}-{en}: the status announced after them was never checked (no curl ran there)\n"
+                        ));
+                    }
+                }
+            }
             if !out.status.success() || !logged.is_empty() {
                 failures.push(format!(
-                    "{rel}:{} (block starting there; example line numbers count from it):\n{}\n--- stdout\n{}\n--- stderr\n{}",
+                    "{rel}:{} (block starting there; example line numbers count from it):\n{}\n--- found\n{logged}--- stdout\n{}\n--- stderr\n{}",
                     b.line,
                     b.code,
                     String::from_utf8_lossy(&out.stdout),
@@ -261,6 +340,11 @@ async fn every_shell_example_in_the_readme_and_the_docs_runs_against_the_binary(
 fn a_statement_spans_its_continuations_and_open_quotes_and_takes_the_status_announced_after_it() {
     let code = "curl -s a \\\n  -d '{\"x\":\n  1}'\n# → 422 {…}\nX=$(curl -s b |\n jq .id)\necho hi\ncurl c\n";
     assert_eq!(announced(code), vec![(1, 3, Some(422)), (5, 6, None), (8, 8, None)]);
+    // A here-document is part of its statement; an apostrophe in double quotes or in a comment
+    // opens nothing.
+    let code = "curl -s -X PUT x --data-binary @- <<'EOF'\n---\nname: it's\nEOF\n# → 201 {…}\n\
+                curl -s -d \"it's\" y   # it's here\ncurl z\n# → 404\n";
+    assert_eq!(announced(code), vec![(1, 4, Some(201)), (6, 6, None), (7, 7, Some(404))]);
 }
 
 #[test]

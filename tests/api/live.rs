@@ -133,7 +133,11 @@ async fn a_stream_that_reconnects_mid_run_resumes_the_stored_events_without_gap_
         Duration::from_millis(5),
     ));
     let pieces = words(400);
-    oai.push(Answer::sse(&text_stream(&pieces), Duration::from_millis(5)).after(Duration::from_millis(300)));
+    // A pause 60 pieces in, for the reconnect to land in however loaded the machine is: text
+    // comes after it, whatever the moment the first stream left.
+    let mut answer = Answer::sse(&text_stream(&pieces), Duration::from_millis(5)).after(Duration::from_millis(300));
+    answer.chunks.as_mut().unwrap()[60].0 = Duration::from_secs(3);
+    oai.push(answer);
     let t = app.submit(json!({"prompt": "look, then write", "model": "local/m", "max_turns": 3})).await;
     let id = t["id"].as_str().unwrap();
     // Leave after the first turn's checkpoint and some of the second turn's text.
@@ -142,6 +146,9 @@ async fn a_stream_that_reconnects_mid_run_resumes_the_stored_events_without_gap_
             && seen.iter().any(|e| e.event == "output_delta" && e.data["turn"] == 2)
     })
     .await;
+    let before: String =
+        deltas(&first).iter().filter(|e| e.data["turn"] == 2).map(|e| e.data["text"].as_str().unwrap()).collect();
+    assert!(pieces[..60].concat().starts_with(&before), "the first stream left before the pause: {before}");
     let last_id = first.iter().filter_map(|e| e.id.clone()).next_back().unwrap();
     let rest = read_sse(open_stream(&app.base, id, Some(&last_id)).await, |_| false).await;
     let seqs: Vec<i64> = first

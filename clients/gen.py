@@ -49,7 +49,21 @@ def types_of(s):
     return ([t] if t else []), False
 
 
-def py_type(spec, s):
+class Lang:
+    """How one language names the JSON types."""
+
+    def __init__(self, names, unknown, unknown_nullable, array):
+        self.names, self.unknown, self.unknown_nullable, self.array = names, unknown, unknown_nullable, array
+
+
+PY_NAMES = Lang({"string": "str", "integer": "int", "number": "float", "boolean": "bool", "object": "Dict[str, Any]"},
+          "Any", True, "List[{}]")
+TS_NAMES = Lang({"string": "string", "integer": "number", "number": "number", "boolean": "boolean",
+           "object": "Record<string, unknown>"}, "unknown", False, "{}[]")
+
+
+def type_in(lang, spec, s):
+    """The type of schema `s` in `lang`, and whether it may be null."""
     name, s2 = resolve(spec, s)
     if name in MODELS:
         return name, False
@@ -57,29 +71,20 @@ def py_type(spec, s):
         s = s2
     ts, nullable = types_of(s)
     if len(ts) != 1:
-        return "Any", True
+        return lang.unknown, lang.unknown_nullable
     t = ts[0]
     if t == "array":
-        item, _ = py_type(spec, s.get("items", {}))
-        return f"List[{item}]", nullable
-    return {"string": "str", "integer": "int", "number": "float", "boolean": "bool", "object": "Dict[str, Any]"}.get(t, "Any"), nullable
+        item, _ = type_in(lang, spec, s.get("items", {}))
+        return lang.array.format(item), nullable
+    return lang.names.get(t, lang.unknown), nullable
+
+
+def py_type(spec, s):
+    return type_in(PY_NAMES, spec, s)
 
 
 def ts_type(spec, s):
-    name, s2 = resolve(spec, s)
-    if name in MODELS:
-        return name, False
-    if name and not s2.get("properties"):
-        s = s2
-    ts, nullable = types_of(s)
-    if len(ts) != 1:
-        return "unknown", False
-    t = ts[0]
-    if t == "array":
-        item, _ = ts_type(spec, s.get("items", {}))
-        return f"{item}[]", nullable
-    return {"string": "string", "integer": "number", "number": "number", "boolean": "boolean",
-            "object": "Record<string, unknown>"}.get(t, "unknown"), nullable
+    return type_in(TS_NAMES, spec, s)
 
 
 def nested(spec, s):

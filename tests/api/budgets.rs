@@ -11,8 +11,7 @@ use crate::helpers::*;
 const ADMIN: &str = "budget-admin";
 
 async fn set_limits(app: &TestApp, limits: Value) {
-    let r = app.client.put(app.url("/admin/tenants/default")).bearer_auth(ADMIN).json(&limits).send().await.unwrap();
-    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    put_tenant_limits(&app.base, ADMIN, "default", &limits).await;
 }
 
 /// A padded prompt, so that each call costs about $0.0006 at the mock's prices.

@@ -366,6 +366,18 @@ pub async fn assert_problem(r: reqwest::Response, status: u16, code: &str) -> Va
 
 /// A new API key for `tenant`, made with the admin API (`admin`: its token). The key is shown
 /// once; its prefix is `sk_`.
+/// Set `tenant`'s limits through the admin API of the service at `base`.
+pub async fn put_tenant_limits(base: &str, admin: &str, tenant: &str, limits: &Value) {
+    let r = reqwest::Client::new()
+        .put(format!("{base}/admin/tenants/{tenant}"))
+        .bearer_auth(admin)
+        .json(limits)
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+}
+
 pub async fn admin_key(app: &TestApp, admin: &str, tenant: &str) -> String {
     let r = app
         .client

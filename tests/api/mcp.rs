@@ -337,14 +337,7 @@ async fn the_typescript_sdk_makes_a_plain_call() {
 }
 
 pub async fn admin_put(base: &str, tenant: &str, body: Value) {
-    let r = reqwest::Client::new()
-        .put(format!("{base}/admin/tenants/{tenant}"))
-        .bearer_auth(ADMIN)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    put_tenant_limits(base, ADMIN, tenant, &body).await;
 }
 
 #[tokio::test]

@@ -16,15 +16,7 @@ async fn app() -> TestApp {
 }
 
 async fn set_limits(app: &TestApp, tenant: &str, body: Value) {
-    let r = app
-        .client
-        .put(app.url(&format!("/admin/tenants/{tenant}")))
-        .bearer_auth(ADMIN)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    put_tenant_limits(&app.base, ADMIN, tenant, &body).await;
     // The limits are cached a few seconds.
     tokio::time::sleep(Duration::from_secs(3)).await;
 }

@@ -13,15 +13,17 @@ async fn new_key(app: &TestApp, tenant: &str) -> String {
 }
 
 async fn set_limits(app: &TestApp, tenant: &str, limits: Value) {
-    let r = app
-        .client
-        .put(app.url(&format!("/admin/tenants/{tenant}")))
-        .bearer_auth(ADMIN)
-        .json(&limits)
-        .send()
-        .await
-        .unwrap();
-    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    put_tenant_limits(&app.base, ADMIN, tenant, &limits).await;
+}
+
+/// The binary's CLI against `app`'s database.
+fn cli(app: &TestApp, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_subagentd"))
+        .args(args)
+        .env("DATABASE_URL", &app.db.url)
+        .env("RUST_LOG", "error")
+        .output()
+        .unwrap()
 }
 
 fn with_admin(c: &mut subagentd::config::Config) {
@@ -158,12 +160,7 @@ async fn single_user_mode_answers_only_requests_addressed_to_this_machine() {
 #[tokio::test]
 async fn the_cli_creates_keys_that_the_api_accepts_and_revokes_them() {
     let app = spawn_app_with(|_| {}, false).await;
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_subagentd"))
-        .args(["keys", "create", "--tenant", "initech"])
-        .env("DATABASE_URL", &app.db.url)
-        .env("RUST_LOG", "error")
-        .output()
-        .unwrap();
+    let out = cli(&app, &["keys", "create", "--tenant", "initech"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let key = String::from_utf8(out.stdout).unwrap().trim().to_string();
     assert!(key.starts_with("sk_"));
@@ -181,15 +178,7 @@ async fn the_cli_creates_keys_that_the_api_accepts_and_revokes_them() {
     let stored: String = sqlx::query_scalar("SELECT key_hash FROM api_keys").fetch_one(&app.db.pool).await.unwrap();
     assert!(!stored.contains(&key[12..]), "the key is stored hashed");
     // Listing: every tenant's keys, or one tenant's; a key needs its tenant named.
-    let cli = |args: &[&str]| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_subagentd"))
-            .args(args)
-            .env("DATABASE_URL", &app.db.url)
-            .env("RUST_LOG", "error")
-            .output()
-            .unwrap()
-    };
-    assert!(cli(&["keys", "create", "--tenant", "acme"]).status.success());
+    assert!(cli(&app, &["keys", "create", "--tenant", "acme"]).status.success());
     let tenants_listed = |out: std::process::Output| -> Vec<String> {
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         let rows: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
@@ -197,18 +186,13 @@ async fn the_cli_creates_keys_that_the_api_accepts_and_revokes_them() {
         t.sort();
         t
     };
-    assert_eq!(tenants_listed(cli(&["keys", "list"])), ["acme", "initech"]);
-    assert_eq!(tenants_listed(cli(&["keys", "list", "--tenant", "acme"])), ["acme"]);
-    let out = cli(&["keys", "create"]);
+    assert_eq!(tenants_listed(cli(&app, &["keys", "list"])), ["acme", "initech"]);
+    assert_eq!(tenants_listed(cli(&app, &["keys", "list", "--tenant", "acme"])), ["acme"]);
+    let out = cli(&app, &["keys", "create"]);
     assert!(!out.status.success(), "a key for the default tenant made without asking");
     assert!(String::from_utf8_lossy(&out.stderr).contains("--tenant"));
     let prefix = key.rsplit_once('_').unwrap().0.to_string();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_subagentd"))
-        .args(["keys", "revoke", &prefix])
-        .env("DATABASE_URL", &app.db.url)
-        .env("RUST_LOG", "error")
-        .output()
-        .unwrap();
+    let out = cli(&app, &["keys", "revoke", &prefix]);
     assert!(out.status.success());
     let revoked: bool = sqlx::query_scalar("SELECT revoked_at IS NOT NULL FROM api_keys WHERE tenant = 'initech'")
         .fetch_one(&app.db.pool)
@@ -221,58 +205,53 @@ async fn the_cli_creates_keys_that_the_api_accepts_and_revokes_them() {
 #[tokio::test]
 async fn the_cli_sets_every_limit_and_shows_it_and_a_flag_the_process_also_takes_stays_the_processs() {
     let app = spawn_app_with(with_admin, false).await;
-    let cli = |args: &[&str]| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_subagentd"))
-            .args(args)
-            .env("DATABASE_URL", &app.db.url)
-            .env("RUST_LOG", "error")
-            .output()
-            .unwrap()
-    };
-    let out = cli(&[
-        "tenants",
-        "set",
-        "acme",
-        "--usd-per-day",
-        "5",
-        "--usd-per-month",
-        "100.5",
-        "--tokens-per-day",
-        "1000",
-        "--tenant-max-running",
-        "4",
-        "--max-queued",
-        "100",
-        "--max-task-cost-usd",
-        "0.5",
-        "--max-task-tokens",
-        "5000",
-        "--max-task-turns",
-        "7",
-        "--tenant-max-task-timeout-seconds",
-        "60",
-        "--approval",
-        "propose",
-        "--requests-per-second",
-        "20",
-        "--request-burst",
-        "40",
-        "--max-streams",
-        "10",
-        "--max-waits",
-        "20",
-        "--fallback-models",
-        "mock/a,mock/b",
-        "--max-scheduled",
-        "30",
-        "--priority",
-        "high",
-        // The process's own setting, taken by every subcommand: not the tenant's.
-        "--max-running",
-        "8",
-    ]);
+    let out = cli(
+        &app,
+        &[
+            "tenants",
+            "set",
+            "acme",
+            "--usd-per-day",
+            "5",
+            "--usd-per-month",
+            "100.5",
+            "--tokens-per-day",
+            "1000",
+            "--tenant-max-running",
+            "4",
+            "--max-queued",
+            "100",
+            "--max-task-cost-usd",
+            "0.5",
+            "--max-task-tokens",
+            "5000",
+            "--max-task-turns",
+            "7",
+            "--tenant-max-task-timeout-seconds",
+            "60",
+            "--approval",
+            "propose",
+            "--requests-per-second",
+            "20",
+            "--request-burst",
+            "40",
+            "--max-streams",
+            "10",
+            "--max-waits",
+            "20",
+            "--fallback-models",
+            "mock/a,mock/b",
+            "--max-scheduled",
+            "30",
+            "--priority",
+            "high",
+            // The process's own setting, taken by every subcommand: not the tenant's.
+            "--max-running",
+            "8",
+        ],
+    );
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let out = cli(&["tenants", "show", "acme"]);
+    let out = cli(&app, &["tenants", "show", "acme"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let shown: Value = serde_json::from_slice(&out.stdout).unwrap();
     let l = &shown["limits"];
@@ -287,7 +266,7 @@ async fn the_cli_sets_every_limit_and_shows_it_and_a_flag_the_process_also_takes
     );
     let api = app.client.get(app.url("/admin/tenants/acme")).bearer_auth(ADMIN).send().await.unwrap();
     assert_eq!(api.json::<Value>().await.unwrap()["limits"], *l, "the API reads what the CLI set");
-    let out = cli(&["tenants", "set", "acme", "--usd-per-day=-1"]);
+    let out = cli(&app, &["tenants", "set", "acme", "--usd-per-day=-1"]);
     assert!(!out.status.success(), "a negative limit is refused");
     app.stop().await;
 }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::{json, Value};
 
-use crate::helpers::Proc;
+use crate::helpers::{skipped, Proc};
 
 const CHROMIUM: &str = "/usr/bin/chromium";
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
@@ -40,10 +40,12 @@ fn free_port() -> u16 {
 pub async fn browser(width: u32, height: u32) -> Option<Browser> {
     let present = std::path::Path::new(CHROMIUM).exists() && std::path::Path::new(CHROMEDRIVER).exists();
     if !present {
-        if std::env::var("SUBAGENTD_REQUIRE_BROWSER").is_ok_and(|v| v == "1") {
-            panic!("{CHROMIUM} and {CHROMEDRIVER} are required (SUBAGENTD_REQUIRE_BROWSER=1): apt-get install chromium chromium-driver");
-        }
-        eprintln!("SKIPPED: no {CHROMIUM} / {CHROMEDRIVER}: the console's browser tests did not run (apt-get install chromium chromium-driver)");
+        skipped(
+            "SUBAGENTD_REQUIRE_BROWSER",
+            "the console's browser tests",
+            &format!("no {CHROMIUM} or {CHROMEDRIVER}"),
+            "apt-get install chromium chromium-driver",
+        );
         return None;
     }
     let turn = ONE_AT_A_TIME.lock().await;

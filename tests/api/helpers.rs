@@ -392,3 +392,20 @@ pub async fn admin_key(app: &TestApp, admin: &str, tenant: &str) -> String {
     assert!(v["prefix"].as_str().unwrap().starts_with("sk_"));
     v["key"].as_str().unwrap().to_string()
 }
+
+/// Say that a group of tests cannot run here for want of a program. Under `.ci/run`, which sets
+/// `require` (a `SUBAGENTD_REQUIRE_*` variable) to 1, that is a failure. Otherwise a notice, and
+/// a line in the file `SUBAGENTD_SKIP_LOG` names, from which the README's test command
+/// (`scripts/test`) says after `cargo test` what did not run and how to run it.
+pub fn skipped(require: &str, group: &str, why: &str, how: &str) {
+    if std::env::var(require).is_ok_and(|v| v == "1") {
+        panic!("{group}: {why}, and {require}=1 requires it: {how}");
+    }
+    eprintln!("SKIPPED: {group}: {why} ({how})");
+    if let Ok(path) = std::env::var("SUBAGENTD_SKIP_LOG") {
+        use std::io::Write;
+        if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+            let _ = writeln!(f, "{group}: {why}; to run it: {how}");
+        }
+    }
+}

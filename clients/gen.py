@@ -1,9 +1,11 @@
 """The client libraries' types, made from openapi.yaml: Python dataclasses
 (clients/python/subagentd/_models.py) and TypeScript interfaces
-(clients/typescript/src/models.ts), one per schema named in MODELS.
+(clients/typescript/src/models.ts), one per schema named in MODELS. And the Python client's
+synchronous half (_sync.py), made from its asynchronous one (_async.py) as unasync does: the
+two are one source, written once.
 
-    python clients/gen.py           # write both files
-    python clients/gen.py --check   # exit 1 if either is not what openapi.yaml makes
+    python clients/gen.py           # write the three files
+    python clients/gen.py --check   # exit 1 if any is not what its source makes
 
 A field added to the API (in openapi.yaml) and missed by a client fails the check, which the
 test suite runs (tests/api/clients.rs).
@@ -17,6 +19,8 @@ import yaml
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SPEC = ROOT / "openapi.yaml"
 PY = ROOT / "clients/python/subagentd/_models.py"
+ASYNC = ROOT / "clients/python/subagentd/_async.py"
+SYNC = ROOT / "clients/python/subagentd/_sync.py"
 TS = ROOT / "clients/typescript/src/models.ts"
 
 # openapi.yaml's component schema → the clients' type of the same name.
@@ -143,15 +147,47 @@ def typescript(spec):
     return "\n".join(out) + "\n"
 
 
+# _async.py's words → _sync.py's, in order (a longer word before the word it contains).
+UNASYNC = [
+    ('"""The asynchronous client: `AsyncClient(base_url=…, api_key=…)`, the same shape as `Client`,\n'
+     'its methods coroutines and its lists and events async iterators."""',
+     '"""The synchronous client: `Client(base_url=…, api_key=…)`, its resources as attributes.\n\n'
+     'Made from _async.py by clients/gen.py: edit that file, then run `python clients/gen.py`."""'),
+    ('"""An asynchronous client of one subagentd service (see `Client`).', '"""A client of one subagentd service.'),
+    ('__all__ = ["AsyncClient"]', '__all__ = ["Client", "APIStatusError", "NotFoundError", "ServerError", "TERMINAL"]'),
+    ("import asyncio", "import time"),
+    ("asyncio.sleep", "time.sleep"),
+    ("AsyncIterator", "Iterator"),
+    ("httpx.AsyncClient", "httpx.Client"),
+    ("AsyncClient", "Client"),
+    ("async def ", "def "),
+    ("async with ", "with "),
+    ("async for ", "for "),
+    ("await ", ""),
+    (".aclose()", ".close()"),
+    ("__aenter__", "__enter__"),
+    ("__aexit__", "__exit__"),
+    (".aread()", ".read()"),
+    (".aiter_text()", ".iter_text()"),
+]
+
+
+def unasync(text):
+    """The synchronous client, from the asynchronous one's text."""
+    for a, b in UNASYNC:
+        text = text.replace(a, b)
+    return text
+
+
 def main():
     spec = load()
-    made = {PY: python(spec), TS: typescript(spec)}
+    made = {PY: python(spec), TS: typescript(spec), SYNC: unasync(ASYNC.read_text())}
     if "--check" in sys.argv:
         stale = [str(p.relative_to(ROOT)) for p, text in made.items() if not p.exists() or p.read_text() != text]
         if stale:
-            print("not made from the current openapi.yaml (run python clients/gen.py): " + ", ".join(stale))
+            print("not made from their sources (run python clients/gen.py): " + ", ".join(stale))
             sys.exit(1)
-        print("clients' types match openapi.yaml")
+        print("clients' types match openapi.yaml, and _sync.py matches _async.py")
         return
     for p, text in made.items():
         p.write_text(text)

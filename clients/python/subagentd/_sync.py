@@ -1,8 +1,10 @@
-"""The synchronous client: `Client(base_url=…, api_key=…)`, its resources as attributes."""
+"""The synchronous client: `Client(base_url=…, api_key=…)`, its resources as attributes.
+
+Made from _async.py by clients/gen.py: edit that file, then run `python clients/gen.py`."""
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, Iterator, List, Optional, Type, TypeVar
+from typing import Any, Iterator, Dict, List, Optional, Type, TypeVar
 
 import httpx
 
@@ -99,7 +101,7 @@ class Client:
         return model.from_dict(data[key] if key else data)
 
     def _many(self, model: Type[M], req: Req, key: str) -> List[M]:
-        return [model.from_dict(x) for x in self._json(req)[key]]
+        return [model.from_dict(x) for x in (self._json(req))[key]]
 
 
 class _Resource:
@@ -156,7 +158,8 @@ class Tasks(_Resource):
             q = params(status=status, subagent_type=subagent_type, model=model, metadata=metadata,
                        created_after=created_after, created_before=created_before, limit=limit, cursor=cursor)
             page = m.TaskPage.from_dict(self._c._json(Req("GET", "/tasks", params=q, repeatable=True)))
-            yield from page.tasks or []
+            for t in page.tasks or []:
+                yield t
             cursor = page.next_cursor
             if not cursor:
                 return
@@ -261,7 +264,7 @@ class Tools(_Resource):
         return self._c._one(m.Tool, Req("GET", f"/tools/{name}", repeatable=True))
 
     def put(self, name: str, *, description: str, parameters: Dict[str, Any], endpoint: Optional[str] = None,
-            policy: str = "auto", timeout_ms: Optional[int] = None) -> m.Tool:
+                  policy: str = "auto", timeout_ms: Optional[int] = None) -> m.Tool:
         """Create or replace a catalog tool: an HTTP endpoint, or none (the caller runs it)."""
         fields = {k: v for k, v in locals().items() if k not in ("self", "name")}
         return self._c._one(m.Tool, Req("PUT", f"/tools/{name}", json=body(**fields), repeatable=True))
@@ -332,7 +335,7 @@ class Usage(_Resource):
         q = params(to=kw.get("to"), group_by=kw.get("group_by"), tenant=kw.get("tenant"), format="csv")
         if kw.get("from_"):
             q["from"] = kw["from_"]
-        return self._c._send(Req("GET", "/usage", params=q, repeatable=True)).text
+        return (self._c._send(Req("GET", "/usage", params=q, repeatable=True))).text
 
 
 class Keys(_Resource):
@@ -349,7 +352,7 @@ class Keys(_Resource):
 
 class Tenants(_Resource):
     def list(self) -> List[str]:
-        return list(self._c._json(Req("GET", "/admin/tenants", repeatable=True))["tenants"])
+        return list((self._c._json(Req("GET", "/admin/tenants", repeatable=True)))["tenants"])
 
     def get(self, name: str) -> m.TenantView:
         return self._c._one(m.TenantView, Req("GET", f"/admin/tenants/{name}", repeatable=True))

@@ -4,7 +4,7 @@
 //!
 //! cargo bench --bench load                 # every scenario, then BENCHMARKS.md
 //! cargo bench --bench load -- throughput   # one scenario: throughput, concurrency, wait, admission, pgbench,
-//!                                          # mcp, a2a, holds, live, priority, connections, flood (and on request:
+//!                                          # waitsat, mcp, a2a, holds, live, priority, connections, flood (and on request:
 //!                                          # soak, console)
 //! BENCH_SCHEDULED=N                        # throughput with N tasks scheduled a day ahead beside it
 //! BENCH_STREAM_PIECES=N                    # the fake streams its final answers in N pieces (when asked to stream)
@@ -468,6 +468,69 @@ async fn throughput(env: &Env, report: &Report, secs: u64) {
     println!("{line}\nDB transactions per completed task (incl. submission): {per_task:.1}");
     report.lock().unwrap().push(line);
     report.lock().unwrap().push(format!("@per_task {per_task:.1}"));
+}
+
+/// Scenario 13, wait mode at saturation: `tasks` tasks, `callers` callers each waiting for its
+/// task (`POST /tasks?wait=true`) before it sends the next, one tool call each, the provider
+/// answering at once. The CPU the wait path costs where it hurts: wait mode's latency scenarios (a 100 or
+/// 1,000 ms provider) do not show it. Tasks/s, and CPU per task: the service's and PostgreSQL's.
+async fn wait_saturated(env: &Env, report: &Report, tasks: u64, callers: u64) {
+    env.latency.store(0, Ordering::Relaxed);
+    let svc = env
+        .service(
+            "bench_waitsat",
+            &["serve"],
+            &[("SUBAGENTD_MAX_RUNNING", "400".into()), ("SUBAGENTD_DB_MAX_CONNECTIONS", "40".into())],
+        )
+        .await;
+    let client = reqwest::Client::builder().pool_max_idle_per_host(300).build().unwrap();
+    let run = |n: u64| {
+        let left = Arc::new(AtomicU64::new(n));
+        let (ok, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let mut ws = vec![];
+        for _ in 0..callers {
+            let (c, base, left, ok, failed) =
+                (client.clone(), svc.base.clone(), left.clone(), ok.clone(), failed.clone());
+            ws.push(tokio::spawn(async move {
+                while left.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |l| l.checked_sub(1)).is_ok() {
+                    let r = c
+                        .post(format!("{base}/tasks?wait=true&timeout=60"))
+                        .json(&json!({"prompt": "go", "model": "fake/gpt-4o"}))
+                        .send()
+                        .await;
+                    match r {
+                        Ok(r) if r.status() == 200 => ok.fetch_add(1, Ordering::Relaxed),
+                        _ => failed.fetch_add(1, Ordering::Relaxed),
+                    };
+                }
+            }));
+        }
+        (ws, ok, failed)
+    };
+    // A warm-up: connections opened, caches filled.
+    let (ws, _, _) = run(callers * 10);
+    for w in ws {
+        w.await.unwrap();
+    }
+    let (cpu0, t0) = (cpu_seconds(svc.child.id()), Instant::now());
+    let (ws, ok, failed) = run(tasks);
+    for w in ws {
+        w.await.unwrap();
+    }
+    let (cpu1, el) = (cpu_seconds(svc.child.id()), t0.elapsed().as_secs_f64());
+    let (ok, failed) = (ok.load(Ordering::Relaxed), failed.load(Ordering::Relaxed));
+    let n = ok.max(1) as f64;
+    let (pg_ms, svc_ms) = ((cpu1.0 - cpu0.0) * 1000.0 / n, (cpu1.1 - cpu0.1) * 1000.0 / n);
+    let rate = ok as f64 / el;
+    println!(
+        "WAITSAT: {rate:.0} tasks/s; CPU per task {:.2} ms (service {svc_ms:.2}, PostgreSQL {pg_ms:.2})",
+        svc_ms + pg_ms
+    );
+    let line = format!(
+        "| 13. Wait mode at saturation ({tasks} tasks, {callers} callers, `?wait=true`, 1 tool call + answer, provider 0 ms) | the build before the lifecycle room's figures | **{rate:.0} tasks/s; {:.2} ms CPU per task** (service {svc_ms:.2}, PostgreSQL {pg_ms:.2}; {failed} failed) | — |",
+        svc_ms + pg_ms
+    );
+    report.lock().unwrap().push(line);
 }
 
 /// 2. 10,000 sub-agents in flight at once in one worker process, 2 s provider: all
@@ -1677,6 +1740,10 @@ async fn main() {
     }
     if want("wait") {
         wait_mode(&env, &report, 20, 100, 200).await;
+    }
+    if want("waitsat") {
+        let tasks = std::env::var("BENCH_WAITSAT_TASKS").ok().and_then(|s| s.parse().ok()).unwrap_or(5000);
+        wait_saturated(&env, &report, tasks, 50).await;
     }
     if which.iter().any(|w| w == "wait1") {
         wait_mode(&env, &report, 10, 100, 1).await;

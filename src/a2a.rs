@@ -11,10 +11,10 @@ use serde_json::{json, Value};
 use sqlx::PgPool;
 use uuid::Uuid;
 
+use crate::kinds::{Gate, TaskStatus, WebhookEvent};
 use crate::store::a2a::{self as store, A2aTask};
 use crate::store::actions::ActionRow;
 use crate::store::StoreError;
-use crate::tasks::kinds::{Gate, TaskStatus};
 use crate::tasks::TaskView;
 
 /// The protocol version served.
@@ -241,11 +241,11 @@ pub async fn row(pool: &PgPool, id: Uuid) -> Result<Option<A2aTask>, StoreError>
 
 /// The body of a push notification for a delivery's event (a `StreamResponse`): a pause is a
 /// status update saying what it waits for; an end is the whole task, with its artifacts.
-pub async fn push_body(pool: &PgPool, task: &TaskView, event: &str) -> Result<Value, StoreError> {
+pub async fn push_body(pool: &PgPool, task: &TaskView, event: WebhookEvent) -> Result<Value, StoreError> {
     let a2a = row(pool, task.id).await?;
     let shown = Shown { task, a2a: a2a.as_ref() };
     Ok(match event {
-        "task.requires_action" if task.status == TaskStatus::RequiresAction => shown.status_update(None),
+        WebhookEvent::TaskRequiresAction if task.status == TaskStatus::RequiresAction => shown.status_update(None),
         _ => json!({"task": shown.task(None, true)}),
     })
 }

@@ -354,7 +354,7 @@ impl Hub {
     pub async fn refresh_live(self: Arc<Self>, shutdown: CancellationToken) {
         loop {
             tokio::select! {
-                _ = tokio::time::sleep(crate::live::REFRESH) => self.live.refresh(&self),
+                _ = tokio::time::sleep(crate::live::REFRESH) => self.live.refresh(&*self),
                 _ = shutdown.cancelled() => return,
             }
         }
@@ -423,6 +423,16 @@ impl Hub {
                 }
             }
         }
+    }
+}
+
+impl crate::live::Bus for Hub {
+    fn registry(&self) -> &crate::live::Registry {
+        &self.live
+    }
+
+    fn publish(&self, channel: &'static str, payload: String) {
+        Hub::publish(self, channel, payload);
     }
 }
 

@@ -1,10 +1,11 @@
-//! A task's domain kinds: its status, why a run stopped, how a provider call went, what a
-//! paused call waits for, the decision on it and who answered. Each is an enum, written to and
-//! read from its text column once, at the store boundary (the `sqlx` impls below); everywhere
-//! else it is matched, never compared as a string.
+//! The service's domain kinds: a task's status, why a run stopped, how a provider call went,
+//! what a paused call waits for, the decision on it and who answered, a task's priority, which
+//! failures move a call to a fallback model. Each is an enum, written to and read from its text
+//! column once, at the store boundary (the `sqlx` impls below); everywhere else it is matched,
+//! never compared as a string.
 //!
-//! A leaf: imports nothing of the service, so that every layer may use it (`store` imports this
-//! file and nothing else of the lifecycle room).
+//! A leaf: imports nothing of the service, so that every layer — `store`, `engine`, `budget`,
+//! the lifecycle room, the doors — may use it without an import running back up the layers.
 
 use sqlx::Postgres;
 
@@ -306,5 +307,116 @@ mod tests {
     fn only_the_three_open_states_are_not_terminal() {
         let open: Vec<TaskStatus> = TaskStatus::ALL.iter().copied().filter(|s| !s.is_terminal()).collect();
         assert_eq!(open, TaskStatus::OPEN.to_vec());
+    }
+}
+
+text_enum! {
+    /// A kind of event in a task's log (`task_events.kind`) and on its live stream, as the event
+    /// stream, the events pages and the webhooks name it. Each event's `data` is a JSON object of
+    /// its own shape (`openapi.yaml`'s `Event`).
+    EventKind {
+        /// The task was submitted (`subagent_type`, `model`).
+        Created = "created",
+        /// A scheduled task's time came: it was queued (`run_at`).
+        Queued = "queued",
+        /// A worker took it (`attempt`, `worker`).
+        Claimed = "claimed",
+        /// A provider call's reservation was made (its estimate).
+        LlmCallStarted = "llm_call_started",
+        /// A provider call answered (usage, latency, cost).
+        LlmCallFinished = "llm_call_finished",
+        /// A provider call failed (its error; it may be tried again).
+        LlmCallFailed = "llm_call_failed",
+        /// A call moved to the next of its fallback models.
+        ModelFallback = "model_fallback",
+        /// A fallback model was passed over (why).
+        ModelFallbackSkipped = "model_fallback_skipped",
+        /// The turn's tool calls began.
+        ToolCallsStarted = "tool_calls_started",
+        /// One tool call ended (its outcome and duration).
+        ToolCallFinished = "tool_call_finished",
+        /// A call to a tool the run is not offered, answered as an error and never run.
+        ToolCallRefused = "tool_call_refused",
+        /// A tool's result was cut at the tool result cap.
+        ToolCallCut = "tool_call_cut",
+        /// The turn's gated calls wait for decisions or outputs.
+        ToolCallsWaiting = "tool_calls_waiting",
+        /// Tool calls the model wrote as text were read.
+        TextToolCalls = "text_tool_calls",
+        /// The same call repeated: the model was warned.
+        LoopWarning = "loop_warning",
+        /// The answer was cut at the output limit and asked again.
+        AnswerCut = "answer_cut",
+        /// The final answer did not match the output schema.
+        OutputInvalid = "output_invalid",
+        /// A turn was committed (`turn`, `messages`).
+        Checkpoint = "checkpoint",
+        /// A call waits for the tenant's reservations to settle.
+        BudgetWait = "budget_wait",
+        /// The run paused for its pending actions.
+        RequiresAction = "requires_action",
+        /// One pending action was answered.
+        ActionAnswered = "action_answered",
+        /// Every pending action of the pause was answered: the run goes on.
+        ActionsAnswered = "actions_answered",
+        /// A cancel reached a running task: its worker stops it.
+        CancelRequested = "cancel_requested",
+        /// The task was cancelled.
+        Cancelled = "cancelled",
+        /// Its worker gave it back to the queue (a drain, a budget wait).
+        Released = "released",
+        /// A lost worker's run was queued again or ended.
+        Rescued = "rescued",
+        /// The task ended (`status`, `stop_reason`).
+        Finished = "finished",
+        /// The run's text as it streams: on the live stream only, never stored (no `seq`).
+        OutputDelta = "output_delta",
+    }
+}
+
+impl EventKind {
+    /// Written to the log (every kind but the live stream's `output_delta`).
+    pub fn is_stored(self) -> bool {
+        self != EventKind::OutputDelta
+    }
+}
+
+text_enum! {
+    /// What a webhook or push notification delivers (`webhook_deliveries.event`, and the `event`
+    /// of a webhook's body).
+    WebhookEvent {
+        /// The task ended.
+        TaskFinished = "task.finished",
+        /// The task paused for its pending actions.
+        TaskRequiresAction = "task.requires_action",
+    }
+}
+
+/// A failure that moves a call to the next model (`fallback_on`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FallbackWhen {
+    /// The model cannot be served (retries ran out, unreachable, 5xx/529, a long 429).
+    Unavailable,
+    /// The prompt does not fit the model's context.
+    ContextLength,
+}
+
+impl FallbackWhen {
+    pub const ALL: [FallbackWhen; 2] = [FallbackWhen::Unavailable, FallbackWhen::ContextLength];
+
+    pub fn parse(s: &str) -> Option<FallbackWhen> {
+        match s {
+            "unavailable" => Some(FallbackWhen::Unavailable),
+            "context_length" => Some(FallbackWhen::ContextLength),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FallbackWhen::Unavailable => "unavailable",
+            FallbackWhen::ContextLength => "context_length",
+        }
     }
 }

@@ -83,16 +83,23 @@ impl Wanted {
     }
 }
 
+/// What live output needs of the process's notification hub: the registry it keeps, and a way
+/// to publish on a channel. `hub` implements it, so that this file imports nothing above it.
+pub trait Bus: Send + Sync + 'static {
+    fn registry(&self) -> &Registry;
+    fn publish(&self, channel: &'static str, payload: String);
+}
+
 /// A subscription to a task's live output; unsubscribes when dropped.
 pub struct Subscription {
-    hub: Arc<crate::hub::Hub>,
+    hub: Arc<dyn Bus>,
     task: Uuid,
     pub rx: broadcast::Receiver<Arc<Delta>>,
 }
 
 impl Drop for Subscription {
     fn drop(&mut self) {
-        self.hub.live.unsubscribe(self.task, &self.hub);
+        self.hub.registry().unsubscribe(self.task, &*self.hub);
     }
 }
 
@@ -105,7 +112,7 @@ impl Registry {
     }
 
     /// Follow `task`'s live output from this process.
-    pub fn subscribe(&self, task: Uuid, hub: &Arc<crate::hub::Hub>) -> Subscription {
+    pub fn subscribe(&self, task: Uuid, hub: Arc<dyn Bus>) -> Subscription {
         let (rx, first) = {
             let mut subs = self.subscribers.lock().unwrap_or_else(|e| e.into_inner());
             match subs.get(&task) {
@@ -121,10 +128,10 @@ impl Registry {
             self.recount();
             hub.publish(crate::store::CH_WATCH, format!("+{task}:{}", self.id));
         }
-        Subscription { hub: hub.clone(), task, rx }
+        Subscription { hub, task, rx }
     }
 
-    fn unsubscribe(&self, task: Uuid, hub: &crate::hub::Hub) {
+    fn unsubscribe(&self, task: Uuid, hub: &dyn Bus) {
         let last = {
             let mut subs = self.subscribers.lock().unwrap_or_else(|e| e.into_inner());
             // The dropping receiver is still counted while `drop` runs.
@@ -189,7 +196,7 @@ impl Registry {
     }
 
     /// Forget watches not said again in time; say this process's own again.
-    pub fn refresh(&self, hub: &crate::hub::Hub) {
+    pub fn refresh(&self, hub: &dyn Bus) {
         let now = Instant::now();
         {
             let mut w = self.watches.lock().unwrap_or_else(|e| e.into_inner());
@@ -238,7 +245,7 @@ impl Registry {
 pub struct Output {
     /// Itself, to start its sender from `&self`.
     me: std::sync::Weak<Output>,
-    hub: Arc<crate::hub::Hub>,
+    hub: Arc<dyn Bus>,
     pool: PgPool,
     task: Uuid,
     buf: Mutex<Buffer>,
@@ -246,6 +253,8 @@ pub struct Output {
     kick: tokio::sync::Notify,
     sender: Mutex<Option<tokio::task::JoinHandle<()>>>,
     closing: std::sync::atomic::AtomicBool,
+    /// Text is gathered in `buf` (one load, not a lock, for a run nobody watches).
+    gathered: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Default)]
@@ -257,7 +266,7 @@ struct Buffer {
 }
 
 impl Output {
-    pub fn new(hub: Arc<crate::hub::Hub>, pool: PgPool, task: Uuid) -> Arc<Output> {
+    pub fn new(hub: Arc<dyn Bus>, pool: PgPool, task: Uuid) -> Arc<Output> {
         Arc::new_cyclic(|me| Output {
             me: me.clone(),
             hub,
@@ -267,14 +276,27 @@ impl Output {
             kick: tokio::sync::Notify::new(),
             sender: Mutex::default(),
             closing: std::sync::atomic::AtomicBool::new(false),
+            gathered: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
     /// Text of turn `turn`'s call, try `attempt`.
     pub fn write(&self, turn: u32, attempt: u32, piece: &str) {
-        if piece.is_empty() || !self.hub.live.wanted(self.task).any() {
+        if piece.is_empty() {
             return;
         }
+        if !self.hub.registry().wanted(self.task).any() {
+            // Nobody watches: this piece is not kept, and neither is what was gathered before
+            // it, so that a subscriber's text never has a hole (a reconnect that comes between
+            // the old stream's end and the new one's start gets the text from after the gap).
+            if self.gathered.swap(false, Ordering::AcqRel) {
+                let mut b = self.buf.lock().unwrap_or_else(|e| e.into_inner());
+                b.ready.clear();
+                b.open = None;
+            }
+            return;
+        }
+        self.gathered.store(true, Ordering::Release);
         let full = {
             let mut b = self.buf.lock().unwrap_or_else(|e| e.into_inner());
             match &mut b.open {
@@ -333,14 +355,14 @@ impl Output {
         if out.is_empty() {
             return;
         }
-        let wanted = self.hub.live.wanted(self.task);
+        let wanted = self.hub.registry().wanted(self.task);
         for d in out {
             metrics::counter!("subagentd_output_deltas_total").increment(1);
             if wanted.elsewhere {
                 self.notify(&d).await;
             }
             if wanted.here {
-                self.hub.live.deliver_here(self.task, Arc::new(d));
+                self.hub.registry().deliver_here(self.task, Arc::new(d));
             }
         }
     }
@@ -348,7 +370,8 @@ impl Output {
     async fn notify(&self, d: &Delta) {
         let channel = channel(self.task);
         for text in pieces(&d.text, NOTIFY_TEXT_BYTES) {
-            let payload = serde_json::json!({"from": self.hub.live.id, "turn": d.turn, "try": d.attempt, "text": text});
+            let payload =
+                serde_json::json!({"from": self.hub.registry().id, "turn": d.turn, "try": d.attempt, "text": text});
             let r = sqlx::query("SELECT pg_notify($1, $2)")
                 .bind(&channel)
                 .bind(payload.to_string())

@@ -68,7 +68,7 @@ impl Service {
         let worker =
             local_worker.clone().map(|w| tokio::spawn(crate::jobs::run_worker(w, shutdown.clone(), cfg.drain_grace())));
 
-        let tasks = crate::tasks::Lifecycle {
+        let parts = crate::tasks::Parts {
             pool: pool.clone(),
             cfg: cfg.clone(),
             providers,
@@ -77,11 +77,11 @@ impl Service {
             hub: hub.clone(),
             limits_cache: Arc::new(crate::cache::TtlCache::new(std::time::Duration::from_secs(5))),
             tools_cache: Arc::new(crate::cache::TtlCache::new(std::time::Duration::from_secs(5))),
-            shortcut: local_worker.as_ref().map(|w| w.shortcut()),
             shutdown: shutdown.clone(),
             guard: crate::tasks::guard::Guard::new(),
-            feeds: Default::default(),
         };
+        let resources = crate::resources::Resources::new(&parts);
+        let tasks = crate::tasks::Lifecycle::new(parts, local_worker.as_ref().map(|w| w.shortcut()));
         // A worker process queues the tasks whose time has come and makes schedules' ticks.
         let timer_stop = CancellationToken::new();
         let timer = roles.workers.then(|| crate::jobs::timer::Timer { room: tasks.clone() }.start(timer_stop.clone()));
@@ -101,7 +101,7 @@ impl Service {
                 default_max_waits = cfg.default_max_waits.unwrap_or(0),
                 "connections: descriptor budget"
             );
-            let state = AppState::new(tasks.clone(), auth, conns.clone());
+            let state = AppState::new(tasks.clone(), resources, auth, conns.clone());
             room = Some(tasks);
             let listener = tokio::net::TcpListener::bind(cfg.listen).await?;
             if mode == crate::http::auth::Mode::Auto && !loopback {

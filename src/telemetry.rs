@@ -159,9 +159,9 @@ pub fn register_metrics(providers: &[String], models: &[(String, String)]) {
             zero("subagentd_budget_refusals_total", &[("limit", limit.into()), ("stage", stage.into())]);
         }
     }
-    for event in ["task.finished", "task.requires_action"] {
+    for event in crate::kinds::WebhookEvent::ALL {
         for outcome in ["delivered", "failed"] {
-            zero("subagentd_webhook_attempts_total", &[("outcome", outcome.into()), ("event", event.into())]);
+            zero("subagentd_webhook_attempts_total", &[("outcome", outcome.into()), ("event", event.as_str().into())]);
         }
     }
     let pairs = providers.iter().map(|p| (p.clone(), String::new())).chain(models.iter().cloned());

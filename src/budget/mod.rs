@@ -159,7 +159,7 @@ pub fn validate(l: &Limits) -> Result<(), BudgetError> {
             return negative(f);
         }
     }
-    if l.priority.as_deref().is_some_and(|p| crate::tasks::kinds::Priority::parse(p).is_none()) {
+    if l.priority.as_deref().is_some_and(|p| crate::kinds::Priority::parse(p).is_none()) {
         return Err(BudgetError::Invalid { field: "priority", message: "must be one of high, normal, low".into() });
     }
     if let Some(models) = &l.fallback_models {

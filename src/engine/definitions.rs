@@ -87,10 +87,10 @@ pub struct AgentDefinition {
     pub fallback_models: Vec<String>,
     /// Which failures move a call to the next model (default `unavailable`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub fallback_on: Option<Vec<super::spec::FallbackWhen>>,
+    pub fallback_on: Option<Vec<crate::kinds::FallbackWhen>>,
     /// Its tasks' priority among their tenant's queued tasks (wins over the tenant's default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub priority: Option<crate::tasks::kinds::Priority>,
+    pub priority: Option<crate::kinds::Priority>,
     /// Claude Code's own front-matter fields, kept as written.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub claude_code: BTreeMap<String, Value>,
@@ -206,10 +206,10 @@ pub struct Written {
 pub use crate::llm::check_fallback_models;
 
 /// `fallback_on` as written: `unavailable`, `context_length`.
-pub fn check_fallback_on(when: &[String]) -> Result<Vec<super::spec::FallbackWhen>, String> {
+pub fn check_fallback_on(when: &[String]) -> Result<Vec<crate::kinds::FallbackWhen>, String> {
     when.iter()
         .map(|w| {
-            super::spec::FallbackWhen::parse(w.trim())
+            crate::kinds::FallbackWhen::parse(w.trim())
                 .ok_or_else(|| format!("{w:?} is not one of unavailable, context_length"))
         })
         .collect()
@@ -259,7 +259,7 @@ impl Written {
         let priority = match self.priority.as_deref().map(str::trim) {
             None => None,
             Some(p) => Some(
-                crate::tasks::kinds::Priority::parse(p)
+                crate::kinds::Priority::parse(p)
                     .ok_or((Some("priority"), "must be one of high, normal, low".to_string()))?,
             ),
         };

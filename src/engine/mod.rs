@@ -22,10 +22,11 @@ use rust_decimal::Decimal;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
+use crate::kinds::EventKind;
+pub use crate::kinds::{CallOutcome, Gate, StopReason};
 use crate::llm::pricing::Price;
 use crate::llm::retry::RetryPolicy;
 use crate::llm::{ChatRequest, LlmError, Message, Progress, Provider, ToolCall, ToolSpec, Usage};
-pub use crate::tasks::kinds::{CallOutcome, Gate, StopReason};
 pub use crate::tools::{ToolOutput, ToolRunner};
 
 /// Everything a run needs, decided before it starts.
@@ -218,7 +219,7 @@ pub struct TurnCheckpoint {
     /// Messages added this turn (the first turn includes `[system, user]`).
     pub messages: Vec<Message>,
     pub call: CallRecord,
-    pub events: Vec<(&'static str, Value)>,
+    pub events: Vec<(EventKind, Value)>,
 }
 
 /// The worker lost the right to write (lease expired or taken over).
@@ -306,7 +307,7 @@ pub trait RunStore: Send + Sync {
     async fn reserve(&self, ask: &Ask, started: Value) -> Result<Grant, Refusal>;
     /// Append progress events (a turn's events so far, as its tools start), in order, outside
     /// a checkpoint.
-    async fn events(&self, events: &[(&'static str, Value)]) -> Result<(), LeaseLost>;
+    async fn events(&self, events: &[(EventKind, Value)]) -> Result<(), LeaseLost>;
     /// Record a provider attempt that completes no turn (failed, or interrupted by a stop).
     async fn record_failed_call(&self, call: &CallRecord) -> Result<(), LeaseLost>;
     /// Commit a completed turn: messages, its call's usage and its events, atomically. (The
@@ -711,7 +712,9 @@ async fn fall_back(
         *at += 1;
         let next = input.target(*at).full();
         if let Some(why) = input.fallbacks[*at - 1].unfit.clone() {
-            store.events(&[("model_fallback_skipped", json!({"turn": turn, "model": next, "reason": why}))]).await?;
+            store
+                .events(&[(EventKind::ModelFallbackSkipped, json!({"turn": turn, "model": next, "reason": why}))])
+                .await?;
             continue;
         }
         metrics::counter!("subagentd_model_fallbacks_total", "from" => from.clone(), "to" => next.clone(),
@@ -719,7 +722,7 @@ async fn fall_back(
         .increment(1);
         let event = json!({"turn": turn, "from": from, "to": next, "reason": reason, "error": e.message,
                            "http_status": e.http_status});
-        store.events(&[("model_fallback", event)]).await?;
+        store.events(&[(EventKind::ModelFallback, event)]).await?;
         return Ok(true);
     }
     Ok(false)

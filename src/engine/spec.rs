@@ -8,6 +8,7 @@ use uuid::Uuid;
 
 use super::agents::{AgentType, Approval, MAX_TURNS, MIN_TURNS};
 use super::definitions::AgentDefinition;
+pub use crate::kinds::FallbackWhen;
 use crate::tools::ToolDef;
 
 /// A turn budget, always within `1..=50` (a larger request is clamped, as the seeds do).
@@ -121,26 +122,6 @@ pub struct TaskOptions {
     /// Which failures move a call to the next model; `None`: `unavailable` only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fallback_on: Option<Vec<FallbackWhen>>,
-}
-
-/// A failure that moves a call to the next model (`fallback_on`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FallbackWhen {
-    /// The model cannot be served (retries ran out, unreachable, 5xx/529, a long 429).
-    Unavailable,
-    /// The prompt does not fit the model's context.
-    ContextLength,
-}
-
-impl FallbackWhen {
-    pub fn parse(s: &str) -> Option<FallbackWhen> {
-        match s {
-            "unavailable" => Some(FallbackWhen::Unavailable),
-            "context_length" => Some(FallbackWhen::ContextLength),
-            _ => None,
-        }
-    }
 }
 
 fn is_none_approval(a: &Approval) -> bool {

@@ -72,8 +72,8 @@ struct Store {
 
 #[async_trait::async_trait]
 impl RunStore for Store {
-    async fn events(&self, events: &[(&'static str, Value)]) -> Result<(), LeaseLost> {
-        self.events.lock().unwrap().extend(events.iter().map(|e| e.0));
+    async fn events(&self, events: &[(EventKind, Value)]) -> Result<(), LeaseLost> {
+        self.events.lock().unwrap().extend(events.iter().map(|e| e.0.as_str()));
         Ok(())
     }
     async fn reserve(&self, ask: &Ask, _started: Value) -> Result<Grant, Refusal> {
@@ -208,7 +208,10 @@ async fn a_call_to_an_unoffered_tool_is_answered_as_an_error_and_never_run() {
         }
         m => panic!("expected a tool result, got {m:?}"),
     }
-    assert_eq!(store.checkpoints.lock().unwrap()[0].events.iter().filter(|e| e.0 == "tool_call_refused").count(), 1);
+    assert_eq!(
+        store.checkpoints.lock().unwrap()[0].events.iter().filter(|e| e.0.as_str() == "tool_call_refused").count(),
+        1
+    );
 }
 
 #[tokio::test]

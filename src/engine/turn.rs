@@ -13,6 +13,7 @@ use super::{
     call_with_retries, max_turns_reached, request, tool_span, CallRecord, Outcome, PendingCall, RunEnd, RunInput,
     RunStore, StopCause, StopReason, StopSignal, TurnCheckpoint,
 };
+use crate::kinds::EventKind;
 use crate::llm::{ChatRequest, ChatResponse, FinishReason, Message, Provider, ToolCall};
 use crate::tools::{ToolOutput, ToolRunner};
 
@@ -79,7 +80,7 @@ impl Turns<'_> {
             Err(o) => return Step::End(o.into()),
         };
         let mut events = vec![(
-            "llm_call_finished",
+            EventKind::LlmCallFinished,
             json!({"turn": turn, "model": target.full(),
                    "input_tokens": call.usage.input_tokens, "output_tokens": call.usage.output_tokens,
                    "cached_tokens": call.usage.cached_tokens, "cache_write_tokens": call.usage.cache_write_tokens,
@@ -91,7 +92,7 @@ impl Turns<'_> {
         if resp.tool_calls.is_empty() && !cut && target.text_tool_calls {
             let offered: Vec<&str> = input.tools.iter().map(|t| t.name.as_str()).collect();
             if let Some(calls) = resp.text.as_deref().and_then(|t| crate::llm::text_tools::parse(t, &offered, turn)) {
-                events.push(("text_tool_calls", json!({"turn": turn, "calls": calls.len()})));
+                events.push((EventKind::TextToolCalls, json!({"turn": turn, "calls": calls.len()})));
                 resp.text = None;
                 resp.tool_calls = calls;
             }
@@ -110,7 +111,7 @@ impl Turns<'_> {
     }
 
     /// The turn as a checkpoint: its messages not yet saved, its call and its events.
-    fn checkpoint(&mut self, turn: u32, call: CallRecord, events: Vec<(&'static str, Value)>) -> TurnCheckpoint {
+    fn checkpoint(&mut self, turn: u32, call: CallRecord, events: Vec<(EventKind, Value)>) -> TurnCheckpoint {
         TurnCheckpoint { turn, messages: std::mem::take(&mut self.pending), call, events }
     }
 
@@ -136,10 +137,10 @@ impl Turns<'_> {
         req: &ChatRequest,
         resp: &ChatResponse,
         call: CallRecord,
-        mut events: Vec<(&'static str, Value)>,
+        mut events: Vec<(EventKind, Value)>,
     ) -> Step {
         let limit = req.max_tokens.map_or("its".to_string(), |n| n.to_string());
-        events.push(("answer_cut", json!({"turn": turn, "max_tokens": req.max_tokens})));
+        events.push((EventKind::AnswerCut, json!({"turn": turn, "max_tokens": req.max_tokens})));
         if turn < self.input.max_turns {
             self.tell(format!(
                 "Your answer was cut off at the output limit of {limit} tokens before it was complete. \
@@ -164,7 +165,7 @@ impl Turns<'_> {
         turn: u32,
         resp: &ChatResponse,
         call: CallRecord,
-        mut events: Vec<(&'static str, Value)>,
+        mut events: Vec<(EventKind, Value)>,
     ) -> Step {
         let agent = &self.input.agent;
         let Some(check) = &self.check else {
@@ -185,7 +186,7 @@ impl Turns<'_> {
             }
             Err(errors) => errors,
         };
-        events.push(("output_invalid", json!({"turn": turn, "errors": errors})));
+        events.push((EventKind::OutputInvalid, json!({"turn": turn, "errors": errors})));
         if turn < self.input.max_turns {
             self.tell(output::repair_message(&errors));
             let cp = self.checkpoint(turn, call, events);
@@ -209,7 +210,7 @@ impl Turns<'_> {
         calls: &[ToolCall],
         cut: bool,
         call: CallRecord,
-        mut events: Vec<(&'static str, Value)>,
+        mut events: Vec<(EventKind, Value)>,
     ) -> Step {
         let Screened { mut results, mut to_run, loop_stop } = self.screen(turn, calls, cut, &mut events);
         // Calls that wait for someone do not run now: the others do, then the run pauses.
@@ -230,7 +231,7 @@ impl Turns<'_> {
             // The turn's events so far (its call's `llm_call_finished` first) go out now, in the
             // order they happened, ahead of the tools' own.
             let mut progress = std::mem::take(&mut events);
-            progress.push(("tool_calls_started", json!({"turn": turn, "calls": started})));
+            progress.push((EventKind::ToolCallsStarted, json!({"turn": turn, "calls": started})));
             if self.store.events(&progress).await.is_err() {
                 return Step::End(Outcome::Stopped(StopCause::LeaseLost).into());
             }
@@ -266,7 +267,7 @@ impl Turns<'_> {
                 .iter()
                 .map(|w| json!({"tool_call_id": w.call.id, "name": w.call.name, "kind": w.gate.as_str()}))
                 .collect();
-            events.push(("tool_calls_waiting", json!({"turn": turn, "calls": listed})));
+            events.push((EventKind::ToolCallsWaiting, json!({"turn": turn, "calls": listed})));
             let cp = self.checkpoint(turn, call, events);
             return Step::End(RunEnd { outcome: Outcome::Paused(waits), last_turn: Some(cp) });
         }
@@ -291,13 +292,7 @@ impl Turns<'_> {
 
     /// Which calls run: a call cut mid-arguments never does, nor one off the whitelist (it is
     /// answered as a tool error, invariant 2), nor a repeat past the loop limit.
-    fn screen(
-        &mut self,
-        turn: u32,
-        calls: &[ToolCall],
-        cut: bool,
-        events: &mut Vec<(&'static str, Value)>,
-    ) -> Screened {
+    fn screen(&mut self, turn: u32, calls: &[ToolCall], cut: bool, events: &mut Vec<(EventKind, Value)>) -> Screened {
         let input = self.input;
         let mut s = Screened { results: vec![None; calls.len()], to_run: vec![], loop_stop: false };
         for (i, tc) in calls.iter().enumerate() {
@@ -308,7 +303,7 @@ impl Turns<'_> {
                 self.streak = (Some(key), 1);
             }
             let refusal = if cut && !tc.arguments.is_object() {
-                events.push(("tool_call_cut", json!({"turn": turn, "tool_call_id": tc.id, "name": tc.name})));
+                events.push((EventKind::ToolCallCut, json!({"turn": turn, "tool_call_id": tc.id, "name": tc.name})));
                 format!(
                     "Your call to `{}` was cut off at the output limit before its arguments were complete, \
                      and was not run. Call it again with shorter arguments, or give your final answer.",
@@ -316,7 +311,8 @@ impl Turns<'_> {
                 )
             } else if !input.tools.iter().any(|t| t.name == tc.name) {
                 let offered: Vec<&str> = input.tools.iter().map(|t| t.name.as_str()).collect();
-                events.push(("tool_call_refused", json!({"turn": turn, "tool_call_id": tc.id, "name": tc.name})));
+                events
+                    .push((EventKind::ToolCallRefused, json!({"turn": turn, "tool_call_id": tc.id, "name": tc.name})));
                 format!(
                     "Tool `{}` is not available to this {} sub-agent and was not run. Available tools: {}. \
                      Change strategy or give your final answer.",
@@ -328,7 +324,7 @@ impl Turns<'_> {
                 s.loop_stop = true;
                 "Loop detected: run stopped.".into()
             } else if self.streak.1 >= LOOP_WARN_AT {
-                events.push(("loop_warning", json!({"turn": turn, "name": tc.name, "repeats": self.streak.1})));
+                events.push((EventKind::LoopWarning, json!({"turn": turn, "name": tc.name, "repeats": self.streak.1})));
                 format!(
                     "Warning: you have called `{}` with the same arguments {} times in a row; the result will \
                      not change. Try something different or give your final answer.",
@@ -350,7 +346,7 @@ impl Turns<'_> {
         turn: u32,
         calls: &[ToolCall],
         to_run: Vec<usize>,
-        events: &mut Vec<(&'static str, Value)>,
+        events: &mut Vec<(EventKind, Value)>,
     ) -> Result<Vec<(usize, ToolOutput)>, StopCause> {
         let tools = self.tools;
         let runs: Vec<_> = to_run
@@ -382,7 +378,7 @@ impl Turns<'_> {
             .map(|(i, out, took)| {
                 let tc = &calls[i];
                 events.push((
-                    "tool_call_finished",
+                    EventKind::ToolCallFinished,
                     json!({"turn": turn, "tool_call_id": tc.id, "name": tc.name, "is_error": out.is_error,
                            "duration_ms": took.as_millis() as u64}),
                 ));

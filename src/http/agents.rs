@@ -12,61 +12,15 @@ use serde_json::{json, Value};
 use super::error::ApiError;
 use super::extract::{ApiBytes, ApiPath};
 use super::{AppState, Tenant};
-use crate::engine::agents::{AgentType, BUILTIN_NAMES};
 use crate::engine::definitions::{parse_markdown, AgentDefinition, AgentName, Written};
-use crate::store::agents;
-use crate::tasks::submit::agents::{resolve, tenant_definitions, unservable, Resolved};
-use crate::tools::ToolDef;
 
 pub fn router() -> Router<AppState> {
     Router::new().route("/agents", get(list)).route("/agents/{name}", get(read).put(put).delete(delete))
 }
 
-fn builtin_view(t: AgentType, name: &str) -> Value {
-    json!({"name": name, "source": "builtin", "description": format!("built-in {} agent", t.as_str()),
-           "system_prompt": t.system_prompt(), "max_turns": t.default_max_turns(),
-           "tools": if t.read_only() { json!("read-only (policy auto)") } else { json!("all the caller allows") }})
-}
-
-/// A custom definition as the API shows it: as written (Claude Code's own fields under
-/// `claude_code`), with `warnings` — what reading it noticed, and what it names that cannot be
-/// served here now (`unmatched_tools`: names of its `tools` that are no tool of the tenant's).
-fn custom_view(st: &AppState, d: &AgentDefinition, source: &str, tools: &[ToolDef]) -> Value {
-    let mut v = serde_json::to_value(d).unwrap_or(Value::Null);
-    let u = unservable(d, &st.tasks.providers, Some(tools), &st.tasks.file_agents.tool_aliases);
-    if let Some(o) = v.as_object_mut() {
-        o.remove("notices");
-    }
-    let mut warnings = d.notices.clone();
-    warnings.extend(u.warnings);
-    v["warnings"] = json!(warnings);
-    if d.tools.is_some() {
-        v["unmatched_tools"] = json!(u.unmatched_tools);
-    }
-    v["source"] = json!(source);
-    v
-}
-
-async fn tenant_tools(st: &AppState, tenant: &str) -> Result<Vec<ToolDef>, ApiError> {
-    Ok(crate::tools::catalog::available(&st.tasks.pool, &st.tasks.tools_cache, tenant).await?)
-}
-
 async fn list(State(st): State<AppState>, Tenant(tenant): Tenant) -> Result<Json<Value>, ApiError> {
-    let mut out: Vec<Value> = vec![];
-    for name in BUILTIN_NAMES {
-        if let Some(t) = AgentType::parse(name) {
-            out.push(builtin_view(t, name));
-        }
-    }
-    let tools = tenant_tools(&st, &tenant).await?;
-    let mine = tenant_definitions(&st.tasks.pool, &tenant).await?;
-    for d in &st.tasks.file_agents.valid {
-        if !mine.iter().any(|m| m.name == d.name) {
-            out.push(custom_view(&st, d, "file", &tools));
-        }
-    }
-    out.extend(mine.iter().map(|d| custom_view(&st, d, "api", &tools)));
-    Ok(Json(json!({"agents": out, "invalid": st.tasks.file_agents.invalid})))
+    let (agents, invalid) = st.res.agents(&tenant).await?;
+    Ok(Json(json!({"agents": agents, "invalid": invalid})))
 }
 
 async fn read(
@@ -74,15 +28,7 @@ async fn read(
     Tenant(tenant): Tenant,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
-    match resolve(&st.tasks.pool, &st.tasks.file_agents, &tenant, &name).await? {
-        Some(Resolved::Builtin(t)) => Ok(Json(builtin_view(t, &name))),
-        Some(Resolved::Custom(d)) => {
-            let source = if st.tasks.file_agents.get(&name) == Some(&*d) { "file" } else { "api" };
-            let tools = tenant_tools(&st, &tenant).await?;
-            Ok(Json(custom_view(&st, &d, source, &tools)))
-        }
-        None => Err(ApiError::not_found("agent")),
-    }
+    Ok(Json(st.res.agent(&tenant, &name).await?))
 }
 
 #[derive(Debug, Deserialize)]
@@ -192,13 +138,9 @@ async fn put(
 ) -> Result<Response, ApiError> {
     AgentName::parse(&name).map_err(|m| ApiError::invalid("name", m))?;
     let def = parse_body(&name, &headers, &body)?;
-    // A model that cannot be served now, or tool names that are no tools here, do not make the
-    // definition invalid: it is stored, and the answer (like GET) lists them under `warnings`.
-    let stored = serde_json::to_value(&def).map_err(|_| ApiError::internal())?;
-    let created = agents::put(&st.tasks.pool, &tenant, def.name.as_str(), &stored).await?;
+    let (created, view) = st.res.put_agent(&tenant, &def).await?;
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
-    let tools = tenant_tools(&st, &tenant).await?;
-    Ok((status, Json(custom_view(&st, &def, "api", &tools))).into_response())
+    Ok((status, Json(view)).into_response())
 }
 
 async fn delete(
@@ -206,16 +148,6 @@ async fn delete(
     Tenant(tenant): Tenant,
     ApiPath(name): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
-    if agents::delete(&st.tasks.pool, &tenant, &name).await? {
-        return Ok(StatusCode::NO_CONTENT);
-    }
-    if AgentType::parse(&name).is_some() || st.tasks.file_agents.get(&name).is_some() {
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "definition_read_only",
-            "Read-only definition",
-            format!("{name:?} is a built-in or comes from the agents directory; it cannot be deleted over the API"),
-        ));
-    }
-    Err(ApiError::not_found("agent"))
+    st.res.delete_agent(&tenant, &name).await?;
+    Ok(StatusCode::NO_CONTENT)
 }

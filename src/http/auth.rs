@@ -11,7 +11,7 @@ use axum::http::{header, HeaderValue, Method, StatusCode};
 
 use super::error::ApiError;
 use super::AppState;
-use crate::store::tenants;
+use crate::resources::keys::constant_time_eq;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -70,7 +70,7 @@ impl Auth {
                         return Ok(!v);
                     }
                 }
-                let any = tenants::any_active_key(&st.tasks.pool).await?;
+                let any = st.res.any_active_key().await?;
                 *self.any_keys.lock().unwrap_or_else(|e| e.into_inner()) = Some((any, Instant::now()));
                 Ok(!any)
             }
@@ -83,7 +83,7 @@ impl Auth {
                 return Ok(Some(t.clone()));
             }
         }
-        let t = tenants::tenant_of_key(&st.tasks.pool, key).await?;
+        let t = st.res.tenant_of_key(key).await?;
         if let Some(t) = &t {
             self.keys.lock().unwrap_or_else(|e| e.into_inner()).insert(key.to_string(), (t.clone(), Instant::now()));
         }
@@ -144,12 +144,12 @@ async fn principal(parts: &mut Parts, st: &AppState) -> Result<Principal, ApiErr
         },
         None => match cookie(&parts.headers, SESSION_COOKIE) {
             Some(value) => {
-                let s = crate::store::sessions::get(&st.tasks.pool, value)
+                let s = st.res.console_session(value)
                     .await?
                     .ok_or_else(|| unauthorized("the console session has ended: sign in again"))?;
                 let safe = matches!(parts.method, Method::GET | Method::HEAD | Method::OPTIONS);
                 let sent = parts.headers.get("x-csrf-token").and_then(|v| v.to_str().ok());
-                let same = sent.is_some_and(|t| tenants::constant_time_eq(t.as_bytes(), s.csrf.as_bytes()));
+                let same = sent.is_some_and(|t| constant_time_eq(t.as_bytes(), s.csrf.as_bytes()));
                 if !safe && !same {
                     return Err(ApiError::new(
                         StatusCode::FORBIDDEN,
@@ -166,7 +166,7 @@ async fn principal(parts: &mut Parts, st: &AppState) -> Result<Principal, ApiErr
             None if st.auth.single_user_allowed(st).await? => {
                 // On a loopback listener, only requests addressed to this machine: a page whose
                 // name is rebound to 127.0.0.1 must not act as the single user.
-                let public = st.tasks.cfg.public_url.as_deref();
+                let public = st.tasks.config().public_url.as_deref();
                 if st.auth.loopback && !super::origin::addressed_locally(&parts.headers, public) {
                     return Err(ApiError::new(
                         StatusCode::FORBIDDEN,
@@ -176,7 +176,7 @@ async fn principal(parts: &mut Parts, st: &AppState) -> Result<Principal, ApiErr
                          [::1]) or to SUBAGENTD_PUBLIC_URL's host; send an API key, or set SUBAGENTD_PUBLIC_URL",
                     ));
                 }
-                Principal::Tenant(st.tasks.cfg.tenant.clone())
+                Principal::Tenant(st.tasks.config().tenant.clone())
             }
             None => {
                 return Err(unauthorized(
@@ -243,8 +243,8 @@ impl FromRequestParts<AppState> for Scope {
 pub struct Admin;
 
 pub fn is_admin(parts: &Parts, st: &AppState) -> bool {
-    match (&st.tasks.cfg.admin_token, bearer(parts)) {
-        (Some(want), Some(got)) => tenants::constant_time_eq(want.as_bytes(), got.as_bytes()),
+    match (&st.tasks.config().admin_token, bearer(parts)) {
+        (Some(want), Some(got)) => constant_time_eq(want.as_bytes(), got.as_bytes()),
         _ => false,
     }
 }
@@ -253,7 +253,7 @@ impl FromRequestParts<AppState> for Admin {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, st: &AppState) -> Result<Self, ApiError> {
-        if st.tasks.cfg.admin_token.is_none() {
+        if st.tasks.config().admin_token.is_none() {
             return Err(ApiError::not_found("route (the admin API is off: set SUBAGENTD_ADMIN_TOKEN)"));
         }
         if is_admin(parts, st) {

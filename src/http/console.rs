@@ -17,7 +17,7 @@ use super::error::ApiError;
 use super::extract::ApiJson;
 use super::AppState;
 use crate::console;
-use crate::store::{sessions, tenants};
+use crate::resources::keys::constant_time_eq;
 
 /// How long a console session lasts.
 const SESSION_SECS: f64 = 12.0 * 3600.0;
@@ -83,16 +83,15 @@ async fn asset(Path(path): Path<String>, headers: HeaderMap) -> Result<Response,
 /// Who the console acts as: `open` (single-user mode, no sign-in), or a `session`.
 async fn whoami(State(st): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
     if let Some(value) = cookie(&headers, SESSION_COOKIE) {
-        if let Some(s) = sessions::get(&st.tasks.pool, value).await? {
+        if let Some(s) = st.res.console_session(value).await? {
             return Ok(
                 Json(json!({"mode": "session", "tenant": s.tenant, "admin": s.admin, "csrf": s.csrf})).into_response()
             );
         }
     }
     if st.auth.single_user_allowed(&st).await? {
-        return Ok(
-            Json(json!({"mode": "open", "tenant": st.tasks.cfg.tenant, "admin": false, "csrf": null})).into_response()
-        );
+        return Ok(Json(json!({"mode": "open", "tenant": st.tasks.config().tenant, "admin": false, "csrf": null}))
+            .into_response());
     }
     Err(ApiError::new(
         StatusCode::UNAUTHORIZED,
@@ -118,8 +117,8 @@ async fn sign_in(
     if key.is_empty() {
         return Err(ApiError::invalid("key", "must not be empty"));
     }
-    let who = match &st.tasks.cfg.admin_token {
-        Some(admin) if tenants::constant_time_eq(admin.as_bytes(), key.as_bytes()) => Principal::Admin,
+    let who = match &st.tasks.config().admin_token {
+        Some(admin) if constant_time_eq(admin.as_bytes(), key.as_bytes()) => Principal::Admin,
         _ => match st.auth.tenant_of(&st, key).await? {
             Some(t) => Principal::Tenant(t),
             None => {
@@ -136,7 +135,7 @@ async fn sign_in(
         Principal::Admin => (None, true),
         Principal::Tenant(t) => (Some(t.as_str()), false),
     };
-    let (value, s) = sessions::create(&st.tasks.pool, tenant, admin, SESSION_SECS).await?;
+    let (value, s) = st.res.start_console_session(tenant, admin, SESSION_SECS).await?;
     let tls = headers.get("x-forwarded-proto").and_then(|v| v.to_str().ok()).is_some_and(|p| p == "https");
     let cookie = format!(
         "{SESSION_COOKIE}={value}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}{}",
@@ -153,7 +152,7 @@ async fn sign_in(
 /// End the session (a write: its CSRF token is checked by `Scope`).
 async fn sign_out(State(st): State<AppState>, headers: HeaderMap, _scope: Scope) -> Result<Response, ApiError> {
     if let Some(value) = cookie(&headers, SESSION_COOKIE) {
-        sessions::delete(&st.tasks.pool, value).await?;
+        st.res.end_console_session(value).await?;
     }
     let mut resp = StatusCode::NO_CONTENT.into_response();
     resp.headers_mut().insert(

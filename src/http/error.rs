@@ -1,13 +1,12 @@
 //! The one error type at the edge: RFC 9457 `application/problem+json` with a stable code,
-//! and the mapping of every domain error (`TaskError`, `BudgetError`, `ToolError`,
-//! `StoreError`) to it.
+//! and the mapping of every domain error (`TaskError`, `resources::Error`, `BudgetError`,
+//! `ToolError`) to it.
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
 use crate::budget::BudgetError;
-use crate::store::StoreError;
 use crate::tasks::TaskError;
 use crate::tools::ToolError;
 
@@ -81,28 +80,38 @@ impl ApiError {
     }
 }
 
-impl From<StoreError> for ApiError {
-    fn from(e: StoreError) -> Self {
-        match &e {
-            StoreError::Db(sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed) => {
-                tracing::warn!(error = %e, "database unavailable");
-                ApiError::unavailable("the database is unavailable; retry shortly")
+/// A failure below the room: the database away (503), a value it cannot store (422: bad input
+/// that validation did not catch), or the service's own (500).
+fn below(unavailable: bool, bad_value: bool, e: &dyn std::fmt::Display) -> ApiError {
+    if unavailable {
+        tracing::warn!(error = %e, "database unavailable");
+        return ApiError::unavailable("the database is unavailable; retry shortly");
+    }
+    if bad_value {
+        tracing::warn!(error = %e, "input rejected by the database");
+        return ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "validation_failed",
+            "The request is not valid",
+            "a value in the request cannot be stored (out of range or malformed)",
+        );
+    }
+    tracing::error!(error = %e, "store error");
+    ApiError::internal()
+}
+
+impl From<crate::resources::Error> for ApiError {
+    fn from(e: crate::resources::Error) -> Self {
+        use crate::resources::Error;
+        match e {
+            Error::Invalid { field, message } => ApiError::invalid(&field, message),
+            Error::NotFound(what) => ApiError::not_found(what),
+            Error::ReadOnly(detail) => {
+                ApiError::new(StatusCode::CONFLICT, "definition_read_only", "Read-only definition", detail)
             }
-            // Class 22 (data exception): a value the database cannot store, i.e. bad input that
-            // validation did not catch.
-            StoreError::Db(sqlx::Error::Database(d)) if d.code().is_some_and(|c| c.starts_with("22")) => {
-                tracing::warn!(error = %e, "input rejected by the database");
-                ApiError::new(
-                    StatusCode::UNPROCESSABLE_ENTITY,
-                    "validation_failed",
-                    "The request is not valid",
-                    "a value in the request cannot be stored (out of range or malformed)",
-                )
-            }
-            _ => {
-                tracing::error!(error = %e, "store error");
-                ApiError::internal()
-            }
+            Error::Budget(b) => b.into(),
+            Error::Tool(t) => t.into(),
+            Error::Task(t) => t.into(),
         }
     }
 }
@@ -125,7 +134,7 @@ impl From<BudgetError> for ApiError {
                 ApiError::new(StatusCode::PAYMENT_REQUIRED, "budget_exhausted", "Budget exhausted", detail)
                     .with(json!({"limit": limit, "value": value, "current": current}))
             }
-            BudgetError::Store(e) => e.into(),
+            BudgetError::Store(e) => below(e.is_unavailable(), e.is_bad_value(), &e),
         }
     }
 }
@@ -224,7 +233,7 @@ impl From<TaskError> for ApiError {
                     .header(header::CONNECTION, HeaderValue::from_static("close"))
             }
             TaskError::Budget(b) => b.into(),
-            TaskError::Store(s) => s.into(),
+            TaskError::Store(s) => below(s.is_unavailable(), s.is_bad_value(), &s),
             TaskError::Internal(m) => {
                 tracing::error!(error = %m, "task operation failed");
                 ApiError::internal()

@@ -80,7 +80,7 @@ fn to_sse(item: Item) -> Result<Event, Infallible> {
     Ok(match item {
         Item::Event(e) => {
             let data = json!({"seq": e.seq, "kind": e.kind, "data": e.data, "created_at": e.created_at});
-            Event::default().id(e.seq.to_string()).event(e.kind).data(data.to_string())
+            Event::default().id(e.seq.to_string()).event(e.kind.as_str()).data(data.to_string())
         }
         Item::Output(d) => Event::default().event("output_delta").data(json!(d).to_string()),
     })

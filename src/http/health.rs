@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 
 use super::error::ApiError;
 use super::AppState;
+use crate::resources::health::Readiness;
 
 pub fn router() -> Router<AppState> {
     Router::new().route("/healthz", get(healthz)).route("/readyz", get(readyz))
@@ -35,21 +36,15 @@ async fn readyz(State(st): State<AppState>) -> Result<Json<Value>, ApiError> {
         )
         .header(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("1")));
     }
-    // A connection the pool kept from before a database restart fails its first use: one more
-    // try, within the same second, asks a fresh one.
-    let check = async {
-        match crate::store::ready(&st.tasks.pool).await {
-            Err(e) if e.is_unavailable() => crate::store::ready(&st.tasks.pool).await,
-            r => r,
+    match st.res.readiness(Duration::from_secs(1)).await {
+        Readiness::Ready { listener } => Ok(Json(json!({"status": "ready", "listener": listener}))),
+        Readiness::Unmigrated => {
+            Err(ApiError::unavailable("database migrations are not applied (run `subagentd migrate`)"))
         }
-    };
-    match tokio::time::timeout(Duration::from_secs(1), check).await {
-        Ok(Ok(true)) => Ok(Json(json!({"status": "ready", "listener": st.tasks.hub.is_connected()}))),
-        Ok(Ok(false)) => Err(ApiError::unavailable("database migrations are not applied (run `subagentd migrate`)")),
-        Ok(Err(e)) => {
+        Readiness::Unreachable(Some(e)) => {
             tracing::warn!(error = %e, "readiness check failed");
             Err(ApiError::unavailable("the database is not reachable"))
         }
-        Err(_) => Err(ApiError::unavailable("the database did not answer within 1 s")),
+        Readiness::Unreachable(None) => Err(ApiError::unavailable("the database did not answer within 1 s")),
     }
 }

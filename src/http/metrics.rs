@@ -17,13 +17,7 @@ pub fn router() -> Router<AppState> {
 }
 
 async fn render(State(st): State<AppState>) -> Result<Response, ApiError> {
-    // Gauges from the table: only the open states, which partial indexes make cheap.
-    for (status, n) in crate::store::tasks::open_counts(&st.tasks.pool).await? {
-        metrics::gauge!("subagentd_tasks", "status" => status.as_str()).set(n as f64);
-    }
-    metrics::gauge!("subagentd_waiters").set(st.tasks.hub.waiter_count() as f64);
-    let waiting: i64 = crate::store::budget::waiting(&st.tasks.pool).await?.iter().map(|w| w.1).sum();
-    metrics::gauge!("subagentd_budget_waiting").set(waiting as f64);
+    st.res.set_gauges().await?;
     let body = crate::telemetry::prometheus().render();
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response())
 }

@@ -1,9 +1,11 @@
 //! The REST door: one module per resource, merged here with the tower layers. Handlers route,
 //! extract and shape views; a task's lifecycle is the room's (`tasks`: one call per handler),
-//! the rest is done below (`budget`, `store`, …), and `error` maps every error to problem+json.
+//! every other resource's rules and queries are `resources`'s, and `error` maps every error to
+//! problem+json. No handler reaches the pool, SQL or `store`.
 //!
-//! May import every module below it: `tasks`, `hub`, `budget`, `engine`, `tools`, `llm`,
-//! `store`, `config`, `telemetry`, `cache`. Not `jobs`: the room is the way to a task.
+//! May import: `tasks`, `resources`, `a2a`, `kinds`, `budget`, `engine`, `tools`, `config`,
+//! `cache`, `console`, `telemetry` (the code map in ARCHITECTURE.md, held by a test). Not
+//! `jobs`: the room is the way to a task.
 
 pub mod a2a;
 pub mod admin;
@@ -42,22 +44,28 @@ use error::ApiError;
 pub struct AppState(Arc<Shared>);
 
 pub struct Shared {
-    /// The lifecycle room, and the handles it holds that every handler uses: `pool`, `cfg`,
-    /// `hub`, `providers`, `file_agents`, `tool_caller`, the limits and tools caches, and the
-    /// shutdown token (fired when the server drains: waiting requests answer 202 at once).
+    /// The lifecycle room: every operation on a task.
     pub tasks: crate::tasks::Lifecycle,
+    /// Every other resource's operations (keys and tenants, agents, tools, usage, the overview,
+    /// sessions, readiness).
+    pub res: crate::resources::Resources,
     pub auth: auth::Auth,
     /// The connections this replica serves now, against its cap.
     pub conns: Arc<capacity::Connections>,
     /// MCP sessions as last read (a session is fixed once made; a replica that ended one forgets
     /// it at once, the others within seconds).
-    pub mcp_sessions: crate::cache::TtlCache<crate::store::mcp::McpSession>,
+    pub mcp_sessions: crate::cache::TtlCache<crate::resources::sessions::McpSession>,
 }
 
 impl AppState {
-    pub fn new(tasks: crate::tasks::Lifecycle, auth: auth::Auth, conns: Arc<capacity::Connections>) -> Self {
+    pub fn new(
+        tasks: crate::tasks::Lifecycle,
+        res: crate::resources::Resources,
+        auth: auth::Auth,
+        conns: Arc<capacity::Connections>,
+    ) -> Self {
         let mcp_sessions = crate::cache::TtlCache::new(std::time::Duration::from_secs(5));
-        AppState(Arc::new(Shared { tasks, auth, conns, mcp_sessions }))
+        AppState(Arc::new(Shared { tasks, res, auth, conns, mcp_sessions }))
     }
 }
 
@@ -71,9 +79,9 @@ impl std::ops::Deref for AppState {
 pub use auth::Tenant;
 
 pub fn router(state: AppState) -> Router {
-    let limit = state.tasks.cfg.max_body_bytes;
+    let limit = state.tasks.config().max_body_bytes;
     // No deadline for bodies when connections may idle forever (the timeout set to 0).
-    let deadline = state.tasks.cfg.http_idle_timeout().map(extract::BodyDeadline);
+    let deadline = state.tasks.config().http_idle_timeout().map(extract::BodyDeadline);
     let app = Router::new()
         .merge(tasks::router())
         .merge(agents::router())

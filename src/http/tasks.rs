@@ -15,8 +15,8 @@ use super::auth::{key_prefix, Scope};
 use super::error::ApiError;
 use super::extract::{ApiJson, ApiQuery, TaskId};
 use super::{AppState, Tenant};
+use crate::kinds::Answerer;
 use crate::tasks::answer::ActionAnswer;
-use crate::tasks::kinds::Answerer;
 use crate::tasks::list::{BulkCancel, ListRequest};
 use crate::tasks::{Submission, TaskRequest, TaskView};
 

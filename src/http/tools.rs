@@ -1,7 +1,6 @@
 //! `/tools`, `/tool-sources` and `/signing-secret`: the tenant's tool catalog.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -14,9 +13,9 @@ use serde_json::{json, Value};
 use super::error::ApiError;
 use super::extract::{ApiJson, ApiPath};
 use super::{AppState, Tenant};
-use crate::store::tools as store;
+use crate::resources::tools::SourceRow;
 use crate::tools::catalog::{self, ToolInput};
-use crate::tools::{check_tool_name, mcp, Target, ToolDef};
+use crate::tools::{Target, ToolDef};
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -48,11 +47,9 @@ fn view(d: &ToolDef, source: &str) -> Value {
 }
 
 async fn list(State(st): State<AppState>, Tenant(tenant): Tenant) -> Result<Json<Value>, ApiError> {
-    let mut out: Vec<Value> =
-        store::list(&st.tasks.pool, &tenant).await?.iter().map(|r| view(&catalog::from_row(r), "catalog")).collect();
-    for s in store::sources(&st.tasks.pool, &tenant).await? {
-        out.extend(catalog::source_tools(&s).iter().map(|d| view(d, "mcp")));
-    }
+    let (catalog, sourced) = st.res.tools(&tenant).await?;
+    let mut out: Vec<Value> = catalog.iter().map(|d| view(d, "catalog")).collect();
+    out.extend(sourced.iter().map(|d| view(d, "mcp")));
     Ok(Json(json!({"tools": out})))
 }
 
@@ -61,8 +58,7 @@ async fn read(
     Tenant(tenant): Tenant,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let row = store::get(&st.tasks.pool, &tenant, &name).await?.ok_or_else(|| ApiError::not_found("tool"))?;
-    Ok(Json(view(&catalog::from_row(&row), "catalog")))
+    Ok(Json(view(&st.res.tool(&tenant, &name).await?, "catalog")))
 }
 
 async fn put(
@@ -71,10 +67,7 @@ async fn put(
     ApiPath(name): ApiPath<String>,
     ApiJson(body): ApiJson<ToolInput>,
 ) -> Result<Response, ApiError> {
-    let def = catalog::validate(&st.tasks.tool_caller, st.tasks.cfg.tool_timeout_ms, "", &name, &body)?;
-    let row = catalog::to_row(&def).ok_or_else(ApiError::internal)?;
-    let created = store::put(&st.tasks.pool, &tenant, &row).await?;
-    st.tasks.tools_cache.remove(&tenant);
+    let (created, def) = st.res.put_tool(&tenant, &name, &body).await?;
     Ok((if created { StatusCode::CREATED } else { StatusCode::OK }, Json(view(&def, "catalog"))).into_response())
 }
 
@@ -83,12 +76,8 @@ async fn delete(
     Tenant(tenant): Tenant,
     ApiPath(name): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
-    if store::delete(&st.tasks.pool, &tenant, &name).await? {
-        st.tasks.tools_cache.remove(&tenant);
-        Ok(StatusCode::NO_CONTENT)
-    } else {
-        Err(ApiError::not_found("tool"))
-    }
+    st.res.delete_tool(&tenant, &name).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 #[derive(Debug, Deserialize)]
@@ -100,7 +89,7 @@ struct SourceInput {
 }
 
 /// Header values are secrets: only their names are shown.
-fn source_view(s: &store::SourceRow) -> Value {
+fn source_view(s: &SourceRow) -> Value {
     json!({
         "name": s.name, "url": s.url, "headers": s.headers.0.keys().collect::<Vec<_>>(),
         "tools": catalog::source_tools(s).iter().map(|d| view(d, "mcp")).collect::<Vec<_>>(),
@@ -108,12 +97,8 @@ fn source_view(s: &store::SourceRow) -> Value {
     })
 }
 
-fn discovery_timeout(st: &AppState) -> Duration {
-    Duration::from_millis(st.tasks.cfg.tool_timeout_ms)
-}
-
 async fn list_sources(State(st): State<AppState>, Tenant(tenant): Tenant) -> Result<Json<Value>, ApiError> {
-    let all: Vec<Value> = store::sources(&st.tasks.pool, &tenant).await?.iter().map(source_view).collect();
+    let all: Vec<Value> = st.res.sources(&tenant).await?.iter().map(source_view).collect();
     Ok(Json(json!({"tool_sources": all})))
 }
 
@@ -122,8 +107,7 @@ async fn read_source(
     Tenant(tenant): Tenant,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let s = store::source(&st.tasks.pool, &tenant, &name).await?.ok_or_else(|| ApiError::not_found("tool source"))?;
-    Ok(Json(source_view(&s)))
+    Ok(Json(source_view(&st.res.source(&tenant, &name).await?)))
 }
 
 async fn put_source(
@@ -132,24 +116,7 @@ async fn put_source(
     ApiPath(name): ApiPath<String>,
     ApiJson(body): ApiJson<SourceInput>,
 ) -> Result<Response, ApiError> {
-    check_tool_name(&name).map_err(|m| ApiError::invalid("name", m))?;
-    if name.contains("__") {
-        return Err(ApiError::invalid("name", "must not contain `__` (it separates source and tool names)"));
-    }
-    st.tasks.tool_caller.allow.check_url(&body.url).map_err(|e| ApiError::invalid("url", e.0))?;
-    for (k, v) in &body.headers {
-        if reqwest::header::HeaderName::from_bytes(k.as_bytes()).is_err()
-            || reqwest::header::HeaderValue::from_str(v).is_err()
-        {
-            return Err(ApiError::invalid("headers", format!("{k:?} is not a valid header")));
-        }
-    }
-    let headers: Vec<(String, String)> = body.headers.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-    let found = mcp::discover(&st.tasks.tool_caller, &name, &body.url, &headers, discovery_timeout(&st)).await;
-    let found = catalog::stored_tools(&found);
-    let created = store::put_source(&st.tasks.pool, &tenant, &name, &body.url, &body.headers, &found).await?;
-    st.tasks.tools_cache.remove(&tenant);
-    let row = store::source(&st.tasks.pool, &tenant, &name).await?.ok_or_else(ApiError::internal)?;
+    let (created, row) = st.res.put_source(&tenant, &name, &body.url, &body.headers).await?;
     Ok((if created { StatusCode::CREATED } else { StatusCode::OK }, Json(source_view(&row))).into_response())
 }
 
@@ -158,13 +125,7 @@ async fn refresh_source(
     Tenant(tenant): Tenant,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let s = store::source(&st.tasks.pool, &tenant, &name).await?.ok_or_else(|| ApiError::not_found("tool source"))?;
-    let headers: Vec<(String, String)> = s.headers.0.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-    let found = mcp::discover(&st.tasks.tool_caller, &name, &s.url, &headers, discovery_timeout(&st)).await;
-    store::refreshed(&st.tasks.pool, &tenant, &name, &catalog::stored_tools(&found)).await?;
-    st.tasks.tools_cache.remove(&tenant);
-    let row = store::source(&st.tasks.pool, &tenant, &name).await?.ok_or_else(ApiError::internal)?;
-    Ok(Json(source_view(&row)))
+    Ok(Json(source_view(&st.res.refresh_source(&tenant, &name).await?)))
 }
 
 async fn delete_source(
@@ -172,16 +133,12 @@ async fn delete_source(
     Tenant(tenant): Tenant,
     ApiPath(name): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
-    if store::delete_source(&st.tasks.pool, &tenant, &name).await? {
-        st.tasks.tools_cache.remove(&tenant);
-        Ok(StatusCode::NO_CONTENT)
-    } else {
-        Err(ApiError::not_found("tool source"))
-    }
+    st.res.delete_source(&tenant, &name).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// A new signing secret for outbound tool calls and webhooks. The only time a secret is shown.
 async fn rotate_secret(State(st): State<AppState>, Tenant(tenant): Tenant) -> Result<Json<Value>, ApiError> {
-    let secret = store::rotate_signing_secret(&st.tasks.pool, &tenant).await?;
+    let secret = st.res.rotate_signing_secret(&tenant).await?;
     Ok(Json(json!({"secret": secret, "algorithm": "HMAC-SHA256", "signed": "<Subagent-Timestamp>.<body>"})))
 }

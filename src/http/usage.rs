@@ -14,7 +14,7 @@ use super::auth::{Caller, Scope};
 use super::error::ApiError;
 use super::extract::{ApiQuery, TaskId};
 use super::AppState;
-use crate::store::tenants;
+use crate::resources::usage::usage_csv;
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -90,9 +90,9 @@ async fn usage(
     if q.tenant.as_deref().is_some_and(str::is_empty) {
         return Err(ApiError::bad_param("tenant", "must not be empty"));
     }
-    let rows = tenants::usage(&st.tasks.pool, tenant.as_deref(), from, to, &groups).await?;
+    let rows = st.res.usage(tenant.as_deref(), from, to, &groups).await?;
     if csv {
-        let body = tenants::usage_csv(&rows);
+        let body = usage_csv(&rows);
         let disposition = format!("attachment; filename=\"usage-{from}-{to}.csv\"");
         return Ok((
             [(header::CONTENT_TYPE, "text/csv; charset=utf-8".to_string()), (header::CONTENT_DISPOSITION, disposition)],
@@ -104,17 +104,11 @@ async fn usage(
 }
 
 async fn calls(State(st): State<AppState>, scope: Scope, TaskId(id): TaskId) -> Result<Json<Value>, ApiError> {
-    crate::store::tasks::get_in(&st.tasks.pool, scope.tenant(), id)
-        .await?
-        .ok_or_else(|| ApiError::not_found("task"))?;
-    Ok(Json(json!({"calls": crate::store::calls::of_task(&st.tasks.pool, id).await?})))
+    Ok(Json(json!({"calls": st.tasks.calls(&scope, id).await?})))
 }
 
 /// A task's conversation as checkpointed: each message with its turn (purged with the task's
 /// events after `SUBAGENTD_RETENTION_DAYS`).
 async fn messages(State(st): State<AppState>, scope: Scope, TaskId(id): TaskId) -> Result<Json<Value>, ApiError> {
-    crate::store::tasks::get_in(&st.tasks.pool, scope.tenant(), id)
-        .await?
-        .ok_or_else(|| ApiError::not_found("task"))?;
-    Ok(Json(json!({"messages": crate::store::runs::conversation(&st.tasks.pool, id).await?})))
+    Ok(Json(json!({"messages": st.tasks.messages(&scope, id).await?})))
 }

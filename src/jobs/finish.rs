@@ -3,11 +3,11 @@
 //! the queue, a budget wait, a pause, or nothing when the lease is lost — exactly once.
 
 use crate::engine::{BudgetWait, Outcome, PendingCall, RunEnd, StopCause};
+use crate::kinds::{StopReason, TaskStatus};
 use crate::store::actions::NewAction;
 use crate::store::runs::{Committed, Finish};
 use crate::store::CH_QUEUED;
 use crate::tasks::end::{self, End, Ended};
-use crate::tasks::kinds::{StopReason, TaskStatus};
 
 use super::run_store::PgRunStore;
 

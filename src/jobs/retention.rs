@@ -45,11 +45,6 @@ impl Retention {
         if sessions > 0 {
             tracing::info!(sessions, "forgot MCP sessions idle for a day");
         }
-        // A2A contexts whose task was never written (a crash between the two inserts).
-        let orphans = crate::store::a2a::purge_orphans(&self.pool).await?;
-        if orphans > 0 {
-            tracing::info!(orphans, "forgot A2A contexts of tasks never written");
-        }
         let n = retention::purge_finished(&self.pool, self.days as i32).await?;
         if n > 0 {
             tracing::info!(tasks = n, "purged conversations and events past retention");

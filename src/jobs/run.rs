@@ -17,10 +17,10 @@ use crate::engine::agents::AgentType;
 use crate::engine::spec::TaskOptions;
 use crate::engine::{self, Answer, Gate, Outcome, Resolution, RunEnd, RunInput, StopCause, StopSignal};
 use crate::hub::Hub;
+use crate::kinds::{Answerer, Decision};
 use crate::llm::{Message, ModelRef, Providers, ToolCall};
 use crate::store::tasks::{FirstCall, NewTask, TaskRow};
 use crate::store::{retrying, runs, tools as tool_store, Fence};
-use crate::tasks::kinds::{Answerer, Decision};
 use crate::tools::{Caller, Target, TaskTools};
 
 /// What running a task needs, shared by every run of this process.

@@ -11,6 +11,7 @@ use sqlx::PgPool;
 use crate::budget;
 use crate::engine::{Ask, BudgetWait, CallOutcome, CallRecord, Grant, LeaseLost, Refusal, RunStore, TurnCheckpoint};
 use crate::hub::Hub;
+use crate::kinds::EventKind;
 use crate::store::budget::{CallAsk, Reserve, ReserveWrite, SpendDefaults};
 use crate::store::calls::CallRow;
 use crate::store::committer::Committer;
@@ -82,8 +83,8 @@ impl PgRunStore {
         observe(&cp.call);
         let call = ledger_row(&cp.call, self.attempt);
         let messages: Vec<Value> = cp.messages.iter().map(|m| serde_json::to_value(m).unwrap_or(Value::Null)).collect();
-        let mut events: Vec<(&'static str, Value)> = cp.events.clone();
-        events.push(("checkpoint", serde_json::json!({"turn": cp.turn, "messages": messages.len()})));
+        let mut events: Vec<(EventKind, Value)> = cp.events.clone();
+        events.push((EventKind::Checkpoint, serde_json::json!({"turn": cp.turn, "messages": messages.len()})));
         TurnWrite { fence: self.fence, turn: Some(cp.turn as i32), call, messages, events, fin: None }
     }
 
@@ -212,7 +213,7 @@ impl RunStore for PgRunStore {
         }
     }
 
-    async fn events(&self, evs: &[(&'static str, Value)]) -> Result<(), LeaseLost> {
+    async fn events(&self, evs: &[(EventKind, Value)]) -> Result<(), LeaseLost> {
         let w = EventsWrite { fence: self.fence, events: evs.to_vec() };
         let r =
             self.committer.events.write(w).await.map(|ok| if ok { Committed::Applied } else { Committed::LeaseLost });
@@ -224,7 +225,7 @@ impl RunStore for PgRunStore {
         let row = ledger_row(call, self.attempt);
         let ev = serde_json::json!({"turn": call.turn, "try": call.try_no, "http_status": call.http_status,
                                     "error": call.error, "latency_ms": call.latency_ms});
-        let events = vec![("llm_call_failed", ev)];
+        let events = vec![(EventKind::LlmCallFailed, ev)];
         let w = TurnWrite { fence: self.fence, turn: None, call: row, messages: vec![], events, fin: None };
         let r = self.committer.turns.write(w).await;
         lease_lost(self.published(r), "ledger write")

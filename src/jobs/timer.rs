@@ -10,7 +10,6 @@ use chrono::Utc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::store::{schedules, tasks as store, CH_EVENT, CH_QUEUED};
 use crate::tasks::Lifecycle;
 
 /// The longest the timer sleeps: a task at a time is queued within this of it, at worst.
@@ -41,21 +40,9 @@ impl Timer {
 
     /// Queue what is due, make the ticks that are due.
     pub async fn pass(&self) -> Result<Pass, crate::tasks::TaskError> {
-        let room = &self.room;
-        let ids = store::queue_due(&room.pool, BATCH).await?;
-        if !ids.is_empty() {
-            room.hub.publish(CH_QUEUED, String::new());
-            for id in &ids {
-                room.hub.publish(CH_EVENT, id.to_string());
-            }
-        }
-        let due = schedules::take_due(&room.pool, TICKS, TICK_HOLD_SECS).await?;
-        for s in &due {
-            if let Err(e) = room.tick(s, Utc::now()).await {
-                tracing::warn!(error = %e, schedule = %s.name, tenant = %s.tenant, "schedule tick not made; retried");
-            }
-        }
-        Ok(Pass { queued: ids.len(), ticks: due.len() })
+        let queued = self.room.queue_due(BATCH).await?;
+        let ticks = self.room.tick_due(TICKS, TICK_HOLD_SECS, Utc::now()).await?;
+        Ok(Pass { queued, ticks })
     }
 
     async fn run(self, stop: CancellationToken) {
@@ -64,7 +51,7 @@ impl Timer {
             match self.pass().await {
                 Ok(p) if p.queued as i64 >= BATCH || p.ticks as i64 >= TICKS => wait = Duration::ZERO,
                 Ok(_) => {
-                    if let Some(next) = self.next_due().await {
+                    if let Some(next) = self.room.next_due().await {
                         // A pass that did not take what is due (another replica holds it) waits a
                         // little, never zero: no replica spins on a time already past.
                         let left = (next - Utc::now()).to_std().unwrap_or(Duration::ZERO);
@@ -75,17 +62,9 @@ impl Timer {
             }
             tokio::select! {
                 _ = tokio::time::sleep(wait) => {}
-                _ = self.room.hub.timer.notified() => {}
+                _ = self.room.timer_woken() => {}
                 _ = stop.cancelled() => return,
             }
         }
-    }
-
-    /// The soonest time due: a scheduled task's, or a schedule's.
-    async fn next_due(&self) -> Option<chrono::DateTime<Utc>> {
-        let pool = &self.room.pool;
-        let a = store::next_run_at(pool).await.ok().flatten();
-        let b = schedules::next_due(pool).await.ok().flatten();
-        [a, b].into_iter().flatten().min()
     }
 }

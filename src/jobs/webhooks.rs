@@ -11,6 +11,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::hub::Hub;
+use crate::kinds::WebhookEvent;
 use crate::store::{tasks, tools, StoreError};
 use crate::tasks::view::TaskView;
 use crate::tools::Caller;
@@ -70,7 +71,7 @@ impl WebhookSender {
 async fn deliver(pool: &PgPool, caller: &Caller, d: tasks::Delivery) {
     let outcome = send(pool, caller, &d).await;
     let retry = (outcome.is_err() && d.attempts + 1 < MAX_ATTEMPTS).then(|| backoff(d.attempts));
-    metrics::counter!("subagentd_webhook_attempts_total", "outcome" => if outcome.is_ok() { "delivered" } else { "failed" }, "event" => d.event.clone())
+    metrics::counter!("subagentd_webhook_attempts_total", "outcome" => if outcome.is_ok() { "delivered" } else { "failed" }, "event" => d.event.as_str())
         .increment(1);
     if let Err(e) = tasks::webhook_attempted(pool, d.id, outcome, retry).await {
         tracing::warn!(error = %e, task_id = %d.task_id, "webhook status not recorded; it will be retried");
@@ -84,9 +85,9 @@ async fn send(pool: &PgPool, caller: &Caller, d: &tasks::Delivery) -> Result<(),
     let tenant = t.tenant.clone();
     let webhook_url = t.webhook_url.clone();
     let view = TaskView::one(pool, t).await.map_err(|e| e.to_string())?;
-    let mut key = match d.event.as_str() {
-        "task.finished" => format!("{}:finished", d.task_id),
-        other => format!("{}:{}:{}", d.task_id, other.trim_start_matches("task."), d.seq),
+    let mut key = match d.event {
+        WebhookEvent::TaskFinished => format!("{}:finished", d.task_id),
+        WebhookEvent::TaskRequiresAction => format!("{}:requires_action:{}", d.task_id, d.seq),
     };
     let (url, body, headers) = if d.push_config.is_empty() {
         let Some(url) = webhook_url else { return Err("the task has no webhook".into()) };
@@ -96,7 +97,7 @@ async fn send(pool: &PgPool, caller: &Caller, d: &tasks::Delivery) -> Result<(),
             .await
             .map_err(|e| e.to_string())?
             .ok_or("the push config was deleted")?;
-        let body = crate::a2a::push_body(pool, &view, &d.event).await.map_err(|e| e.to_string())?;
+        let body = crate::a2a::push_body(pool, &view, d.event).await.map_err(|e| e.to_string())?;
         key = format!("{key}:{}", c.id);
         let mut h = vec![("content-type", "application/a2a+json".to_string())];
         if let Some(token) = c.token.filter(|t| !t.is_empty()) {
@@ -134,7 +135,7 @@ async fn send(pool: &PgPool, caller: &Caller, d: &tasks::Delivery) -> Result<(),
 /// since the task may have moved on by the time it is sent.
 async fn webhook_body(pool: &PgPool, d: &tasks::Delivery, view: TaskView) -> Result<serde_json::Value, String> {
     let mut payload = serde_json::json!({"event": d.event, "task": view});
-    if d.event == "task.requires_action" {
+    if d.event == WebhookEvent::TaskRequiresAction {
         let actions = crate::store::actions::of_pause(pool, d.task_id, d.seq).await.map_err(|e| e.to_string())?;
         payload["pause"] = d.seq.into();
         payload["actions"] = serde_json::to_value(actions).unwrap_or_default();

@@ -17,10 +17,10 @@ pub struct A2aTask {
     pub messages: Value,
 }
 
-/// Record the context and first message of the task `task_id` is about to be (written before
-/// the task: see migration 0019).
+/// Record the context and first message of the task `task_id` (written in the task's own
+/// transaction).
 pub async fn insert(
-    pool: &PgPool,
+    conn: &mut sqlx::PgConnection,
     task_id: Uuid,
     tenant: &str,
     context_id: &str,
@@ -33,17 +33,8 @@ pub async fn insert(
     .bind(tenant)
     .bind(context_id)
     .bind(message)
-    .execute(pool)
+    .execute(conn)
     .await?;
-    Ok(())
-}
-
-/// Forget the row of a submission that made no task (refused, or an earlier one's retry).
-pub async fn forget(pool: &PgPool, task_id: Uuid) -> Result<(), StoreError> {
-    sqlx::query("DELETE FROM a2a_tasks WHERE task_id = $1 AND NOT EXISTS (SELECT 1 FROM tasks WHERE id = $1)")
-        .bind(task_id)
-        .execute(pool)
-        .await?;
     Ok(())
 }
 
@@ -82,17 +73,6 @@ pub async fn append(pool: &PgPool, task_id: Uuid, tenant: &str, message: &Value)
     .execute(pool)
     .await?;
     Ok(())
-}
-
-/// Rows whose task was never written (a crash between the two inserts), an hour on.
-pub async fn purge_orphans(pool: &PgPool) -> Result<u64, StoreError> {
-    Ok(sqlx::query(
-        "DELETE FROM a2a_tasks a WHERE a.created_at < now() - interval '1 hour'
-         AND NOT EXISTS (SELECT 1 FROM tasks t WHERE t.id = a.task_id)",
-    )
-    .execute(pool)
-    .await?
-    .rows_affected())
 }
 
 /// A push notification config of a task.

@@ -9,7 +9,7 @@ use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use super::{Fence, StoreError, CH_QUEUED};
-use crate::tasks::kinds::{Answerer, Decision, Gate, TaskStatus};
+use crate::kinds::{Answerer, Decision, Gate, TaskStatus};
 
 /// One action as stored and as the API shows it.
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]

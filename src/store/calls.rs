@@ -7,7 +7,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::StoreError;
-pub use crate::tasks::kinds::CallOutcome;
+pub use crate::kinds::CallOutcome;
 
 /// One ledger row: what a run writes, and what `GET /tasks/{id}/calls` shows.
 #[derive(Debug, Clone, Default, sqlx::FromRow, serde::Serialize)]

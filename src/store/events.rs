@@ -6,13 +6,23 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::{Fence, StoreError};
+use crate::kinds::EventKind;
 
 #[derive(Debug, Clone, serde::Serialize, sqlx::FromRow)]
 pub struct EventRow {
     pub seq: i32,
+    /// As stored: a replica of a newer version may write a kind this one does not know, and its
+    /// pages and streams pass it on (an open set); `known()` is the kind to match on.
     pub kind: String,
     pub data: Value,
     pub created_at: DateTime<Utc>,
+}
+
+impl EventRow {
+    /// The event's kind, if this version knows it.
+    pub fn known(&self) -> Option<EventKind> {
+        EventKind::parse(&self.kind)
+    }
 }
 
 /// Events of a task after `after`, in order.
@@ -29,8 +39,8 @@ pub async fn after(pool: &PgPool, task: Uuid, after: i32, limit: i64) -> Result<
 
 /// Append events, in order, from the worker holding the lease (the caller publishes `CH_EVENT`).
 /// Returns false (writing nothing) if the lease is gone.
-pub async fn append(pool: &PgPool, f: Fence, events: &[(&str, Value)]) -> Result<bool, StoreError> {
-    let (kinds, datas): (Vec<&str>, Vec<&Value>) = events.iter().map(|(k, d)| (*k, d)).unzip();
+pub async fn append(pool: &PgPool, f: Fence, events: &[(EventKind, Value)]) -> Result<bool, StoreError> {
+    let (kinds, datas): (Vec<EventKind>, Vec<&Value>) = events.iter().map(|(k, d)| (*k, d)).unzip();
     let sql = "WITH u AS (
             UPDATE tasks SET last_event_seq = last_event_seq + cardinality($3::text[])
             WHERE id = $1 AND lease_token = $2
@@ -49,7 +59,7 @@ pub async fn append(pool: &PgPool, f: Fence, events: &[(&str, Value)]) -> Result
 #[derive(Debug, Clone)]
 pub struct EventsWrite {
     pub fence: Fence,
-    pub events: Vec<(&'static str, Value)>,
+    pub events: Vec<(EventKind, Value)>,
 }
 
 /// Append several runs' events in one statement, each fenced on its own lease: for each, in the

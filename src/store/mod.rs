@@ -70,6 +70,12 @@ impl StoreError {
         }
     }
 
+    /// The database refused a value (class 22, data exception: out of range, malformed): bad
+    /// input that validation did not catch, not the service's fault.
+    pub fn is_bad_value(&self) -> bool {
+        matches!(self, StoreError::Db(sqlx::Error::Database(d)) if d.code().is_some_and(|c| c.starts_with("22")))
+    }
+
     /// Name of the unique constraint this error violated, if any.
     pub fn constraint(&self) -> Option<&str> {
         match self {

@@ -9,6 +9,7 @@ use super::calls::CallRow;
 use super::tasks::{StopReason, TaskRow, TaskStatus, COLS, WEBHOOK};
 pub use super::Fence;
 use super::StoreError;
+use crate::kinds::EventKind;
 
 /// Claim up to `limit` queued tasks, fairly across tenants and within each tenant's running
 /// limit: each slot goes to the tenant that would then have the fewest tasks running (each
@@ -204,7 +205,7 @@ pub struct TurnWrite {
     pub turn: Option<i32>,
     pub call: CallRow,
     pub messages: Vec<Value>,
-    pub events: Vec<(&'static str, Value)>,
+    pub events: Vec<(EventKind, Value)>,
     pub fin: Option<Finish>,
 }
 
@@ -218,7 +219,7 @@ impl TurnWrite {
     }
 
     /// Its events, with the run's end's when it ends the task.
-    fn all_events(&self) -> Vec<(&'static str, Value)> {
+    fn all_events(&self) -> Vec<(EventKind, Value)> {
         let mut out = self.events.clone();
         if let Some(fin) = &self.fin {
             out.extend(fin.events());
@@ -519,12 +520,15 @@ pub struct Finish {
 
 impl Finish {
     /// The events that end a task: `cancelled` for a cancel, then `finished`.
-    pub fn events(&self) -> Vec<(&'static str, Value)> {
+    pub fn events(&self) -> Vec<(EventKind, Value)> {
         let mut out = vec![];
         if self.status == TaskStatus::Cancelled {
-            out.push(("cancelled", serde_json::json!({})));
+            out.push((EventKind::Cancelled, serde_json::json!({})));
         }
-        out.push(("finished", serde_json::json!({"status": self.status.as_str(), "stop_reason": self.stop_reason})));
+        out.push((
+            EventKind::Finished,
+            serde_json::json!({"status": self.status.as_str(), "stop_reason": self.stop_reason}),
+        ));
         out
     }
 }
@@ -559,7 +563,7 @@ static FINISH_ENDING: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| 
 /// lease is no longer held).
 pub async fn finish(pool: &PgPool, f: Fence, fin: &Finish) -> Result<Committed, StoreError> {
     let sql: &str = if fin.return_task { &FINISH_ENDING } else { &FINISH };
-    let (kinds, datas): (Vec<&str>, Vec<Value>) = fin.events().into_iter().unzip();
+    let (kinds, datas): (Vec<EventKind>, Vec<Value>) = fin.events().into_iter().unzip();
     let row = sqlx::query(sql)
         .bind(f.id)
         .bind(f.lease)

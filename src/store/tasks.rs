@@ -8,7 +8,7 @@ use uuid::Uuid;
 
 use super::budget::SpendDefaults;
 use super::StoreError;
-pub use crate::tasks::kinds::{StopReason, TaskStatus};
+pub use crate::kinds::{StopReason, TaskStatus, WebhookEvent};
 
 #[derive(Debug, Clone, Default, sqlx::FromRow)]
 pub struct TaskRow {
@@ -501,8 +501,7 @@ pub async fn open_counts(pool: &PgPool) -> Result<Vec<(TaskStatus, i64)>, StoreE
 pub struct Delivery {
     pub id: i64,
     pub task_id: Uuid,
-    /// `task.finished` or `task.requires_action`.
-    pub event: String,
+    pub event: WebhookEvent,
     /// The pause a `task.requires_action` delivery is about.
     pub seq: i32,
     pub attempts: i32,

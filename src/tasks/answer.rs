@@ -7,8 +7,8 @@ use serde::Deserialize;
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::kinds::{Answerer, Decision};
 use super::{Lifecycle, Scope, TaskError, TaskView};
+use crate::kinds::{Answerer, Decision};
 use crate::store::actions::{self, Refused};
 use crate::store::{tasks as store, CH_EVENT, CH_QUEUED};
 

@@ -10,8 +10,8 @@
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::kinds::TaskStatus;
 use crate::hub::Hub;
+use crate::kinds::TaskStatus;
 use crate::store::committer::Committer;
 use crate::store::runs::{self, Committed, Finish, TurnWrite};
 use crate::store::tasks::{self as store, CancelFilter};

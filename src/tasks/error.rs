@@ -4,8 +4,8 @@
 
 use uuid::Uuid;
 
-use super::kinds::{Answerer, Gate, TaskStatus};
 use crate::budget::BudgetError;
+use crate::kinds::{Answerer, Gate, TaskStatus};
 use crate::store::StoreError;
 
 #[derive(Debug, thiserror::Error)]
@@ -111,6 +111,17 @@ impl TaskError {
             TaskError::Budget(BudgetError::Store(e)) | TaskError::Store(e) if e.is_unavailable() => "unavailable",
             TaskError::Budget(BudgetError::Store(_)) | TaskError::Store(_) | TaskError::Internal(_) => "internal",
         }
+    }
+
+    /// Admission refused the task (a queue or spend limit): nothing was written, and a door
+    /// that can show a refused task (A2A's `TASK_STATE_REJECTED`) shows one.
+    pub fn is_admission_refusal(&self) -> bool {
+        matches!(
+            self,
+            TaskError::Budget(
+                BudgetError::QueueFull { .. } | BudgetError::ScheduledFull { .. } | BudgetError::Exhausted { .. }
+            )
+        )
     }
 
     /// The caller's mistake (as opposed to the service's, or the database's).

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use futures_util::Stream;
 use uuid::Uuid;
 
-use super::kinds::TaskStatus;
 use super::{Lifecycle, Scope, TaskError, TaskView};
+use crate::kinds::TaskStatus;
 pub use crate::store::events::EventRow;
 use crate::store::{events, tasks as store};
 
@@ -110,6 +110,19 @@ impl Lifecycle {
         self.feed(task.id, task.tenant.clone(), after, hold, output)
     }
 
+    /// `watch`, as a wait: under a wait hold of the task's tenant taken here; `None` at its
+    /// `max_waits` (the caller answers with the task as it stands, as a wait that ran out).
+    pub async fn watch_waiting(
+        &self,
+        task: &TaskView,
+        output: bool,
+    ) -> Result<Option<impl Stream<Item = Item> + Send + 'static>, TaskError> {
+        Ok(match self.hold(&task.tenant, super::guard::HoldKind::Wait).await? {
+            Ok(hold) => Some(self.feed(task.id, task.tenant.clone(), 0, hold, output)),
+            Err(_) => None,
+        })
+    }
+
     fn feed(
         &self,
         id: Uuid,
@@ -120,7 +133,7 @@ impl Lifecycle {
     ) -> impl Stream<Item = Item> + Send + 'static {
         let shared = self.feeds.of(id);
         // Subscribed before the log is read: text written from then on is not missed.
-        let live = output.then(|| self.hub.live.subscribe(id, &self.hub));
+        let live = output.then(|| self.hub.live.subscribe(id, self.hub.clone()));
         let feed = Follow { room: self.clone(), id, tenant, seq, done: false, shared, live, _hold: hold };
         let batches = futures_util::stream::unfold(feed, Follow::next);
         futures_util::StreamExt::flat_map(batches, futures_util::stream::iter)

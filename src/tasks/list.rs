@@ -8,10 +8,11 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::end::{self, End, Ended};
-use super::kinds::TaskStatus;
 use super::{Lifecycle, Scope, TaskError, TaskView};
 use crate::engine::agents::AgentType;
-use crate::store::tasks::{self as store, CancelFilter, ListFilter};
+use crate::kinds::TaskStatus;
+pub use crate::store::tasks::ListFilter;
+use crate::store::tasks::{self as store, CancelFilter};
 
 /// What a list asks for (`GET /tasks`'s query): every field optional, as received.
 #[derive(Debug, Default, Deserialize)]
@@ -165,9 +166,10 @@ impl Lifecycle {
             Some(v) => v.iter().map(|s| TaskStatus::parse(s).filter(|t| !t.is_terminal())).collect(),
         };
         let Some(statuses) = statuses else {
+            let open: Vec<String> = TaskStatus::OPEN.iter().map(|s| format!("`{s}`")).collect();
             return Err(TaskError::invalid(
                 "status",
-                "must list `scheduled`, `queued`, `running` and/or `requires_action` (terminal tasks cannot be cancelled)",
+                format!("must list some of {} (terminal tasks cannot be cancelled)", open.join(", ")),
             ));
         };
         if body.metadata.as_ref().is_some_and(|m| !m.is_object()) {

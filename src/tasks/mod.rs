@@ -16,11 +16,11 @@
 //! start in through `Shortcut`, and `jobs` calls `end` when a run ends.
 
 pub mod answer;
+pub mod context;
 pub mod end;
 mod error;
 pub mod feed;
 pub mod guard;
-pub mod kinds;
 pub mod list;
 pub mod schedule;
 pub mod submit;
@@ -39,15 +39,17 @@ use crate::config::Config;
 use crate::engine::definitions::FileAgents;
 use crate::engine::spec::TaskOptions;
 use crate::hub::{Hub, Waiter};
+use crate::kinds::TaskStatus;
 use crate::llm::Providers;
+pub use crate::store::calls::CallRow;
+pub use crate::store::runs::MessageRow;
 use crate::store::tasks::{self as store, NewTask, StartHere, TaskRow};
 use crate::store::StoreError;
 use crate::tools::{Caller, ToolDef};
 pub use error::TaskError;
 use guard::{Hold, HoldKind};
-use kinds::TaskStatus;
-pub use submit::{Submission, Submitted, TaskRequest};
-pub use view::TaskView;
+pub use submit::{refused_by_depth, Submission, Submitted, TaskRequest};
+pub use view::{ActionRow, TaskView};
 
 /// Who is asking: one tenant, or every tenant (the admin's reads and cancels).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,9 +85,10 @@ pub trait Place: Send {
     fn abandon(self: Box<Self>, id: Uuid);
 }
 
-/// The room's shared handles: one per process, cloned cheaply into each door.
+/// What the room is made of: the process's handles, made once (`service.rs`) and shared with
+/// the other resources (`resources::Resources`).
 #[derive(Clone)]
-pub struct Lifecycle {
+pub struct Parts {
     pub pool: PgPool,
     pub cfg: Arc<Config>,
     pub providers: Arc<Providers>,
@@ -96,14 +99,30 @@ pub struct Lifecycle {
     pub limits_cache: Arc<TtlCache<Limits>>,
     /// Tenants' available tools (catalog and MCP).
     pub tools_cache: Arc<TtlCache<Vec<ToolDef>>>,
-    /// This process's worker, when it runs one: a waiting request's task may start in it.
-    pub shortcut: Option<Arc<dyn Shortcut>>,
     /// Fired when the process drains: waits answer at once with the task as it stands.
     pub shutdown: CancellationToken,
     /// The streams and waits each tenant holds open on this replica.
     pub guard: Arc<guard::Guard>,
+}
+
+/// The room's shared handles: one per process, cloned cheaply into each door. Its fields are
+/// its own: a door reaches a task only through the room's operations.
+#[derive(Clone)]
+pub struct Lifecycle {
+    pool: PgPool,
+    cfg: Arc<Config>,
+    providers: Arc<Providers>,
+    file_agents: Arc<FileAgents>,
+    tool_caller: Caller,
+    hub: Arc<Hub>,
+    limits_cache: Arc<TtlCache<Limits>>,
+    tools_cache: Arc<TtlCache<Vec<ToolDef>>>,
+    /// This process's worker, when it runs one: a waiting request's task may start in it.
+    shortcut: Option<Arc<dyn Shortcut>>,
+    shutdown: CancellationToken,
+    guard: Arc<guard::Guard>,
     /// The live feeds of this process, sharing each task's reads.
-    pub feeds: Arc<feed::Feeds>,
+    feeds: Arc<feed::Feeds>,
 }
 
 /// A task with what became of the operation on it.
@@ -130,15 +149,40 @@ pub fn settled(row: &TaskRow) -> bool {
 }
 
 impl Lifecycle {
+    /// The room, of `parts`, with this process's worker (`shortcut`) if it runs one.
+    pub fn new(parts: Parts, shortcut: Option<Arc<dyn Shortcut>>) -> Lifecycle {
+        let Parts { pool, cfg, providers, file_agents, tool_caller, hub, limits_cache, tools_cache, shutdown, guard } =
+            parts;
+        Lifecycle {
+            pool,
+            cfg,
+            providers,
+            file_agents,
+            tool_caller,
+            hub,
+            limits_cache,
+            tools_cache,
+            shortcut,
+            shutdown,
+            guard,
+            feeds: Default::default(),
+        }
+    }
+
+    /// The service's configuration (read-only).
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
     /// The tenant's limits with the configured defaults (cached a few seconds).
-    pub async fn limits(&self, tenant: &str) -> Result<Limits, StoreError> {
-        crate::budget::effective_limits(
+    pub async fn limits(&self, tenant: &str) -> Result<Limits, TaskError> {
+        Ok(crate::budget::effective_limits(
             &self.pool,
             &self.limits_cache,
             &crate::budget::Defaults::from_config(&self.cfg),
             tenant,
         )
-        .await
+        .await?)
     }
 
     /// How long a wait may last: `requested` (default `SUBAGENTD_WAIT_DEFAULT_SECONDS`), capped
@@ -209,7 +253,7 @@ impl Lifecycle {
     }
 
     /// A hold of `kind` for `tenant` on this replica, within its limit (refused: `AtLimit`).
-    pub async fn hold(&self, tenant: &str, kind: HoldKind) -> Result<Result<Hold, guard::AtLimit>, StoreError> {
+    pub async fn hold(&self, tenant: &str, kind: HoldKind) -> Result<Result<Hold, guard::AtLimit>, TaskError> {
         let limits = self.limits(tenant).await?;
         let limit = match kind {
             HoldKind::Stream => limits.max_streams,
@@ -273,12 +317,43 @@ impl Lifecycle {
         }
     }
 
-    /// The task a submission with idempotency key `key` made (within the key's 24 hours).
-    pub async fn by_key(&self, tenant: &str, key: &str) -> Result<Option<TaskView>, TaskError> {
+    /// The ledger of the caller's task `id`: one row per provider call try.
+    pub async fn calls(&self, scope: &Scope, id: Uuid) -> Result<Vec<CallRow>, TaskError> {
+        self.row(scope, id).await?;
+        Ok(crate::store::calls::of_task(&self.pool, id).await?)
+    }
+
+    /// The conversation of the caller's task `id` as checkpointed, each message with its turn.
+    pub async fn messages(&self, scope: &Scope, id: Uuid) -> Result<Vec<MessageRow>, TaskError> {
+        self.row(scope, id).await?;
+        Ok(crate::store::runs::conversation(&self.pool, id).await?)
+    }
+
+    /// An action of one of the tenant's tasks, by its id alone (a door that names actions).
+    pub async fn action(&self, tenant: &str, id: Uuid) -> Result<Option<ActionRow>, TaskError> {
+        Ok(crate::store::actions::get(&self.pool, tenant, id).await?)
+    }
+
+    /// Cancel the task a submission with idempotency key `key` made, if there is one (a door
+    /// whose caller gave up on the request that started it).
+    pub async fn cancel_by_key(&self, tenant: &str, key: &str) -> Result<Option<TaskView>, TaskError> {
         match store::by_idempotency_key(&self.pool, tenant, key).await? {
-            Some(row) => Ok(Some(self.view(row).await?)),
+            Some(row) => Ok(Some(self.cancel(&Scope::Tenant(tenant.to_string()), row.id).await?)),
             None => Ok(None),
         }
+    }
+
+    /// Submit as a waiting caller — the task may start in this process at once — and answer
+    /// at once: the caller follows the task itself (`watch_waiting`), as a door that reports a
+    /// run's progress on its own stream does.
+    pub async fn create_followed(&self, mut s: Submission) -> Result<Created, TaskError> {
+        s.waiting = true;
+        let (row, created) = match self.submit(s).await? {
+            Submitted::Created(r) => (r, true),
+            Submitted::Existing(r) => (r, false),
+        };
+        let settled = settled(&row);
+        Ok(Created { task: self.view(row).await?, created, settled })
     }
 
     /// Cancel the task (idempotent): queued or paused, it ends now; running, its worker is told
@@ -290,4 +365,18 @@ impl Lifecycle {
         let row = store::get(&self.pool, &t.tenant, id).await?.ok_or(TaskError::NotFound)?;
         Ok(self.view(row).await?)
     }
+
+    /// Cancel the task and wait (at most `bound`) until it has ended: queued or paused, it ends
+    /// at once; running, when its worker sees the cancel, on whichever replica. Past the bound
+    /// (or at the tenant's `max_waits`), the task as it stands.
+    pub async fn cancel_settled(&self, scope: &Scope, id: Uuid, bound: Duration) -> Result<TaskView, TaskError> {
+        let t = self.cancel(scope, id).await?;
+        if t.status.is_terminal() {
+            return Ok(t);
+        }
+        Ok(self.join(scope, id, bound).await?.task)
+    }
 }
+
+/// How long a door's cancel waits for a running task's worker to stop it.
+pub const CANCEL_SETTLE: Duration = Duration::from_secs(10);

@@ -276,6 +276,43 @@ impl Lifecycle {
         store::ticked(&self.pool, &s.tenant, &s.name, due, next, tick, task, error.as_deref()).await?;
         Ok(())
     }
+
+    /// Queue (at most `batch` of) the scheduled tasks whose time has come, once across replicas
+    /// (`SKIP LOCKED`), and wake the claim loops and the tasks' waiters: how many.
+    pub async fn queue_due(&self, batch: i64) -> Result<usize, TaskError> {
+        let ids = crate::store::tasks::queue_due(&self.pool, batch).await?;
+        if !ids.is_empty() {
+            self.hub.publish(crate::store::CH_QUEUED, String::new());
+            for id in &ids {
+                self.hub.publish(crate::store::CH_EVENT, id.to_string());
+            }
+        }
+        Ok(ids.len())
+    }
+
+    /// Take (at most `n` of) the schedules whose tick is due, each held for `hold_secs` from the
+    /// other replicas, and make their ticks (`tick`): how many were taken.
+    pub async fn tick_due(&self, n: i64, hold_secs: f64, now: DateTime<Utc>) -> Result<usize, TaskError> {
+        let due = store::take_due(&self.pool, n, hold_secs).await?;
+        for s in &due {
+            if let Err(e) = self.tick(s, now).await {
+                tracing::warn!(error = %e, schedule = %s.name, tenant = %s.tenant, "schedule tick not made; retried");
+            }
+        }
+        Ok(due.len())
+    }
+
+    /// The soonest time due: a scheduled task's, or a schedule's tick.
+    pub async fn next_due(&self) -> Option<DateTime<Utc>> {
+        let a = crate::store::tasks::next_run_at(&self.pool).await.ok().flatten();
+        let b = store::next_due(&self.pool).await.ok().flatten();
+        [a, b].into_iter().flatten().min()
+    }
+
+    /// Woken when a task with a start time, or a schedule, is made (`CH_TIMER`).
+    pub async fn timer_woken(&self) {
+        self.hub.timer.notified().await
+    }
 }
 
 #[cfg(test)]

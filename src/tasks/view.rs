@@ -7,8 +7,9 @@ use serde::Serialize;
 use serde_json::{json, Value};
 use uuid::Uuid;
 
-use super::kinds::{StopReason, TaskStatus};
 use crate::engine::spec::TaskOptions;
+use crate::kinds::{StopReason, TaskStatus};
+pub use crate::store::actions::ActionRow;
 use crate::store::tasks::TaskRow;
 
 /// The task as the API shows it.
@@ -29,7 +30,7 @@ pub struct TaskView {
     /// The model whose answer ended the run (its own `model`, or a fallback), once it ended.
     pub answered_model: Option<String>,
     /// Which of its tenant's queued tasks is claimed first.
-    pub priority: crate::tasks::kinds::Priority,
+    pub priority: crate::kinds::Priority,
     /// A scheduled task's start time (kept once it is queued).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub run_at: Option<DateTime<Utc>>,
@@ -66,7 +67,7 @@ pub struct TaskView {
     pub waiting_for: Option<String>,
     /// While `requires_action`: what it waits for, each to be answered by its own `id`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub pending_actions: Option<Vec<crate::store::actions::ActionRow>>,
+    pub pending_actions: Option<Vec<ActionRow>>,
 }
 
 impl TaskView {
@@ -116,7 +117,7 @@ impl From<TaskRow> for TaskView {
             fallback_models: opts.as_ref().map(|o| o.fallback_models.clone()).unwrap_or_default(),
             fallback_on: opts.as_ref().and_then(|o| o.fallback_on.clone()),
             answered_model: r.answered_model,
-            priority: crate::tasks::kinds::Priority::from_rank(r.priority),
+            priority: crate::kinds::Priority::from_rank(r.priority),
             run_at: r.run_at,
             prompt: r.prompt,
             max_turns: opts.as_ref().map(|o| o.max_turns.get()),

@@ -48,7 +48,7 @@ fn turn(fence: Fence, input: i64, message: Value) -> TurnWrite {
         turn: Some(1),
         call,
         messages,
-        events: vec![("llm_call_finished", json!({"turn": 1}))],
+        events: vec![(subagentd::kinds::EventKind::LlmCallFinished, json!({"turn": 1}))],
         fin: None,
     }
 }

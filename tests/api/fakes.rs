@@ -23,6 +23,17 @@ pub struct Answer {
     pub chunks: Option<Vec<(Duration, String)>>,
     /// After the chunks, keep the connection open and send nothing (a stalled stream).
     pub hang: bool,
+    /// A streamed answer that waits for the test: see `Gate`.
+    pub gate: Option<Gate>,
+}
+
+/// Before chunk `at`, the stream sends `filler` (a chunk) every 50 ms until `open` turns true
+/// (at most 30 s): a test opens it when it has seen what it waits for (a condition, not a clock).
+#[derive(Clone)]
+pub struct Gate {
+    pub at: usize,
+    pub filler: String,
+    pub open: tokio::sync::watch::Receiver<bool>,
 }
 
 impl Answer {
@@ -66,6 +77,14 @@ impl Answer {
     pub fn after(mut self, d: Duration) -> Self {
         self.delay = d;
         self
+    }
+    /// Hold the stream before chunk `at`, sending `filler` (an event, as `sse` makes one) until
+    /// the returned sender says `true`.
+    pub fn gated(mut self, at: usize, filler: &Value) -> (Self, tokio::sync::watch::Sender<bool>) {
+        let (tx, open) = tokio::sync::watch::channel(false);
+        let filler = Answer::sse(std::slice::from_ref(filler), Duration::ZERO).chunks.unwrap().remove(0).1;
+        self.gate = Some(Gate { at, filler, open });
+        (self, tx)
     }
 }
 
@@ -117,6 +136,9 @@ async fn handle(State(f): State<Fake>, headers: HeaderMap, body: Bytes) -> Respo
     let mut guard = DropGuard(f.dropped.clone(), false);
     tokio::time::sleep(a.delay).await;
     guard.1 = true;
+    if let (Some(chunks), Some(gate)) = (a.chunks.clone(), a.gate) {
+        return gated_stream(chunks, gate, a.hang);
+    }
     if let Some(chunks) = a.chunks {
         let hang = a.hang;
         let stream = futures_util::stream::unfold((chunks.into_iter(), hang), |(mut it, hang)| async move {
@@ -141,6 +163,39 @@ async fn handle(State(f): State<Fake>, headers: HeaderMap, body: Bytes) -> Respo
     for (k, v) in a.headers {
         r.headers_mut().insert(k, v.parse().unwrap());
     }
+    r
+}
+
+/// A streamed answer held at its gate: fillers until the gate opens, then the rest.
+fn gated_stream(chunks: Vec<(Duration, String)>, gate: Gate, hang: bool) -> Response {
+    let (tx, rx) = tokio::sync::mpsc::channel::<String>(1);
+    tokio::spawn(async move {
+        for (i, (gap, text)) in chunks.into_iter().enumerate() {
+            if gate.at == i {
+                let mut open = gate.open.clone();
+                let until = tokio::time::Instant::now() + Duration::from_secs(30);
+                while !*open.borrow_and_update() && tokio::time::Instant::now() < until {
+                    if tx.send(gate.filler.clone()).await.is_err() {
+                        return;
+                    }
+                    let _ = tokio::time::timeout(Duration::from_millis(50), open.changed()).await;
+                }
+            }
+            tokio::time::sleep(gap).await;
+            if tx.send(text).await.is_err() {
+                return;
+            }
+        }
+        if hang {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+        }
+    });
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        let text = rx.recv().await?;
+        Some((Ok::<_, std::convert::Infallible>(axum::body::Bytes::from(text)), rx))
+    });
+    let mut r = axum::body::Body::from_stream(stream).into_response();
+    r.headers_mut().insert("content-type", "text/event-stream".parse().unwrap());
     r
 }
 

@@ -11,6 +11,7 @@ use subagentd::cache::TtlCache;
 use subagentd::engine::definitions::FileAgents;
 use subagentd::engine::{StopCause, StopSignal};
 use subagentd::hub::Hub;
+use subagentd::kinds::Answerer;
 use subagentd::llm::Providers;
 use subagentd::store::committer::Committer;
 use subagentd::store::runs::Finish;
@@ -18,28 +19,42 @@ use subagentd::store::tasks::{StopReason, TaskStatus};
 use subagentd::store::Fence;
 use subagentd::tasks::answer::ActionAnswer;
 use subagentd::tasks::end::{self, End};
-use subagentd::tasks::kinds::Answerer;
-use subagentd::tasks::{Lifecycle, Scope, Submission, TaskError, TaskRequest};
+use subagentd::tasks::{Lifecycle, Parts, Scope, Submission, TaskError, TaskRequest};
 use uuid::Uuid;
 
 use crate::helpers::*;
 
-fn room(db: &TestDb) -> Lifecycle {
+/// The room, with the hub and pool it was made of (a test reaches below the room through them).
+#[derive(Clone)]
+struct Room {
+    room: Lifecycle,
+    hub: Arc<Hub>,
+    pool: sqlx::PgPool,
+}
+
+impl std::ops::Deref for Room {
+    type Target = Lifecycle;
+    fn deref(&self) -> &Lifecycle {
+        &self.room
+    }
+}
+
+fn room(db: &TestDb) -> Room {
     let cfg = test_config(&db.url);
-    Lifecycle {
+    let hub = Hub::new();
+    let parts = Parts {
         pool: db.pool.clone(),
         tool_caller: subagentd::tools::Caller::from_config(&cfg).unwrap(),
         cfg: Arc::new(cfg),
         providers: Arc::new(Providers::with_builtin()),
         file_agents: Arc::new(FileAgents::default()),
-        hub: Hub::new(),
+        hub: hub.clone(),
         limits_cache: Arc::new(TtlCache::new(Duration::from_secs(5))),
         tools_cache: Arc::new(TtlCache::new(Duration::from_secs(5))),
-        shortcut: None,
         shutdown: Default::default(),
         guard: subagentd::tasks::guard::Guard::new(),
-        feeds: Default::default(),
-    }
+    };
+    Room { room: Lifecycle::new(parts, None), hub, pool: db.pool.clone() }
 }
 
 fn request(prompt: &str) -> TaskRequest {

@@ -165,7 +165,7 @@ async fn a_stream_that_reconnects_mid_run_resumes_the_stored_events_without_gap_
     let summary = app.get_task(id).await["summary"].as_str().unwrap().to_string();
     assert_eq!(summary, pieces.concat());
     let later = joined(&rest);
-    assert!(!later.is_empty() && summary.ends_with(&later), "the text after the reconnect ends the summary");
+    assert!(!later.is_empty() && summary.ends_with(&later), "the text after the reconnect ends the summary: {later:?}");
     app.stop().await;
 }
 
@@ -186,17 +186,29 @@ async fn a_subscriber_on_another_replica_gets_the_text_of_a_run_it_does_not_run(
     std::fs::write(&cfg, format!("[providers.local]\nkind = \"openai\"\nbase_url = \"{oai_base}/v1\"\n")).unwrap();
     let _worker = spawn_binary(&["worker"], &app.db.url, &[("SUBAGENTD_CONFIG", cfg.to_str().unwrap())]);
     let pieces = words(200);
-    // Time for the stream to open and its watch to reach the worker before the text starts.
-    oai.push(Answer::sse(&text_stream(&pieces), Duration::from_millis(5)).after(Duration::from_millis(1500)));
+    // The text starts with fillers, sent until the stream here has seen one: then the watch has
+    // reached the worker, wherever it runs, and all of the text that follows must arrive.
+    let filler = json!({"choices": [{"index": 0, "delta": {"content": "~ "}}]});
+    let (answer, open) = Answer::sse(&text_stream(&pieces), Duration::from_millis(5)).gated(1, &filler);
+    oai.push(answer);
     let t = app.submit(json!({"prompt": "write elsewhere", "model": "local/m"})).await;
     let id = t["id"].as_str().unwrap();
-    let events = read_sse(open_stream(&app.base, id, None).await, |_| false).await;
+    let events = read_sse(open_stream(&app.base, id, None).await, |seen| {
+        if seen.iter().any(|e| e.event == "output_delta") {
+            let _ = open.send(true);
+        }
+        false
+    })
+    .await;
     let _ = std::fs::remove_file(&cfg);
     let done = app.get_task(id).await;
     assert_eq!(done["status"], "completed", "{done}");
     let d = deltas(&events);
     assert!(!d.is_empty(), "the other replica's text arrived");
-    assert_eq!(joined(&events), pieces.concat(), "in order and whole");
+    let text = joined(&events);
+    let after_fillers = text.trim_start_matches("~ ");
+    assert!(text.len() > after_fillers.len(), "a filler arrived first: {text}");
+    assert_eq!(after_fillers, pieces.concat(), "in order and whole once watched");
     assert!(d.len() < 200, "coalesced at the running replica: {} deltas", d.len());
     app.stop().await;
 }

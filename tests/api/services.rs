@@ -144,9 +144,13 @@ async fn a_task_holds_a_lease_token_only_while_it_runs() {
         .execute(&db.pool)
         .await
         .unwrap();
-    let appended = subagentd::store::events::append(&db.pool, Fence { id, lease }, &[("note", serde_json::json!({}))])
-        .await
-        .unwrap();
+    let appended = subagentd::store::events::append(
+        &db.pool,
+        Fence { id, lease },
+        &[(subagentd::kinds::EventKind::Checkpoint, serde_json::json!({}))],
+    )
+    .await
+    .unwrap();
     assert!(!appended);
 }
 

@@ -11,14 +11,14 @@ use subagentd::engine::definitions::FileAgents;
 use subagentd::hub::Hub;
 use subagentd::llm::Providers;
 use subagentd::store::tasks::TaskStatus;
-use subagentd::tasks::{Lifecycle, Submission, Submitted, TaskError as SubmitError, TaskRequest};
+use subagentd::tasks::{Lifecycle, Parts, Submission, Submitted, TaskError as SubmitError, TaskRequest};
 
 use crate::helpers::*;
 
 fn submitter(db: &TestDb, tweak: impl FnOnce(&mut Config)) -> Lifecycle {
     let mut cfg = test_config(&db.url);
     tweak(&mut cfg);
-    Lifecycle {
+    let parts = Parts {
         pool: db.pool.clone(),
         tool_caller: subagentd::tools::Caller::from_config(&cfg).unwrap(),
         cfg: Arc::new(cfg),
@@ -27,11 +27,10 @@ fn submitter(db: &TestDb, tweak: impl FnOnce(&mut Config)) -> Lifecycle {
         hub: Hub::new(),
         limits_cache: Arc::new(TtlCache::new(Duration::from_secs(5))),
         tools_cache: Arc::new(TtlCache::new(Duration::from_secs(5))),
-        shortcut: None,
         shutdown: Default::default(),
         guard: subagentd::tasks::guard::Guard::new(),
-        feeds: Default::default(),
-    }
+    };
+    Lifecycle::new(parts, None)
 }
 
 fn submission(body: serde_json::Value, key: Option<&str>) -> Submission {
@@ -45,6 +44,7 @@ fn submission(body: serde_json::Value, key: Option<&str>) -> Submission {
         traceparent: None,
         waiting: false,
         api_key: None,
+        context: None,
     }
 }
 

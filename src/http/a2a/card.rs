@@ -15,8 +15,7 @@ use super::super::extract::ApiPath;
 use super::errors::A2aError;
 use super::{AppState, Ctx, Tenant};
 use crate::engine::agents::AgentType;
-use crate::tasks::submit::agents::{described, Described};
-use crate::tasks::TaskError;
+use crate::resources::agents::Described;
 
 /// Prompts that show what each built-in type is for.
 fn examples(name: &str) -> Vec<&'static str> {
@@ -102,9 +101,8 @@ fn reply(v: Value) -> Response {
 
 /// `GET /.well-known/agent-card.json`: public.
 pub async fn shared(State(st): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
-    let room = &st.tasks;
-    let skills = described(&room.pool, &room.file_agents, None).await?;
-    let base = super::super::origin::base_url(&headers, room.cfg.public_url.as_deref());
+    let skills = st.res.described(None).await?;
+    let base = super::super::origin::base_url(&headers, st.tasks.config().public_url.as_deref());
     Ok(reply(card(&st, &base, None, &skills)))
 }
 
@@ -116,24 +114,22 @@ pub async fn of_agent(
     tenant: Result<Tenant, ApiError>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let room = &st.tasks;
-    let mut all = described(&room.pool, &room.file_agents, None).await?;
+    let mut all = st.res.described(None).await?;
     if !all.iter().any(|d| d.name == name) {
         if let Ok(Tenant(t)) = tenant {
-            all = described(&room.pool, &room.file_agents, Some(&t)).await?;
+            all = st.res.described(Some(&t)).await?;
         }
     }
     let Some(agent) = all.into_iter().find(|d| d.name == name) else {
         return Err(ApiError::not_found("agent type (a tenant's own agent's card needs its key)"));
     };
-    let base = super::super::origin::base_url(&headers, room.cfg.public_url.as_deref());
+    let base = super::super::origin::base_url(&headers, st.tasks.config().public_url.as_deref());
     Ok(reply(card(&st, &base, Some(&agent), std::slice::from_ref(&agent))))
 }
 
 /// `GetExtendedAgentCard`: the card with the tenant's own agents among the skills.
 pub async fn extended(ctx: &Ctx) -> Result<Value, A2aError> {
-    let room = &ctx.st.tasks;
-    let all = described(&room.pool, &room.file_agents, Some(&ctx.tenant)).await.map_err(TaskError::from)?;
+    let all = ctx.st.res.described(Some(&ctx.tenant)).await.map_err(|e| A2aError::from(ApiError::from(e)))?;
     Ok(match &ctx.agent {
         Some(name) => {
             let agent = all.into_iter().find(|d| d.name == *name).ok_or_else(A2aError::not_found)?;

@@ -46,7 +46,7 @@ use super::error::ApiError;
 use super::extract::{ApiBytes, ApiPath};
 use super::jsonrpc;
 use super::{AppState, Tenant};
-use crate::tasks::kinds::Answerer;
+use crate::kinds::Answerer;
 use crate::tasks::Scope;
 use errors::{A2aError, Kind};
 
@@ -82,8 +82,9 @@ pub fn router(st: AppState) -> Router<AppState> {
 /// caller's browser against the door); a request without one (any non-browser client) passes.
 async fn check_origin(State(st): State<AppState>, req: Request, next: Next) -> Response {
     if let Some(origin) = req.headers().get(header::ORIGIN) {
-        let own =
-            origin.to_str().is_ok_and(|o| super::origin::is_own(o, req.headers(), st.tasks.cfg.public_url.as_deref()));
+        let own = origin
+            .to_str()
+            .is_ok_and(|o| super::origin::is_own(o, req.headers(), st.tasks.config().public_url.as_deref()));
         if !own {
             let mut e = A2aError::new(Kind::InvalidRequest, "forbidden: this Origin is not the service's own");
             e.transport = Some((StatusCode::FORBIDDEN, vec![]));
@@ -162,7 +163,7 @@ impl Incoming {
         let ctx = Ctx {
             tenant,
             agent: path.get("name").cloned(),
-            base: super::origin::base_url(&self.headers, st.tasks.cfg.public_url.as_deref()),
+            base: super::origin::base_url(&self.headers, st.tasks.config().public_url.as_deref()),
             depth: header("subagent-depth"),
             key_prefix: key_prefix(&self.headers),
             traceparent: header("traceparent"),

@@ -2,7 +2,6 @@
 //! caller's tasks (at a per-agent URL, that agent type's only).
 
 use std::collections::HashMap;
-use std::time::Duration;
 
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -12,12 +11,9 @@ use uuid::Uuid;
 use super::errors::{A2aError, Kind};
 use super::{params, stream, Ctx};
 use crate::a2a::{statuses_of, Shown};
-use crate::store::a2a::A2aTask;
-use crate::store::tasks::ListFilter;
-use crate::tasks::{TaskError, TaskView};
-
-/// How long a cancel of a running task waits for its worker to stop it.
-const CANCEL_WAIT: Duration = Duration::from_secs(10);
+use crate::tasks::context::ContextRow as A2aTask;
+use crate::tasks::list::ListFilter;
+use crate::tasks::{TaskView, CANCEL_SETTLE};
 
 /// The caller's task named `id` (at a per-agent URL, of that agent type): another tenant's, or
 /// an id that is not one, is not found.
@@ -42,7 +38,7 @@ pub async fn get(ctx: &Ctx, p: Value) -> Result<Value, A2aError> {
     let p: IdParams = params("GetTask", p)?;
     let history = history_length(p.history_length)?;
     let t = task_of(ctx, &p.id).await?;
-    let a2a = crate::a2a::row(&ctx.st.tasks.pool, t.id).await.map_err(TaskError::from)?;
+    let a2a = ctx.st.tasks.context(t.id).await?;
     Ok(Shown { task: &t, a2a: a2a.as_ref() }.task(history, true))
 }
 
@@ -56,11 +52,8 @@ pub async fn cancel(ctx: &Ctx, p: Value) -> Result<Value, A2aError> {
         ));
     }
     let room = &ctx.st.tasks;
-    let scope = ctx.scope();
-    room.cancel(&scope, t.id).await?;
-    // A running task stops when its worker sees the cancel (on whichever replica): wait for it.
-    let t = room.join(&scope, t.id, CANCEL_WAIT).await?.task;
-    let a2a = crate::a2a::row(&room.pool, t.id).await.map_err(TaskError::from)?;
+    let t = room.cancel_settled(&ctx.scope(), t.id, CANCEL_SETTLE).await?;
+    let a2a = room.context(t.id).await?;
     Ok(Shown { task: &t, a2a: a2a.as_ref() }.task(None, true))
 }
 
@@ -78,7 +71,7 @@ pub async fn subscribe(ctx: Ctx, p: Value) -> Result<mpsc::Receiver<Result<Value
         ));
     }
     let hold = room.stream_hold(&ctx.tenant).await?;
-    let a2a = crate::a2a::row(&room.pool, t.id).await.map_err(TaskError::from)?;
+    let a2a = room.context(t.id).await?;
     Ok(stream::follow(ctx, t, a2a, after, hold, None))
 }
 
@@ -145,12 +138,7 @@ pub async fn list(ctx: &Ctx, p: Value) -> Result<Value, A2aError> {
     let room = &ctx.st.tasks;
     let (page, total) = room.page(&ctx.scope(), f, true).await?;
     let ids: Vec<Uuid> = page.tasks.iter().map(|t| t.id).collect();
-    let rows: HashMap<Uuid, A2aTask> = crate::store::a2a::of(&room.pool, &ids)
-        .await
-        .map_err(TaskError::from)?
-        .into_iter()
-        .map(|r| (r.task_id, r))
-        .collect();
+    let rows: HashMap<Uuid, A2aTask> = room.contexts(&ids).await?.into_iter().map(|r| (r.task_id, r)).collect();
     let artifacts = p.include_artifacts.unwrap_or(false);
     let tasks: Vec<Value> =
         page.tasks.iter().map(|t| Shown { task: t, a2a: rows.get(&t.id) }.task(history, artifacts)).collect();

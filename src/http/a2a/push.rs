@@ -9,8 +9,7 @@ use uuid::Uuid;
 
 use super::errors::{A2aError, Kind};
 use super::{ops, params, Ctx};
-use crate::store::a2a::{self as store, PushConfig};
-use crate::tasks::TaskError;
+use crate::tasks::context::PushConfig;
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -51,7 +50,7 @@ pub fn checked(ctx: &Ctx, v: &Value, task: Option<Uuid>) -> Result<PushConfig, A
     if url.len() > 2048 {
         return Err(bad("url", "must be at most 2048 characters"));
     }
-    ctx.st.tasks.tool_caller.allow.check_url(&url).map_err(|e| bad("url", e.0))?;
+    ctx.st.res.check_outbound_url(&url).map_err(|e| bad("url", e))?;
     let id = match c.id.filter(|i| !i.is_empty()) {
         Some(i) if i.len() <= 255 && visible(&i) => i,
         Some(_) => return Err(bad("id", "must be at most 255 visible ASCII characters")),
@@ -93,8 +92,7 @@ pub fn checked(ctx: &Ctx, v: &Value, task: Option<Uuid>) -> Result<PushConfig, A
 /// Register a config for the caller's task `task`.
 pub async fn register(ctx: &Ctx, mut c: PushConfig, task: Uuid) -> Result<Value, A2aError> {
     c.task_id = task;
-    let stored = store::put_push(&ctx.st.tasks.pool, &ctx.tenant, &c).await.map_err(TaskError::from)?;
-    Ok(shape(&stored.ok_or_else(A2aError::not_found)?))
+    Ok(shape(&ctx.st.tasks.put_push(&ctx.tenant, &c).await?))
 }
 
 /// A config as A2A shows it (its credentials are not shown again).
@@ -128,7 +126,7 @@ struct Named {
 pub async fn get(ctx: &Ctx, p: Value) -> Result<Value, A2aError> {
     let p: Named = params("GetTaskPushNotificationConfig", p)?;
     let task = ops::task_of(ctx, &p.task_id).await?;
-    let c = store::get_push(&ctx.st.tasks.pool, &ctx.tenant, task.id, &p.id).await.map_err(TaskError::from)?;
+    let c = ctx.st.tasks.push(&ctx.tenant, task.id, &p.id).await?;
     c.map(|c| shape(&c)).ok_or_else(|| A2aError::new(Kind::TaskNotFound, "push notification config not found"))
 }
 
@@ -136,7 +134,7 @@ pub async fn delete(ctx: &Ctx, p: Value) -> Result<Value, A2aError> {
     let p: Named = params("DeleteTaskPushNotificationConfig", p)?;
     let task = ops::task_of(ctx, &p.task_id).await?;
     // Idempotent: a config already gone is deleted.
-    store::delete_push(&ctx.st.tasks.pool, &ctx.tenant, task.id, &p.id).await.map_err(TaskError::from)?;
+    ctx.st.tasks.delete_push(&ctx.tenant, task.id, &p.id).await?;
     Ok(json!({}))
 }
 
@@ -158,8 +156,7 @@ pub async fn list(ctx: &Ctx, p: Value) -> Result<Value, A2aError> {
     }
     let task = ops::task_of(ctx, &p.task_id).await?;
     let after = p.page_token.unwrap_or_default();
-    let mut configs =
-        store::list_push(&ctx.st.tasks.pool, &ctx.tenant, task.id, &after, size + 1).await.map_err(TaskError::from)?;
+    let mut configs = ctx.st.tasks.pushes(&ctx.tenant, task.id, &after, size + 1).await?;
     let next = if configs.len() as i64 > size {
         configs.truncate(size as usize);
         configs.last().map(|c| c.id.clone()).unwrap_or_default()

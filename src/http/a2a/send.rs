@@ -23,10 +23,8 @@ use super::errors::{A2aError, Kind};
 use super::ops::history_length;
 use super::{params, push, stream, Ctx};
 use crate::a2a::{timestamp, Shown};
-use crate::budget::BudgetError;
-use crate::store::a2a::{self as store, A2aTask};
 use crate::tasks::answer::ActionAnswer;
-use crate::tasks::kinds::TaskStatus;
+use crate::tasks::context::{Context, ContextRow as A2aTask};
 use crate::tasks::{Submission, TaskError, TaskRequest, TaskView};
 
 #[derive(Debug, Default, Deserialize)]
@@ -284,124 +282,86 @@ async fn answer(ctx: &Ctx, msg: &Inbound, task: &str, how: How) -> Result<Starte
     let room = &ctx.st.tasks;
     let scope = ctx.scope();
     let view = super::ops::task_of(ctx, task).await?;
-    let a2a = crate::a2a::row(&room.pool, view.id).await.map_err(TaskError::from)?;
+    let a2a = room.context(view.id).await?;
     let context = Shown { task: &view, a2a: a2a.as_ref() }.context_id();
     if msg.context_id.as_ref().is_some_and(|c| *c != context) {
         return Err(A2aError::params(format!("message.contextId: task {} is in context {context:?}", view.id))
             .meta("field", "message.contextId"));
     }
-    match view.status {
-        TaskStatus::RequiresAction => {}
-        s if s.is_terminal() => {
-            return Err(A2aError::new(
-                Kind::UnsupportedOperation,
-                format!(
-                    "task {} is {s}: it takes no more messages; to continue its conversation, send a message with its \
-                     contextId and no taskId",
-                    view.id
-                ),
-            ))
-        }
-        s => {
-            return Err(A2aError::new(
-                Kind::UnsupportedOperation,
-                format!("task {} is {s}: it takes a message only while it waits for input (input-required)", view.id),
-            ))
-        }
-    }
-    let Some(actions) = msg.actions.clone() else {
-        return Err(A2aError::params(
+    let after = room.last_seq(&scope, view.id).await?;
+    let actions = msg.actions.clone().unwrap_or_default();
+    let answered = room.answer(&scope, &ctx.answerer(), view.id, actions).await.map_err(|e| match e {
+        TaskError::NotPaused { status } if status.is_terminal() => A2aError::new(
+            Kind::UnsupportedOperation,
+            format!(
+                "task {} is {status}: it takes no more messages; to continue its conversation, send a message with \
+                 its contextId and no taskId",
+                view.id
+            ),
+        ),
+        TaskError::NotPaused { status } => A2aError::new(
+            Kind::UnsupportedOperation,
+            format!("task {} is {status}: it takes a message only while it waits for input (input-required)", view.id),
+        ),
+        TaskError::Invalid { ref field, .. } if msg.actions.is_none() && field == "body" => A2aError::params(
             "this task waits for answers: reply with a data part {\"actions\": [...]}, one answer per pending action \
              (its status message lists them)",
         )
-        .meta("field", "message.parts"));
-    };
-    let after = room.last_seq(&scope, view.id).await?;
-    let answered = room.answer(&scope, &ctx.answerer(), view.id, actions).await?;
+        .meta("field", "message.parts"),
+        e => e.into(),
+    })?;
     let mut stored = msg.stored.clone();
     stored["taskId"] = json!(view.id);
     stored["contextId"] = json!(context);
-    store::append(&room.pool, view.id, &ctx.tenant, &stored).await.map_err(TaskError::from)?;
+    room.add_message(&scope, view.id, &stored).await?;
     let view = match how {
         How::Block => room.join(&scope, view.id, room.wait_bound(None)).await?.task,
         How::Return => answered,
     };
-    let a2a = crate::a2a::row(&room.pool, view.id).await.map_err(TaskError::from)?;
+    let a2a = room.context(view.id).await?;
     Ok(Started::Task { view: Box::new(view), a2a, after })
 }
 
-/// A message that starts a task: in a new context, or continuing one.
+/// A message that starts a task: in a new context, or continuing one (the room continues the
+/// context's latest task, which must have ended; a retry of the message is its first task).
 async fn submit(ctx: &Ctx, p: &SendParams, msg: &Inbound, how: How) -> Result<Started, A2aError> {
     let room = &ctx.st.tasks;
-    let scope = ctx.scope();
     if msg.actions.is_some() {
         return Err(A2aError::params(
             "message: answers (a data part {\"actions\": ...}) go to a paused task: set its taskId",
         )
         .meta("field", "message.taskId"));
     }
-    // Checked before a retry is looked up: a message the door refuses is refused every time.
-    let mut request = task_request(ctx, p.metadata.as_ref(), msg)?;
-    let key = format!("a2a:{}", msg.id);
-    // A retry of a message that started a task: that task, whatever its context holds now.
-    if let Some(t) = room.by_key(&ctx.tenant, &key).await? {
-        let view = match how {
-            How::Block => room.join(&scope, t.id, room.wait_bound(None)).await?.task,
-            How::Return => t,
-        };
-        let a2a = crate::a2a::row(&room.pool, view.id).await.map_err(TaskError::from)?;
-        return Ok(Started::Task { view: Box::new(view), a2a, after: 0 });
-    }
-    let context = match &msg.context_id {
-        Some(c) => {
-            if let Some(latest) = store::latest_in_context(&room.pool, &ctx.tenant, c).await.map_err(TaskError::from)? {
-                let t = room.get(&scope, latest).await?;
-                if !t.status.is_terminal() {
-                    return Err(A2aError::new(
-                        Kind::UnsupportedOperation,
-                        format!(
-                            "context {c:?}: its latest task {} is {}: answer or wait for it (by its taskId) before \
-                             continuing the context",
-                            t.id, t.status
-                        ),
-                    ));
-                }
-                request.resume_from = Some(t.id);
-            }
-            c.clone()
-        }
-        None => Uuid::new_v4().to_string(),
-    };
-    let s = Submission {
-        idempotency_key: Some(key),
+    let request = task_request(ctx, p.metadata.as_ref(), msg)?;
+    let context = msg.context_id.clone().unwrap_or_else(|| Uuid::new_v4().to_string());
+    let mut s = Submission {
+        idempotency_key: Some(format!("a2a:{}", msg.id)),
         depth: ctx.depth.clone(),
         traceparent: ctx.traceparent.clone(),
         api_key: ctx.key_prefix.clone(),
         ..Submission::new(ctx.tenant.clone(), request)
     };
-    let id = s.id;
     let mut stored = msg.stored.clone();
-    stored["taskId"] = json!(id);
+    stored["taskId"] = json!(s.id);
     stored["contextId"] = json!(context);
-    // The context first: a task is never without it (see migration 0019).
-    store::insert(&room.pool, id, &ctx.tenant, &context, &stored).await.map_err(TaskError::from)?;
+    s.context = Some(Context { id: context.clone(), message: stored.clone() });
+    let id = s.id;
     let wait = (how == How::Block).then(|| room.wait_bound(None));
     let created = match room.create(s, wait).await {
         Ok(c) => c,
-        Err(e) => {
-            let _ = store::forget(&room.pool, id).await;
-            return match e {
-                TaskError::Budget(
-                    BudgetError::QueueFull { .. } | BudgetError::ScheduledFull { .. } | BudgetError::Exhausted { .. },
-                ) => Ok(Started::Rejected(rejected(id, &context, stored, &e))),
-                e => Err(e.into()),
-            };
+        Err(e) if e.is_admission_refusal() => return Ok(Started::Rejected(rejected(id, &context, stored, &e))),
+        Err(TaskError::NotTerminal { id: latest, status }) => {
+            return Err(A2aError::new(
+                Kind::UnsupportedOperation,
+                format!(
+                    "context {context:?}: its latest task {latest} is {status}: answer or wait for it (by its taskId) \
+                     before continuing the context"
+                ),
+            ))
         }
+        Err(e) => return Err(e.into()),
     };
-    if !created.created {
-        let _ = store::forget(&room.pool, id).await;
-    }
-    let a2a = crate::a2a::row(&room.pool, created.task.id).await.map_err(TaskError::from)?;
+    let a2a = room.context(created.task.id).await?;
     Ok(Started::Task { view: Box::new(created.task), a2a, after: 0 })
 }
 

@@ -11,10 +11,11 @@ use tokio::sync::mpsc;
 use super::errors::A2aError;
 use super::Ctx;
 use crate::a2a::{state, stream_ends, timestamp, Shown};
-use crate::store::a2a::A2aTask;
+use crate::kinds::EventKind;
+use crate::kinds::TaskStatus;
+use crate::tasks::context::ContextRow as A2aTask;
 use crate::tasks::feed::Item;
 use crate::tasks::guard::Hold;
-use crate::tasks::kinds::TaskStatus;
 use crate::tasks::TaskView;
 
 /// Stream `task` (its events after `after`) under `hold`.
@@ -79,10 +80,10 @@ async fn produce(
                 continue;
             }
         };
-        let metadata = match ev.kind.as_str() {
-            "claimed" if !working => json!({}),
-            "checkpoint" => json!({"turn": ev.data["turn"]}),
-            "requires_action" => {
+        let metadata = match ev.known() {
+            Some(EventKind::Claimed) if !working => json!({}),
+            Some(EventKind::Checkpoint) => json!({"turn": ev.data["turn"]}),
+            Some(EventKind::RequiresAction) => {
                 let now = room.get(&scope, task.id).await?;
                 if now.status == TaskStatus::RequiresAction {
                     let update = Shown { task: &now, a2a: a2a.as_ref() }.status_update(None);

@@ -17,11 +17,10 @@ use uuid::Uuid;
 use super::rpc::{self, RpcError};
 use super::tools;
 use super::{Ctx, Reply};
+use crate::kinds::{EventKind, Gate, TaskStatus};
 use crate::tasks::answer::ActionAnswer;
 use crate::tasks::feed::Item;
-use crate::tasks::guard::HoldKind;
-use crate::tasks::kinds::{Gate, TaskStatus};
-use crate::tasks::{Submission, TaskRequest, TaskView};
+use crate::tasks::{ActionRow, Submission, TaskRequest, TaskView};
 
 /// The related-task metadata key of 2025-11-25 tasks.
 pub const RELATED_TASK: &str = "io.modelcontextprotocol/related-task";
@@ -68,7 +67,7 @@ pub async fn call(ctx: Ctx, id: Value, params: Value) -> Result<Reply, RpcError>
     let augmented = p.task.is_some() && ctx.tasks_supported();
     // An `agent_<name>` tool is not offered from inside a sub-agent; called anyway, the room
     // refuses it by the depth rule, as it does `task`.
-    let agent = p.name.strip_prefix("agent_").filter(|_| ctx.st.tasks.cfg.mcp_tool_per_agent);
+    let agent = p.name.strip_prefix("agent_").filter(|_| ctx.st.tasks.config().mcp_tool_per_agent);
     match (p.name.as_str(), agent) {
         ("task", _) | (_, Some(_)) => {
             let a: TaskArgs = match serde_json::from_value(args) {
@@ -111,7 +110,7 @@ pub async fn call(ctx: Ctx, id: Value, params: Value) -> Result<Reply, RpcError>
                     Err(e) => Err(internal(e)),
                 };
             }
-            let bound = Duration::from_secs(ctx.st.tasks.cfg.mcp_wait_seconds);
+            let bound = Duration::from_secs(ctx.st.tasks.config().mcp_wait_seconds);
             if progress.is_none() && !ctx.elicits() {
                 return Ok(Reply::Json(match ctx.st.tasks.create(s, Some(bound)).await {
                     Ok(c) => tools::result(&c.task),
@@ -135,7 +134,7 @@ pub async fn call(ctx: Ctx, id: Value, params: Value) -> Result<Reply, RpcError>
                 "task_get" => room.get(&scope, task).await,
                 "task_cancel" => room.cancel(&scope, task).await,
                 _ => {
-                    let bound = Duration::from_secs(ctx.st.tasks.cfg.mcp_wait_seconds);
+                    let bound = Duration::from_secs(ctx.st.tasks.config().mcp_wait_seconds);
                     if progress.is_some() || ctx.elicits() {
                         return Ok(follow(ctx, id, Start::Task(task), Until::Bound(bound), progress, None));
                     }
@@ -163,8 +162,8 @@ pub enum Start {
     Task(Uuid),
 }
 
-/// How long a followed call follows its task: at most a bound, as a wait (under a wait hold it
-/// takes itself), or until the task ends (`tasks/result`), under the stream hold the caller took
+/// How long a followed call follows its task: at most a bound, as a wait (under a wait hold the
+/// room takes), or until the task ends (`tasks/result`), under the stream hold the caller took
 /// — a hold of no bound is a stream.
 pub enum Until {
     Bound(Duration),
@@ -212,37 +211,29 @@ async fn produce(
     let room = &ctx.st.tasks;
     let scope = ctx.scope();
     let task = match start {
-        Start::Submit(mut s) => {
-            // A waiting caller: the task may start in this process at once.
-            s.waiting = true;
-            match room.submit(*s).await {
-                Ok(crate::tasks::Submitted::Created(r) | crate::tasks::Submitted::Existing(r)) => {
-                    room.view(r).await.map_err(|_| RpcError::internal())?
-                }
-                Err(e) if e.is_client_error() => return Ok(tools::refused(&e)),
-                Err(e) => return Err(internal(e)),
-            }
-        }
-        Start::Task(id) => match room.get(&scope, id).await {
-            Ok(t) => t,
-            Err(e) if e.is_client_error() => return Ok(tools::refused(&e)),
-            Err(e) => return Err(internal(e)),
-        },
+        // A waiting caller: the task may start in this process at once.
+        Start::Submit(s) => room.create_followed(*s).await.map(|c| c.task),
+        Start::Task(id) => room.get(&scope, id).await,
+    };
+    let task = match task {
+        Ok(t) => t,
+        Err(e) if e.is_client_error() => return Ok(tools::refused(&e)),
+        Err(e) => return Err(internal(e)),
     };
     if task.status.is_terminal() {
         return Ok(tools::result(&task));
     }
-    let (hold, deadline) = match until {
-        // A wait: at the tenant's `max_waits` it is answered at once, as if it had run out.
-        Until::Bound(bound) => match room.hold(&task.tenant, HoldKind::Wait).await {
-            Ok(Ok(h)) => (h, Some(tokio::time::Instant::now() + bound)),
-            Ok(Err(_)) => return Ok(tools::result(&task)),
-            Err(_) => return Err(RpcError::internal()),
-        },
-        Until::End(h) => (h, None),
-    };
     // With a progress token, the run's text as it streams goes out as progress messages.
-    let mut events = Box::pin(room.watch(&task, 0, hold, progress.is_some()));
+    let output = progress.is_some();
+    let (mut events, deadline) = match until {
+        // A wait: at the tenant's `max_waits` it is answered at once, as if it had run out.
+        Until::Bound(bound) => match room.watch_waiting(&task, output).await {
+            Ok(Some(events)) => (events.boxed(), Some(tokio::time::Instant::now() + bound)),
+            Ok(None) => return Ok(tools::result(&task)),
+            Err(e) => return Err(internal(e)),
+        },
+        Until::End(hold) => (room.watch(&task, 0, hold, output).boxed(), None),
+    };
     // Text messages sent in the turn now running: progress between its turn's numbers.
     let mut texts_in_turn = (0u32, 0u32);
     let out_of_time = async move {
@@ -282,8 +273,8 @@ async fn produce(
                 continue;
             }
         };
-        match ev.kind.as_str() {
-            "checkpoint" => {
+        match ev.known() {
+            Some(EventKind::Checkpoint) => {
                 if let Some(token) = &progress {
                     let turn = ev.data["turn"].as_u64().unwrap_or(0);
                     let mut p = json!({"progressToken": token, "progress": turn,
@@ -296,7 +287,7 @@ async fn produce(
                     }
                 }
             }
-            "requires_action" => {
+            Some(EventKind::RequiresAction) => {
                 let now = room.get(&scope, task.id).await.map_err(|_| RpcError::internal())?;
                 if !ctx.elicits() {
                     return Ok(tools::result(&now));
@@ -320,7 +311,7 @@ async fn produce(
 
 /// The question that answers one pending action, as an `elicitation/create` request whose id
 /// names the action.
-fn elicitation(ctx: &Ctx, a: &crate::store::actions::ActionRow, related: Option<Uuid>) -> Value {
+fn elicitation(ctx: &Ctx, a: &ActionRow, related: Option<Uuid>) -> Value {
     let (message, schema) = match a.kind {
         Gate::Approval => (
             format!("A sub-agent wants to call `{}` with {}. Approve it?", a.name, a.arguments),
@@ -360,7 +351,7 @@ pub async fn answered(ctx: &Ctx, id: &Value, result: Option<Value>, error: Optio
     let Some(result) = result else { return };
     let room = &ctx.st.tasks;
     let scope = ctx.scope();
-    let kind = match crate::store::actions::get(&room.pool, &ctx.tenant, action).await {
+    let kind = match room.action(&ctx.tenant, action).await {
         Ok(Some(a)) => a.kind,
         _ => return,
     };

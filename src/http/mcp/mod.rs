@@ -39,8 +39,8 @@ use super::error::ApiError;
 use super::extract::ApiBytes;
 pub(crate) use super::jsonrpc as rpc;
 use super::{AppState, Tenant};
-use crate::store::mcp::{self as store, McpSession};
-use crate::tasks::kinds::Answerer;
+use crate::kinds::Answerer;
+use crate::resources::sessions::McpSession;
 use crate::tasks::Scope;
 use rpc::{Incoming, RpcError};
 
@@ -58,8 +58,9 @@ pub fn router(st: AppState) -> Router<AppState> {
 /// reach a local server); a request without one (any non-browser client) passes.
 async fn check_origin(State(st): State<AppState>, req: Request, next: Next) -> Response {
     if let Some(origin) = req.headers().get(header::ORIGIN) {
-        let own =
-            origin.to_str().is_ok_and(|o| super::origin::is_own(o, req.headers(), st.tasks.cfg.public_url.as_deref()));
+        let own = origin
+            .to_str()
+            .is_ok_and(|o| super::origin::is_own(o, req.headers(), st.tasks.config().public_url.as_deref()));
         if !own {
             let e = RpcError::new(rpc::INVALID_REQUEST, "forbidden: this Origin is not the service's own");
             return http_error(StatusCode::FORBIDDEN, &e);
@@ -101,7 +102,7 @@ impl Ctx {
 
     /// The request comes from inside a sub-agent (the service's own MCP client sends depth 1).
     pub fn nested(&self) -> bool {
-        self.depth.as_deref().and_then(|d| d.trim().parse::<u32>().ok()).is_some_and(|d| d >= 1)
+        crate::tasks::refused_by_depth(self.depth.as_deref())
     }
 
     /// The client can be asked for input (`elicitation/create`, form mode).
@@ -146,7 +147,7 @@ async fn message(
     let bytes = match body {
         Ok(ApiBytes(b)) => b,
         Err(e) if e.status == StatusCode::PAYLOAD_TOO_LARGE => {
-            let max = st.tasks.cfg.max_body_bytes;
+            let max = st.tasks.config().max_body_bytes;
             let e = RpcError::new(rpc::INVALID_REQUEST, format!("request body too large: at most {max} bytes"));
             return http_error(StatusCode::PAYLOAD_TOO_LARGE, &e);
         }
@@ -240,14 +241,8 @@ async fn notified(ctx: &Ctx, method: &str, params: &Value) {
     // A request the client gave up on: its task is cancelled, from whichever replica this is.
     let Some(request) = params.get("requestId") else { return };
     let key = ctx.key_of(request);
-    match ctx.st.tasks.by_key(&ctx.tenant, &key).await {
-        Ok(Some(t)) => {
-            if let Err(e) = ctx.st.tasks.cancel(&ctx.scope(), t.id).await {
-                tracing::warn!(error = %e, task_id = %t.id, "MCP cancel of a request's task failed");
-            }
-        }
-        Ok(None) => {}
-        Err(e) => tracing::warn!(error = %e, "MCP cancel: the request's task could not be read"),
+    if let Err(e) = ctx.st.tasks.cancel_by_key(&ctx.tenant, &key).await {
+        tracing::warn!(error = %e, "MCP cancel of a request's task failed");
     }
 }
 
@@ -256,7 +251,7 @@ async fn session(st: &AppState, tenant: &str, id: &str) -> Result<Option<McpSess
     if let Some(s) = st.mcp_sessions.get(id).filter(|s| s.tenant == tenant) {
         return Ok(Some(s));
     }
-    let s = store::get(&st.tasks.pool, tenant, id).await?;
+    let s = st.res.mcp_session(tenant, id).await?;
     if let Some(s) = &s {
         st.mcp_sessions.put(id, s.clone());
     }
@@ -275,7 +270,7 @@ async fn initialize(st: &AppState, tenant: &str, id: &Value, params: &Value) -> 
         rand::thread_rng().fill_bytes(&mut b);
         hex::encode(b)
     };
-    if let Err(e) = store::create(&st.tasks.pool, &sid, tenant, version, &caps, &client).await {
+    if let Err(e) = st.res.start_mcp_session(&sid, tenant, version, &caps, &client).await {
         return ApiError::from(e).into_response();
     }
     let mut capabilities = json!({"tools": {"listChanged": false}});
@@ -303,7 +298,7 @@ async fn end_session(State(st): State<AppState>, Tenant(tenant): Tenant, headers
         return http_error(StatusCode::BAD_REQUEST, &e);
     };
     st.mcp_sessions.remove(sid);
-    match store::delete(&st.tasks.pool, &tenant, sid).await {
+    match st.res.end_mcp_session(&tenant, sid).await {
         Ok(true) => StatusCode::NO_CONTENT.into_response(),
         Ok(false) => http_error(StatusCode::NOT_FOUND, &RpcError::new(-32001, "session not found")),
         Err(e) => ApiError::from(e).into_response(),

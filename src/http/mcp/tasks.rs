@@ -4,8 +4,6 @@
 //! which waits for the end (asking the client for input meanwhile, if it can be asked) and then
 //! answers as a plain call would, with the related-task metadata.
 
-use std::time::Duration;
-
 use serde_json::{json, Value};
 use uuid::Uuid;
 
@@ -14,7 +12,7 @@ use super::rpc::RpcError;
 use super::tools::mcp_task;
 use super::{Ctx, Reply};
 use crate::tasks::list::ListRequest;
-use crate::tasks::TaskError;
+use crate::tasks::{TaskError, CANCEL_SETTLE};
 
 fn task_id(params: &Value) -> Result<Uuid, RpcError> {
     params
@@ -65,11 +63,7 @@ pub async fn handle(ctx: Ctx, id: Value, method: &str, params: Value) -> Result<
                     mcp_task(&ctx, &before)["status"].as_str().unwrap_or("")
                 )));
             }
-            let mut t = room.cancel(&scope, id).await.map_err(not_found)?;
-            if !t.status.is_terminal() {
-                // A running task is stopped by its worker, wherever it runs: moments later.
-                t = room.join(&scope, id, Duration::from_secs(10)).await.map_err(not_found)?.task;
-            }
+            let t = room.cancel_settled(&scope, id, CANCEL_SETTLE).await.map_err(not_found)?;
             Ok(Reply::Json(mcp_task(&ctx, &t)))
         }
         "tasks/result" => {

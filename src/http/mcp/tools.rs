@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 
 use super::rpc::RpcError;
 use super::Ctx;
-use crate::tasks::kinds::TaskStatus;
+use crate::kinds::TaskStatus;
 use crate::tasks::{TaskError, TaskView};
 
 /// What every result of a task carries as `structuredContent` (its `outputSchema`).
@@ -39,10 +39,7 @@ fn id_input(what: &str) -> Value {
 
 /// The tenant's agent types, each with its one-line description.
 async fn agents(ctx: &Ctx) -> Result<Vec<(String, String)>, RpcError> {
-    let room = &ctx.st.tasks;
-    let all = crate::tasks::submit::agents::described(&room.pool, &room.file_agents, Some(&ctx.tenant))
-        .await
-        .map_err(|_| RpcError::internal())?;
+    let all = ctx.st.res.described(Some(&ctx.tenant)).await.map_err(|_| RpcError::internal())?;
     Ok(all.into_iter().map(|d| (d.name, d.line)).collect())
 }
 
@@ -91,7 +88,7 @@ pub async fn list(ctx: &Ctx) -> Result<Value, RpcError> {
             "outputSchema": task_output_schema(),
             "annotations": {"readOnlyHint": false, "destructiveHint": false, "openWorldHint": true},
         })));
-        if ctx.st.tasks.cfg.mcp_tool_per_agent {
+        if ctx.st.tasks.config().mcp_tool_per_agent {
             for (name, line) in &agents {
                 let mut input = task_input(&agents);
                 input["properties"].as_object_mut().map(|p| p.remove("subagent_type"));
@@ -233,7 +230,7 @@ pub fn mcp_task(ctx: &Ctx, t: &TaskView) -> Value {
         TaskStatus::Cancelled => ("cancelled", None),
     };
     let updated = [Some(t.created_at), t.started_at, t.finished_at].into_iter().flatten().max().unwrap_or(t.created_at);
-    let days = ctx.st.tasks.cfg.retention_days;
+    let days = ctx.st.tasks.config().retention_days;
     let ttl = if days == 0 { Value::Null } else { json!(u64::from(days) * 86_400_000) };
     let mut v = json!({
         "taskId": t.id, "status": status, "createdAt": t.created_at, "lastUpdatedAt": updated,

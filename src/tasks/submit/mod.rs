@@ -12,8 +12,9 @@ use serde::Deserialize;
 use serde_json::Value;
 use uuid::Uuid;
 
+use super::context::Context;
 use super::{Lifecycle, Place, TaskError};
-use crate::budget::{self, BudgetError, Limits, Smallest};
+use crate::budget::{self, Limits, Smallest};
 use crate::engine::spec::TaskOptions;
 use crate::store::budget::Reserve;
 use crate::store::tasks::{self, Inserted, NewTask, TaskRow};
@@ -108,6 +109,9 @@ pub struct Submission {
     pub waiting: bool,
     /// The prefix of the API key it came with (the usage rollup's `api_key`).
     pub api_key: Option<String>,
+    /// The context it is made in: it continues the context's latest task, and the context's row
+    /// is written with it (`tasks::context`).
+    pub context: Option<Context>,
 }
 
 impl Submission {
@@ -121,6 +125,7 @@ impl Submission {
             traceparent: None,
             waiting: false,
             api_key: None,
+            context: None,
         }
     }
 }
@@ -139,6 +144,8 @@ pub(in crate::tasks) struct Prepared {
     options: TaskOptions,
     /// Its smallest first call, which a spend budget must still hold for it to be admitted.
     smallest: Smallest,
+    /// The context whose row is written with it.
+    context: Option<Context>,
 }
 
 /// Refuse calls made from inside a sub-agent's tool: sub-agents are one level deep.
@@ -150,6 +157,12 @@ pub(in crate::tasks) fn check_depth(depth: Option<&str>) -> Result<(), TaskError
         return Err(TaskError::RecursionRefused { depth });
     }
     Ok(())
+}
+
+/// A request the depth rule refuses (`Subagent-Depth` of 1 or more, or unreadable): a door
+/// offers such a caller nothing that would start a task.
+pub fn refused_by_depth(depth: Option<&str>) -> bool {
+    check_depth(depth).is_err()
 }
 
 fn check_key(key: Option<&str>) -> Result<Option<String>, TaskError> {
@@ -170,13 +183,25 @@ impl Lifecycle {
         s.idempotency_key = check_key(s.idempotency_key.as_deref())?;
         s.traceparent = s.traceparent.as_deref().and_then(crate::telemetry::parse_traceparent);
         let limits = self.limits(&s.tenant).await?;
+        let earlier = match &s.idempotency_key {
+            Some(key) => tasks::by_idempotency_key(&self.pool, &s.tenant, key).await?,
+            None => None,
+        };
+        if let Some(c) = &s.context {
+            if s.request.resume_from.is_some() {
+                return Err(TaskError::invalid(
+                    "resume_from",
+                    "a task in a context continues the context's latest task",
+                ));
+            }
+            s.request.resume_from = self.continued(&s.tenant, c, earlier.as_ref()).await?;
+        }
         let mut p = self.prepare(&s, &limits).await?;
+        p.context = s.context.take();
         // A repeated request is answered before the limits are checked: it adds nothing.
         let hash = p.new.request_hash.clone();
-        if let Some(key) = &p.new.idempotency_key {
-            if let Some(r) = tasks::by_idempotency_key(&self.pool, &s.tenant, key).await? {
-                return same_request(r, &hash);
-            }
+        if let Some(r) = earlier {
+            return same_request(r, &hash);
         }
         // A waiting request's task starts in this process when it has room, skipping the
         // queue's claim round trip (not for tenants with a running limit: only the claim keeps
@@ -231,7 +256,7 @@ impl Lifecycle {
             }
             Ok((existing, _)) => Ok(existing),
             Err(e) => {
-                if !matches!(e, TaskError::Budget(BudgetError::QueueFull { .. } | BudgetError::Exhausted { .. })) {
+                if !e.is_admission_refusal() {
                     place.abandon(p.new.id);
                 }
                 Err(e)
@@ -247,7 +272,8 @@ impl Lifecycle {
         let new = &p.new;
         let first = new.start.as_ref().and_then(|s| s.first_call.as_ref());
         let scheduled = new.run_at.is_some();
-        if !budget::guards_admission(limits) && !scheduled {
+        let guarded = budget::guards_admission(limits) || scheduled;
+        if !guarded && p.context.is_none() {
             // One statement, which also writes the first call's reservation when it can.
             let mut conn = self.pool.acquire().await.map_err(StoreError::from)?;
             let r = tasks::insert(&mut conn, new).await?;
@@ -255,8 +281,13 @@ impl Lifecycle {
             return Ok((r, reserved));
         }
         let mut tx = self.pool.begin().await.map_err(StoreError::from)?;
-        budget::admission_checks(&mut tx, limits, &new.tenant, p.smallest, scheduled).await?;
+        if guarded {
+            budget::admission_checks(&mut tx, limits, &new.tenant, p.smallest, scheduled).await?;
+        }
         let r = tasks::insert(&mut tx, new).await?;
+        if let (Inserted::New(row, _), Some(c)) = (&r, &p.context) {
+            super::context::record(&mut tx, row.id, &row.tenant, c).await?;
+        }
         // With a spend budget, the reservation is checked against it in the same transaction.
         let reserved = match (&r, first) {
             (Inserted::New(_, true), Some(_)) => true,

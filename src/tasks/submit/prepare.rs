@@ -14,9 +14,9 @@ use crate::engine::agents::{AgentType, Approval};
 use crate::engine::claude_code;
 use crate::engine::definitions::AgentDefinition;
 use crate::engine::spec::{FallbackWhen, MaxTurns, TaskOptions, Usd};
+use crate::kinds::Priority;
 use crate::llm::{ModelRef, ResolveError};
 use crate::store::tasks::{self, NewTask, TaskRow};
-use crate::tasks::kinds::Priority;
 use crate::tasks::{Lifecycle, TaskError};
 use crate::tools::catalog;
 use crate::tools::{ToolDef, Whitelist};
@@ -111,7 +111,7 @@ impl Lifecycle {
         } else {
             Smallest::default()
         };
-        Ok(Prepared { new, options, smallest })
+        Ok(Prepared { new, options, smallest, context: None })
     }
 
     /// The request's own values: texts, sizes, the turn budget's floor, the metadata.

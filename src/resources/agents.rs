@@ -1,0 +1,107 @@
+//! Agent definitions: the built-in types, the agents directory's, and a tenant's own (stored over
+//! the API), as the API shows them — with what each names that cannot be served here now.
+
+use serde_json::{json, Value};
+
+use super::{Error, Resources};
+use crate::engine::agents::{AgentType, BUILTIN_NAMES};
+use crate::engine::definitions::AgentDefinition;
+use crate::store::agents;
+pub use crate::tasks::submit::agents::Described;
+use crate::tasks::submit::agents::{described, resolve, tenant_definitions, unservable, Resolved};
+use crate::tasks::TaskError;
+use crate::tools::ToolDef;
+
+fn builtin_view(t: AgentType, name: &str) -> Value {
+    json!({"name": name, "source": "builtin", "description": format!("built-in {} agent", t.as_str()),
+           "system_prompt": t.system_prompt(), "max_turns": t.default_max_turns(),
+           "tools": if t.read_only() { json!("read-only (policy auto)") } else { json!("all the caller allows") }})
+}
+
+impl Resources {
+    /// A custom definition as the API shows it: as written (Claude Code's own fields under
+    /// `claude_code`), with `warnings` — what reading it noticed, and what it names that cannot
+    /// be served here now (`unmatched_tools`: names of its `tools` that are no tool of the
+    /// tenant's).
+    fn custom_view(&self, d: &AgentDefinition, source: &str, tools: &[ToolDef]) -> Value {
+        let mut v = serde_json::to_value(d).unwrap_or(Value::Null);
+        let u = unservable(d, &self.providers, Some(tools), &self.file_agents.tool_aliases);
+        if let Some(o) = v.as_object_mut() {
+            o.remove("notices");
+        }
+        let mut warnings = d.notices.clone();
+        warnings.extend(u.warnings);
+        v["warnings"] = json!(warnings);
+        if d.tools.is_some() {
+            v["unmatched_tools"] = json!(u.unmatched_tools);
+        }
+        v["source"] = json!(source);
+        v
+    }
+
+    async fn tenant_tools(&self, tenant: &str) -> Result<Vec<ToolDef>, Error> {
+        Ok(crate::tools::catalog::available(&self.pool, &self.tools_cache, tenant).await?)
+    }
+
+    /// Every agent the tenant may name, as the API shows each, and the agents directory's files
+    /// that could not be read.
+    pub async fn agents(&self, tenant: &str) -> Result<(Vec<Value>, Value), Error> {
+        let mut out: Vec<Value> = vec![];
+        for name in BUILTIN_NAMES {
+            if let Some(t) = AgentType::parse(name) {
+                out.push(builtin_view(t, name));
+            }
+        }
+        let tools = self.tenant_tools(tenant).await?;
+        let mine = tenant_definitions(&self.pool, tenant).await?;
+        for d in &self.file_agents.valid {
+            if !mine.iter().any(|m| m.name == d.name) {
+                out.push(self.custom_view(d, "file", &tools));
+            }
+        }
+        out.extend(mine.iter().map(|d| self.custom_view(d, "api", &tools)));
+        Ok((out, json!(self.file_agents.invalid)))
+    }
+
+    /// The agent `name` of the tenant's, as the API shows it.
+    pub async fn agent(&self, tenant: &str, name: &str) -> Result<Value, Error> {
+        match resolve(&self.pool, &self.file_agents, tenant, name).await? {
+            Some(Resolved::Builtin(t)) => Ok(builtin_view(t, name)),
+            Some(Resolved::Custom(d)) => {
+                let source = if self.file_agents.get(name) == Some(&*d) { "file" } else { "api" };
+                let tools = self.tenant_tools(tenant).await?;
+                Ok(self.custom_view(&d, source, &tools))
+            }
+            None => Err(Error::NotFound("agent")),
+        }
+    }
+
+    /// Store the tenant's definition (checked already); true when it is new, with the view. A
+    /// model that cannot be served now, or tool names that are no tools here, do not make it
+    /// invalid: it is stored, and the view lists them under `warnings`.
+    pub async fn put_agent(&self, tenant: &str, def: &AgentDefinition) -> Result<(bool, Value), Error> {
+        let stored = serde_json::to_value(def).map_err(|e| Error::Task(TaskError::Internal(e.to_string())))?;
+        let created = agents::put(&self.pool, tenant, def.name.as_str(), &stored).await?;
+        let tools = self.tenant_tools(tenant).await?;
+        Ok((created, self.custom_view(def, "api", &tools)))
+    }
+
+    /// Delete the tenant's definition `name`; a built-in or a file's is read-only.
+    pub async fn delete_agent(&self, tenant: &str, name: &str) -> Result<(), Error> {
+        if agents::delete(&self.pool, tenant, name).await? {
+            return Ok(());
+        }
+        if AgentType::parse(name).is_some() || self.file_agents.get(name).is_some() {
+            return Err(Error::ReadOnly(format!(
+                "{name:?} is a built-in or comes from the agents directory; it cannot be deleted over the API"
+            )));
+        }
+        Err(Error::NotFound("agent"))
+    }
+
+    /// The agent types the tenant may name (`None`: those every tenant may), each with its
+    /// one-line description, as the doors list them.
+    pub async fn described(&self, tenant: Option<&str>) -> Result<Vec<Described>, Error> {
+        Ok(described(&self.pool, &self.file_agents, tenant).await?)
+    }
+}

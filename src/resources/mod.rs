@@ -1,0 +1,100 @@
+//! The service's resources other than tasks — API keys and tenants (`keys`), agent definitions
+//! (`agents`), tools and tool sources (`tools`), usage (`usage`), the console's overview
+//! (`overview`), console and MCP sessions (`sessions`), readiness and gauges (`health`) — each a
+//! small module that owns its rules and its queries, as the lifecycle room does for tasks. A door
+//! (`http`) extracts a request, makes one call here and shapes the answer: it reaches no pool, no
+//! SQL and no `store`.
+//!
+//! May import: `tasks` (the room's handles, views and agent listing), `budget`, `engine`, `tools`,
+//! `llm`, `store`, `hub`, `config`, `cache`, `kinds`. Never a door or `jobs`.
+
+pub mod agents;
+pub mod health;
+pub mod keys;
+pub mod overview;
+pub mod sessions;
+pub mod tools;
+pub mod usage;
+
+use std::sync::Arc;
+
+use sqlx::PgPool;
+
+use crate::budget::{BudgetError, Limits};
+use crate::cache::TtlCache;
+use crate::config::Config;
+use crate::engine::definitions::FileAgents;
+use crate::hub::Hub;
+use crate::llm::Providers;
+use crate::store::StoreError;
+use crate::tasks::guard::Guard;
+use crate::tasks::{Parts, TaskError};
+use crate::tools::{Caller, ToolDef, ToolError};
+
+/// The handles the resources share with the room (one per process, cloned cheaply).
+#[derive(Clone)]
+pub struct Resources {
+    pool: PgPool,
+    cfg: Arc<Config>,
+    hub: Arc<Hub>,
+    providers: Arc<Providers>,
+    file_agents: Arc<FileAgents>,
+    tool_caller: Caller,
+    limits_cache: Arc<TtlCache<Limits>>,
+    tools_cache: Arc<TtlCache<Vec<ToolDef>>>,
+    guard: Arc<Guard>,
+}
+
+impl Resources {
+    pub fn new(p: &Parts) -> Resources {
+        Resources {
+            pool: p.pool.clone(),
+            cfg: p.cfg.clone(),
+            hub: p.hub.clone(),
+            providers: p.providers.clone(),
+            file_agents: p.file_agents.clone(),
+            tool_caller: p.tool_caller.clone(),
+            limits_cache: p.limits_cache.clone(),
+            tools_cache: p.tools_cache.clone(),
+            guard: p.guard.clone(),
+        }
+    }
+
+    /// The service's configuration (read-only).
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+}
+
+/// What a resource's operation refuses, or fails with.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A value of the request that cannot be taken, naming its field.
+    #[error("{field}: {message}")]
+    Invalid { field: String, message: String },
+    /// No such resource of the caller's (what it is: `tool`, `agent`…).
+    #[error("no such {0}")]
+    NotFound(&'static str),
+    /// The resource cannot be changed this way (a built-in, a file's definition…).
+    #[error("{0}")]
+    ReadOnly(String),
+    #[error(transparent)]
+    Budget(#[from] BudgetError),
+    #[error(transparent)]
+    Tool(#[from] ToolError),
+    /// A failure below (the database), as the room reports it.
+    #[error(transparent)]
+    Task(#[from] TaskError),
+}
+
+impl Error {
+    pub fn invalid(field: &str, message: impl Into<String>) -> Error {
+        Error::Invalid { field: field.to_string(), message: message.into() }
+    }
+}
+
+impl From<StoreError> for Error {
+    fn from(e: StoreError) -> Error {
+        Error::Task(TaskError::Store(e))
+    }
+}

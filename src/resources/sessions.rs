@@ -1,0 +1,53 @@
+//! Sessions: the console's (a browser's, made by exchanging a key or the admin token once; only
+//! the hash of its cookie's value is stored) and the MCP door's (whose they are, the protocol
+//! version and what the client can do), both rows, so that any replica serves them.
+
+use serde_json::Value;
+
+use super::{Error, Resources};
+pub use crate::store::mcp::McpSession;
+pub use crate::store::sessions::Session;
+use crate::store::{mcp, sessions};
+
+impl Resources {
+    /// The console session a cookie's value names, if it is live.
+    pub async fn console_session(&self, value: &str) -> Result<Option<Session>, Error> {
+        Ok(sessions::get(&self.pool, value).await?)
+    }
+
+    /// A new console session for `tenant` (or the admin) lasting `ttl_secs`: the cookie's value
+    /// and the session.
+    pub async fn start_console_session(
+        &self,
+        tenant: Option<&str>,
+        admin: bool,
+        ttl_secs: f64,
+    ) -> Result<(String, Session), Error> {
+        Ok(sessions::create(&self.pool, tenant, admin, ttl_secs).await?)
+    }
+
+    pub async fn end_console_session(&self, value: &str) -> Result<(), Error> {
+        Ok(sessions::delete(&self.pool, value).await?)
+    }
+
+    /// The MCP session `id` of `tenant` (another tenant's is not found), noted as seen.
+    pub async fn mcp_session(&self, tenant: &str, id: &str) -> Result<Option<McpSession>, Error> {
+        Ok(mcp::get(&self.pool, tenant, id).await?)
+    }
+
+    pub async fn start_mcp_session(
+        &self,
+        id: &str,
+        tenant: &str,
+        version: &str,
+        capabilities: &Value,
+        client_info: &Value,
+    ) -> Result<(), Error> {
+        Ok(mcp::create(&self.pool, id, tenant, version, capabilities, client_info).await?)
+    }
+
+    /// End an MCP session; false if there was none of `tenant`'s.
+    pub async fn end_mcp_session(&self, tenant: &str, id: &str) -> Result<bool, Error> {
+        Ok(mcp::delete(&self.pool, tenant, id).await?)
+    }
+}

@@ -7,6 +7,7 @@ mod helpers;
 
 mod a2a;
 mod agents;
+mod architecture;
 mod batching;
 mod browser;
 mod budgets;
@@ -22,6 +23,7 @@ mod health;
 mod holds;
 mod imports;
 mod lifecycle;
+mod lists;
 mod live;
 mod liveness;
 mod mcp;

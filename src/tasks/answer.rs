@@ -8,7 +8,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::{Lifecycle, Scope, TaskError, TaskView};
-use crate::kinds::{Answerer, Decision};
+use crate::kinds::{Answerer, Decision, TaskStatus};
 use crate::store::actions::{self, Refused};
 use crate::store::{tasks as store, CH_EVENT, CH_QUEUED};
 
@@ -62,6 +62,13 @@ impl Lifecycle {
         id: Uuid,
         body: Vec<ActionAnswer>,
     ) -> Result<TaskView, TaskError> {
+        if body.is_empty() {
+            // Nothing to take: a task that is not paused says so before the empty list does.
+            let t = self.row(scope, id).await?;
+            if t.status != TaskStatus::RequiresAction {
+                return Err(TaskError::NotPaused { status: t.status });
+            }
+        }
         let answers = self.checked(body)?;
         let outcome = actions::answer(&self.pool, scope.tenant(), id, &answers, by).await?;
         let done = outcome.map_err(|r| match r {

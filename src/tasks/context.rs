@@ -55,11 +55,19 @@ impl Lifecycle {
         Ok(store::of(&self.pool, ids).await?)
     }
 
-    /// Add a caller's message to the history of the caller's task `id` (once per message id).
-    pub async fn add_message(&self, scope: &Scope, id: Uuid, message: &Value) -> Result<(), TaskError> {
-        let t = self.row(scope, id).await?;
-        store::append(&self.pool, id, &t.tenant, message).await?;
-        Ok(())
+    /// Answer the caller's paused task `id` (as `answer`) with the caller's `message` that
+    /// carried the answers, which joins the task's history once the answers are taken.
+    pub async fn answer_with_message(
+        &self,
+        scope: &Scope,
+        by: &crate::kinds::Answerer,
+        id: Uuid,
+        answers: Vec<super::answer::ActionAnswer>,
+        message: &Value,
+    ) -> Result<super::TaskView, TaskError> {
+        let answered = self.answer(scope, by, id, answers).await?;
+        store::append(&self.pool, id, &answered.tenant, message).await?;
+        Ok(answered)
     }
 
     /// Create (or replace) a push notification config of the tenant's task.

@@ -290,7 +290,11 @@ async fn answer(ctx: &Ctx, msg: &Inbound, task: &str, how: How) -> Result<Starte
     }
     let after = room.last_seq(&scope, view.id).await?;
     let actions = msg.actions.clone().unwrap_or_default();
-    let answered = room.answer(&scope, &ctx.answerer(), view.id, actions).await.map_err(|e| match e {
+    let mut stored = msg.stored.clone();
+    stored["taskId"] = json!(view.id);
+    stored["contextId"] = json!(context);
+    let answered = room.answer_with_message(&scope, &ctx.answerer(), view.id, actions, &stored).await.map_err(|e| {
+        match e {
         TaskError::NotPaused { status } if status.is_terminal() => A2aError::new(
             Kind::UnsupportedOperation,
             format!(
@@ -309,11 +313,8 @@ async fn answer(ctx: &Ctx, msg: &Inbound, task: &str, how: How) -> Result<Starte
         )
         .meta("field", "message.parts"),
         e => e.into(),
+    }
     })?;
-    let mut stored = msg.stored.clone();
-    stored["taskId"] = json!(view.id);
-    stored["contextId"] = json!(context);
-    room.add_message(&scope, view.id, &stored).await?;
     let view = match how {
         How::Block => room.join(&scope, view.id, room.wait_bound(None)).await?.task,
         How::Return => answered,

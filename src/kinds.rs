@@ -35,6 +35,19 @@ macro_rules! text_enum {
             }
         }
 
+        /// Compared with its name, as the tests and the doors' strings spell it.
+        impl PartialEq<str> for $name {
+            fn eq(&self, other: &str) -> bool {
+                self.as_str() == other
+            }
+        }
+
+        impl PartialEq<&str> for $name {
+            fn eq(&self, other: &&str) -> bool {
+                self.as_str() == *other
+            }
+        }
+
         impl std::fmt::Display for $name {
             fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.write_str(self.as_str())
@@ -389,6 +402,31 @@ text_enum! {
         TaskFinished = "task.finished",
         /// The task paused for its pending actions.
         TaskRequiresAction = "task.requires_action",
+    }
+}
+
+text_enum! {
+    /// Why a task failed (a failed task's `error.code`; an incomplete one's with an invalid
+    /// output too).
+    FailureCode {
+        /// The provider could not serve the call (connection, timeout, 429, 5xx), retries spent.
+        ProviderUnavailable = "provider_unavailable",
+        /// The provider refused the request (a 4xx other than a rate limit).
+        ProviderRejected = "provider_rejected",
+        /// The provider's answer could not be read.
+        ProviderProtocol = "provider_protocol",
+        /// The prompt does not fit the model's context.
+        ContextExceeded = "context_exceeded",
+        /// The task's model is no longer configured.
+        UnknownModel = "unknown_model",
+        /// The task it resumes has no conversation left (purged).
+        ResumeUnavailable = "resume_unavailable",
+        /// The final answer never matched the output schema (an incomplete task's).
+        InvalidOutput = "invalid_output",
+        /// The workers running it were lost `max_attempts` times.
+        WorkerLost = "worker_lost",
+        /// The service's own failure.
+        Internal = "internal",
     }
 }
 

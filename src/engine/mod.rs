@@ -22,8 +22,8 @@ use rust_decimal::Decimal;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
-use crate::kinds::EventKind;
 pub use crate::kinds::{CallOutcome, Gate, StopReason};
+use crate::kinds::{EventKind, FailureCode};
 use crate::llm::pricing::Price;
 use crate::llm::retry::RetryPolicy;
 use crate::llm::{ChatRequest, LlmError, Message, Progress, Provider, ToolCall, ToolSpec, Usage};
@@ -374,7 +374,7 @@ pub enum Outcome {
         summary: String,
     },
     Failed {
-        code: String,
+        code: FailureCode,
         message: String,
     },
     /// Stopped from outside before finishing.
@@ -634,7 +634,7 @@ async fn call_with_retries(
                 }
                 Err(e) => {
                     span.record("error", tracing::field::display(&e.message));
-                    crate::telemetry::span_error(&span, e.code(), &e.message);
+                    crate::telemetry::span_error(&span, e.code().as_str(), &e.message);
                 }
             }
             let mut rec = record(&t, turn, try_no, started, reserved);
@@ -828,7 +828,7 @@ fn interrupted(
 fn failed(e: &LlmError, tries: u32) -> Outcome {
     let status = e.http_status.map(|s| format!(" (HTTP {s})")).unwrap_or_default();
     Outcome::Failed {
-        code: e.code().to_string(),
+        code: e.code(),
         message: format!("provider call failed after {tries} attempt(s){status}: {}", e.message),
     }
 }

@@ -208,10 +208,7 @@ async fn a_call_to_an_unoffered_tool_is_answered_as_an_error_and_never_run() {
         }
         m => panic!("expected a tool result, got {m:?}"),
     }
-    assert_eq!(
-        store.checkpoints.lock().unwrap()[0].events.iter().filter(|e| e.0.as_str() == "tool_call_refused").count(),
-        1
-    );
+    assert_eq!(store.checkpoints.lock().unwrap()[0].events.iter().filter(|e| e.0 == "tool_call_refused").count(), 1);
 }
 
 #[tokio::test]

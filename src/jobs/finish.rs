@@ -3,7 +3,7 @@
 //! the queue, a budget wait, a pause, or nothing when the lease is lost — exactly once.
 
 use crate::engine::{BudgetWait, Outcome, PendingCall, RunEnd, StopCause};
-use crate::kinds::{StopReason, TaskStatus};
+use crate::kinds::{FailureCode, StopReason, TaskStatus};
 use crate::store::actions::NewAction;
 use crate::store::runs::{Committed, Finish};
 use crate::store::CH_QUEUED;
@@ -71,7 +71,7 @@ pub fn decide(outcome: &Outcome, facts: RunFacts<'_>) -> Disposition {
             stop_reason: Some(StopReason::InvalidOutput),
             summary: Some(summary.clone()),
             output: None,
-            error_code: Some("invalid_output".into()),
+            error_code: Some(FailureCode::InvalidOutput),
             error_message: Some(format!("the final answer does not match the output schema: {}", errors.join("; "))),
             return_task: false,
         }),
@@ -83,7 +83,7 @@ pub fn decide(outcome: &Outcome, facts: RunFacts<'_>) -> Disposition {
             stop_reason: None,
             summary: None,
             output: None,
-            error_code: Some(code.clone()),
+            error_code: Some(*code),
             error_message: Some(message.clone()),
             return_task: false,
         }),
@@ -172,7 +172,7 @@ async fn finish(
     match fin.status {
         TaskStatus::Failed => crate::telemetry::span_error(
             &tracing::Span::current(),
-            fin.error_code.as_deref().unwrap_or("failed"),
+            fin.error_code.map_or("failed", FailureCode::as_str),
             fin.error_message.as_deref().unwrap_or("failed"),
         ),
         TaskStatus::Incomplete => {
@@ -184,7 +184,7 @@ async fn finish(
     if fin.status == TaskStatus::Failed {
         tracing::warn!(
             task_id = %id,
-            code = fin.error_code.as_deref().unwrap_or(""),
+            code = fin.error_code.map_or("", FailureCode::as_str),
             message = fin.error_message.as_deref().unwrap_or(""),
             model = facts.model,
             host = facts.host.unwrap_or(""),
@@ -236,10 +236,12 @@ mod tests {
         let Disposition::Finish(f) = decide(&Outcome::Stopped(StopCause::Timeout), FACTS) else { panic!() };
         assert_eq!(f.stop_reason.map(StopReason::as_str), Some("timeout"));
         assert_eq!(f.summary.as_deref(), Some("(sub-agent plan stopped: its time limit of 2.5 s was reached)"));
-        let Disposition::Finish(f) = decide(&Outcome::Failed { code: "c".into(), message: "m".into() }, FACTS) else {
+        let Disposition::Finish(f) =
+            decide(&Outcome::Failed { code: FailureCode::Internal, message: "m".into() }, FACTS)
+        else {
             panic!()
         };
-        assert_eq!((f.status, f.error_code.as_deref()), (TaskStatus::Failed, Some("c")));
+        assert_eq!((f.status, f.error_code.map(FailureCode::as_str)), (TaskStatus::Failed, Some("internal")));
         let Disposition::Finish(f) = decide(&Outcome::Stopped(StopCause::Budget("usd_per_day".into())), FACTS) else {
             panic!()
         };

@@ -17,6 +17,7 @@ use crate::engine::agents::AgentType;
 use crate::engine::spec::TaskOptions;
 use crate::engine::{self, Answer, Gate, Outcome, Resolution, RunEnd, RunInput, StopCause, StopSignal};
 use crate::hub::Hub;
+use crate::kinds::FailureCode;
 use crate::kinds::{Answerer, Decision};
 use crate::llm::{Message, ModelRef, Providers, ToolCall};
 use crate::store::tasks::{FirstCall, NewTask, TaskRow};
@@ -110,7 +111,7 @@ impl Runner {
         let opts = match opts.map_or_else(|| TaskOptions::from_stored(&row.options), Ok) {
             Ok(o) => o,
             Err(e) => {
-                let end = Outcome::Failed { code: "internal".into(), message: e }.into();
+                let end = Outcome::Failed { code: FailureCode::Internal, message: e }.into();
                 return finish::apply(&store, end, facts, row.started_at).await;
             }
         };
@@ -151,12 +152,12 @@ impl Runner {
         stop: &StopSignal,
         first_reserved: bool,
     ) -> RunEnd {
-        let internal = |m: String| RunEnd::from(Outcome::Failed { code: "internal".into(), message: m });
+        let internal = |m: String| RunEnd::from(Outcome::Failed { code: FailureCode::Internal, message: m });
         let model = match self.providers.resolve(&row.model) {
             Ok(m) => m,
             Err(_) => {
                 return Outcome::Failed {
-                    code: "unknown_model".into(),
+                    code: FailureCode::UnknownModel,
                     message: format!("model {:?} has no configured provider on this worker", row.model),
                 }
                 .into()
@@ -190,7 +191,7 @@ impl Runner {
                 }
                 Ok(_) => {
                     return Outcome::Failed {
-                        code: "resume_unavailable".into(),
+                        code: FailureCode::ResumeUnavailable,
                         message: format!("the conversation of task {parent} is no longer stored"),
                     }
                     .into()

@@ -319,12 +319,13 @@ impl LlmError {
     }
 
     /// The stable error code a task carries when this error ends it.
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> crate::kinds::FailureCode {
+        use crate::kinds::FailureCode;
         match self.kind {
-            LlmErrorKind::Protocol => "provider_protocol",
-            LlmErrorKind::Client => "provider_rejected",
-            LlmErrorKind::ContextExceeded => "context_exceeded",
-            _ => "provider_unavailable",
+            LlmErrorKind::Protocol => FailureCode::ProviderProtocol,
+            LlmErrorKind::Client => FailureCode::ProviderRejected,
+            LlmErrorKind::ContextExceeded => FailureCode::ContextExceeded,
+            _ => FailureCode::ProviderUnavailable,
         }
     }
 }

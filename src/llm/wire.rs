@@ -237,7 +237,7 @@ mod tests {
     fn a_context_overflow_is_named_as_such_with_the_max_tokens_sent() {
         let body = br#"{"error": {"message": "This model's maximum context length is 512 tokens. However, you requested 4298 tokens", "code": "context_length_exceeded"}}"#;
         let e = status_error(400, body, None, Some(4096));
-        assert_eq!((e.kind, e.code()), (LlmErrorKind::ContextExceeded, "context_exceeded"));
+        assert_eq!((e.kind, e.code().as_str()), (LlmErrorKind::ContextExceeded, "context_exceeded"));
         assert!(e.message.contains("max_tokens (4096)") && e.message.contains("maximum context length is 512"), "{e}");
         let llama = br#"{"error": {"code": 400, "message": "the request exceeds the available context size, try increasing it", "type": "exceed_context_size_error"}}"#;
         assert_eq!(status_error(400, llama, None, Some(64)).kind, LlmErrorKind::ContextExceeded);

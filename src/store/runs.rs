@@ -9,7 +9,7 @@ use super::calls::CallRow;
 use super::tasks::{StopReason, TaskRow, TaskStatus, COLS, WEBHOOK};
 pub use super::Fence;
 use super::StoreError;
-use crate::kinds::EventKind;
+use crate::kinds::{EventKind, FailureCode};
 
 /// Claim up to `limit` queued tasks, fairly across tenants and within each tenant's running
 /// limit: each slot goes to the tenant that would then have the fewest tasks running (each
@@ -278,7 +278,7 @@ async fn commit_turns_on(conn: &mut sqlx::PgConnection, writes: &[&TurnWrite]) -
         status.push(fin.map(|f| f.status.as_str()));
         stop.push(fin.and_then(|f| f.stop_reason.map(StopReason::as_str)));
         summary.push(fin.and_then(|f| f.summary.as_deref()));
-        ecode.push(fin.and_then(|f| f.error_code.as_deref()));
+        ecode.push(fin.and_then(|f| f.error_code.map(FailureCode::as_str)));
         emsg.push(fin.and_then(|f| f.error_message.as_deref()));
         output.push(fin.and_then(|f| f.output.clone()));
         wants.push(fin.is_some_and(|f| f.return_task));
@@ -511,7 +511,7 @@ pub struct Finish {
     pub summary: Option<String>,
     /// The final answer's value (with an `output_schema`).
     pub output: Option<Value>,
-    pub error_code: Option<String>,
+    pub error_code: Option<FailureCode>,
     pub error_message: Option<String>,
     /// Read the finished task back (for waiters in this process; only then, as it costs a
     /// decode and its memory at every finish).
@@ -570,7 +570,7 @@ pub async fn finish(pool: &PgPool, f: Fence, fin: &Finish) -> Result<Committed, 
         .bind(fin.status)
         .bind(fin.stop_reason)
         .bind(&fin.summary)
-        .bind(&fin.error_code)
+        .bind(fin.error_code)
         .bind(&fin.error_message)
         .bind(&kinds)
         .bind(&datas)

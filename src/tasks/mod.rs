@@ -3,17 +3,20 @@
 //! - `submit`: a request becomes a task — the depth rule (invariant 4), the idempotency key,
 //!   the model rule (invariant 5), the whitelist (invariant 2, with the engine), the limits and
 //!   admission — and, for a waiting caller, is waited on.
-//! - `Lifecycle::{get, join, list, cancel, cancel_many}` here and in `list`; `answer` (a paused
-//!   task's pending actions); `feed` (the event log, paged and live).
+//! - `Lifecycle::{get, join, list, cancel, cancel_settled, cancel_many}` here and in `list`;
+//!   `answer` (a paused task's pending actions); `feed` (the event log, paged and live, and a
+//!   door's own wait that reports progress); `context` (a conversation of tasks, and a task's
+//!   push configs); `schedule` (schedules, and the timer's passes).
 //! - `end`: every way a task ends, each written by one statement and waking its waiters.
-//! - `kinds`: the task's domain types (a leaf); `view`: the task as every door shows it.
+//! - `view`: the task as every door shows it. The domain kinds are `crate::kinds`, a leaf.
 //!
 //! A door extracts its protocol's request, calls one operation, and shapes the answer from a
-//! `TaskView`; a refusal is a `TaskError` with a stable `code()`.
+//! `TaskView`; a refusal is a `TaskError` with a stable `code()`. The room's handles are its
+//! own (private fields): a door cannot reach the pool around it.
 //!
-//! May import: `hub`, `budget`, `engine`, `tools`, `llm`, `store`, `config`, `cache`,
-//! `telemetry`. Never a door (`http`), `jobs` or `service`: a worker process plugs its fast
-//! start in through `Shortcut`, and `jobs` calls `end` when a run ends.
+//! May import: `kinds`, `hub`, `live`, `budget`, `engine`, `tools`, `llm`, `store`, `config`,
+//! `cache`, `telemetry`. Never a door (`http`), `resources`, `jobs` or `service`: a worker
+//! process plugs its fast start in through `Shortcut`, and `jobs` calls `end` when a run ends.
 
 pub mod answer;
 pub mod context;

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use serde_json::Value;
-use subagentd::kinds::{EventKind, Priority, StopReason, TaskStatus, WebhookEvent};
+use subagentd::kinds::{EventKind, FailureCode, Priority, StopReason, TaskStatus, WebhookEvent};
 
 use crate::helpers::test_db;
 
@@ -209,6 +209,22 @@ fn every_event_kind_the_store_writes_is_one_of_the_enum() {
         assert!(
             EventKind::parse(k).is_some_and(|k| k.is_stored()),
             "the store writes event kind {k:?}, not in EventKind"
+        );
+    }
+}
+
+#[test]
+fn every_failure_code_and_stop_reason_has_its_row_in_the_troubleshooting_guide() {
+    let guide = read("docs/troubleshooting.md");
+    for c in FailureCode::ALL {
+        let status = if *c == FailureCode::InvalidOutput { "incomplete" } else { "failed" };
+        let row = guide.lines().find(|l| l.starts_with(&format!("| `{status}` / ")) && l.contains(&format!("`{c}`")));
+        assert!(row.is_some(), "docs/troubleshooting.md has no row for error code {c}");
+    }
+    for r in StopReason::ALL.iter().filter(|r| !matches!(r, StopReason::FinalAnswer | StopReason::Cancelled)) {
+        assert!(
+            guide.lines().any(|l| l.starts_with("| `incomplete` / ") && l.contains(&format!("`{r}`"))),
+            "docs/troubleshooting.md has no row for stop reason {r}"
         );
     }
 }

@@ -210,7 +210,7 @@ async fn sigterm_drains_and_released_tasks_finish_on_the_other_process() {
     let app = spawn_app_with(|_| {}, false).await;
     let env: Vec<(&str, &str)> = [FAST_LEASE, &[("SUBAGENTD_DRAIN_GRACE_SECONDS", "1")]].concat();
     let mut a = spawn_binary(&["worker"], &app.db.url, &env);
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    workers_up(&app.db.pool, 1, Duration::from_secs(30)).await;
     let ids = submit_many(&app, 20, "[mock:tool_turns=8] [mock:delay_ms=300]").await;
     // Let A take the work, then start B and drain A.
     tokio::time::sleep(Duration::from_millis(1000)).await;

@@ -409,3 +409,18 @@ pub fn skipped(require: &str, group: &str, why: &str, how: &str) {
         }
     }
 }
+
+/// Wait until `n` worker processes have registered with the database (each does as it starts,
+/// before it claims): a condition, where a fixed pause guessed how long a start takes. Panics
+/// past `within`.
+pub async fn workers_up(pool: &PgPool, n: i64, within: Duration) {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let up: i64 = sqlx::query_scalar("SELECT count(*) FROM workers").fetch_one(pool).await.unwrap_or(0);
+        if up >= n {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "{up} of {n} workers up after {within:?}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}

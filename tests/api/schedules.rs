@@ -145,7 +145,7 @@ async fn a_schedule_ticking_every_second_across_three_replicas_makes_one_task_a_
     // The API replica runs nothing: three worker processes tick and run.
     let app = spawn_app_with(|_| {}, false).await;
     let workers: Vec<Proc> = (0..3).map(|_| spawn_binary(&["worker"], &app.db.url, &[])).collect();
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    workers_up(&app.db.pool, 3, Duration::from_secs(30)).await;
     let r = put_schedule(
         &app,
         "every-second",

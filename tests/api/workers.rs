@@ -11,7 +11,7 @@ async fn two_worker_processes_never_run_the_same_task_twice() {
     let app = spawn_app_with(|_| {}, false).await; // API only
     let _a = spawn_binary(&["worker"], &app.db.url, &[("SUBAGENTD_CLAIM_BATCH", "4")]);
     let _b = spawn_binary(&["worker"], &app.db.url, &[("SUBAGENTD_CLAIM_BATCH", "4")]);
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    workers_up(&app.db.pool, 2, Duration::from_secs(30)).await;
 
     let mut ids = vec![];
     for i in 0..40 {

@@ -512,6 +512,9 @@ async fn wait_saturated(env: &Env, report: &Report, tasks: u64, callers: u64) {
     for w in ws {
         w.await.unwrap();
     }
+    let pool = subagentd::db::connect(&svc.db_url, 1).await.unwrap();
+    reset_statement_stats(&pool).await;
+    let x0 = commits(&pool).await;
     let (cpu0, t0) = (cpu_seconds(svc.child.id()), Instant::now());
     let (ws, ok, failed) = run(tasks);
     for w in ws {
@@ -520,6 +523,21 @@ async fn wait_saturated(env: &Env, report: &Report, tasks: u64, callers: u64) {
     let (cpu1, el) = (cpu_seconds(svc.child.id()), t0.elapsed().as_secs_f64());
     let (ok, failed) = (ok.load(Ordering::Relaxed), failed.load(Ordering::Relaxed));
     let n = ok.max(1) as f64;
+    // What PostgreSQL was asked per task, whatever the machine's speed: transactions, and
+    // statements by kind (pg_stat_statements).
+    let xacts = (commits(&pool).await - x0) as f64 / n;
+    let stmts: Vec<(String, i64, f64)> = sqlx::query_as(
+        "SELECT regexp_replace(left(query, 70), '\\s+', ' ', 'g'), calls, mean_exec_time FROM pg_stat_statements
+         WHERE calls > 0 ORDER BY calls DESC LIMIT 25",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap_or_default();
+    let total: i64 = stmts.iter().map(|s| s.1).sum();
+    println!("WAITSAT statements per task: {:.2} ({xacts:.2} transactions)", total as f64 / n);
+    for (q, c, mean) in &stmts {
+        println!("  {:6.3}/task  {mean:7.3} ms  {q}", *c as f64 / n);
+    }
     let (pg_ms, svc_ms) = ((cpu1.0 - cpu0.0) * 1000.0 / n, (cpu1.1 - cpu0.1) * 1000.0 / n);
     let rate = ok as f64 / el;
     println!(

@@ -87,11 +87,14 @@ pub struct A2aError {
     pub message: String,
     pub metadata: Value,
     pub transport: Option<(StatusCode, Vec<(header::HeaderName, HeaderValue)>)>,
+    /// The HTTP+JSON binding's status where it is not the kind's (a conflict: 409); the JSON-RPC
+    /// binding answers 200 with the error as ever.
+    pub rest_status: Option<StatusCode>,
 }
 
 impl A2aError {
     pub fn new(kind: Kind, message: impl Into<String>) -> Self {
-        A2aError { kind, message: message.into(), metadata: json!({}), transport: None }
+        A2aError { kind, message: message.into(), metadata: json!({}), transport: None, rest_status: None }
     }
 
     pub fn params(message: impl Into<String>) -> Self {
@@ -135,15 +138,15 @@ impl A2aError {
 
     /// As the HTTP+JSON binding's `google.rpc.Status` body.
     pub fn status_body(&self) -> Value {
-        let (status, grpc) = match &self.transport {
-            Some((s, _)) => (*s, grpc_of(*s)),
+        let (status, grpc) = match self.transport.as_ref().map(|t| t.0).or(self.rest_status) {
+            Some(s) => (s, grpc_of(s)),
             None => (self.kind.http(), self.kind.grpc()),
         };
         json!({"error": {"code": status.as_u16(), "status": grpc, "message": self.message, "details": [self.info()]}})
     }
 
     pub fn rest_response(&self) -> Response {
-        let status = self.transport.as_ref().map_or(self.kind.http(), |t| t.0);
+        let status = self.transport.as_ref().map(|t| t.0).or(self.rest_status).unwrap_or(self.kind.http());
         self.respond(status, self.status_body())
     }
 
@@ -164,6 +167,7 @@ fn grpc_of(s: StatusCode) -> &'static str {
         403 => "PERMISSION_DENIED",
         404 => "NOT_FOUND",
         408 => "DEADLINE_EXCEEDED",
+        409 => "ABORTED",
         429 => "RESOURCE_EXHAUSTED",
         503 => "UNAVAILABLE",
         500..=599 => "INTERNAL",
@@ -224,6 +228,11 @@ impl From<TaskError> for A2aError {
             }
         };
         let mut a = A2aError::new(kind, message).meta("code", code);
+        // A messageId used again with another message: a conflict, as at the REST door.
+        if let TaskError::IdempotencyConflict { task_id } = &e {
+            a = a.meta("taskId", task_id.to_string());
+            a.rest_status = Some(StatusCode::CONFLICT);
+        }
         if let TaskError::Invalid { field, .. } | TaskError::BadParam { field, .. } = &e {
             a = a.meta("field", field.clone());
         }

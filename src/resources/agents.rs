@@ -25,7 +25,7 @@ impl Resources {
     /// tenant's).
     fn custom_view(&self, d: &AgentDefinition, source: &str, tools: &[ToolDef]) -> Value {
         let mut v = serde_json::to_value(d).unwrap_or(Value::Null);
-        let u = unservable(d, &self.providers, Some(tools), &self.file_agents.tool_aliases);
+        let u = unservable(d, &self.p.providers, Some(tools), &self.p.file_agents.tool_aliases);
         if let Some(o) = v.as_object_mut() {
             o.remove("notices");
         }
@@ -40,7 +40,7 @@ impl Resources {
     }
 
     async fn tenant_tools(&self, tenant: &str) -> Result<Vec<ToolDef>, Error> {
-        Ok(crate::tools::catalog::available(&self.pool, &self.tools_cache, tenant).await?)
+        Ok(crate::tools::catalog::available(&self.p.pool, &self.p.tools_cache, tenant).await?)
     }
 
     /// Every agent the tenant may name, as the API shows each, and the agents directory's files
@@ -53,22 +53,22 @@ impl Resources {
             }
         }
         let tools = self.tenant_tools(tenant).await?;
-        let mine = tenant_definitions(&self.pool, tenant).await?;
-        for d in &self.file_agents.valid {
+        let mine = tenant_definitions(&self.p.pool, tenant).await?;
+        for d in &self.p.file_agents.valid {
             if !mine.iter().any(|m| m.name == d.name) {
                 out.push(self.custom_view(d, "file", &tools));
             }
         }
         out.extend(mine.iter().map(|d| self.custom_view(d, "api", &tools)));
-        Ok((out, json!(self.file_agents.invalid)))
+        Ok((out, json!(self.p.file_agents.invalid)))
     }
 
     /// The agent `name` of the tenant's, as the API shows it.
     pub async fn agent(&self, tenant: &str, name: &str) -> Result<Value, Error> {
-        match resolve(&self.pool, &self.file_agents, tenant, name).await? {
+        match resolve(&self.p.pool, &self.p.file_agents, tenant, name).await? {
             Some(Resolved::Builtin(t)) => Ok(builtin_view(t, name)),
             Some(Resolved::Custom(d)) => {
-                let source = if self.file_agents.get(name) == Some(&*d) { "file" } else { "api" };
+                let source = if self.p.file_agents.get(name) == Some(&*d) { "file" } else { "api" };
                 let tools = self.tenant_tools(tenant).await?;
                 Ok(self.custom_view(&d, source, &tools))
             }
@@ -81,17 +81,17 @@ impl Resources {
     /// invalid: it is stored, and the view lists them under `warnings`.
     pub async fn put_agent(&self, tenant: &str, def: &AgentDefinition) -> Result<(bool, Value), Error> {
         let stored = serde_json::to_value(def).map_err(|e| Error::Task(TaskError::Internal(e.to_string())))?;
-        let created = agents::put(&self.pool, tenant, def.name.as_str(), &stored).await?;
+        let created = agents::put(&self.p.pool, tenant, def.name.as_str(), &stored).await?;
         let tools = self.tenant_tools(tenant).await?;
         Ok((created, self.custom_view(def, "api", &tools)))
     }
 
     /// Delete the tenant's definition `name`; a built-in or a file's is read-only.
     pub async fn delete_agent(&self, tenant: &str, name: &str) -> Result<(), Error> {
-        if agents::delete(&self.pool, tenant, name).await? {
+        if agents::delete(&self.p.pool, tenant, name).await? {
             return Ok(());
         }
-        if AgentType::parse(name).is_some() || self.file_agents.get(name).is_some() {
+        if AgentType::parse(name).is_some() || self.p.file_agents.get(name).is_some() {
             return Err(Error::ReadOnly(format!(
                 "{name:?} is a built-in or comes from the agents directory; it cannot be deleted over the API"
             )));
@@ -102,6 +102,6 @@ impl Resources {
     /// The agent types the tenant may name (`None`: those every tenant may), each with its
     /// one-line description, as the doors list them.
     pub async fn described(&self, tenant: Option<&str>) -> Result<Vec<Described>, Error> {
-        Ok(described(&self.pool, &self.file_agents, tenant).await?)
+        Ok(described(&self.p.pool, &self.p.file_agents, tenant).await?)
     }
 }

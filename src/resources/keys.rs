@@ -22,38 +22,38 @@ impl Resources {
     /// A new key of `tenant`: its row, and the key itself (shown this once).
     pub async fn create_key(&self, tenant: &str, name: Option<&str>) -> Result<(KeyRow, String), Error> {
         budget::check_tenant_name(tenant)?;
-        Ok(tenants::create_key(&self.pool, tenant, name).await?)
+        Ok(tenants::create_key(&self.p.pool, tenant, name).await?)
     }
 
     /// The keys of `tenant`, or of every tenant.
     pub async fn keys(&self, tenant: Option<&str>) -> Result<Vec<KeyRow>, Error> {
-        Ok(tenants::list_keys(&self.pool, tenant).await?)
+        Ok(tenants::list_keys(&self.p.pool, tenant).await?)
     }
 
     /// Revoke a key by its id or prefix.
     pub async fn revoke_key(&self, id_or_prefix: &str) -> Result<KeyRow, Error> {
-        tenants::revoke_key(&self.pool, id_or_prefix).await?.ok_or(Error::NotFound("key"))
+        tenants::revoke_key(&self.p.pool, id_or_prefix).await?.ok_or(Error::NotFound("key"))
     }
 
     /// The tenant a key belongs to, if it is a key and not revoked.
     pub async fn tenant_of_key(&self, key: &str) -> Result<Option<String>, Error> {
-        Ok(tenants::tenant_of_key(&self.pool, key).await?)
+        Ok(tenants::tenant_of_key(&self.p.pool, key).await?)
     }
 
     /// Whether any key is active (single-user mode ends with the first).
     pub async fn any_active_key(&self) -> Result<bool, Error> {
-        Ok(tenants::any_active_key(&self.pool).await?)
+        Ok(tenants::any_active_key(&self.p.pool).await?)
     }
 
     pub async fn tenants(&self) -> Result<Vec<String>, Error> {
-        Ok(tenants::names(&self.pool).await?)
+        Ok(tenants::names(&self.p.pool).await?)
     }
 
     pub async fn tenant(&self, name: &str) -> Result<TenantView, Error> {
-        let mut conn = self.pool.acquire().await.map_err(crate::store::StoreError::from)?;
+        let mut conn = self.p.pool.acquire().await.map_err(crate::store::StoreError::from)?;
         let limits = tenants::limits(&mut conn, name, false).await?.ok_or(Error::NotFound("tenant"))?;
         let used = spend::usage_now(&mut conn, name).await?;
-        let d = budget::Defaults::from_config(&self.cfg);
+        let d = budget::Defaults::from_config(&self.p.cfg);
         let defaults = serde_json::json!({"usd_per_day": d.usd_per_day, "usd_per_month": d.usd_per_month,
             "tokens_per_day": d.tokens_per_day, "max_running": d.max_running, "max_queued": d.max_queued,
             "requests_per_second": d.requests_per_second, "request_burst": d.request_burst,
@@ -64,8 +64,8 @@ impl Resources {
     /// Set a tenant's limits (creating it); true when it was created. The room sees them at once
     /// on this replica, within the cache's few seconds on the others.
     pub async fn set_limits(&self, name: &str, limits: &Limits) -> Result<bool, Error> {
-        let created = budget::set_limits(&self.pool, name, limits).await?;
-        self.limits_cache.remove(name);
+        let created = budget::set_limits(&self.p.pool, name, limits).await?;
+        self.p.limits_cache.remove(name);
         Ok(created)
     }
 }

@@ -16,53 +16,26 @@ pub mod sessions;
 pub mod tools;
 pub mod usage;
 
-use std::sync::Arc;
-
-use sqlx::PgPool;
-
-use crate::budget::{BudgetError, Limits};
-use crate::cache::TtlCache;
+use crate::budget::BudgetError;
 use crate::config::Config;
-use crate::engine::definitions::FileAgents;
-use crate::hub::Hub;
-use crate::llm::Providers;
 use crate::store::StoreError;
-use crate::tasks::guard::Guard;
 use crate::tasks::{Parts, TaskError};
-use crate::tools::{Caller, ToolDef, ToolError};
+use crate::tools::ToolError;
 
 /// The handles the resources share with the room (one per process, cloned cheaply).
 #[derive(Clone)]
 pub struct Resources {
-    pool: PgPool,
-    cfg: Arc<Config>,
-    hub: Arc<Hub>,
-    providers: Arc<Providers>,
-    file_agents: Arc<FileAgents>,
-    tool_caller: Caller,
-    limits_cache: Arc<TtlCache<Limits>>,
-    tools_cache: Arc<TtlCache<Vec<ToolDef>>>,
-    guard: Arc<Guard>,
+    p: Parts,
 }
 
 impl Resources {
     pub fn new(p: &Parts) -> Resources {
-        Resources {
-            pool: p.pool.clone(),
-            cfg: p.cfg.clone(),
-            hub: p.hub.clone(),
-            providers: p.providers.clone(),
-            file_agents: p.file_agents.clone(),
-            tool_caller: p.tool_caller.clone(),
-            limits_cache: p.limits_cache.clone(),
-            tools_cache: p.tools_cache.clone(),
-            guard: p.guard.clone(),
-        }
+        Resources { p: p.clone() }
     }
 
     /// The service's configuration (read-only).
     pub fn config(&self) -> &Config {
-        &self.cfg
+        &self.p.cfg
     }
 }
 

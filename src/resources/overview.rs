@@ -14,15 +14,15 @@ impl Resources {
     /// The overview of `tenant` (`None`: every tenant), this replica's own part (its open
     /// connections and their cap, which the door knows) to be added by the caller.
     pub async fn overview(&self, tenant: Option<&str>) -> Result<Value, Error> {
-        let defaults = crate::budget::Defaults::from_config(&self.cfg).spend();
+        let defaults = crate::budget::Defaults::from_config(&self.p.cfg).spend();
         let newest = ListFilter { limit: 10, ..ListFilter::default() };
         let (now, finished, models, spend, replicas, latest) = tokio::try_join!(
-            overview::now(&self.pool, tenant),
-            overview::finished_last_hour(&self.pool, tenant),
-            overview::models_today(&self.pool, tenant),
-            overview::spend(&self.pool, tenant, defaults),
-            overview::replicas(&self.pool, tenant),
-            tasks::list(&self.pool, tenant, &newest),
+            overview::now(&self.p.pool, tenant),
+            overview::finished_last_hour(&self.p.pool, tenant),
+            overview::models_today(&self.p.pool, tenant),
+            overview::spend(&self.p.pool, tenant, defaults),
+            overview::replicas(&self.p.pool, tenant),
+            tasks::list(&self.p.pool, tenant, &newest),
         )?;
         // One entry per minute with finishes, its outcomes as fields.
         let mut per_minute: Vec<Value> = vec![];
@@ -44,20 +44,14 @@ impl Resources {
                        "cost_usd": m.cost_usd.to_f64().unwrap_or(0.0)})
             })
             .collect();
-        let latest: Vec<TaskView> = TaskView::of(&self.pool, latest).await?;
+        let latest: Vec<TaskView> = TaskView::of(&self.p.pool, latest).await?;
         // What this replica holds open, per tenant (the caller's tenant only, but for the admin).
         let mut holds = vec![];
-        for (t, open) in self.guard.open() {
+        for (t, open) in self.p.guard.open() {
             if tenant.is_some_and(|mine| mine != t) {
                 continue;
             }
-            let l = crate::budget::effective_limits(
-                &self.pool,
-                &self.limits_cache,
-                &crate::budget::Defaults::from_config(&self.cfg),
-                &t,
-            )
-            .await?;
+            let l = self.p.limits(&t).await?;
             holds.push(json!({"tenant": t, "streams": open.streams, "waits": open.waits,
                               "max_streams": l.max_streams, "max_waits": l.max_waits}));
         }

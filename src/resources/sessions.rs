@@ -12,7 +12,7 @@ use crate::store::{mcp, sessions};
 impl Resources {
     /// The console session a cookie's value names, if it is live.
     pub async fn console_session(&self, value: &str) -> Result<Option<Session>, Error> {
-        Ok(sessions::get(&self.pool, value).await?)
+        Ok(sessions::get(&self.p.pool, value).await?)
     }
 
     /// A new console session for `tenant` (or the admin) lasting `ttl_secs`: the cookie's value
@@ -23,16 +23,16 @@ impl Resources {
         admin: bool,
         ttl_secs: f64,
     ) -> Result<(String, Session), Error> {
-        Ok(sessions::create(&self.pool, tenant, admin, ttl_secs).await?)
+        Ok(sessions::create(&self.p.pool, tenant, admin, ttl_secs).await?)
     }
 
     pub async fn end_console_session(&self, value: &str) -> Result<(), Error> {
-        Ok(sessions::delete(&self.pool, value).await?)
+        Ok(sessions::delete(&self.p.pool, value).await?)
     }
 
     /// The MCP session `id` of `tenant` (another tenant's is not found), noted as seen.
     pub async fn mcp_session(&self, tenant: &str, id: &str) -> Result<Option<McpSession>, Error> {
-        Ok(mcp::get(&self.pool, tenant, id).await?)
+        Ok(mcp::get(&self.p.pool, tenant, id).await?)
     }
 
     pub async fn start_mcp_session(
@@ -43,11 +43,11 @@ impl Resources {
         capabilities: &Value,
         client_info: &Value,
     ) -> Result<(), Error> {
-        Ok(mcp::create(&self.pool, id, tenant, version, capabilities, client_info).await?)
+        Ok(mcp::create(&self.p.pool, id, tenant, version, capabilities, client_info).await?)
     }
 
     /// End an MCP session; false if there was none of `tenant`'s.
     pub async fn end_mcp_session(&self, tenant: &str, id: &str) -> Result<bool, Error> {
-        Ok(mcp::delete(&self.pool, tenant, id).await?)
+        Ok(mcp::delete(&self.p.pool, tenant, id).await?)
     }
 }

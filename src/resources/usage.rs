@@ -16,6 +16,6 @@ impl Resources {
         to: NaiveDate,
         groups: &[&str],
     ) -> Result<Vec<UsageRow>, Error> {
-        Ok(tenants::usage(&self.pool, tenant, from, to, groups).await?)
+        Ok(tenants::usage(&self.p.pool, tenant, from, to, groups).await?)
     }
 }

@@ -70,7 +70,7 @@ impl Lifecycle {
             }
         }
         let answers = self.checked(body)?;
-        let outcome = actions::answer(&self.pool, scope.tenant(), id, &answers, by).await?;
+        let outcome = actions::answer(&self.p.pool, scope.tenant(), id, &answers, by).await?;
         let done = outcome.map_err(|r| match r {
             Refused::NoTask => TaskError::NotFound,
             Refused::NotPaused(status) => TaskError::NotPaused { status },
@@ -82,11 +82,11 @@ impl Lifecycle {
             let kind = a.decision.map_or("output", Decision::as_str);
             metrics::counter!("subagentd_actions_answered_total", "answer" => kind).increment(1);
         }
-        self.hub.publish(CH_EVENT, id.to_string());
+        self.p.hub.publish(CH_EVENT, id.to_string());
         if done.left == 0 {
-            self.hub.publish(CH_QUEUED, String::new());
+            self.p.hub.publish(CH_QUEUED, String::new());
         }
-        let row = store::get(&self.pool, &done.tenant, id).await?.ok_or(TaskError::NotFound)?;
+        let row = store::get(&self.p.pool, &done.tenant, id).await?.ok_or(TaskError::NotFound)?;
         Ok(self.view(row).await?)
     }
 
@@ -99,7 +99,7 @@ impl Lifecycle {
         answer: ActionAnswer,
     ) -> Result<TaskView, TaskError> {
         let action = match scope.tenant() {
-            Some(t) => actions::get(&self.pool, t, answer.id).await?,
+            Some(t) => actions::get(&self.p.pool, t, answer.id).await?,
             None => None,
         };
         let Some(action) = action else { return Err(TaskError::UnknownAction { index: 0, id: answer.id }) };
@@ -111,7 +111,7 @@ impl Lifecycle {
         if body.is_empty() || body.len() > MAX_ANSWERS {
             return Err(TaskError::invalid("body", format!("must list 1 to {MAX_ANSWERS} answers")));
         }
-        let cap = self.cfg.tool_result_max_bytes;
+        let cap = self.p.cfg.tool_result_max_bytes;
         let mut answers = vec![];
         for (i, a) in body.into_iter().enumerate() {
             let at = |f: &str| format!("[{i}].{f}");

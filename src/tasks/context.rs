@@ -42,17 +42,17 @@ impl Lifecycle {
         if let Some(r) = earlier {
             return Ok(r.parent_task_id);
         }
-        Ok(store::latest_in_context(&self.pool, tenant, &c.id).await?)
+        Ok(store::latest_in_context(&self.p.pool, tenant, &c.id).await?)
     }
 
     /// The context row of the task `id`, if it has one (a task started at another door has none).
     pub async fn context(&self, id: Uuid) -> Result<Option<ContextRow>, TaskError> {
-        Ok(store::of(&self.pool, &[id]).await?.pop())
+        Ok(store::of(&self.p.pool, &[id]).await?.pop())
     }
 
     /// The context rows of these tasks.
     pub async fn contexts(&self, ids: &[Uuid]) -> Result<Vec<ContextRow>, TaskError> {
-        Ok(store::of(&self.pool, ids).await?)
+        Ok(store::of(&self.p.pool, ids).await?)
     }
 
     /// Answer the caller's paused task `id` (as `answer`) with the caller's `message` that
@@ -66,23 +66,23 @@ impl Lifecycle {
         message: &Value,
     ) -> Result<super::TaskView, TaskError> {
         let answered = self.answer(scope, by, id, answers).await?;
-        store::append(&self.pool, id, &answered.tenant, message).await?;
+        store::append(&self.p.pool, id, &answered.tenant, message).await?;
         Ok(answered)
     }
 
     /// Create (or replace) a push notification config of the tenant's task.
     pub async fn put_push(&self, tenant: &str, c: &PushConfig) -> Result<PushConfig, TaskError> {
-        store::put_push(&self.pool, tenant, c).await?.ok_or(TaskError::NotFound)
+        store::put_push(&self.p.pool, tenant, c).await?.ok_or(TaskError::NotFound)
     }
 
     /// A push notification config of the tenant's task.
     pub async fn push(&self, tenant: &str, task: Uuid, id: &str) -> Result<Option<PushConfig>, TaskError> {
-        Ok(store::get_push(&self.pool, tenant, task, id).await?)
+        Ok(store::get_push(&self.p.pool, tenant, task, id).await?)
     }
 
     /// Delete a push notification config of the tenant's task.
     pub async fn delete_push(&self, tenant: &str, task: Uuid, id: &str) -> Result<bool, TaskError> {
-        Ok(store::delete_push(&self.pool, tenant, task, id).await?)
+        Ok(store::delete_push(&self.p.pool, tenant, task, id).await?)
     }
 
     /// A page of the push notification configs of the tenant's task (ids after `after`).
@@ -93,6 +93,6 @@ impl Lifecycle {
         after: &str,
         limit: i64,
     ) -> Result<Vec<PushConfig>, TaskError> {
-        Ok(store::list_push(&self.pool, tenant, task, after, limit).await?)
+        Ok(store::list_push(&self.p.pool, tenant, task, after, limit).await?)
     }
 }

@@ -68,14 +68,14 @@ impl Lifecycle {
     ) -> Result<EventsPage, TaskError> {
         let (after, limit) = checked(after, limit)?;
         let task = self.row(scope, id).await?;
-        let rows = events::after(&self.pool, id, after, limit).await?;
+        let rows = events::after(&self.p.pool, id, after, limit).await?;
         let next_after = rows.last().map(|e| e.seq).unwrap_or(after);
         Ok(EventsPage { events: rows, next_after, task_status: task.status })
     }
 
     /// The seq of the task's last event now: follow it from there to see only what comes next.
     pub async fn last_seq(&self, scope: &Scope, id: Uuid) -> Result<i32, TaskError> {
-        events::last_seq(&self.pool, scope.tenant(), id).await?.ok_or(TaskError::NotFound)
+        events::last_seq(&self.p.pool, scope.tenant(), id).await?.ok_or(TaskError::NotFound)
     }
 
     /// The task's events after `after`, live, until its last, and the run's text as it streams.
@@ -89,7 +89,7 @@ impl Lifecycle {
     ) -> Result<Option<impl Stream<Item = Item> + Send + 'static>, TaskError> {
         let (start, _) = checked(after, None)?;
         let task = self.row(scope, id).await?;
-        if task.is_terminal() && events::after(&self.pool, id, start, 1).await?.is_empty() {
+        if task.is_terminal() && events::after(&self.p.pool, id, start, 1).await?.is_empty() {
             return Ok(None);
         }
         // Held until the stream is dropped (it ends, or its client leaves or stalls).
@@ -133,7 +133,7 @@ impl Lifecycle {
     ) -> impl Stream<Item = Item> + Send + 'static {
         let shared = self.feeds.of(id);
         // Subscribed before the log is read: text written from then on is not missed.
-        let live = output.then(|| self.hub.live.subscribe(id, self.hub.clone()));
+        let live = output.then(|| self.p.hub.live.subscribe(id, self.p.hub.clone()));
         let feed = Follow { room: self.clone(), id, tenant, seq, done: false, shared, live, _hold: hold };
         let batches = futures_util::stream::unfold(feed, Follow::next);
         futures_util::StreamExt::flat_map(batches, futures_util::stream::iter)
@@ -296,7 +296,7 @@ impl Follow {
         if self.done {
             return None;
         }
-        let (hub, pool) = (self.room.hub.clone(), self.room.pool.clone());
+        let (hub, pool) = (self.room.p.hub.clone(), self.room.p.pool.clone());
         let mut since = Instant::now();
         loop {
             // Register before reading, so an event between the read and the wait wakes us.
@@ -337,7 +337,7 @@ impl Follow {
             tokio::select! {
                 _ = waiter.notified() => {}
                 _ = tokio::time::sleep(Duration::from_secs(5)) => {}
-                _ = self.room.shutdown.cancelled() => return None,
+                _ = self.room.p.shutdown.cancelled() => return None,
                 d = text => match d {
                     Ok(d) => return Some((vec![Item::Output(d)], self)),
                     // A subscriber that fell behind misses some text, never an event.

@@ -148,14 +148,14 @@ impl Lifecycle {
     pub async fn list(&self, scope: &Scope, q: &ListRequest) -> Result<Page, TaskError> {
         let tenant = q.tenant(scope)?;
         let (f, limit) = q.filter()?;
-        let mut rows = store::list(&self.pool, tenant.as_deref(), &f).await?;
+        let mut rows = store::list(&self.p.pool, tenant.as_deref(), &f).await?;
         let next_cursor = if rows.len() as i64 > limit {
             rows.truncate(limit as usize);
             rows.last().map(|r| r.id.to_string())
         } else {
             None
         };
-        Ok(Page { tasks: TaskView::of(&self.pool, rows).await?, next_cursor })
+        Ok(Page { tasks: TaskView::of(&self.p.pool, rows).await?, next_cursor })
     }
 
     /// Cancel every task of `tenant` matching the filter.
@@ -176,7 +176,7 @@ impl Lifecycle {
             return Err(TaskError::invalid("metadata", "must be a JSON object"));
         }
         let filter = CancelFilter { id: None, statuses, metadata: body.metadata };
-        let Ended::Cancel(hit) = end::finish(&self.pool, &self.hub, End::Cancel { tenant, filter }).await? else {
+        let Ended::Cancel(hit) = end::finish(&self.p.pool, &self.p.hub, End::Cancel { tenant, filter }).await? else {
             return Err(TaskError::Internal("a cancel ended as something else".into()));
         };
         let mut out = CancelledMany::default();
@@ -199,17 +199,17 @@ impl Lifecycle {
             return Err(TaskError::bad_param("limit", "must be between 1 and 200"));
         }
         let count = match total {
-            true => Some(store::count(&self.pool, scope.tenant(), &f).await?),
+            true => Some(store::count(&self.p.pool, scope.tenant(), &f).await?),
             false => None,
         };
         f.limit = limit + 1;
-        let mut rows = store::list(&self.pool, scope.tenant(), &f).await?;
+        let mut rows = store::list(&self.p.pool, scope.tenant(), &f).await?;
         let next_cursor = if rows.len() as i64 > limit {
             rows.truncate(limit as usize);
             rows.last().map(|r| r.id.to_string())
         } else {
             None
         };
-        Ok((Page { tasks: TaskView::of(&self.pool, rows).await?, next_cursor }, count))
+        Ok((Page { tasks: TaskView::of(&self.p.pool, rows).await?, next_cursor }, count))
     }
 }

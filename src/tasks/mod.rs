@@ -108,24 +108,23 @@ pub struct Parts {
     pub guard: Arc<guard::Guard>,
 }
 
-/// The room's shared handles: one per process, cloned cheaply into each door. Its fields are
+/// The room's shared handles: one per process, cloned cheaply into each door. Its parts are
 /// its own: a door reaches a task only through the room's operations.
 #[derive(Clone)]
 pub struct Lifecycle {
-    pool: PgPool,
-    cfg: Arc<Config>,
-    providers: Arc<Providers>,
-    file_agents: Arc<FileAgents>,
-    tool_caller: Caller,
-    hub: Arc<Hub>,
-    limits_cache: Arc<TtlCache<Limits>>,
-    tools_cache: Arc<TtlCache<Vec<ToolDef>>>,
+    p: Parts,
     /// This process's worker, when it runs one: a waiting request's task may start in it.
     shortcut: Option<Arc<dyn Shortcut>>,
-    shutdown: CancellationToken,
-    guard: Arc<guard::Guard>,
     /// The live feeds of this process, sharing each task's reads.
     feeds: Arc<feed::Feeds>,
+}
+
+impl Parts {
+    /// The tenant's limits with the configured defaults (cached a few seconds).
+    pub async fn limits(&self, tenant: &str) -> Result<Limits, StoreError> {
+        let defaults = crate::budget::Defaults::from_config(&self.cfg);
+        crate::budget::effective_limits(&self.pool, &self.limits_cache, &defaults, tenant).await
+    }
 }
 
 /// A task with what became of the operation on it.
@@ -154,38 +153,17 @@ pub fn settled(row: &TaskRow) -> bool {
 impl Lifecycle {
     /// The room, of `parts`, with this process's worker (`shortcut`) if it runs one.
     pub fn new(parts: Parts, shortcut: Option<Arc<dyn Shortcut>>) -> Lifecycle {
-        let Parts { pool, cfg, providers, file_agents, tool_caller, hub, limits_cache, tools_cache, shutdown, guard } =
-            parts;
-        Lifecycle {
-            pool,
-            cfg,
-            providers,
-            file_agents,
-            tool_caller,
-            hub,
-            limits_cache,
-            tools_cache,
-            shortcut,
-            shutdown,
-            guard,
-            feeds: Default::default(),
-        }
+        Lifecycle { p: parts, shortcut, feeds: Default::default() }
     }
 
     /// The service's configuration (read-only).
     pub fn config(&self) -> &Config {
-        &self.cfg
+        &self.p.cfg
     }
 
     /// The tenant's limits with the configured defaults (cached a few seconds).
     pub async fn limits(&self, tenant: &str) -> Result<Limits, TaskError> {
-        Ok(crate::budget::effective_limits(
-            &self.pool,
-            &self.limits_cache,
-            &crate::budget::Defaults::from_config(&self.cfg),
-            tenant,
-        )
-        .await?)
+        Ok(self.p.limits(tenant).await?)
     }
 
     /// How long a wait may last: `requested` (default `SUBAGENTD_WAIT_DEFAULT_SECONDS`), capped
@@ -193,25 +171,25 @@ impl Lifecycle {
     pub fn wait_bound(&self, requested: Option<f64>) -> Duration {
         let secs = requested
             .filter(|s| s.is_finite() && *s >= 0.0)
-            .unwrap_or(self.cfg.wait_default_seconds as f64)
-            .min(self.cfg.wait_max_seconds as f64);
+            .unwrap_or(self.p.cfg.wait_default_seconds as f64)
+            .min(self.p.cfg.wait_max_seconds as f64);
         Duration::from_secs_f64(secs)
     }
 
     /// The task as the doors show it (a paused one with its pending actions).
     pub async fn view(&self, row: TaskRow) -> Result<TaskView, StoreError> {
-        TaskView::one(&self.pool, row).await
+        TaskView::one(&self.p.pool, row).await
     }
 
     async fn row(&self, scope: &Scope, id: Uuid) -> Result<TaskRow, TaskError> {
-        store::get_in(&self.pool, scope.tenant(), id).await?.ok_or(TaskError::NotFound)
+        store::get_in(&self.p.pool, scope.tenant(), id).await?.ok_or(TaskError::NotFound)
     }
 
     /// Submit a task and, with `wait`, wait (at most `wait_bound(wait)`) until it is settled.
     pub async fn create(&self, mut s: Submission, wait: Option<Duration>) -> Result<Created, TaskError> {
-        let wait = wait.map(|d| d.min(Duration::from_secs(self.cfg.wait_max_seconds)));
+        let wait = wait.map(|d| d.min(Duration::from_secs(self.p.cfg.wait_max_seconds)));
         // Registered before the insert: the inserted row then needs no second read before waiting.
-        let early = wait.map(|_| self.hub.waiter(s.id));
+        let early = wait.map(|_| self.p.hub.waiter(s.id));
         s.waiting = wait.is_some();
         let tenant = Scope::Tenant(s.tenant.clone());
         let (row, created) = match self.submit(s).await? {
@@ -241,7 +219,7 @@ impl Lifecycle {
 
     /// Join the task: wait (at most `d`) until it is settled.
     pub async fn join(&self, scope: &Scope, id: Uuid, d: Duration) -> Result<Joined, TaskError> {
-        let d = d.min(Duration::from_secs(self.cfg.wait_max_seconds));
+        let d = d.min(Duration::from_secs(self.p.cfg.wait_max_seconds));
         let row = self.row(scope, id).await?;
         // Counted against the task's tenant (the admin's joins too); at its `max_waits`, the
         // task as it stands now.
@@ -262,7 +240,7 @@ impl Lifecycle {
             HoldKind::Stream => limits.max_streams,
             HoldKind::Wait => limits.max_waits,
         };
-        Ok(self.guard.take(tenant, kind, limit.map(|l| l.max(0) as u32)))
+        Ok(self.p.guard.take(tenant, kind, limit.map(|l| l.max(0) as u32)))
     }
 
     /// A stream hold for `tenant`, or the refusal a door answers 429 with.
@@ -277,7 +255,7 @@ impl Lifecycle {
         if settled(&row) {
             return Ok((row, true));
         }
-        let waiter = self.hub.waiter(row.id);
+        let waiter = self.p.hub.waiter(row.id);
         // Read again: the task may have settled before the waiter was registered.
         let row = self.row(scope, row.id).await?;
         self.wait_on(scope, row, d, waiter).await
@@ -296,20 +274,20 @@ impl Lifecycle {
             if settled(&row) {
                 return Ok((row, true));
             }
-            if tokio::time::Instant::now() >= deadline || self.shutdown.is_cancelled() {
+            if tokio::time::Instant::now() >= deadline || self.p.shutdown.is_cancelled() {
                 return Ok((row, false));
             }
             let handed = tokio::select! {
                 r = waiter.notified() => r,
                 _ = tokio::time::sleep_until(deadline) => None,
-                _ = self.shutdown.cancelled() => None,
+                _ = self.p.shutdown.cancelled() => None,
                 // A notification lost with a dropped connection costs at most this long.
                 _ = tokio::time::sleep(Duration::from_secs(5)) => None,
             };
             // Finished in this process: the row as its final commit wrote it, with no second read.
             row = match handed.filter(|r| scope.tenant().is_none_or(|t| r.tenant == t)) {
                 Some(r) => r,
-                None => match store::get_in(&self.pool, scope.tenant(), row.id).await {
+                None => match store::get_in(&self.p.pool, scope.tenant(), row.id).await {
                     Ok(r) => r.ok_or(TaskError::NotFound)?,
                     // The database is away (a restart): go on waiting on what was last read; the
                     // task goes on, and the answer comes when it is back or the wait runs out.
@@ -323,24 +301,24 @@ impl Lifecycle {
     /// The ledger of the caller's task `id`: one row per provider call try.
     pub async fn calls(&self, scope: &Scope, id: Uuid) -> Result<Vec<CallRow>, TaskError> {
         self.row(scope, id).await?;
-        Ok(crate::store::calls::of_task(&self.pool, id).await?)
+        Ok(crate::store::calls::of_task(&self.p.pool, id).await?)
     }
 
     /// The conversation of the caller's task `id` as checkpointed, each message with its turn.
     pub async fn messages(&self, scope: &Scope, id: Uuid) -> Result<Vec<MessageRow>, TaskError> {
         self.row(scope, id).await?;
-        Ok(crate::store::runs::conversation(&self.pool, id).await?)
+        Ok(crate::store::runs::conversation(&self.p.pool, id).await?)
     }
 
     /// An action of one of the tenant's tasks, by its id alone (a door that names actions).
     pub async fn action(&self, tenant: &str, id: Uuid) -> Result<Option<ActionRow>, TaskError> {
-        Ok(crate::store::actions::get(&self.pool, tenant, id).await?)
+        Ok(crate::store::actions::get(&self.p.pool, tenant, id).await?)
     }
 
     /// Cancel the task a submission with idempotency key `key` made, if there is one (a door
     /// whose caller gave up on the request that started it).
     pub async fn cancel_by_key(&self, tenant: &str, key: &str) -> Result<Option<TaskView>, TaskError> {
-        match store::by_idempotency_key(&self.pool, tenant, key).await? {
+        match store::by_idempotency_key(&self.p.pool, tenant, key).await? {
             Some(row) => Ok(Some(self.cancel(&Scope::Tenant(tenant.to_string()), row.id).await?)),
             None => Ok(None),
         }
@@ -364,8 +342,8 @@ impl Lifecycle {
     pub async fn cancel(&self, scope: &Scope, id: Uuid) -> Result<TaskView, TaskError> {
         let t = self.row(scope, id).await?;
         let filter = store::CancelFilter { id: Some(id), statuses: TaskStatus::OPEN.to_vec(), metadata: None };
-        end::finish(&self.pool, &self.hub, end::End::Cancel { tenant: &t.tenant, filter }).await?;
-        let row = store::get(&self.pool, &t.tenant, id).await?.ok_or(TaskError::NotFound)?;
+        end::finish(&self.p.pool, &self.p.hub, end::End::Cancel { tenant: &t.tenant, filter }).await?;
+        let row = store::get(&self.p.pool, &t.tenant, id).await?.ok_or(TaskError::NotFound)?;
         Ok(self.view(row).await?)
     }
 

@@ -165,11 +165,11 @@ fn task_request(task: &Value) -> Result<TaskRequest, TaskError> {
 
 impl Lifecycle {
     pub async fn schedules(&self, tenant: &str) -> Result<Vec<ScheduleRow>, TaskError> {
-        Ok(store::list(&self.pool, tenant).await?)
+        Ok(store::list(&self.p.pool, tenant).await?)
     }
 
     pub async fn schedule(&self, tenant: &str, name: &str) -> Result<ScheduleRow, TaskError> {
-        store::get(&self.pool, tenant, name).await?.ok_or(TaskError::ScheduleNotFound)
+        store::get(&self.p.pool, tenant, name).await?.ok_or(TaskError::ScheduleNotFound)
     }
 
     /// Create or replace a schedule: its cron, zone and task body checked as a submission
@@ -201,13 +201,13 @@ impl Lifecycle {
             paused,
             next_run_at: next,
         };
-        let r = store::put(&self.pool, &put).await?;
-        self.hub.publish(crate::store::CH_TIMER, String::new());
+        let r = store::put(&self.p.pool, &put).await?;
+        self.p.hub.publish(crate::store::CH_TIMER, String::new());
         Ok(r)
     }
 
     pub async fn delete_schedule(&self, tenant: &str, name: &str) -> Result<(), TaskError> {
-        match store::delete(&self.pool, tenant, name).await? {
+        match store::delete(&self.p.pool, tenant, name).await? {
             true => Ok(()),
             false => Err(TaskError::ScheduleNotFound),
         }
@@ -231,8 +231,8 @@ impl Lifecycle {
             false => CronSpec::parse(&s.cron, &s.timezone)?.next_after(Utc::now()),
         };
         let row =
-            store::set_paused(&self.pool, tenant, name, paused, next).await?.ok_or(TaskError::ScheduleNotFound)?;
-        self.hub.publish(crate::store::CH_TIMER, String::new());
+            store::set_paused(&self.p.pool, tenant, name, paused, next).await?.ok_or(TaskError::ScheduleNotFound)?;
+        self.p.hub.publish(crate::store::CH_TIMER, String::new());
         Ok(row)
     }
 
@@ -245,7 +245,7 @@ impl Lifecycle {
         let spec = match CronSpec::parse(&s.cron, &s.timezone) {
             Ok(spec) => spec,
             Err(e) => {
-                store::ticked(&self.pool, &s.tenant, &s.name, due, None, due, None, Some(&e.to_string())).await?;
+                store::ticked(&self.p.pool, &s.tenant, &s.name, due, None, due, None, Some(&e.to_string())).await?;
                 return Ok(());
             }
         };
@@ -273,18 +273,18 @@ impl Lifecycle {
             // The database, or the service: the tick is taken again (its hold runs out).
             Err(e) => return Err(e),
         };
-        store::ticked(&self.pool, &s.tenant, &s.name, due, next, tick, task, error.as_deref()).await?;
+        store::ticked(&self.p.pool, &s.tenant, &s.name, due, next, tick, task, error.as_deref()).await?;
         Ok(())
     }
 
     /// Queue (at most `batch` of) the scheduled tasks whose time has come, once across replicas
     /// (`SKIP LOCKED`), and wake the claim loops and the tasks' waiters: how many.
     pub async fn queue_due(&self, batch: i64) -> Result<usize, TaskError> {
-        let ids = crate::store::tasks::queue_due(&self.pool, batch).await?;
+        let ids = crate::store::tasks::queue_due(&self.p.pool, batch).await?;
         if !ids.is_empty() {
-            self.hub.publish(crate::store::CH_QUEUED, String::new());
+            self.p.hub.publish(crate::store::CH_QUEUED, String::new());
             for id in &ids {
-                self.hub.publish(crate::store::CH_EVENT, id.to_string());
+                self.p.hub.publish(crate::store::CH_EVENT, id.to_string());
             }
         }
         Ok(ids.len())
@@ -293,7 +293,7 @@ impl Lifecycle {
     /// Take (at most `n` of) the schedules whose tick is due, each held for `hold_secs` from the
     /// other replicas, and make their ticks (`tick`): how many were taken.
     pub async fn tick_due(&self, n: i64, hold_secs: f64, now: DateTime<Utc>) -> Result<usize, TaskError> {
-        let due = store::take_due(&self.pool, n, hold_secs).await?;
+        let due = store::take_due(&self.p.pool, n, hold_secs).await?;
         for s in &due {
             if let Err(e) = self.tick(s, now).await {
                 tracing::warn!(error = %e, schedule = %s.name, tenant = %s.tenant, "schedule tick not made; retried");
@@ -304,14 +304,14 @@ impl Lifecycle {
 
     /// The soonest time due: a scheduled task's, or a schedule's tick.
     pub async fn next_due(&self) -> Option<DateTime<Utc>> {
-        let a = crate::store::tasks::next_run_at(&self.pool).await.ok().flatten();
-        let b = store::next_due(&self.pool).await.ok().flatten();
+        let a = crate::store::tasks::next_run_at(&self.p.pool).await.ok().flatten();
+        let b = store::next_due(&self.p.pool).await.ok().flatten();
         [a, b].into_iter().flatten().min()
     }
 
     /// Woken when a task with a start time, or a schedule, is made (`CH_TIMER`).
     pub async fn timer_woken(&self) {
-        self.hub.timer.notified().await
+        self.p.hub.timer.notified().await
     }
 }
 

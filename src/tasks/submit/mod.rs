@@ -184,7 +184,7 @@ impl Lifecycle {
         s.traceparent = s.traceparent.as_deref().and_then(crate::telemetry::parse_traceparent);
         let limits = self.limits(&s.tenant).await?;
         let earlier = match &s.idempotency_key {
-            Some(key) => tasks::by_idempotency_key(&self.pool, &s.tenant, key).await?,
+            Some(key) => tasks::by_idempotency_key(&self.p.pool, &s.tenant, key).await?,
             None => None,
         };
         if let Some(c) = &s.context {
@@ -225,9 +225,9 @@ impl Lifecycle {
             None => {
                 let (inserted, _) = self.admit(&limits, &p).await?;
                 match (&inserted, p.new.run_at) {
-                    (Inserted::New(..), None) => self.hub.publish(CH_QUEUED, String::new()),
+                    (Inserted::New(..), None) => self.p.hub.publish(CH_QUEUED, String::new()),
                     // The timers see a start time sooner than they planned for.
-                    (Inserted::New(..), Some(_)) => self.hub.publish(crate::store::CH_TIMER, String::new()),
+                    (Inserted::New(..), Some(_)) => self.p.hub.publish(crate::store::CH_TIMER, String::new()),
                     _ => {}
                 }
                 inserted
@@ -250,7 +250,7 @@ impl Lifecycle {
     ) -> Result<Inserted, TaskError> {
         match self.admit(limits, p).await {
             Ok((Inserted::New(r, reserved_with_it), reserved)) => {
-                self.hub.publish(CH_EVENT, r.id.to_string());
+                self.p.hub.publish(CH_EVENT, r.id.to_string());
                 place.start(r.clone(), p.options.clone(), reserved);
                 Ok(Inserted::New(r, reserved_with_it))
             }
@@ -275,12 +275,12 @@ impl Lifecycle {
         let guarded = budget::guards_admission(limits) || scheduled;
         if !guarded && p.context.is_none() {
             // One statement, which also writes the first call's reservation when it can.
-            let mut conn = self.pool.acquire().await.map_err(StoreError::from)?;
+            let mut conn = self.p.pool.acquire().await.map_err(StoreError::from)?;
             let r = tasks::insert(&mut conn, new).await?;
             let reserved = matches!(r, Inserted::New(_, true)) && first.is_some();
             return Ok((r, reserved));
         }
-        let mut tx = self.pool.begin().await.map_err(StoreError::from)?;
+        let mut tx = self.p.pool.begin().await.map_err(StoreError::from)?;
         if guarded {
             budget::admission_checks(&mut tx, limits, &new.tenant, p.smallest, scheduled).await?;
         }

@@ -58,13 +58,13 @@ impl Lifecycle {
         let body = &s.request;
         let checked = self.check(body)?;
         let who = self.agent(s).await?;
-        let own = task_limits(body, limits, &who, checked.max_turns, self.cfg.max_task_timeout_seconds as f64)?;
+        let own = task_limits(body, limits, &who, checked.max_turns, self.p.cfg.max_task_timeout_seconds as f64)?;
         self.priced(&who.model, limits, &own)?;
         let tools = self.whitelist(&s.tenant, who.agent, who.definition.as_ref(), body).await?;
-        let max_out = self.providers.max_tokens_for(
+        let max_out = self.p.providers.max_tokens_for(
             &who.model,
             who.definition.as_ref().and_then(|d| d.max_output_tokens),
-            self.cfg.max_output_tokens,
+            self.p.cfg.max_output_tokens,
         );
         let options = self.options(body, limits, &who, &own, tools)?;
         let stored = options.to_stored();
@@ -106,7 +106,8 @@ impl Lifecycle {
             let messages = options.fresh_conversation(&new.prompt, who.agent);
             let specs = options.tools.iter().map(|t| t.spec()).collect();
             let floor = budget::OUTPUT_FLOOR.min(max_out);
-            let (usd, tokens) = crate::engine::smallest_call(messages, specs, self.providers.price(&who.model), floor);
+            let (usd, tokens) =
+                crate::engine::smallest_call(messages, specs, self.p.providers.price(&who.model), floor);
             Smallest { usd, tokens: tokens.min(i64::MAX as u64) as i64 }
         } else {
             Smallest::default()
@@ -117,7 +118,7 @@ impl Lifecycle {
     /// The request's own values: texts, sizes, the turn budget's floor, the metadata.
     fn check(&self, body: &TaskRequest) -> Result<Checked, TaskError> {
         if let Some(u) = &body.webhook_url {
-            self.tool_caller.allow.check_url(u).map_err(|e| TaskError::invalid("webhook_url", e.0))?;
+            self.p.tool_caller.allow.check_url(u).map_err(|e| TaskError::invalid("webhook_url", e.0))?;
         }
         if body.prompt.trim().is_empty() {
             return Err(TaskError::invalid("prompt", "must not be empty"));
@@ -204,12 +205,12 @@ impl Lifecycle {
         let (agent, definition) = match (parent_opts.and_then(|o| o.agent.as_ref()), &body.subagent_type) {
             // A resumed custom agent keeps the definition snapshot its parent ran with.
             (Some(d), None) => (AgentType::General, Some(d.clone())),
-            _ => match agents::resolve(&self.pool, &self.file_agents, &s.tenant, &type_name).await? {
+            _ => match agents::resolve(&self.p.pool, &self.p.file_agents, &s.tenant, &type_name).await? {
                 Some(Resolved::Builtin(t)) => (t, None),
                 // Custom agents run with general's tool policy and their own prompt and lists.
                 Some(Resolved::Custom(d)) => (AgentType::General, Some(*d)),
                 None => {
-                    let available = agents::names(&self.pool, &self.file_agents, &s.tenant).await?;
+                    let available = agents::names(&self.p.pool, &self.p.file_agents, &s.tenant).await?;
                     return Err(TaskError::UnknownAgent { name: type_name, available });
                 }
             },
@@ -228,11 +229,11 @@ impl Lifecycle {
         let pick = |m: Option<&str>| m.map(str::trim).filter(|m| !m.is_empty()).map(str::to_string);
         let name = pick(requested)
             .or_else(|| pick(from_definition))
-            .or_else(|| self.cfg.default_model.clone())
-            .or_else(|| self.providers.default_model.clone())
+            .or_else(|| self.p.cfg.default_model.clone())
+            .or_else(|| self.p.providers.default_model.clone())
             .ok_or(TaskError::ModelRequired)?;
-        let providers = self.providers.names();
-        self.providers.resolve(&name).map_err(|e| {
+        let providers = self.p.providers.names();
+        self.p.providers.resolve(&name).map_err(|e| {
             let detail = match e {
                 ResolveError::Malformed(m) => format!("model: {m:?} is neither provider/model nor a configured alias"),
                 ResolveError::UnknownProvider { provider, model } if model != name => format!(
@@ -252,7 +253,7 @@ impl Lifecycle {
     /// A model with no price cannot be held to limits in USD: refused unless a token limit
     /// holds it too.
     fn priced(&self, model: &ModelRef, limits: &Limits, own: &TaskLimits) -> Result<(), TaskError> {
-        if self.providers.price(model).is_some() || limits.tokens_per_day.is_some() || own.max_tokens.is_some() {
+        if self.p.providers.price(model).is_some() || limits.tokens_per_day.is_some() || own.max_tokens.is_some() {
             return Ok(());
         }
         let usd: Vec<&'static str> = [
@@ -287,7 +288,7 @@ impl Lifecycle {
                 .or_else(|| limits.approval.as_deref().and_then(Approval::parse))
                 .unwrap_or_default(),
         };
-        let action_cap = self.cfg.max_action_timeout_seconds as f64;
+        let action_cap = self.p.cfg.max_action_timeout_seconds as f64;
         let action_timeout_seconds = match body.action_timeout_seconds {
             Some(t) if !t.is_finite() || t <= 0.0 => {
                 return Err(TaskError::invalid("action_timeout_seconds", "must be a positive number of seconds"))
@@ -361,7 +362,7 @@ impl Lifecycle {
 
     /// The task `resume_from` names, if it can be resumed, with its options.
     async fn parent(&self, tenant: &str, pid: Uuid) -> Result<(TaskRow, Option<TaskOptions>), TaskError> {
-        let p = tasks::get(&self.pool, tenant, pid)
+        let p = tasks::get(&self.p.pool, tenant, pid)
             .await?
             .ok_or_else(|| TaskError::invalid("resume_from", format!("no task {pid} to resume")))?;
         if !p.is_terminal() {
@@ -385,11 +386,11 @@ impl Lifecycle {
         definition: Option<&AgentDefinition>,
         body: &TaskRequest,
     ) -> Result<Vec<ToolDef>, TaskError> {
-        let mut available = catalog::available(&self.pool, &self.tools_cache, tenant).await?;
+        let mut available = catalog::available(&self.p.pool, &self.p.tools_cache, tenant).await?;
         for (i, t) in body.tools.iter().flatten().enumerate() {
             let def = catalog::validate(
-                &self.tool_caller,
-                self.cfg.tool_timeout_ms,
+                &self.p.tool_caller,
+                self.p.cfg.tool_timeout_ms,
                 &format!("tools[{i}]."),
                 &t.name,
                 &t.tool,
@@ -410,7 +411,7 @@ impl Lifecycle {
             }
         }
         // A definition's tool names as its author wrote them, mapped to tools here.
-        let aliases = &self.file_agents.tool_aliases;
+        let aliases = &self.p.file_agents.tool_aliases;
         let allow = definition.and_then(|d| d.tools.as_deref()).map(|t| claude_code::tool_names(t, aliases));
         let deny = definition.map(|d| claude_code::tool_names(&d.disallowed_tools, aliases)).unwrap_or_default();
         let w = Whitelist {

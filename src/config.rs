@@ -88,6 +88,31 @@ pub struct Config {
     #[arg(long, env = "SUBAGENTD_TOOL_TIMEOUT_MS", default_value_t = 30000, global = true)]
     pub tool_timeout_ms: u64,
 
+    /// Built-in tools turned off for the whole service, comma-separated (`web_fetch`,
+    /// `web_search`). A tenant can turn more off for itself, never one back on.
+    #[arg(long, env = "SUBAGENTD_BUILTIN_TOOLS_OFF", default_value = "", global = true)]
+    pub builtin_tools_off: String,
+
+    /// Where `web_fetch` may go, in `SUBAGENTD_TOOL_ALLOW`'s syntax; unset: the same as
+    /// `SUBAGENTD_TOOL_ALLOW`. Private, loopback and link-local addresses need a CIDR.
+    #[arg(long, env = "SUBAGENTD_WEB_FETCH_ALLOW", global = true)]
+    pub web_fetch_allow: Option<String>,
+
+    /// The most of a fetched page's body `web_fetch` reads, in bytes (the rest is never read);
+    /// the text the model gets is cut further, to the tool-result cap.
+    #[arg(long, env = "SUBAGENTD_WEB_FETCH_MAX_BYTES", default_value_t = 2 * 1024 * 1024, global = true)]
+    pub web_fetch_max_bytes: usize,
+
+    /// `web_fetch` calls a tenant may make per minute, across replicas (a tenant's own
+    /// `web_fetches_per_minute` wins; 0: none).
+    #[arg(long, env = "SUBAGENTD_DEFAULT_WEB_FETCHES_PER_MINUTE", default_value_t = 60, global = true)]
+    pub default_web_fetches_per_minute: i32,
+
+    /// A SearXNG-compatible search API (`{url}/search?q=…&format=json`) that `web_search` asks;
+    /// unset (and no `anthropic` backend): `web_search` is not offered.
+    #[arg(long, env = "SUBAGENTD_WEB_SEARCH_URL", global = true)]
+    pub web_search_url: Option<String>,
+
     /// Tool calls of one turn run at once, at most this many.
     #[arg(long, env = "SUBAGENTD_TOOL_CONCURRENCY", default_value_t = 8, global = true)]
     pub tool_concurrency: usize,

@@ -210,6 +210,26 @@ impl Default for CallOutcome {
 }
 
 text_enum! {
+    /// The tools the service runs itself (`tools::builtin`): names no tenant tool may take.
+    BuiltinTool {
+        /// GET a web page as readable text.
+        WebFetch = "web_fetch",
+        /// Search the web: titles, URLs and snippets.
+        WebSearch = "web_search",
+    }
+}
+
+impl BuiltinTool {
+    /// What the tool does, in a phrase (the type prompts list it).
+    pub fn phrase(self) -> &'static str {
+        match self {
+            BuiltinTool::WebFetch => "`web_fetch` reads a web page (HTML as text, JSON and text as they are)",
+            BuiltinTool::WebSearch => "`web_search` searches the web (titles, URLs and snippets)",
+        }
+    }
+}
+
+text_enum! {
     /// What a paused tool call waits for (an action's `kind`).
     Gate {
         /// A decision: approve (it runs) or deny (the model is told).

@@ -58,6 +58,10 @@ pub const COUNTERS: &[(&str, &str)] = &[
     ("subagentd_tokens_total", "Tokens of provider calls, by model and kind (input, output, cached: read from the cache, cache_write: written to it)."),
     ("subagentd_cost_microusd_total", "Cost of provider calls in millionths of a US dollar, by model."),
     ("subagentd_webhook_attempts_total", "Webhook delivery attempts, by outcome and event."),
+    (
+        "subagentd_builtin_tool_calls_total",
+        "Calls of the built-in tools (web_fetch, web_search), by tool and outcome (ok, error, refused).",
+    ),
     ("subagentd_rate_limited_total", "API requests refused with 429 for a tenant's request rate, by tenant."),
     ("subagentd_http_requests_total", "HTTP requests served, by method, route template and status."),
     ("subagentd_write_batches_total", "Group commits made, by kind of write (turn, reserve, events)."),
@@ -138,6 +142,11 @@ pub fn register_metrics(providers: &[String], models: &[(String, String)]) {
         &[("from", String::new()), ("to", String::new()), ("reason", String::new())],
     );
     zero("subagentd_output_deltas_total", &[]);
+    for tool in crate::kinds::BuiltinTool::ALL {
+        for outcome in ["ok", "error", "refused"] {
+            zero("subagentd_builtin_tool_calls_total", &[("tool", tool.as_str().into()), ("outcome", outcome.into())]);
+        }
+    }
     for limit in ["max_streams", "max_waits"] {
         zero("subagentd_hold_refusals_total", &[("tenant", String::new()), ("limit", limit.into())]);
     }

@@ -54,6 +54,7 @@ pub struct Defaults {
     pub max_streams: Option<i32>,
     pub max_waits: Option<i32>,
     pub max_scheduled: i32,
+    pub web_fetches_per_minute: i32,
 }
 
 impl Defaults {
@@ -69,6 +70,7 @@ impl Defaults {
             max_streams: c.default_max_streams,
             max_waits: c.default_max_waits,
             max_scheduled: c.default_max_scheduled,
+            web_fetches_per_minute: c.default_web_fetches_per_minute,
         }
     }
 
@@ -98,6 +100,7 @@ pub fn effective(own: Limits, d: &Defaults) -> Limits {
         max_streams: own.max_streams.or(d.max_streams),
         max_waits: own.max_waits.or(d.max_waits),
         max_scheduled: own.max_scheduled.or(Some(d.max_scheduled)),
+        web_fetches_per_minute: own.web_fetches_per_minute.or(Some(d.web_fetches_per_minute)),
         ..own
     }
 }
@@ -174,6 +177,42 @@ pub fn validate(l: &Limits) -> Result<(), BudgetError> {
     }
     if l.request_burst.is_some_and(|b| !(1..=1_000_000).contains(&b)) {
         return Err(BudgetError::Invalid { field: "request_burst", message: "must be from 1 to 1000000".into() });
+    }
+    if let Some(off) = &l.builtin_tools_off {
+        if let Some((i, dup)) = off.iter().enumerate().find(|(i, n)| off[..*i].contains(n)) {
+            return Err(BudgetError::Invalid {
+                field: "builtin_tools_off",
+                message: format!("[{i}] {dup:?} is named twice"),
+            });
+        }
+        if let Some(bad) = off.iter().find(|n| crate::kinds::BuiltinTool::parse(n).is_none()) {
+            let names: Vec<&str> = crate::kinds::BuiltinTool::ALL.iter().map(|b| b.as_str()).collect();
+            return Err(BudgetError::Invalid {
+                field: "builtin_tools_off",
+                message: format!("{bad:?} is not a built-in tool; they are {}", names.join(", ")),
+            });
+        }
+    }
+    if l.web_tools_policy.as_deref().is_some_and(|p| !matches!(p, "auto" | "propose")) {
+        return Err(BudgetError::Invalid { field: "web_tools_policy", message: "must be one of auto, propose".into() });
+    }
+    if l.web_fetches_per_minute.is_some_and(|n| n < 0) {
+        return negative("web_fetches_per_minute");
+    }
+    if let Some(domains) = &l.web_fetch_domains {
+        let ok = |d: &str| {
+            !d.is_empty()
+                && d.len() <= 253
+                && d.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.'))
+                && !d.starts_with('.')
+                && !d.ends_with('.')
+        };
+        if let Some(bad) = domains.iter().find(|d| !ok(d)) {
+            return Err(BudgetError::Invalid {
+                field: "web_fetch_domains",
+                message: format!("{bad:?} is not a domain name (example.com; its subdomains are allowed with it)"),
+            });
+        }
     }
     if l.approval.as_deref().is_some_and(|a| !matches!(a, "none" | "propose" | "all")) {
         return Err(BudgetError::Invalid { field: "approval", message: "must be one of none, propose, all".into() });

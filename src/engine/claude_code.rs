@@ -61,11 +61,27 @@ pub fn permission_mode(mode: &str) -> Option<(Option<Approval>, bool)> {
     }
 }
 
-/// The tool a definition's tool name means here: the operator's alias, else Claude Code's MCP
-/// form `mcp__<server>__<tool>` as `<source>__<tool>`, else the name itself.
+/// Claude Code's tools that are built-in tools here: `WebFetch` is `web_fetch`, `WebSearch` is
+/// `web_search`.
+pub fn builtin(name: &str) -> Option<crate::kinds::BuiltinTool> {
+    use crate::kinds::BuiltinTool;
+    match name {
+        "WebFetch" => Some(BuiltinTool::WebFetch),
+        "WebSearch" => Some(BuiltinTool::WebSearch),
+        _ => None,
+    }
+}
+
+/// The tool a definition's tool name means here: the operator's alias (`[tool_aliases]` wins
+/// over everything, so `WebFetch = "WebFetch"` reaches a tenant tool literally so named), else
+/// the built-in Claude Code's name means (`WebFetch` → `web_fetch`), else Claude Code's MCP form
+/// `mcp__<server>__<tool>` as `<source>__<tool>`, else the name itself.
 pub fn tool_name(name: &str, aliases: &BTreeMap<String, String>) -> String {
     if let Some(to) = aliases.get(name) {
         return to.clone();
+    }
+    if let Some(b) = builtin(name) {
+        return b.as_str().to_string();
     }
     match name.strip_prefix("mcp__") {
         Some(rest) if rest.contains("__") => rest.to_string(),
@@ -183,6 +199,10 @@ mod tests {
         assert_eq!(tool_name("lookup", &aliases), "lookup");
         let names = ["Read".to_string(), "docs__read".to_string()];
         assert_eq!(tool_names(&names, &aliases), ["docs__read"]);
+        assert_eq!(tool_name("WebFetch", &aliases), "web_fetch");
+        assert_eq!(tool_name("WebSearch", &aliases), "web_search");
+        let own = BTreeMap::from([("WebFetch".to_string(), "WebFetch".to_string())]);
+        assert_eq!(tool_name("WebFetch", &own), "WebFetch", "an operator's alias wins over the built-in");
     }
 
     #[test]

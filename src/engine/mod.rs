@@ -471,15 +471,18 @@ async fn apply_answers(input: &RunInput, tools: &dyn ToolRunner, stop: &StopSign
                     None => format!("The call to `{name}` was denied and not run."),
                 },
                 is_error: true,
+                detail: None,
             },
-            Resolution::Output(text) => ToolOutput { content: text.clone(), is_error: false },
+            Resolution::Output(text) => ToolOutput { content: text.clone(), is_error: false, detail: None },
             Resolution::Expired(Gate::Approval) => ToolOutput {
                 content: format!("No decision came in time for the call to `{name}`: it was denied and not run."),
                 is_error: true,
+                detail: None,
             },
             Resolution::Expired(Gate::Output) => ToolOutput {
                 content: format!("The output of `{name}` did not come in time: the tool gave no result."),
                 is_error: true,
+                detail: None,
             },
         };
         out.push(Message::Tool {

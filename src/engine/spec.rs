@@ -149,11 +149,13 @@ impl TaskOptions {
     /// A fresh task's conversation: `[system, user]`, the system prompt being the request's
     /// override, else the definition's, else the type's, with the parent's context under it.
     pub fn fresh_conversation(&self, prompt: &str, agent: AgentType) -> Vec<crate::llm::Message> {
-        let base = self
-            .system_prompt
-            .clone()
-            .or_else(|| self.agent.as_ref().map(|d| d.system_prompt.clone()))
-            .unwrap_or_else(|| agent.system_prompt());
+        let base =
+            self.system_prompt.clone().or_else(|| self.agent.as_ref().map(|d| d.system_prompt.clone())).unwrap_or_else(
+                || {
+                    let names: Vec<&str> = self.tools.iter().map(|t| t.name.as_str()).collect();
+                    agent.system_prompt(&names)
+                },
+            );
         let mut system = super::agents::compose_system_prompt(&base, self.parent_context.as_deref());
         if let Some(schema) = &self.output_schema {
             system.push_str("\n\n");

@@ -111,7 +111,7 @@ struct Tools {
 impl ToolRunner for Tools {
     async fn run(&self, call: &ToolCall) -> ToolOutput {
         self.ran.lock().unwrap().push(call.name.clone());
-        ToolOutput { content: format!("result of {}", call.name), is_error: false }
+        ToolOutput { content: format!("result of {}", call.name), is_error: false, detail: None }
     }
 }
 

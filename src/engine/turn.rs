@@ -252,7 +252,7 @@ impl Turns<'_> {
                 // Its result comes with the answer.
                 continue;
             }
-            let out = out.unwrap_or(ToolOutput { content: "tool not run".into(), is_error: true });
+            let out = out.unwrap_or(ToolOutput { content: "tool not run".into(), is_error: true, detail: None });
             let m = Message::Tool {
                 tool_call_id: tc.id.clone(),
                 name: tc.name.clone(),
@@ -334,7 +334,7 @@ impl Turns<'_> {
                 s.to_run.push(i);
                 continue;
             };
-            s.results[i] = Some(ToolOutput { content: refusal, is_error: true });
+            s.results[i] = Some(ToolOutput { content: refusal, is_error: true, detail: None });
         }
         s
     }
@@ -377,11 +377,14 @@ impl Turns<'_> {
             .into_iter()
             .map(|(i, out, took)| {
                 let tc = &calls[i];
-                events.push((
-                    EventKind::ToolCallFinished,
-                    json!({"turn": turn, "tool_call_id": tc.id, "name": tc.name, "is_error": out.is_error,
-                           "duration_ms": took.as_millis() as u64}),
-                ));
+                let mut data = json!({"turn": turn, "tool_call_id": tc.id, "name": tc.name, "is_error": out.is_error,
+                                      "duration_ms": took.as_millis() as u64});
+                if let (Some(Value::Object(extra)), Value::Object(d)) = (&out.detail, &mut data) {
+                    for (k, v) in extra {
+                        d.entry(k.clone()).or_insert_with(|| v.clone());
+                    }
+                }
+                events.push((EventKind::ToolCallFinished, data));
                 (i, out)
             })
             .collect())

@@ -42,6 +42,9 @@ fn view(d: &ToolDef, source: &str) -> Value {
             v["endpoint"] = json!(null);
             v["run_by"] = json!("caller");
         }
+        Target::Builtin { .. } => {
+            v["run_by"] = json!("subagentd");
+        }
     }
     v
 }
@@ -50,6 +53,7 @@ async fn list(State(st): State<AppState>, Tenant(tenant): Tenant) -> Result<Json
     let (catalog, sourced) = st.res.tools(&tenant).await?;
     let mut out: Vec<Value> = catalog.iter().map(|d| view(d, "catalog")).collect();
     out.extend(sourced.iter().map(|d| view(d, "mcp")));
+    out.extend(st.res.builtin_tools(&tenant).await?.iter().map(|d| view(d, "builtin")));
     Ok(Json(json!({"tools": out})))
 }
 

@@ -30,6 +30,8 @@ impl Retention {
     /// One pass of both purges, whatever their schedule.
     pub async fn pass(&self) -> Result<Purged, StoreError> {
         let mut p = Purged::default();
+        // Web fetch counts are needed for a minute; an hour's are kept.
+        crate::store::tenants::purge_web_fetch_counts(&self.pool).await?;
         if self.days > 0 {
             p.tasks = self.purge_conversations().await?;
         }

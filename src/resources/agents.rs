@@ -12,9 +12,14 @@ use crate::tasks::submit::agents::{described, resolve, tenant_definitions, unser
 use crate::tasks::TaskError;
 use crate::tools::ToolDef;
 
-fn builtin_view(t: AgentType, name: &str) -> Value {
+/// A built-in type as the API shows it; `on`: the built-in tools the tenant has (the type's
+/// prompt and `builtin_tools` name only those of the type's that are on).
+fn builtin_view(t: AgentType, name: &str, on: &[ToolDef]) -> Value {
+    let builtins: Vec<&str> =
+        t.builtin_tools().iter().map(|b| b.as_str()).filter(|b| on.iter().any(|d| d.name == *b)).collect();
     json!({"name": name, "source": "builtin", "description": format!("built-in {} agent", t.as_str()),
-           "system_prompt": t.system_prompt(), "max_turns": t.default_max_turns(),
+           "system_prompt": t.system_prompt(&builtins), "max_turns": t.default_max_turns(),
+           "builtin_tools": builtins,
            "tools": if t.read_only() { json!("read-only (policy auto)") } else { json!("all the caller allows") }})
 }
 
@@ -39,17 +44,22 @@ impl Resources {
         v
     }
 
+    /// The tools a definition of the tenant's may name: its own, and the built-ins it has.
     async fn tenant_tools(&self, tenant: &str) -> Result<Vec<ToolDef>, Error> {
-        Ok(crate::tools::catalog::available(&self.p.pool, &self.p.tools_cache, tenant).await?)
+        let mut tools = crate::tools::catalog::available(&self.p.pool, &self.p.tools_cache, tenant).await?;
+        tools.retain(|t| !crate::tools::builtin::is_reserved(&t.name));
+        tools.extend(self.builtin_tools(tenant).await?);
+        Ok(tools)
     }
 
     /// Every agent the tenant may name, as the API shows each, and the agents directory's files
     /// that could not be read.
     pub async fn agents(&self, tenant: &str) -> Result<(Vec<Value>, Value), Error> {
         let mut out: Vec<Value> = vec![];
+        let on = self.builtin_tools(tenant).await?;
         for name in BUILTIN_NAMES {
             if let Some(t) = AgentType::parse(name) {
-                out.push(builtin_view(t, name));
+                out.push(builtin_view(t, name, &on));
             }
         }
         let tools = self.tenant_tools(tenant).await?;
@@ -66,7 +76,7 @@ impl Resources {
     /// The agent `name` of the tenant's, as the API shows it.
     pub async fn agent(&self, tenant: &str, name: &str) -> Result<Value, Error> {
         match resolve(&self.p.pool, &self.p.file_agents, tenant, name).await? {
-            Some(Resolved::Builtin(t)) => Ok(builtin_view(t, name)),
+            Some(Resolved::Builtin(t)) => Ok(builtin_view(t, name, &self.builtin_tools(tenant).await?)),
             Some(Resolved::Custom(d)) => {
                 let source = if self.p.file_agents.get(name) == Some(&*d) { "file" } else { "api" };
                 let tools = self.tenant_tools(tenant).await?;

@@ -57,7 +57,8 @@ impl Resources {
         let defaults = serde_json::json!({"usd_per_day": d.usd_per_day, "usd_per_month": d.usd_per_month,
             "tokens_per_day": d.tokens_per_day, "max_running": d.max_running, "max_queued": d.max_queued,
             "requests_per_second": d.requests_per_second, "request_burst": d.request_burst,
-            "max_streams": d.max_streams, "max_waits": d.max_waits, "max_scheduled": d.max_scheduled});
+            "max_streams": d.max_streams, "max_waits": d.max_waits, "max_scheduled": d.max_scheduled,
+            "web_fetches_per_minute": d.web_fetches_per_minute});
         Ok(TenantView { name: name.to_string(), limits, used, defaults })
     }
 

@@ -23,6 +23,13 @@ impl Resources {
         Ok((catalog, sourced))
     }
 
+    /// The built-in tools the tenant may be offered (on for the service and for it), with its
+    /// policy for them. Which agent types get them is the room's (`AgentType::builtin_tools`).
+    pub async fn builtin_tools(&self, tenant: &str) -> Result<Vec<ToolDef>, Error> {
+        let limits = self.p.limits(tenant).await?;
+        Ok(self.p.tool_caller.builtins.for_tenant(&limits))
+    }
+
     /// The tenant's catalog tool `name`.
     pub async fn tool(&self, tenant: &str, name: &str) -> Result<ToolDef, Error> {
         let row = store::get(&self.p.pool, tenant, name).await?.ok_or(Error::NotFound("tool"))?;

@@ -64,6 +64,21 @@ pub struct Limits {
     /// The tenant's default task priority: `high`, `normal` or `low`.
     #[arg(long)]
     pub priority: Option<String>,
+    /// Built-in tools turned off for this tenant (`web_fetch`, `web_search`), comma-separated
+    /// (`--tenant-builtin-tools-off`: `--builtin-tools-off` is the process's own).
+    #[arg(long = "tenant-builtin-tools-off", id = "tenant_builtin_tools_off", value_delimiter = ',')]
+    pub builtin_tools_off: Option<Vec<String>>,
+    /// The web tools' policy for this tenant: `auto` (read-only, the default) or `propose` (a
+    /// side-effecting tool: with approval `propose` or `all`, each call waits for a decision).
+    #[arg(long)]
+    pub web_tools_policy: Option<String>,
+    /// `web_fetch` calls per minute, across replicas (0: none).
+    #[arg(long)]
+    pub web_fetches_per_minute: Option<i32>,
+    /// The only domains `web_fetch` may reach for this tenant (`example.com` also allows its
+    /// subdomains), comma-separated; unset: wherever the service allows.
+    #[arg(long, value_delimiter = ',')]
+    pub web_fetch_domains: Option<Vec<String>>,
 }
 
 /// A USD limit as JSON gives it: a number, none negative (however small: -1e-100 is refused, not
@@ -79,7 +94,8 @@ fn usd<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Decimal>, D::Err
 
 const LIMIT_COLS: &str = "usd_per_day, usd_per_month, tokens_per_day, max_running, max_queued, max_task_cost_usd, \
     max_task_tokens, max_task_turns, max_task_timeout_seconds, approval, requests_per_second, request_burst, \
-    max_streams, max_waits, fallback_models, max_scheduled, priority";
+    max_streams, max_waits, fallback_models, max_scheduled, priority, builtin_tools_off, web_tools_policy, \
+    web_fetches_per_minute, web_fetch_domains";
 
 pub async fn ensure(pool: &PgPool, tenant: &str) -> Result<(), StoreError> {
     sqlx::query("INSERT INTO tenants (name) VALUES ($1) ON CONFLICT DO NOTHING").bind(tenant).execute(pool).await?;
@@ -96,8 +112,9 @@ pub async fn put_limits(pool: &PgPool, tenant: &str, l: &Limits) -> Result<bool,
     Ok(sqlx::query_scalar(
         "INSERT INTO tenants (name, usd_per_day, usd_per_month, tokens_per_day, max_running, max_queued,
              max_task_cost_usd, max_task_tokens, max_task_turns, max_task_timeout_seconds, approval,
-             requests_per_second, request_burst, max_streams, max_waits, fallback_models, max_scheduled, priority)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)
+             requests_per_second, request_burst, max_streams, max_waits, fallback_models, max_scheduled, priority,
+             builtin_tools_off, web_tools_policy, web_fetches_per_minute, web_fetch_domains)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22)
          ON CONFLICT (name) DO UPDATE SET usd_per_day = EXCLUDED.usd_per_day, usd_per_month = EXCLUDED.usd_per_month,
              tokens_per_day = EXCLUDED.tokens_per_day, max_running = EXCLUDED.max_running,
              max_queued = EXCLUDED.max_queued, max_task_cost_usd = EXCLUDED.max_task_cost_usd,
@@ -106,7 +123,9 @@ pub async fn put_limits(pool: &PgPool, tenant: &str, l: &Limits) -> Result<bool,
              requests_per_second = EXCLUDED.requests_per_second, request_burst = EXCLUDED.request_burst,
              max_streams = EXCLUDED.max_streams, max_waits = EXCLUDED.max_waits,
              fallback_models = EXCLUDED.fallback_models, max_scheduled = EXCLUDED.max_scheduled,
-             priority = EXCLUDED.priority, updated_at = now()
+             priority = EXCLUDED.priority, builtin_tools_off = EXCLUDED.builtin_tools_off,
+             web_tools_policy = EXCLUDED.web_tools_policy, web_fetches_per_minute = EXCLUDED.web_fetches_per_minute,
+             web_fetch_domains = EXCLUDED.web_fetch_domains, updated_at = now()
          RETURNING (xmax = 0)",
     )
     .bind(tenant)
@@ -127,6 +146,10 @@ pub async fn put_limits(pool: &PgPool, tenant: &str, l: &Limits) -> Result<bool,
     .bind(&l.fallback_models)
     .bind(l.max_scheduled)
     .bind(&l.priority)
+    .bind(&l.builtin_tools_off)
+    .bind(&l.web_tools_policy)
+    .bind(l.web_fetches_per_minute)
+    .bind(&l.web_fetch_domains)
     .fetch_one(pool)
     .await?)
 }
@@ -310,4 +333,27 @@ pub fn usage_csv(rows: &[UsageRow]) -> String {
         ));
     }
     out
+}
+
+/// Count one web fetch of `tenant` in this minute; false (and nothing counted) when the minute
+/// already holds `limit` of them. One statement, so that replicas share the count.
+pub async fn take_web_fetch(pool: &PgPool, tenant: &str, limit: i32) -> Result<bool, StoreError> {
+    let n: Option<i32> = sqlx::query_scalar(
+        "INSERT INTO web_fetch_minutes AS w (tenant, minute, n) VALUES ($1, date_trunc('minute', now()), 1)
+         ON CONFLICT (tenant, minute) DO UPDATE SET n = w.n + 1 WHERE w.n < $2
+         RETURNING n",
+    )
+    .bind(tenant)
+    .bind(limit)
+    .fetch_optional(pool)
+    .await?;
+    Ok(n.is_some_and(|n| n <= limit))
+}
+
+/// Forget web fetch counts older than an hour.
+pub async fn purge_web_fetch_counts(pool: &PgPool) -> Result<u64, StoreError> {
+    Ok(sqlx::query("DELETE FROM web_fetch_minutes WHERE minute < now() - interval '1 hour'")
+        .execute(pool)
+        .await?
+        .rows_affected())
 }

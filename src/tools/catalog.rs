@@ -62,6 +62,12 @@ pub fn validate(
 ) -> Result<ToolDef, ToolError> {
     let at = |f: &str| format!("{field}{f}");
     check_tool_name(name).map_err(|m| ToolError::invalid(at("name"), m))?;
+    if super::builtin::is_reserved(name) {
+        return Err(ToolError::invalid(
+            at("name"),
+            format!("{name:?} is the name of a built-in tool; a tenant tool may not take it"),
+        ));
+    }
     check_parameters(&t.parameters).map_err(|m| ToolError::invalid(at("parameters"), m))?;
     let Some(endpoint) = &t.endpoint else {
         if t.timeout_ms.is_some() {
@@ -113,7 +119,7 @@ pub fn to_row(d: &ToolDef) -> Option<ToolRow> {
     let (endpoint, timeout_ms) = match &d.target {
         Target::Http { endpoint, timeout_ms } => (Some(endpoint.clone()), (*timeout_ms).min(i32::MAX as u64) as i32),
         Target::Caller => (None, 0),
-        Target::Mcp { .. } => return None,
+        Target::Mcp { .. } | Target::Builtin { .. } => return None,
     };
     Some(ToolRow {
         name: d.name.clone(),

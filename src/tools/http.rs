@@ -23,7 +23,7 @@ pub fn signature(secret: &str, timestamp: i64, body: &[u8]) -> String {
 }
 
 fn err(msg: String) -> ToolOutput {
-    ToolOutput { content: msg, is_error: true }
+    ToolOutput::text(msg, true)
 }
 
 pub async fn call(t: &TaskTools, endpoint: &str, timeout: Duration, call: &ToolCall) -> ToolOutput {
@@ -89,13 +89,13 @@ pub async fn call(t: &TaskTools, endpoint: &str, timeout: Duration, call: &ToolC
         return err(format!("tool {} reported an error: {msg}", call.name));
     }
     match v.get("content") {
-        Some(Value::String(s)) => ToolOutput { content: s.clone(), is_error: false },
-        Some(other) => ToolOutput { content: other.to_string(), is_error: false },
+        Some(Value::String(s)) => ToolOutput::text(s.clone(), false),
+        Some(other) => ToolOutput::text(other.to_string(), false),
         None => err(format!("tool {} answered without `content` or `error`", call.name)),
     }
 }
 
-fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
+pub(super) fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
     let mut cur = e;
     let mut msg = e.to_string();
     while let Some(s) = cur.source() {

@@ -277,7 +277,11 @@ pub async fn call(caller: &Caller, c: McpCall<'_>) -> (ToolOutput, Option<Unreac
     let name = &c.call.name;
     match tokio::time::timeout(c.timeout, work).await {
         Err(_) => (
-            ToolOutput { content: format!("tool {name} timed out after {} ms", c.timeout.as_millis()), is_error: true },
+            ToolOutput {
+                content: format!("tool {name} timed out after {} ms", c.timeout.as_millis()),
+                is_error: true,
+                detail: None,
+            },
             None,
         ),
         Ok(Err(e)) => (
@@ -287,6 +291,7 @@ pub async fn call(caller: &Caller, c: McpCall<'_>) -> (ToolOutput, Option<Unreac
                      later, or go on without it."
                 ),
                 is_error: true,
+                detail: None,
             },
             Some(e.to_string()),
         ),
@@ -311,7 +316,7 @@ pub async fn call(caller: &Caller, c: McpCall<'_>) -> (ToolOutput, Option<Unreac
             } else {
                 texts.join("\n")
             };
-            (ToolOutput { content, is_error }, None)
+            (ToolOutput { content, is_error, detail: None }, None)
         }
     }
 }

@@ -2,14 +2,16 @@
 //! servers), the whitelist filter chain, and the runner that validates arguments and calls
 //! them — signed HTTP callbacks or MCP `tools/call` — behind the SSRF guard.
 //!
-//! May import: `llm` (the neutral tool-call types), `store` (the catalog's rows), `config`,
+//! May import: `kinds` (the built-ins' names), `llm` (the neutral tool-call types), `store` (the catalog's rows), `config`,
 //! `telemetry`, `cache`. Not the engine: the engine calls tools through `ToolRunner`, defined
 //! here.
 
+pub mod builtin;
 pub mod catalog;
 pub mod http;
 pub mod mcp;
 pub mod ssrf;
+pub mod web;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,6 +26,14 @@ use crate::llm::{ToolCall, ToolSpec};
 pub struct ToolOutput {
     pub content: String,
     pub is_error: bool,
+    /// What the call's `tool_call_finished` event adds (a fetch's final URL and bytes).
+    pub detail: Option<Value>,
+}
+
+impl ToolOutput {
+    pub fn text(content: impl Into<String>, is_error: bool) -> ToolOutput {
+        ToolOutput { content: content.into(), is_error, detail: None }
+    }
 }
 
 /// Runs one tool call of a sub-agent (arguments already checked against the whitelist).
@@ -77,6 +87,10 @@ pub enum Target {
     },
     /// No endpoint: the caller runs it and submits its output (the run pauses for it).
     Caller,
+    /// Run by the service itself (`builtin`).
+    Builtin {
+        tool: builtin::BuiltinTool,
+    },
 }
 
 /// A tool as a run knows it: what the model is offered, and where calls go.
@@ -133,7 +147,11 @@ pub struct Whitelist<'a> {
 pub fn offered(available: Vec<ToolDef>, w: Whitelist<'_>) -> Vec<ToolDef> {
     available
         .into_iter()
-        .filter(|t| !w.read_only || t.policy == Policy::Auto)
+        .filter(|t| {
+            !w.read_only
+                || t.policy == Policy::Auto
+                || matches!(t.target, Target::Builtin { tool } if builtin::reads_only(tool))
+        })
         .filter(|t| w.allow.is_none_or(|allow| allow.contains(&t.name)))
         .filter(|t| !w.deny.contains(&t.name))
         .filter(|t| w.requested.is_none_or(|a| a.contains(&t.name)))
@@ -163,6 +181,10 @@ pub struct Caller {
     pub max_result_bytes: usize,
     /// This process's MCP sessions (one per server, reused by every call).
     pub mcp: Arc<mcp::Sessions>,
+    /// The web tools' clients and settings.
+    pub web: web::Web,
+    /// The built-in tools this service offers.
+    pub builtins: builtin::Registry,
 }
 
 impl Caller {
@@ -176,6 +198,9 @@ impl Caller {
             allow,
             max_result_bytes: cfg.tool_result_max_bytes.max(256),
             mcp: Arc::default(),
+            builtins: builtin::Registry::new(&cfg.builtin_tools_off, cfg.web_search_url.is_some())
+                .map_err(ToolError::Config)?,
+            web: web::Web::from_config(cfg)?,
         })
     }
 }
@@ -191,13 +216,15 @@ pub struct TaskTools {
     pub mcp_headers: std::collections::HashMap<String, Vec<(String, String)>>,
     /// Told when an MCP source could not be reached.
     pub on_source_error: Option<SourceErrors>,
+    /// The tenant as the web tools need it (its fetch rate, its domains).
+    pub web: Option<web::WebTenant>,
 }
 
 /// Told (source name, the error's full chain) when a call could not reach an MCP source.
 pub type SourceErrors = Arc<dyn Fn(&str, &str) + Send + Sync>;
 
 fn tool_error(msg: impl Into<String>) -> ToolOutput {
-    ToolOutput { content: msg.into(), is_error: true }
+    ToolOutput::text(msg, true)
 }
 
 #[async_trait::async_trait]
@@ -252,8 +279,13 @@ impl ToolRunner for TaskTools {
             }
             // Its calls pause the run for the caller's output; they never reach here.
             Target::Caller => tool_error(format!("tool {} is run by the caller, not by subagentd", call.name)),
+            Target::Builtin { tool } => match tool {
+                builtin::BuiltinTool::WebFetch | builtin::BuiltinTool::WebSearch => {
+                    web::run(&self.caller.web, self.web.as_ref(), *tool, call, self.caller.max_result_bytes).await
+                }
+            },
         };
-        ToolOutput { content: cap(out.content, self.caller.max_result_bytes), is_error: out.is_error }
+        ToolOutput { content: cap(out.content, self.caller.max_result_bytes), ..out }
     }
 }
 

@@ -476,6 +476,11 @@ async fn screenshots_of_the_main_pages_at_desktop_and_phone_size() {
         tokio::time::sleep(Duration::from_millis(500)).await;
         b.screenshot(name).await;
     }
+    // The catalog lists the built-in tools, run by the service, and the types that get them.
+    let tools = b.text("#tools-table").await;
+    assert!(tools.contains("web_fetch") && tools.contains("built in: run by subagentd"), "{tools}");
+    let agents = b.text("#agents-table").await;
+    assert!(agents.contains("built in: web_fetch"), "{agents}");
     assert_eq!(b.severe_logs().await, Vec::<String>::new());
     b.close().await;
     let Some(phone) = browser(390, 844).await else { return };

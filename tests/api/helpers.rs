@@ -155,6 +155,9 @@ pub fn test_config(db_url: &str) -> Config {
     cfg.lease_seconds = 5;
     cfg.db_max_connections = 8;
     cfg.drain_grace_seconds = 2;
+    // The built-in tools are off in the in-process apps, so that what a run is offered is the
+    // test's own tools; tests/api/web.rs turns them on.
+    cfg.builtin_tools_off = "web_fetch,web_search".into();
     cfg
 }
 

@@ -42,4 +42,5 @@ mod tenants;
 mod tools;
 mod validation;
 mod wait;
+mod web;
 mod workers;

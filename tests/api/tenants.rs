@@ -245,9 +245,19 @@ async fn the_cli_sets_every_limit_and_shows_it_and_a_flag_the_process_also_takes
             "30",
             "--priority",
             "high",
-            // The process's own setting, taken by every subcommand: not the tenant's.
+            "--tenant-builtin-tools-off",
+            "web_search",
+            "--web-tools-policy",
+            "propose",
+            "--web-fetches-per-minute",
+            "12",
+            "--web-fetch-domains",
+            "example.com,docs.rs",
+            // The process's own settings, taken by every subcommand: not the tenant's.
             "--max-running",
             "8",
+            "--builtin-tools-off",
+            "web_fetch",
         ],
     );
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -261,7 +271,9 @@ async fn the_cli_sets_every_limit_and_shows_it_and_a_flag_the_process_also_takes
                "max_queued": 100, "max_task_cost_usd": 0.5, "max_task_tokens": 5000, "max_task_turns": 7,
                "max_task_timeout_seconds": 60, "approval": "propose", "requests_per_second": 20.0,
                "request_burst": 40, "max_streams": 10, "max_waits": 20, "fallback_models": ["mock/a", "mock/b"],
-               "max_scheduled": 30, "priority": "high"}),
+               "max_scheduled": 30, "priority": "high", "builtin_tools_off": ["web_search"],
+               "web_tools_policy": "propose", "web_fetches_per_minute": 12,
+               "web_fetch_domains": ["example.com", "docs.rs"]}),
         "every flag set its own limit, and --max-running none"
     );
     let api = app.client.get(app.url("/admin/tenants/acme")).bearer_auth(ADMIN).send().await.unwrap();

@@ -690,6 +690,7 @@ async fn mcp_calls_per_second() {
         traceparent: None,
         mcp_headers: Default::default(),
         on_source_error: None,
+        web: None,
     });
     let call = |i: usize| subagentd::llm::ToolCall {
         id: format!("c{i}"),

@@ -1189,7 +1189,7 @@
       fillRows(agents, (d.agents || []).map((a) => h('tr', null,
         td(String(a.name), 'mono'), td(a.source || dash), td(a.description || dash, 'wrap'),
         td(a.model || dash, 'mono'), td(a.max_turns == null ? dash : String(a.max_turns), 'num'),
-        td(Array.isArray(a.tools) ? (a.tools.length ? a.tools.join(', ') : 'none') : (a.tools == null ? dash : String(a.tools)), 'wrap'),
+        td(agentTools(a), 'wrap'),
         td(Array.isArray(a.warnings) && a.warnings.length
           ? h('ul', { class: 'warnings', dataset: { test: 'agent-warnings' } }, a.warnings.map((w) => h('li', null, String(w))))
           : dash, 'wrap'))));
@@ -1204,7 +1204,7 @@
         td(String(t.name), 'mono'), td(t.source || dash),
         td(h('span', { class: 'policy policy-' + cssToken(t.policy) }, String(t.policy == null ? dash : t.policy))),
         td(t.description || dash, 'wrap'),
-        td(t.endpoint || t.tool_source || dash, 'mono'))));
+        td(t.endpoint || t.tool_source || (t.source === 'builtin' ? 'built in: run by subagentd' : dash), 'mono'))));
     });
     load('/tool-sources', (d) => {
       fillRows(sources, (d.tool_sources || []).map((s) => h('tr', null,
@@ -1213,6 +1213,14 @@
         td(s.refreshed_at ? timeEl(s.refreshed_at, true) : dash),
         td(s.last_error ? truncate(s.last_error, 200) : '', 'error-text wrap', s.last_error || null))));
     });
+  }
+
+  // An agent's tools as the catalog shows them: its list (or rule), then the built-ins its
+  // type is offered where they are on.
+  function agentTools(a) {
+    let s = Array.isArray(a.tools) ? (a.tools.length ? a.tools.join(', ') : 'none') : (a.tools == null ? dash : String(a.tools));
+    if (Array.isArray(a.builtin_tools) && a.builtin_tools.length) s += '; built in: ' + a.builtin_tools.join(', ');
+    return s;
   }
 
   function renderNotFound(root) {

@@ -96,8 +96,12 @@ pub async fn described(pool: &PgPool, files: &FileAgents, tenant: Option<&str>) 
 /// A built-in type's one-line description.
 pub fn builtin_line(t: AgentType) -> &'static str {
     match t {
-        AgentType::General => "heterogeneous work, writes included, with every tool the caller allows",
-        AgentType::Research => "read-only fact-finding",
+        AgentType::General => {
+            "heterogeneous work, writes included, with every tool the caller allows and the web (web_fetch, web_search)"
+        }
+        AgentType::Research => {
+            "read-only fact-finding, on the web (web_fetch, web_search) and the caller's read-only tools"
+        }
         AgentType::Explore => "read-only exploration of a codebase or a corpus",
         AgentType::Plan => "a thinking pass that plans, with few tools",
     }

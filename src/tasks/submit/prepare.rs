@@ -60,7 +60,7 @@ impl Lifecycle {
         let who = self.agent(s).await?;
         let own = task_limits(body, limits, &who, checked.max_turns, self.p.cfg.max_task_timeout_seconds as f64)?;
         self.priced(&who.model, limits, &own)?;
-        let tools = self.whitelist(&s.tenant, who.agent, who.definition.as_ref(), body).await?;
+        let tools = self.whitelist(&s.tenant, limits, who.agent, who.definition.as_ref(), body).await?;
         let max_out = self.p.providers.max_tokens_for(
             &who.model,
             who.definition.as_ref().and_then(|d| d.max_output_tokens),
@@ -382,11 +382,14 @@ impl Lifecycle {
     async fn whitelist(
         &self,
         tenant: &str,
+        limits: &Limits,
         agent: AgentType,
         definition: Option<&AgentDefinition>,
         body: &TaskRequest,
     ) -> Result<Vec<ToolDef>, TaskError> {
         let mut available = catalog::available(&self.p.pool, &self.p.tools_cache, tenant).await?;
+        // A tenant tool named like a built-in (from before the name was reserved) gives way to it.
+        available.retain(|t| !crate::tools::builtin::is_reserved(&t.name));
         for (i, t) in body.tools.iter().flatten().enumerate() {
             let def = catalog::validate(
                 &self.p.tool_caller,
@@ -398,6 +401,13 @@ impl Lifecycle {
             available.retain(|a| a.name != def.name);
             available.push(def);
         }
+        // The built-ins on for the service and the tenant: a built-in type gets those the seed
+        // gives it; a definition those its `tools` names (all of them with no list, as `general`).
+        let builtins = self.p.tool_caller.builtins.for_tenant(limits);
+        available.extend(builtins.into_iter().filter(|d| match (&d.target, definition) {
+            (crate::tools::Target::Builtin { tool }, None) => agent.builtin_tools().contains(tool),
+            _ => true,
+        }));
         if let Some(allowed) = &body.allowed_tools {
             if let Some(unknown) = allowed.iter().find(|n| !available.iter().any(|a| &a.name == *n)) {
                 let names: Vec<&str> = available.iter().map(|a| a.name.as_str()).collect();

@@ -1,0 +1,618 @@
+//! The built-in web tools against a local web: real HTTP servers in the test, loopback allowed
+//! in the service's config (`127.0.0.1/32`), everything else as a deployment has it.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{Html, IntoResponse};
+use axum::routing::get;
+use axum::{Json, Router};
+use serde_json::{json, Value};
+use subagentd::llm::ToolCall;
+use subagentd::tools::builtin::{self, BuiltinTool};
+use subagentd::tools::{Caller, Policy, TaskTools, ToolRunner};
+
+use crate::fakes::serve_router;
+use crate::helpers::*;
+
+const ADMIN: &str = "web-admin";
+
+const ARTICLE: &str = r#"<!doctype html><html><head><title>Tides</title>
+<style>.x { color: red }</style><script>window.SECRET_SCRIPT = 1;</script></head>
+<body><nav><a href="/">NAV_HOME</a> <a href="/about">NAV_ABOUT</a></nav>
+<h1>How tides work</h1>
+<p>The Moon pulls the oceans. See <a href="https://example.org/moon">the Moon page</a>.</p>
+<ul><li>spring tides</li><li>neap tides</li></ul>
+<table><tr><th>Port</th><th>Range</th></tr><tr><td>Brest</td><td>7 m</td></tr></table>
+<footer>FOOTER_LEGAL</footer></body></html>"#;
+
+#[derive(Clone, Default)]
+struct Site {
+    hits: Arc<Mutex<Vec<(String, HeaderMap)>>>,
+    trickle_started: Arc<AtomicUsize>,
+    trickle_dropped: Arc<AtomicBool>,
+}
+
+impl Site {
+    fn hit(&self, path: &str, h: HeaderMap) {
+        self.hits.lock().unwrap().push((path.to_string(), h));
+    }
+    fn paths(&self) -> Vec<String> {
+        self.hits.lock().unwrap().iter().map(|(p, _)| p.clone()).collect()
+    }
+}
+
+/// Flips a flag when the body it lives in is dropped (the client went away).
+struct DropFlag(Arc<AtomicBool>);
+impl Drop for DropFlag {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+async fn site() -> (Site, String) {
+    let s = Site::default();
+    let app = Router::new()
+        .route(
+            "/article",
+            get(|State(s): State<Site>, h: HeaderMap| async move {
+                s.hit("/article", h);
+                Html(ARTICLE)
+            }),
+        )
+        .route(
+            "/data.json",
+            get(|State(s): State<Site>, h: HeaderMap| async move {
+                s.hit("/data.json", h);
+                Json(json!({"answer": 42, "items": ["a", "b"]}))
+            }),
+        )
+        .route(
+            "/plain.txt",
+            get(|State(s): State<Site>, h: HeaderMap| async move {
+                s.hit("/plain.txt", h);
+                ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], "plain words <b>not html</b>")
+            }),
+        )
+        .route(
+            "/big",
+            get(|State(s): State<Site>, h: HeaderMap| async move {
+                s.hit("/big", h);
+                // 3 MB of HTML, streamed in 64 KiB chunks.
+                let chunk = format!("<p>{}</p>\n", "lorem ipsum dolor sit amet ".repeat(2400));
+                let n = 3 * 1024 * 1024 / chunk.len() + 1;
+                let body = futures_util::stream::iter(
+                    (0..n).map(move |_| Ok::<_, std::io::Error>(bytes::Bytes::from(chunk.clone()))),
+                );
+                ([(header::CONTENT_TYPE, "text/html")], axum::body::Body::from_stream(body))
+            }),
+        )
+        .route(
+            "/image.png",
+            get(|State(s): State<Site>, h: HeaderMap| async move {
+                s.hit("/image.png", h);
+                ([(header::CONTENT_TYPE, "image/png")], vec![0x89u8; 5000])
+            }),
+        )
+        .route(
+            "/to-metadata",
+            get(|State(s): State<Site>, h: HeaderMap| async move {
+                s.hit("/to-metadata", h);
+                (StatusCode::FOUND, [(header::LOCATION, "http://169.254.169.254/latest/meta-data/")])
+            }),
+        )
+        .route(
+            "/hop",
+            get(|State(s): State<Site>, h: HeaderMap| async move {
+                s.hit("/hop", h);
+                (StatusCode::MOVED_PERMANENTLY, [(header::LOCATION, "/article")])
+            }),
+        )
+        .route(
+            "/loop/{n}",
+            get(|State(s): State<Site>, Path(n): Path<u32>, h: HeaderMap| async move {
+                s.hit(&format!("/loop/{n}"), h);
+                (StatusCode::FOUND, [(header::LOCATION, format!("/loop/{}", n + 1))])
+            }),
+        )
+        .route(
+            "/never",
+            get(|State(s): State<Site>, h: HeaderMap| async move {
+                s.hit("/never", h);
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+                "late"
+            }),
+        )
+        .route(
+            "/trickle",
+            get(|State(s): State<Site>, h: HeaderMap| async move {
+                s.hit("/trickle", h);
+                s.trickle_started.fetch_add(1, Ordering::SeqCst);
+                let flag = DropFlag(s.trickle_dropped.clone());
+                let body = futures_util::stream::unfold(flag, |flag| async move {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    Some((Ok::<_, std::io::Error>(bytes::Bytes::from_static(b"<p>.</p>")), flag))
+                });
+                ([(header::CONTENT_TYPE, "text/html")], axum::body::Body::from_stream(body)).into_response()
+            }),
+        )
+        .route(
+            "/search",
+            get(|State(s): State<Site>, Query(q): Query<std::collections::HashMap<String, String>>, h: HeaderMap| async move {
+                s.hit("/search", h);
+                if q.get("format").map(String::as_str) != Some("json") {
+                    return (StatusCode::BAD_REQUEST, "format=json expected").into_response();
+                }
+                let query = q.get("q").cloned().unwrap_or_default();
+                Json(json!({"query": query, "results": [
+                    {"title": "Tides - Encyclopedia", "url": "https://example.org/tides", "content": format!("All about {query}.")},
+                    {"title": "Moon", "url": "https://example.org/moon", "content": "The Moon   pulls."},
+                    {"title": "Third", "url": "https://example.org/3", "content": "three"}
+                ]}))
+                .into_response()
+            }),
+        )
+        .with_state(s.clone());
+    let base = serve_router(app).await;
+    (s, base)
+}
+
+fn web_config(c: &mut subagentd::config::Config, base: &str) {
+    c.tool_allow = "*, 127.0.0.1/32".into();
+    c.builtin_tools_off = String::new();
+    c.web_search_url = Some(base.to_string());
+    c.admin_token = Some(ADMIN.into());
+    c.default_model = Some("mock/m".into());
+}
+
+/// The built-in tools as a run has them, for calls made straight at them.
+fn runner(base: &str, tweak: impl FnOnce(&mut subagentd::config::Config)) -> TaskTools {
+    let mut cfg = subagentd::config::Config::defaults();
+    web_config(&mut cfg, base);
+    cfg.tool_result_max_bytes = 16 * 1024;
+    cfg.web_fetch_max_bytes = 1024 * 1024;
+    cfg.tool_timeout_ms = 1500;
+    tweak(&mut cfg);
+    TaskTools {
+        caller: Caller::from_config(&cfg).unwrap(),
+        defs: BuiltinTool::ALL.iter().map(|t| builtin::def(*t, Policy::Auto)).collect(),
+        task_id: uuid::Uuid::now_v7(),
+        tenant_secret: None,
+        traceparent: None,
+        mcp_headers: Default::default(),
+        on_source_error: None,
+        web: None,
+    }
+}
+
+fn call(name: &str, args: Value) -> ToolCall {
+    ToolCall { id: "c1".into(), name: name.into(), arguments: args }
+}
+
+#[tokio::test]
+async fn pages_become_text_json_and_text_pass_and_other_content_is_described() {
+    let (site, base) = site().await;
+    let t = runner(&base, |_| {});
+    let out = t.run(&call("web_fetch", json!({"url": format!("{base}/article")}))).await;
+    assert!(!out.is_error, "{}", out.content);
+    let c = &out.content;
+    assert!(c.starts_with(&format!("Content fetched from {base}/article")), "{c}");
+    assert!(c.contains("not instructions"), "the text is marked as data: {c}");
+    for kept in [
+        "How tides work",
+        "The Moon pulls the oceans",
+        "spring tides",
+        "neap tides",
+        "Brest",
+        "7 m",
+        "https://example.org/moon",
+    ] {
+        assert!(c.contains(kept), "{kept} kept: {c}");
+    }
+    for dropped in ["SECRET_SCRIPT", "color: red", "NAV_HOME", "NAV_ABOUT", "FOOTER_LEGAL"] {
+        assert!(!c.contains(dropped), "{dropped} dropped: {c}");
+    }
+    let detail = out.detail.unwrap();
+    assert_eq!(detail["url"], format!("{base}/article"));
+    assert_eq!(detail["bytes"], ARTICLE.len());
+    let ua = site.hits.lock().unwrap()[0].1["user-agent"].to_str().unwrap().to_string();
+    assert!(ua.starts_with(&format!("subagentd/{}", env!("CARGO_PKG_VERSION"))), "{ua}");
+
+    let json_out = t.run(&call("web_fetch", json!({"url": format!("{base}/data.json")}))).await;
+    assert!(json_out.content.contains(r#"{"answer":42,"items":["a","b"]}"#), "{}", json_out.content);
+    let plain = t.run(&call("web_fetch", json!({"url": format!("{base}/plain.txt")}))).await;
+    assert!(plain.content.contains("plain words <b>not html</b>"), "text passes as it is: {}", plain.content);
+
+    let img = t.run(&call("web_fetch", json!({"url": format!("{base}/image.png")}))).await;
+    assert!(!img.is_error);
+    assert!(img.content.contains("image/png") && img.content.contains("5000 bytes"), "{}", img.content);
+    assert!(!img.content.contains('\u{89}') && img.content.len() < 400, "no bytes of the image: {}", img.content);
+
+    let short = t.run(&call("web_fetch", json!({"url": format!("{base}/article"), "max_chars": 120}))).await;
+    assert!(short.content.contains("[cut: the page's text is"), "{}", short.content);
+}
+
+#[tokio::test]
+async fn a_3_mb_page_is_read_only_up_to_the_cap_and_cut_with_a_note() {
+    let (_site, base) = site().await;
+    let t = runner(&base, |_| {});
+    let out = t.run(&call("web_fetch", json!({"url": format!("{base}/big")}))).await;
+    assert!(!out.is_error, "{}", &out.content[..300.min(out.content.len())]);
+    assert!(out.content.len() <= 16 * 1024, "the result fits the tool-result cap: {}", out.content.len());
+    assert!(out.content.contains("[cut: the page's text is"), "the cut is said");
+    let detail = out.detail.unwrap();
+    assert_eq!(detail["bytes"], 1024 * 1024, "the body was read only up to SUBAGENTD_WEB_FETCH_MAX_BYTES: {detail}");
+    assert_eq!(detail["read_cut"], true);
+}
+
+#[tokio::test]
+async fn redirects_are_checked_hop_by_hop_and_private_addresses_are_refused_by_name() {
+    let (site, base) = site().await;
+    let t = runner(&base, |_| {});
+    let meta = t.run(&call("web_fetch", json!({"url": format!("{base}/to-metadata")}))).await;
+    assert!(meta.is_error);
+    assert!(meta.content.contains("169.254.169.254"), "the refused address is named: {}", meta.content);
+    assert!(meta.content.contains("not followed"), "{}", meta.content);
+
+    for private in ["http://10.1.2.3/x", "http://[::1]/x", "http://169.254.169.254/latest/meta-data/"] {
+        let out = t.run(&call("web_fetch", json!({"url": private}))).await;
+        assert!(out.is_error && out.content.contains("refused"), "{private}: {}", out.content);
+        let host = url::Url::parse(private).unwrap().host_str().unwrap().to_string();
+        assert!(out.content.contains(&host), "{private} names {host}: {}", out.content);
+    }
+    let file = t.run(&call("web_fetch", json!({"url": "file:///etc/passwd"}))).await;
+    assert!(file.is_error && !file.content.contains("root:"), "{}", file.content);
+
+    let hop = t.run(&call("web_fetch", json!({"url": format!("{base}/hop")}))).await;
+    assert!(!hop.is_error && hop.content.contains("How tides work"), "{}", hop.content);
+    let d = hop.detail.unwrap();
+    assert_eq!(d["url"], format!("{base}/article"), "the final URL after the redirect");
+    assert_eq!(d["redirects"], 1);
+
+    let looping = t.run(&call("web_fetch", json!({"url": format!("{base}/loop/0")}))).await;
+    assert!(looping.is_error && looping.content.contains("more than 5 redirects"), "{}", looping.content);
+    assert_eq!(site.paths().iter().filter(|p| p.starts_with("/loop/")).count(), 6, "the start and 5 hops");
+
+    // A service that does not allow loopback refuses the test's own site, naming it.
+    let strict = runner(&base, |c| c.web_fetch_allow = Some("*".into()));
+    let out = strict.run(&call("web_fetch", json!({"url": format!("{base}/article")}))).await;
+    assert!(out.is_error && out.content.contains("127.0.0.1"), "{}", out.content);
+}
+
+#[tokio::test]
+async fn a_server_that_never_answers_ends_within_the_timeout() {
+    let (_site, base) = site().await;
+    let t = runner(&base, |c| c.tool_timeout_ms = 700);
+    let started = Instant::now();
+    let out = t.run(&call("web_fetch", json!({"url": format!("{base}/never")}))).await;
+    assert!(out.is_error && out.content.contains("timed out after 700 ms"), "{}", out.content);
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+#[tokio::test]
+async fn a_search_is_a_numbered_list_from_the_searxng_api() {
+    let (site, base) = site().await;
+    let t = runner(&base, |_| {});
+    let out = t.run(&call("web_search", json!({"query": "ocean tides", "max_results": 2}))).await;
+    assert!(!out.is_error, "{}", out.content);
+    let c = &out.content;
+    assert!(c.contains("1. Tides - Encyclopedia\n   https://example.org/tides\n   All about ocean tides."), "{c}");
+    assert!(c.contains("2. Moon\n   https://example.org/moon\n   The Moon pulls."), "{c}");
+    assert!(!c.contains("3. Third"), "max_results is kept: {c}");
+    assert!(site.paths().contains(&"/search".to_string()));
+}
+
+/// Wait for `cond`, up to `within`.
+async fn until(within: Duration, cond: impl Fn() -> bool) {
+    let deadline = Instant::now() + within;
+    while !cond() {
+        assert!(Instant::now() < deadline, "not within {within:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The run's tool calls as its events show them.
+async fn finished_calls(app: &TestApp, id: &str) -> Vec<Value> {
+    let ev: Value = app.client.get(app.url(&format!("/tasks/{id}/events"))).send().await.unwrap().json().await.unwrap();
+    ev["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "tool_call_finished")
+        .map(|e| e["data"].clone())
+        .collect()
+}
+
+async fn tool_results(app: &TestApp, id: &str) -> Vec<Value> {
+    sqlx::query_scalar(
+        "SELECT message FROM task_messages WHERE task_id = $1::uuid AND message->>'role' = 'tool' ORDER BY seq",
+    )
+    .bind(id)
+    .fetch_all(&app.db.pool)
+    .await
+    .unwrap()
+}
+
+async fn done(app: &TestApp, body: Value) -> Value {
+    let r = app.client.post(app.url("/tasks?wait=true&timeout=30")).json(&body).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    r.json().await.unwrap()
+}
+
+#[tokio::test]
+async fn research_runs_are_offered_the_web_and_their_calls_are_events() {
+    let (_site, base) = site().await;
+    let app = spawn_app_with(|c| web_config(c, &base), true).await;
+    let prompt = format!(r#"[mock:tool_turns=1] [mock:tool=web_fetch] [mock:args={{"url":"{base}/hop"}}]"#);
+    let t = done(&app, json!({"prompt": prompt, "subagent_type": "research"})).await;
+    assert_eq!(t["status"], "completed");
+    assert_eq!(t["tools"], json!(["web_fetch", "web_search"]));
+    let calls = finished_calls(&app, t["id"].as_str().unwrap()).await;
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0]["name"], "web_fetch");
+    assert_eq!(calls[0]["is_error"], false);
+    assert_eq!(calls[0]["url"], format!("{base}/article"), "the final URL is in the finished event");
+    assert_eq!(calls[0]["bytes"], ARTICLE.len());
+    assert!(calls[0]["duration_ms"].is_u64());
+    let results = tool_results(&app, t["id"].as_str().unwrap()).await;
+    assert!(results[0]["content"].as_str().unwrap().contains("How tides work"));
+    // The type prompt names the tools the run has, and says how to cite.
+    let system: String = sqlx::query_scalar(
+        "SELECT message->>'content' FROM task_messages WHERE task_id = $1::uuid AND message->>'role' = 'system'",
+    )
+    .bind(t["id"].as_str().unwrap())
+    .fetch_one(&app.db.pool)
+    .await
+    .unwrap();
+    assert!(system.contains("`web_fetch`") && system.contains("Cite only pages you fetched"), "{system}");
+
+    // general has them too; explore and plan do not, and their prompts do not name them.
+    for (ty, tools) in [("general", json!(["web_fetch", "web_search"])), ("explore", json!([])), ("plan", json!([]))] {
+        let t = done(&app, json!({"prompt": "x", "subagent_type": ty})).await;
+        assert_eq!(t["tools"], tools, "{ty}");
+    }
+    let e = done(&app, json!({"prompt": "x", "subagent_type": "explore"})).await;
+    let system: String = sqlx::query_scalar(
+        "SELECT message->>'content' FROM task_messages WHERE task_id = $1::uuid AND message->>'role' = 'system'",
+    )
+    .bind(e["id"].as_str().unwrap())
+    .fetch_one(&app.db.pool)
+    .await
+    .unwrap();
+    assert!(!system.contains("web_fetch") && system.contains("Tools: none"), "{system}");
+    // GET /tools lists the built-ins, run by the service.
+    let tools: Value = app.client.get(app.url("/tools")).send().await.unwrap().json().await.unwrap();
+    let builtins: Vec<&Value> =
+        tools["tools"].as_array().unwrap().iter().filter(|t| t["source"] == "builtin").collect();
+    assert_eq!(builtins.len(), 2);
+    assert_eq!(builtins[0]["run_by"], "subagentd");
+    assert_eq!(builtins[0]["policy"], "auto");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_fetch_that_hangs_ends_at_the_timeout_and_the_task_goes_on() {
+    let (_site, base) = site().await;
+    let app = spawn_app_with(
+        |c| {
+            web_config(c, &base);
+            c.tool_timeout_ms = 800;
+        },
+        true,
+    )
+    .await;
+    let prompt = format!(
+        r#"[mock:tool_turns=1] [mock:tool=web_fetch] [mock:args={{"url":"{base}/never"}}] [mock:reply=went on]"#
+    );
+    let t = done(&app, json!({"prompt": prompt, "subagent_type": "research"})).await;
+    assert_eq!(t["status"], "completed");
+    assert_eq!(t["summary"], "went on");
+    let calls = finished_calls(&app, t["id"].as_str().unwrap()).await;
+    assert_eq!(calls[0]["is_error"], true);
+    let results = tool_results(&app, t["id"].as_str().unwrap()).await;
+    assert!(results[0]["content"].as_str().unwrap().contains("timed out after 800 ms"));
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn cancelling_a_task_stops_its_fetch() {
+    let (site, base) = site().await;
+    let app = spawn_app_with(|c| web_config(c, &base), true).await;
+    let prompt = format!(r#"[mock:tool_turns=1] [mock:tool=web_fetch] [mock:args={{"url":"{base}/trickle"}}]"#);
+    let r = app.post_task(json!({"prompt": prompt, "subagent_type": "research"})).await;
+    assert_eq!(r.status(), 201);
+    let id = r.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_string();
+    until(Duration::from_secs(20), || site.trickle_started.load(Ordering::SeqCst) == 1).await;
+    assert!(!site.trickle_dropped.load(Ordering::SeqCst));
+    let c = app.client.post(app.url(&format!("/tasks/{id}/cancel"))).send().await.unwrap();
+    assert!(c.status().is_success());
+    until(Duration::from_secs(10), || site.trickle_dropped.load(Ordering::SeqCst)).await;
+    let t = app.poll_until_terminal(&id, Duration::from_secs(10)).await;
+    assert_eq!(t["status"], "cancelled");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn names_switches_policy_domains_and_the_fetch_rate_are_the_tenants() {
+    let (site, base) = site().await;
+    let app = spawn_app_with(|c| web_config(c, &base), true).await;
+    // Reserved names: neither a catalog tool nor an inline one may take a built-in's.
+    let r = app
+        .client
+        .put(app.url("/tools/web_fetch"))
+        .json(&json!({"parameters": {"type": "object"}, "policy": "auto", "endpoint": format!("{base}/article")}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 422);
+    let p: Value = r.json().await.unwrap();
+    assert_eq!(p["code"], "validation_failed");
+    assert_eq!(p["errors"][0]["field"], "name", "{p}");
+    let inline = app
+        .post_task(json!({"prompt": "x", "tools": [{"name": "web_search", "parameters": {"type": "object"}, "policy": "auto"}]}))
+        .await;
+    assert_eq!(inline.status(), 422);
+    let p: Value = inline.json().await.unwrap();
+    assert_eq!(p["errors"][0]["field"], "tools[0].name", "{p}");
+    assert_eq!(sqlx::query_scalar::<_, i64>("SELECT count(*) FROM tasks").fetch_one(&app.db.pool).await.unwrap(), 0);
+
+    // The tenant turns web_search off, makes the web tools `propose`, and narrows the domains.
+    put_tenant_limits(
+        &app.base,
+        ADMIN,
+        "default",
+        &json!({"builtin_tools_off": ["web_search"], "web_tools_policy": "propose", "web_fetch_domains": ["example.com"],
+                "web_fetches_per_minute": 2}),
+    )
+    .await;
+    let t = done(&app, json!({"prompt": "x", "subagent_type": "research"})).await;
+    assert_eq!(t["tools"], json!(["web_fetch"]), "web_search off for the tenant");
+    // With approval `propose`, a web_fetch call waits for a decision.
+    let prompt = format!(r#"[mock:tool_turns=1] [mock:tool=web_fetch] [mock:args={{"url":"{base}/article"}}]"#);
+    let paused = done(&app, json!({"prompt": prompt, "subagent_type": "research", "approval": "propose"})).await;
+    assert_eq!(paused["status"], "requires_action");
+    assert_eq!(paused["pending_actions"][0]["name"], "web_fetch", "{paused}");
+    // Approved, the fetch meets the tenant's domains: 127.0.0.1 is not example.com.
+    let id = paused["id"].as_str().unwrap();
+    let action = paused["pending_actions"][0]["id"].as_str().unwrap();
+    let a = app
+        .client
+        .post(app.url(&format!("/tasks/{id}/actions")))
+        .json(&json!([{"id": action, "decision": "approve"}]))
+        .send()
+        .await
+        .unwrap();
+    assert!(a.status().is_success(), "{}", a.text().await.unwrap());
+    let t = app.poll_until_terminal(id, Duration::from_secs(20)).await;
+    assert_eq!(t["status"], "completed");
+    let results = tool_results(&app, id).await;
+    let c = results[0]["content"].as_str().unwrap();
+    assert!(c.contains("127.0.0.1") && c.contains("example.com"), "{c}");
+    assert!(!site.paths().contains(&"/article".to_string()), "never fetched");
+
+    // The fetch rate, counted in the database so that every replica shares it: 0 a minute
+    // refuses every fetch, saying so; 2 a minute lets two through and refuses the third.
+    put_tenant_limits(&app.base, ADMIN, "default", &json!({"web_fetches_per_minute": 0})).await;
+    let prompt = format!(r#"[mock:tool_turns=1] [mock:tool=web_fetch] [mock:args={{"url":"{base}/plain.txt"}}]"#);
+    let t = done(&app, json!({"prompt": prompt, "subagent_type": "research"})).await;
+    let results = tool_results(&app, t["id"].as_str().unwrap()).await;
+    assert!(results[0]["content"].as_str().unwrap().contains("limit of 0 fetches a minute"), "{results:?}");
+    assert!(!site.paths().contains(&"/plain.txt".to_string()));
+    let takes: Vec<bool> = {
+        let mut v = vec![];
+        for _ in 0..3 {
+            v.push(subagentd::store::tenants::take_web_fetch(&app.db.pool, "rate-tenant", 2).await.unwrap());
+        }
+        v
+    };
+    assert_eq!(takes, [true, true, false]);
+
+    // Off for the whole service: no tenant gets it.
+    let off = spawn_app_with(
+        |c| {
+            web_config(c, &base);
+            c.builtin_tools_off = "web_fetch".into();
+        },
+        true,
+    )
+    .await;
+    let t = done(&off, json!({"prompt": "x", "subagent_type": "research"})).await;
+    assert_eq!(t["tools"], json!(["web_search"]));
+    off.stop().await;
+    // No search backend: web_search is not offered.
+    let nosearch = spawn_app_with(
+        |c| {
+            web_config(c, &base);
+            c.web_search_url = None;
+        },
+        true,
+    )
+    .await;
+    let t = done(&nosearch, json!({"prompt": "x", "subagent_type": "research"})).await;
+    assert_eq!(t["tools"], json!(["web_fetch"]));
+    nosearch.stop().await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_claude_code_agent_naming_webfetch_and_websearch_gets_both_with_no_warning() {
+    let (_site, base) = site().await;
+    let app = spawn_app_with(|c| web_config(c, &base), true).await;
+    let file = "---\nname: web-researcher\ndescription: Finds things on the web\ntools: WebFetch, WebSearch, Read\n---\nYou research.";
+    let r = app
+        .client
+        .put(app.url("/agents/web-researcher"))
+        .header("content-type", "text/markdown")
+        .body(file)
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    let a: Value = app.client.get(app.url("/agents/web-researcher")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(a["unmatched_tools"], json!(["Read"]), "WebFetch and WebSearch match: {a}");
+    let t = done(&app, json!({"prompt": "x", "subagent_type": "web-researcher"})).await;
+    assert_eq!(t["tools"], json!(["web_fetch", "web_search"]));
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_research_run_through_the_mcp_and_a2a_doors_gets_the_same_tools() {
+    let (_site, base) = site().await;
+    let app = spawn_app_with(|c| web_config(c, &base), true).await;
+    let host = app.base.trim_start_matches("http://").to_string();
+    let c = reqwest::Client::new();
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                      "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}});
+    let r = c
+        .post(app.url("/mcp"))
+        .header("accept", "application/json, text/event-stream")
+        .header("host", &host)
+        .header("origin", &app.base)
+        .json(&init)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let sid = r.headers()["mcp-session-id"].to_str().unwrap().to_string();
+    let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                      "params": {"name": "task", "arguments": {"subagent_type": "research", "description": "d", "prompt": "find tides"}}});
+    let r = c
+        .post(app.url("/mcp"))
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-session-id", &sid)
+        .header("mcp-protocol-version", "2025-11-25")
+        .header("origin", &app.base)
+        .json(&call)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let _ = r.text().await.unwrap();
+    let send = json!({"jsonrpc": "2.0", "id": 3, "method": "SendMessage",
+                      "params": {"message": {"messageId": "m-1", "role": "ROLE_USER", "parts": [{"text": "find tides"}]}}});
+    let r = c
+        .post(app.url("/a2a/agents/research"))
+        .header("a2a-version", "1.0")
+        .header("origin", &app.base)
+        .json(&send)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let _ = r.text().await.unwrap();
+    let rows: Vec<(String, Value)> =
+        sqlx::query_as("SELECT subagent_type, options->'tools' FROM tasks ORDER BY created_at")
+            .fetch_all(&app.db.pool)
+            .await
+            .unwrap();
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    for (ty, tools) in rows {
+        assert_eq!(ty, "research");
+        let names: Vec<&str> = tools.as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
+        assert_eq!(names, ["web_fetch", "web_search"]);
+    }
+    app.stop().await;
+}

@@ -164,6 +164,7 @@ class Agent(Model):
     description: Optional[str] = None
     system_prompt: Optional[str] = None
     tools: Optional[Any] = None
+    builtin_tools: Optional[List[str]] = None
     disallowed_tools: Optional[List[str]] = None
     model: Optional[str] = None
     max_turns: Optional[int] = None
@@ -178,7 +179,7 @@ class Agent(Model):
     warnings: Optional[List[str]] = None
     unmatched_tools: Optional[List[str]] = None
     extra: Dict[str, Any] = _dc.field(default_factory=dict)
-    _fields = ["name", "source", "description", "system_prompt", "tools", "disallowed_tools", "model", "max_turns", "max_output_tokens", "approval", "read_only", "output_schema", "fallback_models", "fallback_on", "priority", "claude_code", "warnings", "unmatched_tools"]
+    _fields = ["name", "source", "description", "system_prompt", "tools", "builtin_tools", "disallowed_tools", "model", "max_turns", "max_output_tokens", "approval", "read_only", "output_schema", "fallback_models", "fallback_on", "priority", "claude_code", "warnings", "unmatched_tools"]
     _nested = {}
     _required = ["name", "source"]
 
@@ -304,8 +305,12 @@ class Limits(Model):
     fallback_models: Optional[List[str]] = None
     max_scheduled: Optional[int] = None
     priority: Optional[str] = None
+    builtin_tools_off: Optional[List[str]] = None
+    web_tools_policy: Optional[str] = None
+    web_fetches_per_minute: Optional[int] = None
+    web_fetch_domains: Optional[List[str]] = None
     extra: Dict[str, Any] = _dc.field(default_factory=dict)
-    _fields = ["usd_per_day", "usd_per_month", "tokens_per_day", "max_running", "max_queued", "max_task_cost_usd", "max_task_tokens", "max_task_turns", "max_task_timeout_seconds", "approval", "requests_per_second", "request_burst", "max_streams", "max_waits", "fallback_models", "max_scheduled", "priority"]
+    _fields = ["usd_per_day", "usd_per_month", "tokens_per_day", "max_running", "max_queued", "max_task_cost_usd", "max_task_tokens", "max_task_turns", "max_task_timeout_seconds", "approval", "requests_per_second", "request_burst", "max_streams", "max_waits", "fallback_models", "max_scheduled", "priority", "builtin_tools_off", "web_tools_policy", "web_fetches_per_minute", "web_fetch_domains"]
     _nested = {}
     _required = []
 

@@ -119,6 +119,7 @@ export interface Agent {
     description?: string;
     system_prompt?: string;
     tools?: unknown;
+    builtin_tools?: string[];
     disallowed_tools?: string[];
     model?: string;
     max_turns?: number;
@@ -231,6 +232,10 @@ export interface Limits {
     fallback_models?: string[] | null;
     max_scheduled?: number | null;
     priority?: string | null;
+    builtin_tools_off?: string[] | null;
+    web_tools_policy?: string | null;
+    web_fetches_per_minute?: number | null;
+    web_fetch_domains?: string[] | null;
     /** Fields this version does not know yet. */
     [field: string]: unknown;
 }

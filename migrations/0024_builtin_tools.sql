@@ -13,3 +13,7 @@ CREATE TABLE web_fetch_minutes (
     n      integer     NOT NULL,
     PRIMARY KEY (tenant, minute)
 );
+
+-- Searches a provider ran on its side in a call (Anthropic's server-side web search), billed per
+-- search on the call's ledger row.
+ALTER TABLE llm_calls ADD COLUMN web_searches integer NOT NULL DEFAULT 0;

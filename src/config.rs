@@ -108,6 +108,11 @@ pub struct Config {
     #[arg(long, env = "SUBAGENTD_DEFAULT_WEB_FETCHES_PER_MINUTE", default_value_t = 60, global = true)]
     pub default_web_fetches_per_minute: i32,
 
+    /// `web_search` on an Anthropic model is Anthropic's own server-side web search (priced per
+    /// search: `web_search` under `[pricing]`), rather than `SUBAGENTD_WEB_SEARCH_URL`'s API.
+    #[arg(long, env = "SUBAGENTD_WEB_SEARCH_ANTHROPIC", default_value_t = false, global = true)]
+    pub web_search_anthropic: bool,
+
     /// A SearXNG-compatible search API (`{url}/search?q=…&format=json`) that `web_search` asks;
     /// unset (and no `anthropic` backend): `web_search` is not offered.
     #[arg(long, env = "SUBAGENTD_WEB_SEARCH_URL", global = true)]
@@ -411,6 +416,10 @@ pub struct PriceConfig {
     /// Cache writes, per million tokens (default: the input price; Anthropic bills 1.25×).
     #[serde(default)]
     pub cache_write: Option<rust_decimal::Decimal>,
+    /// One search of the provider's server-side web search, in USD (Anthropic lists $0.01);
+    /// default 0 for a configured price.
+    #[serde(default)]
+    pub web_search: Option<rust_decimal::Decimal>,
 }
 
 #[derive(Debug, Clone, serde::Deserialize)]

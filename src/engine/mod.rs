@@ -525,8 +525,13 @@ fn ask(t: &Target, floor: u32, req: &ChatRequest) -> Ask {
     let worst = worst_case(req);
     let price = |u: Usage| t.price.map_or(Decimal::ZERO, |p| p.worst_cost(&u));
     let max_out = req.max_tokens.unwrap_or(0);
+    // A provider-side search tool may search `SERVER_SEARCH_MAX_USES` times in the call.
+    let searches = req.tools.iter().filter(|s| s.server == Some(crate::kinds::BuiltinTool::WebSearch)).count() as u64;
+    let searches_usd = t.price.map_or(Decimal::ZERO, |p| {
+        p.web_search * Decimal::from(searches * u64::from(crate::llm::SERVER_SEARCH_MAX_USES))
+    });
     Ask {
-        prompt_usd: price(Usage { input_tokens: worst.input_tokens, ..Usage::default() }),
+        prompt_usd: price(Usage { input_tokens: worst.input_tokens, ..Usage::default() }) + searches_usd,
         prompt_tokens: worst.input_tokens,
         out_usd: price(Usage { output_tokens: 1, ..Usage::default() }),
         max_out,

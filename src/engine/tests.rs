@@ -116,7 +116,7 @@ impl ToolRunner for Tools {
 }
 
 fn spec(name: &str) -> ToolSpec {
-    ToolSpec { name: name.into(), description: "d".into(), parameters: json!({"type": "object"}) }
+    ToolSpec { name: name.into(), description: "d".into(), parameters: json!({"type": "object"}), server: None }
 }
 
 fn input() -> RunInput {
@@ -128,6 +128,7 @@ fn input() -> RunInput {
             output_per_m: 2.into(),
             cached_per_m: 0.into(),
             cache_write_per_m: 0.into(),
+            web_search: 0.into(),
         }),
         history: vec![],
         new_messages: fresh_conversation("SYS".into(), "do the task".into()),
@@ -462,6 +463,7 @@ fn fallback(p: &Arc<Scripted>, model: &str, unfit: Option<&str>) -> Fallback {
             output_per_m: 20.into(),
             cached_per_m: 0.into(),
             cache_write_per_m: 0.into(),
+            web_search: 0.into(),
         }),
         max_tokens: Some(64),
         text_tool_calls: false,

@@ -45,6 +45,9 @@ fn view(d: &ToolDef, source: &str) -> Value {
         Target::Builtin { .. } => {
             v["run_by"] = json!("subagentd");
         }
+        Target::Provider { .. } => {
+            v["run_by"] = json!("provider");
+        }
     }
     v
 }

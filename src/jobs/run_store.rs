@@ -46,6 +46,7 @@ fn ledger_row(c: &CallRecord, attempt: i32) -> CallRow {
         output_tokens: c.usage.output_tokens as i64,
         cached_tokens: c.usage.cached_tokens as i64,
         cache_write_tokens: c.usage.cache_write_tokens as i64,
+        web_searches: c.usage.web_searches as i64,
         cost_usd: c.cost_usd,
         latency_ms: c.latency_ms as i32,
         http_status: c.http_status.map(i32::from),

@@ -160,8 +160,12 @@ fn usage_of(u: &Value) -> Usage {
         output_tokens: n("output_tokens"),
         cached_tokens: n("cache_read_input_tokens"),
         cache_write_tokens: n("cache_creation_input_tokens"),
+        web_searches: u.pointer("/server_tool_use/web_search_requests").and_then(Value::as_u64).unwrap_or(0),
     }
 }
+
+/// Anthropic's server-side web search tool, as a request names it.
+pub const WEB_SEARCH_TOOL: &str = "web_search_20250305";
 
 /// One content block of a streamed answer.
 enum Block {
@@ -234,6 +238,11 @@ impl Streamed {
                 if let Some(out) = v.pointer("/usage/output_tokens") {
                     let u = self.usage.get_or_insert_with(|| json!({}));
                     u["output_tokens"] = out.clone();
+                }
+                // The server-side searches of the whole answer, counted at its end.
+                if let Some(searches) = v.pointer("/usage/server_tool_use") {
+                    let u = self.usage.get_or_insert_with(|| json!({}));
+                    u["server_tool_use"] = searches.clone();
                 }
             }
             "message_stop" => {
@@ -319,7 +328,12 @@ impl Provider for Anthropic {
         let mut tools: Vec<Value> = req
             .tools
             .iter()
-            .map(|t| json!({"name": t.name, "description": t.description, "input_schema": t.parameters}))
+            .map(|t| match t.server {
+                Some(crate::kinds::BuiltinTool::WebSearch) => {
+                    json!({"type": WEB_SEARCH_TOOL, "name": t.name, "max_uses": super::SERVER_SEARCH_MAX_USES})
+                }
+                _ => json!({"name": t.name, "description": t.description, "input_schema": t.parameters}),
+            })
             .collect();
         // A structured answer is the input of a `final_answer` tool (unless a tool of the run
         // already has that name: then the answer is read from the text).
@@ -419,8 +433,28 @@ mod tests {
         assert_eq!(r.text.as_deref(), Some("Checking"));
         assert_eq!(r.tool_calls[0].arguments, json!({"q": "x"}));
         assert_eq!(r.finish, FinishReason::ToolCalls);
-        assert_eq!(r.usage, Usage { input_tokens: 112, output_tokens: 20, cached_tokens: 100, cache_write_tokens: 0 });
+        assert_eq!(
+            r.usage,
+            Usage { input_tokens: 112, output_tokens: 20, cached_tokens: 100, cache_write_tokens: 0, web_searches: 0 }
+        );
         assert_eq!(progress.output_chars(), 8 + 10);
+    }
+
+    #[test]
+    fn server_side_searches_are_counted_and_their_blocks_are_not_tool_calls() {
+        let v = json!({
+            "model": "claude-sonnet-4-5", "stop_reason": "end_turn",
+            "content": [
+                {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {"query": "tides"}},
+                {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1", "content": []},
+                {"type": "text", "text": "Found it."}
+            ],
+            "usage": {"input_tokens": 10, "output_tokens": 5, "server_tool_use": {"web_search_requests": 3}}
+        });
+        let r = parse_response(200, &v).unwrap();
+        assert!(r.tool_calls.is_empty(), "the provider ran the search itself");
+        assert_eq!(r.text.as_deref(), Some("Found it."));
+        assert_eq!(r.usage.web_searches, 3);
     }
 
     #[test]
@@ -485,7 +519,10 @@ mod tests {
         let v = json!({"content": [{"type": "text", "text": "hi"}], "stop_reason": "end_turn",
                        "usage": {"input_tokens": 10, "output_tokens": 5, "cache_read_input_tokens": 100, "cache_creation_input_tokens": 20}});
         let r = parse_response(200, &v).unwrap();
-        assert_eq!(r.usage, Usage { input_tokens: 130, output_tokens: 5, cached_tokens: 100, cache_write_tokens: 20 });
+        assert_eq!(
+            r.usage,
+            Usage { input_tokens: 130, output_tokens: 5, cached_tokens: 100, cache_write_tokens: 20, web_searches: 0 }
+        );
         assert_eq!(r.text.as_deref(), Some("hi"));
     }
 }

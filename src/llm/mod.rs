@@ -159,7 +159,15 @@ pub struct ToolSpec {
     pub name: String,
     pub description: String,
     pub parameters: serde_json::Value,
+    /// Run by the provider itself (Anthropic's server-side web search): sent as that
+    /// provider's own tool, never called back here; dropped for a provider that has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server: Option<crate::kinds::BuiltinTool>,
 }
+
+/// The searches a provider's server-side web search may make in one call (Anthropic's
+/// `max_uses`); a call's reservation holds that many searches' price.
+pub const SERVER_SEARCH_MAX_USES: u32 = 5;
 
 #[derive(Debug, Clone, Default)]
 pub struct ChatRequest {
@@ -195,6 +203,10 @@ pub struct Usage {
     /// rate; OpenAI's automatic caching writes at no extra charge and reports none).
     #[serde(default)]
     pub cache_write_tokens: u64,
+    /// Searches the provider ran itself in this call (Anthropic's server-side web search),
+    /// billed per search.
+    #[serde(default)]
+    pub web_searches: u64,
 }
 
 impl std::ops::AddAssign for Usage {
@@ -203,6 +215,7 @@ impl std::ops::AddAssign for Usage {
         self.output_tokens += o.output_tokens;
         self.cached_tokens += o.cached_tokens;
         self.cache_write_tokens += o.cache_write_tokens;
+        self.web_searches += o.web_searches;
     }
 }
 
@@ -496,6 +509,7 @@ impl Providers {
                     output_per_m: pc.output,
                     cached_per_m: pc.cached.unwrap_or(pc.input),
                     cache_write_per_m: pc.cache_write.unwrap_or(pc.input),
+                    web_search: pc.web_search.unwrap_or_default(),
                 },
             );
         }

@@ -106,6 +106,7 @@ fn usage_of(u: &Value) -> Usage {
         // reports them (`cache_creation_input_tokens`, as some gateways do) is read too.
         cache_write_tokens: n("/prompt_tokens_details/cache_creation_input_tokens")
             .max(n("/cache_creation_input_tokens")),
+        web_searches: 0,
     }
 }
 
@@ -264,10 +265,13 @@ impl Provider for OpenAi {
             "model": req.model,
             "messages": req.messages.iter().map(to_wire).collect::<Vec<_>>(),
         });
-        if !req.tools.is_empty() {
+        // A provider-side tool of another provider (Anthropic's web search, after a fallback to
+        // this one) is not offered here.
+        if req.tools.iter().any(|t| t.server.is_none()) {
             body["tools"] = req
                 .tools
                 .iter()
+                .filter(|t| t.server.is_none())
                 .map(|t| json!({"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}))
                 .collect();
         }
@@ -339,7 +343,10 @@ mod tests {
             vec![ToolCall { id: "call_1".into(), name: "look".into(), arguments: json!({"q": 1}) }]
         );
         assert_eq!(r.finish, FinishReason::ToolCalls);
-        assert_eq!(r.usage, Usage { input_tokens: 9, output_tokens: 4, cached_tokens: 2, cache_write_tokens: 0 });
+        assert_eq!(
+            r.usage,
+            Usage { input_tokens: 9, output_tokens: 4, cached_tokens: 2, cache_write_tokens: 0, web_searches: 0 }
+        );
         assert!(!r.usage_estimated);
     }
 

@@ -16,6 +16,8 @@ pub struct Price {
     pub cached_per_m: Decimal,
     /// Prompt tokens written to the provider's cache.
     pub cache_write_per_m: Decimal,
+    /// One search of the provider's server-side web search.
+    pub web_search: Decimal,
 }
 
 impl Price {
@@ -30,6 +32,7 @@ impl Price {
             + Decimal::from(u.cache_write_tokens) * self.cache_write_per_m
             + Decimal::from(u.output_tokens) * self.output_per_m)
             / m
+            + Decimal::from(u.web_searches) * self.web_search
     }
 
     /// The most a call of `u`'s size can cost, for reservations: every prompt token at the
@@ -47,7 +50,13 @@ fn p(i: &str, o: &str, c: &str, w: &str) -> Price {
         output_per_m: o.parse().unwrap_or_default(),
         cached_per_m: c.parse().unwrap_or_default(),
         cache_write_per_m: w.parse().unwrap_or_default(),
+        web_search: Decimal::ZERO,
     }
+}
+
+/// Anthropic's list price of one server-side web search ($10 per 1,000).
+fn anthropic_search() -> Decimal {
+    Decimal::new(1, 2)
 }
 
 /// Shipped defaults (list prices, USD per million tokens: input, output, cache read, cache
@@ -100,7 +109,10 @@ impl PriceTable {
                 m.model == *name || m.model.strip_prefix(name).is_some_and(|rest| rest.starts_with('-'))
             })
             .max_by_key(|(name, ..)| name.len())
-            .map(|(_, i, o, c, w)| p(i, o, c, w))
+            .map(|(name, i, o, c, w)| Price {
+                web_search: if name.starts_with("claude") { anthropic_search() } else { Decimal::ZERO },
+                ..p(i, o, c, w)
+            })
     }
 }
 
@@ -117,7 +129,10 @@ mod tests {
         let t = PriceTable::default();
         assert_eq!(t.price(&m("openai/gpt-4o-2024-08-06"), true), Some(p("2.5", "10", "1.25", "2.5")));
         assert_eq!(t.price(&m("openai/gpt-4o-mini"), true), Some(p("0.15", "0.6", "0.075", "0.15")));
-        assert_eq!(t.price(&m("anthropic/claude-sonnet-4-5-20250929"), true), Some(p("3", "15", "0.3", "3.75")));
+        assert_eq!(
+            t.price(&m("anthropic/claude-sonnet-4-5-20250929"), true),
+            Some(Price { web_search: Decimal::new(1, 2), ..p("3", "15", "0.3", "3.75") })
+        );
         assert_eq!(t.price(&m("openai/gpt-4oz"), true), None);
         assert_eq!(t.price(&m("local/llama3"), true), None);
         assert_eq!(t.price(&m("smol/gpt-4o"), false), None, "a local server's gpt-4o is not OpenAI's");
@@ -142,8 +157,16 @@ mod tests {
         let t = PriceTable::default();
         let sonnet = t.price(&m("anthropic/claude-sonnet-4-5"), true).unwrap();
         // 1,000 plain + 4,000 written + 5,000 read; 200 out.
-        let u = Usage { input_tokens: 10_000, output_tokens: 200, cached_tokens: 5_000, cache_write_tokens: 4_000 };
+        let u = Usage {
+            input_tokens: 10_000,
+            output_tokens: 200,
+            cached_tokens: 5_000,
+            cache_write_tokens: 4_000,
+            ..Usage::default()
+        };
         // (1000 × 3 + 4000 × 3.75 + 5000 × 0.3 + 200 × 15) / 1e6 = 0.0225
         assert_eq!(sonnet.cost(&u), Decimal::new(225, 4));
+        // Two server-side searches at $0.01 each.
+        assert_eq!(sonnet.cost(&Usage { web_searches: 2, ..u }), Decimal::new(425, 4));
     }
 }

@@ -29,6 +29,10 @@ pub struct CallRow {
     /// Prompt tokens written to the provider's cache (part of `input_tokens`).
     #[sqlx(default)]
     pub cache_write_tokens: i64,
+    /// Searches the provider ran on its side in this call (Anthropic's web search), billed in
+    /// `cost_usd` at the model's price per search.
+    #[sqlx(default)]
+    pub web_searches: i64,
     pub cost_usd: Option<Decimal>,
     pub latency_ms: i32,
     pub http_status: Option<i32>,
@@ -53,7 +57,7 @@ pub struct CallRow {
 pub async fn of_task(pool: &PgPool, task: Uuid) -> Result<Vec<CallRow>, StoreError> {
     Ok(sqlx::query_as(
         "SELECT call_key, turn, attempt, try, provider, model, input_tokens, output_tokens, cached_tokens,
-                cache_write_tokens, cost_usd,
+                cache_write_tokens, web_searches::int8 AS web_searches, cost_usd,
                 latency_ms, http_status, outcome, error, usage_estimated, created_at
          FROM llm_calls WHERE task_id = $1 ORDER BY id",
     )

@@ -248,7 +248,7 @@ async fn commit_turns_on(conn: &mut sqlx::PgConnection, writes: &[&TurnWrite]) -
     let (mut inp, mut out, mut cached, mut cwrite, mut rtok) = (vec![], vec![], vec![], vec![], vec![]);
     let (mut cost, mut rusd, mut latency, mut http, mut est) = (vec![], vec![], vec![], vec![], vec![]);
     let (mut status, mut stop, mut summary, mut ecode, mut emsg) = (vec![], vec![], vec![], vec![], vec![]);
-    let (mut output, mut nev, mut wants) = (vec![], vec![], vec![]);
+    let (mut output, mut nev, mut wants, mut ws) = (vec![], vec![], vec![], vec![]);
     let (mut m_of, mut m_msg) = (vec![], vec![]);
     let (mut e_of, mut e_kind, mut e_data) = (vec![], vec![], vec![]);
     for (i, w) in writes.iter().enumerate() {
@@ -269,6 +269,7 @@ async fn commit_turns_on(conn: &mut sqlx::PgConnection, writes: &[&TurnWrite]) -
         out.push(c.output_tokens);
         cached.push(c.cached_tokens);
         cwrite.push(c.cache_write_tokens);
+        ws.push(c.web_searches);
         rtok.push(c.reserved_tokens);
         cost.push(c.cost_usd);
         rusd.push(c.reserved_usd);
@@ -325,11 +326,12 @@ async fn commit_turns_on(conn: &mut sqlx::PgConnection, writes: &[&TurnWrite]) -
         .bind(&cwrite) // 27
         .bind(&nev) // 28
         .bind(&wants) // 29
-        .bind(&m_of) // 30
-        .bind(&m_msg) // 31
-        .bind(&e_of) // 32
-        .bind(&e_kind) // 33
-        .bind(&e_data) // 34
+        .bind(&ws) // 30
+        .bind(&m_of) // 31
+        .bind(&m_msg) // 32
+        .bind(&e_of) // 33
+        .bind(&e_kind) // 34
+        .bind(&e_data) // 35
         .fetch_all(&mut *conn)
         .await?;
     let mut done: Vec<Option<Committed>> = (0..n).map(|_| None).collect();
@@ -353,13 +355,13 @@ async fn commit_turns_on(conn: &mut sqlx::PgConnection, writes: &[&TurnWrite]) -
 
 /// `commit_turns`' statement; `whole`: the one that also answers with the whole task of each
 /// write that asks for it (NULLs for the others).
-/// The types and names of a write's columns in `commit_turns`' statement (parameters $1 to $29).
-const TYPES: [&str; 29] = [
+/// The types and names of a write's columns in `commit_turns`' statement (parameters $1 to $30).
+const TYPES: [&str; 30] = [
     "uuid", "uuid", "int", "int", "int", "int", "text", "int8", "int8", "int8", "numeric", "int", "int", "text",
     "text", "text", "uuid", "numeric", "int8", "text", "text", "text", "text", "text", "bool", "jsonb", "int8", "int",
-    "bool",
+    "bool", "int8",
 ];
-const NAMES: [&str; 29] = [
+const NAMES: [&str; 30] = [
     "b_id",
     "b_lease",
     "b_turn",
@@ -389,6 +391,7 @@ const NAMES: [&str; 29] = [
     "b_cw",
     "b_nev",
     "b_want",
+    "b_ws",
 ];
 
 fn commit_turns_sql(whole: bool, one: bool) -> String {
@@ -448,9 +451,9 @@ fn commit_turns_sql(whole: bool, one: bool) -> String {
          ), c AS (
             INSERT INTO llm_calls (call_key, task_id, tenant, turn, attempt, try, provider, model, input_tokens,
                 output_tokens, cached_tokens, cache_write_tokens, cost_usd, latency_ms, http_status, outcome, error,
-                usage_estimated)
+                usage_estimated, web_searches)
             SELECT b_key, b_id, u_tenant, b_cturn, b_attempt, b_try, b_provider, b_model, b_in, b_out, b_cached, b_cw,
-                b_cost, b_latency, b_http, b_outcome, b_error, b_est FROM u
+                b_cost, b_latency, b_http, b_outcome, b_error, b_est, b_ws FROM u
          ), r AS (
             INSERT INTO usage_daily AS d (day, tenant, model, agent_type, api_key, shard, calls, ok, failed, input_tokens,
                 output_tokens, cached_tokens, cache_write_tokens, cost_usd, estimated_calls)
@@ -465,7 +468,7 @@ fn commit_turns_sql(whole: bool, one: bool) -> String {
             INSERT INTO task_messages (task_id, seq, turn, message)
             SELECT b_id, (SELECT coalesce(max(seq), 0) FROM task_messages WHERE task_id = b_id) + x.k, b_cturn, x.msg
             FROM u JOIN (SELECT mi, msg, row_number() OVER (PARTITION BY mi ORDER BY ord) AS k
-                         FROM unnest($30::int8[], $31::jsonb[]) WITH ORDINALITY AS y(mi, msg, ord)) x ON x.mi = u.b_i
+                         FROM unnest($31::int8[], $32::jsonb[]) WITH ORDINALITY AS y(mi, msg, ord)) x ON x.mi = u.b_i
          ), e AS ({events}
          ), w AS (
             SELECT pg_notify('subagentd_budget', t.u_tenant) FROM (SELECT DISTINCT u_tenant FROM u) t
@@ -473,7 +476,7 @@ fn commit_turns_sql(whole: bool, one: bool) -> String {
                           AND q.status = 'queued')
          )
          SELECT b_i{answer} FROM u, (SELECT count(*) FROM w) AS woken",
-        events = super::events::insert_batched(32, 33, 34),
+        events = super::events::insert_batched(33, 34, 35),
     )
 }
 

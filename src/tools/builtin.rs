@@ -24,13 +24,17 @@ pub fn reads_only(t: BuiltinTool) -> bool {
 #[derive(Debug, Clone, Default)]
 pub struct Registry {
     off: Vec<BuiltinTool>,
+    /// A SearXNG-compatible API is configured.
     search: bool,
+    /// `web_search` on an Anthropic model is the provider's own.
+    anthropic_search: bool,
 }
 
 impl Registry {
-    /// `off`: `SUBAGENTD_BUILTIN_TOOLS_OFF`; `search`: a search backend is configured.
-    pub fn new(off: &str, search: bool) -> Result<Registry, String> {
-        let mut r = Registry { off: vec![], search };
+    /// `off`: `SUBAGENTD_BUILTIN_TOOLS_OFF`; `search`: a SearXNG-compatible API is configured;
+    /// `anthropic_search`: Anthropic models search on the provider's side.
+    pub fn new(off: &str, search: bool, anthropic_search: bool) -> Result<Registry, String> {
+        let mut r = Registry { off: vec![], search, anthropic_search };
         for name in off.split(',').map(str::trim).filter(|n| !n.is_empty()) {
             let t = BuiltinTool::parse(name).ok_or_else(|| {
                 let all: Vec<&str> = BuiltinTool::ALL.iter().map(|b| b.as_str()).collect();
@@ -41,9 +45,30 @@ impl Registry {
         Ok(r)
     }
 
-    /// Is `t` on for the service (turned on, and its backend configured)?
+    /// Is `t` on for the service (turned on, and a backend configured)?
     pub fn on(&self, t: BuiltinTool) -> bool {
-        !self.off.contains(&t) && (t != BuiltinTool::WebSearch || self.search)
+        !self.off.contains(&t) && (t != BuiltinTool::WebSearch || self.search || self.anthropic_search)
+    }
+
+    /// The built-ins of `for_tenant` as a run on a model of this provider has them: `web_search`
+    /// is the provider's own on an Anthropic model when the operator chose it and no decision
+    /// must be asked before a search (a provider-side search cannot wait for one); else the
+    /// SearXNG API's, if one is configured; else it is not offered.
+    pub fn for_run(&self, limits: &Limits, anthropic_model: bool, searches_gated: bool) -> Vec<ToolDef> {
+        self.for_tenant(limits)
+            .into_iter()
+            .filter_map(|mut d| match d.target {
+                Target::Builtin { tool: BuiltinTool::WebSearch } => {
+                    if self.anthropic_search && anthropic_model && !searches_gated {
+                        d.target = Target::Provider { tool: BuiltinTool::WebSearch };
+                        Some(d)
+                    } else {
+                        self.search.then_some(d)
+                    }
+                }
+                _ => Some(d),
+            })
+            .collect()
     }
 
     /// The built-ins a tenant with these (own) limits may be offered, with its policy for them.
@@ -116,19 +141,39 @@ mod tests {
 
     #[test]
     fn switches_and_backends_decide_what_is_offered() {
-        let all = Registry::new("", true).unwrap();
+        let all = Registry::new("", true, false).unwrap();
         let names = |v: Vec<ToolDef>| v.into_iter().map(|d| d.name).collect::<Vec<_>>();
         assert_eq!(names(all.for_tenant(&Limits::default())), ["web_fetch", "web_search"]);
-        let no_search = Registry::new("", false).unwrap();
+        let no_search = Registry::new("", false, false).unwrap();
         assert_eq!(names(no_search.for_tenant(&Limits::default())), ["web_fetch"]);
-        let off = Registry::new(" web_fetch ", true).unwrap();
+        let off = Registry::new(" web_fetch ", true, false).unwrap();
         assert_eq!(names(off.for_tenant(&Limits::default())), ["web_search"]);
         let tenant_off = Limits { builtin_tools_off: Some(vec!["web_search".into()]), ..Limits::default() };
         assert_eq!(names(all.for_tenant(&tenant_off)), ["web_fetch"]);
-        assert!(Registry::new("web_fetch,nope", true).unwrap_err().contains("\"nope\""));
+        assert!(Registry::new("web_fetch,nope", true, false).unwrap_err().contains("\"nope\""));
         let propose = Limits { web_tools_policy: Some("propose".into()), ..Limits::default() };
         assert!(all.for_tenant(&propose).iter().all(|d| d.policy == Policy::Propose));
         assert!(all.for_tenant(&Limits::default()).iter().all(|d| d.policy == Policy::Auto));
+    }
+
+    #[test]
+    fn web_search_is_the_providers_on_anthropic_models_unless_a_decision_is_needed() {
+        let target = |r: &Registry, anthropic: bool, gated: bool| {
+            r.for_run(&Limits::default(), anthropic, gated)
+                .into_iter()
+                .find(|d| d.name == "web_search")
+                .map(|d| d.target)
+        };
+        let both = Registry::new("", true, true).unwrap();
+        let provider = Some(Target::Provider { tool: BuiltinTool::WebSearch });
+        let ours = Some(Target::Builtin { tool: BuiltinTool::WebSearch });
+        assert_eq!(target(&both, true, false), provider);
+        assert_eq!(target(&both, false, false), ours);
+        assert_eq!(target(&both, true, true), ours, "a gated search is ours");
+        let only_anthropic = Registry::new("", false, true).unwrap();
+        assert_eq!(target(&only_anthropic, true, false), provider);
+        assert_eq!(target(&only_anthropic, false, false), None, "no backend for another provider's model");
+        assert_eq!(target(&only_anthropic, true, true), None);
     }
 
     #[test]

@@ -119,7 +119,7 @@ pub fn to_row(d: &ToolDef) -> Option<ToolRow> {
     let (endpoint, timeout_ms) = match &d.target {
         Target::Http { endpoint, timeout_ms } => (Some(endpoint.clone()), (*timeout_ms).min(i32::MAX as u64) as i32),
         Target::Caller => (None, 0),
-        Target::Mcp { .. } | Target::Builtin { .. } => return None,
+        Target::Mcp { .. } | Target::Builtin { .. } | Target::Provider { .. } => return None,
     };
     Some(ToolRow {
         name: d.name.clone(),

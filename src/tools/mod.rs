@@ -91,6 +91,11 @@ pub enum Target {
     Builtin {
         tool: builtin::BuiltinTool,
     },
+    /// A built-in run by the model's provider on its side (Anthropic's web search): its calls
+    /// and results stay inside the provider's answer, and are billed on its ledger row.
+    Provider {
+        tool: builtin::BuiltinTool,
+    },
 }
 
 /// A tool as a run knows it: what the model is offered, and where calls go.
@@ -105,7 +110,15 @@ pub struct ToolDef {
 
 impl ToolDef {
     pub fn spec(&self) -> ToolSpec {
-        ToolSpec { name: self.name.clone(), description: self.description.clone(), parameters: self.parameters.clone() }
+        ToolSpec {
+            name: self.name.clone(),
+            description: self.description.clone(),
+            parameters: self.parameters.clone(),
+            server: match self.target {
+                Target::Provider { tool } => Some(tool),
+                _ => None,
+            },
+        }
     }
 }
 
@@ -150,7 +163,7 @@ pub fn offered(available: Vec<ToolDef>, w: Whitelist<'_>) -> Vec<ToolDef> {
         .filter(|t| {
             !w.read_only
                 || t.policy == Policy::Auto
-                || matches!(t.target, Target::Builtin { tool } if builtin::reads_only(tool))
+                || matches!(t.target, Target::Builtin { tool } | Target::Provider { tool } if builtin::reads_only(tool))
         })
         .filter(|t| w.allow.is_none_or(|allow| allow.contains(&t.name)))
         .filter(|t| !w.deny.contains(&t.name))
@@ -198,8 +211,12 @@ impl Caller {
             allow,
             max_result_bytes: cfg.tool_result_max_bytes.max(256),
             mcp: Arc::default(),
-            builtins: builtin::Registry::new(&cfg.builtin_tools_off, cfg.web_search_url.is_some())
-                .map_err(ToolError::Config)?,
+            builtins: builtin::Registry::new(
+                &cfg.builtin_tools_off,
+                cfg.web_search_url.as_deref().is_some_and(|u| !u.trim().is_empty()),
+                cfg.web_search_anthropic,
+            )
+            .map_err(ToolError::Config)?,
             web: web::Web::from_config(cfg)?,
         })
     }
@@ -279,6 +296,7 @@ impl ToolRunner for TaskTools {
             }
             // Its calls pause the run for the caller's output; they never reach here.
             Target::Caller => tool_error(format!("tool {} is run by the caller, not by subagentd", call.name)),
+            Target::Provider { .. } => tool_error(format!("tool {} is run by the model's provider", call.name)),
             Target::Builtin { tool } => match tool {
                 builtin::BuiltinTool::WebFetch | builtin::BuiltinTool::WebSearch => {
                     web::run(&self.caller.web, self.web.as_ref(), *tool, call, self.caller.max_result_bytes).await

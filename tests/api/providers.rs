@@ -279,6 +279,7 @@ async fn offered_tools_use_each_providers_schema() {
             name: "get".into(),
             description: "reads".into(),
             parameters: json!({"type": "object"}),
+            server: None,
         }],
         max_tokens: Some(64),
         traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),

@@ -390,6 +390,13 @@ async fn research_runs_are_offered_the_web_and_their_calls_are_events() {
     assert_eq!(builtins.len(), 2);
     assert_eq!(builtins[0]["run_by"], "subagentd");
     assert_eq!(builtins[0]["policy"], "auto");
+    // The metric counts built-in calls by tool and outcome (the recorder is the test process's).
+    let m = app.client.get(app.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    let counted = m
+        .lines()
+        .find_map(|l| l.strip_prefix(r#"subagentd_builtin_tool_calls_total{tool="web_fetch",outcome="ok"} "#))
+        .and_then(|v| v.parse::<f64>().ok());
+    assert!(counted.is_some_and(|n| n >= 1.0), "{m}");
     app.stop().await;
 }
 
@@ -555,6 +562,17 @@ async fn a_claude_code_agent_naming_webfetch_and_websearch_gets_both_with_no_war
     assert_eq!(a["unmatched_tools"], json!(["Read"]), "WebFetch and WebSearch match: {a}");
     let t = done(&app, json!({"prompt": "x", "subagent_type": "web-researcher"})).await;
     assert_eq!(t["tools"], json!(["web_fetch", "web_search"]));
+    // A definition with no tools list has every tool, the built-ins as `general` does.
+    let r = app
+        .client
+        .put(app.url("/agents/anything"))
+        .json(&json!({"description": "Any", "system_prompt": "You do anything."}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let t = done(&app, json!({"prompt": "x", "subagent_type": "anything"})).await;
+    assert_eq!(t["tools"], json!(["web_fetch", "web_search"]));
     app.stop().await;
 }
 
@@ -614,5 +632,89 @@ async fn a_research_run_through_the_mcp_and_a2a_doors_gets_the_same_tools() {
         let names: Vec<&str> = tools.as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
         assert_eq!(names, ["web_fetch", "web_search"]);
     }
+    app.stop().await;
+}
+
+/// An Anthropic answer that searched twice on the provider's side, streamed as the API does:
+/// the server tool's use and results as blocks of their own, then the text, then the usage.
+fn anthropic_searched() -> Vec<Value> {
+    vec![
+        json!({"type": "message_start", "message": {"id": "msg_w", "model": "claude-sonnet-4-5",
+               "usage": {"input_tokens": 900, "output_tokens": 1}}}),
+        json!({"type": "content_block_start", "index": 0, "content_block": {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {}}}),
+        json!({"type": "content_block_delta", "index": 0, "delta": {"type": "input_json_delta", "partial_json": "{\"query\": \"tides\"}"}}),
+        json!({"type": "content_block_stop", "index": 0}),
+        json!({"type": "content_block_start", "index": 1, "content_block": {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1",
+               "content": [{"type": "web_search_result", "url": "https://example.org/tides", "title": "Tides", "encrypted_content": "abc", "page_age": null}]}}),
+        json!({"type": "content_block_stop", "index": 1}),
+        json!({"type": "content_block_start", "index": 2, "content_block": {"type": "text", "text": ""}}),
+        json!({"type": "content_block_delta", "index": 2, "delta": {"type": "text_delta", "text": "The Moon causes tides.\nSources: https://example.org/tides"}}),
+        json!({"type": "content_block_stop", "index": 2}),
+        json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"},
+               "usage": {"output_tokens": 40, "server_tool_use": {"web_search_requests": 2}}}),
+        json!({"type": "message_stop"}),
+    ]
+}
+
+#[tokio::test]
+async fn anthropics_server_side_search_is_offered_priced_per_search_and_recorded_on_the_ledger() {
+    use crate::fakes::{serve, Answer};
+    let (ant, ant_url) = serve("/v1/messages").await;
+    let file: subagentd::config::FileConfig = toml::from_str(&format!(
+        r#"
+        [providers.ant]
+        kind = "anthropic"
+        base_url = "{ant_url}"
+        [pricing."ant/claude-sonnet-4-5"]
+        input = 3
+        output = 15
+        web_search = 0.05
+        "#
+    ))
+    .unwrap();
+    let providers = subagentd::llm::Providers::from_config(&file, &|_| None).unwrap();
+    let app = spawn_app_opts(
+        |c| {
+            c.tool_allow = "*, 127.0.0.1/32".into();
+            c.builtin_tools_off = String::new();
+            c.web_search_anthropic = true;
+            c.admin_token = Some(ADMIN.into());
+        },
+        AppOptions { providers, ..AppOptions::default() },
+    )
+    .await;
+    ant.push(Answer::sse(&anthropic_searched(), Duration::ZERO));
+    let t = done(
+        &app,
+        json!({"prompt": "Why are there tides?", "model": "ant/claude-sonnet-4-5", "subagent_type": "research"}),
+    )
+    .await;
+    assert_eq!(t["status"], "completed", "{t}");
+    assert_eq!(t["tools"], json!(["web_fetch", "web_search"]));
+    assert!(t["summary"].as_str().unwrap().contains("https://example.org/tides"));
+    // The request names Anthropic's own tool for web_search, and web_fetch as a tool of ours.
+    let body = &ant.seen()[0].body;
+    let tools = body["tools"].as_array().unwrap();
+    let search = tools.iter().find(|t| t["name"] == "web_search").unwrap();
+    assert_eq!(search["type"], "web_search_20250305", "{search}");
+    assert_eq!(search["max_uses"], 5);
+    assert!(tools.iter().any(|t| t["name"] == "web_fetch" && t.get("input_schema").is_some()));
+    // The ledger row holds the searches, and its cost their price: 900 × $3/M + 40 × $15/M + 2 × $0.05.
+    let (searches, cost): (i32, rust_decimal::Decimal) =
+        sqlx::query_as("SELECT web_searches, cost_usd FROM llm_calls WHERE task_id = $1::uuid")
+            .bind(t["id"].as_str().unwrap())
+            .fetch_one(&app.db.pool)
+            .await
+            .unwrap();
+    assert_eq!(searches, 2);
+    assert_eq!(cost, rust_decimal::Decimal::new(1033, 4));
+    let calls = app.get_json(&format!("/tasks/{}/calls", t["id"].as_str().unwrap())).await;
+    assert_eq!(calls["calls"][0]["web_searches"], 2, "{calls}");
+
+    // Where each search would wait for a decision, web_search is not the provider's: with no
+    // SearXNG configured, it is not offered at all.
+    ant.push(Answer::sse(&crate::fakes::anthropic_stream("ok", "end_turn", (10, 2)), Duration::ZERO));
+    let gated = done(&app, json!({"prompt": "x", "model": "ant/claude-sonnet-4-5", "subagent_type": "research", "approval": "all", "tools": []})).await;
+    assert_eq!(gated["tools"], json!(["web_fetch"]), "{gated}");
     app.stop().await;
 }

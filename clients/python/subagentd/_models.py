@@ -132,6 +132,7 @@ class Call(Model):
     output_tokens: Optional[int] = None
     cached_tokens: Optional[int] = None
     cache_write_tokens: Optional[int] = None
+    web_searches: Optional[int] = None
     cost_usd: Optional[float] = None
     latency_ms: Optional[int] = None
     http_status: Optional[int] = None
@@ -140,7 +141,7 @@ class Call(Model):
     usage_estimated: Optional[bool] = None
     created_at: Optional[str] = None
     extra: Dict[str, Any] = _dc.field(default_factory=dict)
-    _fields = ["turn", "attempt", "try", "provider", "model", "input_tokens", "output_tokens", "cached_tokens", "cache_write_tokens", "cost_usd", "latency_ms", "http_status", "outcome", "error", "usage_estimated", "created_at"]
+    _fields = ["turn", "attempt", "try", "provider", "model", "input_tokens", "output_tokens", "cached_tokens", "cache_write_tokens", "web_searches", "cost_usd", "latency_ms", "http_status", "outcome", "error", "usage_estimated", "created_at"]
     _nested = {}
     _required = []
 

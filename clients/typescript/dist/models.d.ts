@@ -95,6 +95,7 @@ export interface Call {
     output_tokens?: number;
     cached_tokens?: number;
     cache_write_tokens?: number;
+    web_searches?: number;
     cost_usd?: number | null;
     latency_ms?: number;
     http_status?: number | null;

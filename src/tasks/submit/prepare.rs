@@ -60,7 +60,7 @@ impl Lifecycle {
         let who = self.agent(s).await?;
         let own = task_limits(body, limits, &who, checked.max_turns, self.p.cfg.max_task_timeout_seconds as f64)?;
         self.priced(&who.model, limits, &own)?;
-        let tools = self.whitelist(&s.tenant, limits, who.agent, who.definition.as_ref(), body).await?;
+        let tools = self.whitelist(&s.tenant, limits, &who, body).await?;
         let max_out = self.p.providers.max_tokens_for(
             &who.model,
             who.definition.as_ref().and_then(|d| d.max_output_tokens),
@@ -280,14 +280,7 @@ impl Lifecycle {
         tools: Vec<ToolDef>,
     ) -> Result<TaskOptions, TaskError> {
         let definition = who.definition.as_ref();
-        let approval = match body.approval.as_deref() {
-            Some(a) => Approval::parse(a)
-                .ok_or_else(|| TaskError::invalid("approval", format!("{a:?} is not one of none, propose, all")))?,
-            None => definition
-                .and_then(|d| d.approval)
-                .or_else(|| limits.approval.as_deref().and_then(Approval::parse))
-                .unwrap_or_default(),
-        };
+        let approval = approval(body, limits, definition)?;
         let action_cap = self.p.cfg.max_action_timeout_seconds as f64;
         let action_timeout_seconds = match body.action_timeout_seconds {
             Some(t) if !t.is_finite() || t <= 0.0 => {
@@ -383,10 +376,10 @@ impl Lifecycle {
         &self,
         tenant: &str,
         limits: &Limits,
-        agent: AgentType,
-        definition: Option<&AgentDefinition>,
+        who: &Agent,
         body: &TaskRequest,
     ) -> Result<Vec<ToolDef>, TaskError> {
+        let (agent, definition) = (who.agent, who.definition.as_ref());
         let mut available = catalog::available(&self.p.pool, &self.p.tools_cache, tenant).await?;
         // A tenant tool named like a built-in (from before the name was reserved) gives way to it.
         available.retain(|t| !crate::tools::builtin::is_reserved(&t.name));
@@ -403,7 +396,15 @@ impl Lifecycle {
         }
         // The built-ins on for the service and the tenant: a built-in type gets those the seed
         // gives it; a definition those its `tools` names (all of them with no list, as `general`).
-        let builtins = self.p.tool_caller.builtins.for_tenant(limits);
+        // A provider-side search cannot wait for a decision: where one would be asked, the
+        // search is the service's own.
+        let gated = match approval(body, limits, definition)? {
+            Approval::All => true,
+            Approval::Propose => limits.web_tools_policy.as_deref() == Some("propose"),
+            Approval::None => false,
+        };
+        let anthropic = self.p.providers.for_model(&who.model).is_some_and(|p| p.system() == "anthropic");
+        let builtins = self.p.tool_caller.builtins.for_run(limits, anthropic, gated);
         available.extend(builtins.into_iter().filter(|d| match (&d.target, definition) {
             (crate::tools::Target::Builtin { tool }, None) => agent.builtin_tools().contains(tool),
             _ => true,
@@ -432,6 +433,18 @@ impl Lifecycle {
         };
         Ok(crate::tools::offered(available, w))
     }
+}
+
+/// The task's approval mode: the request's, else its agent definition's, else the tenant's.
+fn approval(body: &TaskRequest, limits: &Limits, definition: Option<&AgentDefinition>) -> Result<Approval, TaskError> {
+    Ok(match body.approval.as_deref() {
+        Some(a) => Approval::parse(a)
+            .ok_or_else(|| TaskError::invalid("approval", format!("{a:?} is not one of none, propose, all")))?,
+        None => definition
+            .and_then(|d| d.approval)
+            .or_else(|| limits.approval.as_deref().and_then(Approval::parse))
+            .unwrap_or_default(),
+    })
 }
 
 /// The task's limits: its turns, spend, tokens and time, each within the tenant's caps.

@@ -4,7 +4,7 @@
 //!
 //! cargo bench --bench load                 # every scenario, then BENCHMARKS.md
 //! cargo bench --bench load -- throughput   # one scenario: throughput, concurrency, wait, admission, pgbench,
-//!                                          # waitsat, mcp, a2a, holds, live, priority, connections, flood (and on request:
+//!                                          # waitsat, mcp, a2a, holds, live, priority, connections, flood, webfetch (and on request:
 //!                                          # soak, console)
 //! BENCH_SCHEDULED=N                        # throughput with N tasks scheduled a day ahead beside it
 //! BENCH_STREAM_PIECES=N                    # the fake streams its final answers in N pieces (when asked to stream)
@@ -101,6 +101,18 @@ async fn fake_chat(latency: Arc<AtomicU64>, Json(req): Json<Value>) -> axum::res
         *PROVIDER_MS.lock().unwrap().get_or_insert_with(Default::default).entry(id.to_string()).or_default() += took;
     }
     let usage = json!({"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110});
+    // `webfetch:<url>`: the built-in web_fetch of that page, then an answer.
+    if let Some(url) = user.split("webfetch:").nth(1).and_then(|r| r.split([' ', '"', '\\']).next()) {
+        if last["role"] == "user" {
+            let args = json!({"url": url}).to_string();
+            return Json(
+                json!({"choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "content": null,
+                "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "web_fetch", "arguments": args}}]}}],
+                "usage": usage}),
+            )
+            .into_response();
+        }
+    }
     if last["role"] == "user" && !user.contains("no-tools") {
         return Json(
             json!({"choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "content": null,
@@ -201,7 +213,12 @@ impl Env {
         let l2 = latency.clone();
         let provider =
             serve(Router::new().route("/v1/chat/completions", post(move |b| fake_chat(l2.clone(), b)))).await;
-        let tools = serve(Router::new().route("/echo", post(|| async { Json(json!({"content": "ok"})) }))).await;
+        let tools = serve(
+            Router::new()
+                .route("/echo", post(|| async { Json(json!({"content": "ok"})) }))
+                .route("/page", axum::routing::get(|| async { axum::response::Html(page_1mb()) })),
+        )
+        .await;
         Env { pg, latency, provider, tools, dir }
     }
 
@@ -625,6 +642,90 @@ async fn concurrency(env: &Env, report: &Report, n: usize) {
         "| 2. Concurrency ({n} queued sub-agents taken by one `subagentd worker`, provider 2 s per call) | all in flight at once and complete, peak RSS < 384 MiB, no errors | **{done}/{n} completed, {bad} errors, peak {peak_running} running at once (claimed), peak {peak_calls} provider calls at once, worker peak RSS {rss:.0} MiB** ({:.1} KiB per run), all done {el:.1} s after the worker started | {} |",
         rss * 1024.0 / n as f64,
         if ok { "met" } else { "not met" }
+    );
+    println!("{line}");
+    report.lock().unwrap().push(line);
+}
+
+/// A 1 MB HTML article: headings, paragraphs with links, lists and a table, a script and a
+/// navigation bar, as pages are.
+fn page_1mb() -> String {
+    static PAGE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    PAGE.get_or_init(|| {
+        let mut s = String::from(
+            "<!doctype html><html><head><title>Bench</title><style>body{font:14px sans-serif}</style>\
+             <script>var x = 1;</script></head><body><nav><a href=\"/\">Home</a></nav>",
+        );
+        let mut i = 0;
+        while s.len() < 1024 * 1024 {
+            s.push_str(&format!(
+                "<h2>Section {i}</h2><p>Paragraph {i} of the article, with <a href=\"https://example.org/{i}\">a link</a> \
+                 and enough words to read like prose about tides, moons and harbours.</p>\
+                 <ul><li>point one of {i}</li><li>point two of {i}</li></ul>\
+                 <table><tr><th>Port</th><th>Range</th></tr><tr><td>P{i}</td><td>{i} m</td></tr></table>"
+            ));
+            i += 1;
+        }
+        s.push_str("<footer>Footer</footer></body></html>");
+        s
+    })
+    .clone()
+}
+
+/// Scenario 14, the built-in `web_fetch`: `n` research tasks at once, each fetching a 1 MB HTML
+/// page from a local server (the fake provider answers at once): each call's time, from its
+/// `tool_call_finished` event, and the service's peak RSS.
+async fn web_fetches(env: &Env, report: &Report, n: usize) {
+    env.latency.store(0, Ordering::Relaxed);
+    let svc = env
+        .service(
+            "bench_web",
+            &["serve"],
+            &[
+                ("SUBAGENTD_MAX_RUNNING", (n * 2).to_string()),
+                ("SUBAGENTD_DEFAULT_WEB_FETCHES_PER_MINUTE", "100000".into()),
+            ],
+        )
+        .await;
+    let pool = subagentd::db::connect(&svc.db_url, 2).await.unwrap();
+    let rss_idle = rss_mib(svc.child.id());
+    let client = reqwest::Client::new();
+    let page = format!("{}/page", env.tools);
+    let t0 = Instant::now();
+    let posts: Vec<_> = (0..n)
+        .map(|_| {
+            let (c, base, page) = (client.clone(), svc.base.clone(), page.clone());
+            tokio::spawn(async move {
+                let r = c
+                    .post(format!("{base}/tasks?wait=true&timeout=120"))
+                    .json(&json!({"prompt": format!("read webfetch:{page} please"), "model": "fake/gpt-4o", "subagent_type": "research"}))
+                    .send()
+                    .await
+                    .unwrap();
+                r.json::<Value>().await.unwrap()["status"] == "completed"
+            })
+        })
+        .collect();
+    let mut ok = 0;
+    for p in posts {
+        ok += usize::from(p.await.unwrap());
+    }
+    let wall = t0.elapsed().as_secs_f64();
+    let rss = rss_peak_mib(svc.child.id());
+    let rows: Vec<(f64, i64, bool)> = sqlx::query_as(
+        "SELECT (data->>'duration_ms')::float8, coalesce((data->>'bytes')::int8, 0), (data->>'is_error')::bool
+         FROM task_events WHERE kind = 'tool_call_finished'",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let errors = rows.iter().filter(|r| r.2).count();
+    let bytes = rows.first().map_or(0, |r| r.1);
+    let mut ms: Vec<f64> = rows.iter().map(|r| r.0).collect();
+    let (p50, p95, max) = (pct(&mut ms, 0.5), pct(&mut ms, 0.95), pct(&mut ms, 1.0));
+    let line = format!(
+        "| 14. Built-in `web_fetch` ({n} research tasks at once, each fetching a 1 MB HTML page from a local server) | time per call and the service's peak RSS (issue 43: measured, no target) | **{ok}/{n} completed, {} calls, {errors} errors, {bytes} bytes read each; per call p50 {p50:.0} ms, p95 {p95:.0} ms, max {max:.0} ms; all done in {wall:.1} s; service RSS {rss_idle:.0} MiB idle, peak {rss:.0} MiB** | measured |",
+        rows.len()
     );
     println!("{line}");
     report.lock().unwrap().push(line);
@@ -1797,6 +1898,9 @@ async fn main() {
     }
     if want("connections") {
         connections(&env, &report, 1000).await;
+    }
+    if want("webfetch") {
+        web_fetches(&env, &report, 100).await;
     }
     if want("flood") {
         flood(&env, &report, 20, None).await;

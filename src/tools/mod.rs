@@ -8,6 +8,7 @@
 
 pub mod builtin;
 pub mod catalog;
+pub mod html;
 pub mod http;
 pub mod mcp;
 pub mod ssrf;

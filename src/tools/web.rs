@@ -296,7 +296,7 @@ async fn read_page(
         let permit = web.convert.clone().acquire_owned().await;
         let converted = tokio::task::spawn_blocking(move || {
             let _permit = permit;
-            html_text(&buf)
+            super::html::to_text(&buf)
         })
         .await;
         match converted {
@@ -320,19 +320,6 @@ async fn read_page(
         return failed(content, T, Some(detail));
     }
     ok(content, T, detail)
-}
-
-/// HTML as readable text: headings, paragraphs, lists, tables and links (as numbered
-/// references) kept; scripts, styles and navigation chrome dropped.
-pub fn html_text(html: &[u8]) -> Result<String, String> {
-    const CHROME: &str = "script, style, noscript, template, nav, header, footer, aside, form, svg, iframe, \
-                          button, select { display: none; }";
-    html2text::config::plain()
-        .add_css(CHROME)
-        .map_err(|e| e.to_string())?
-        .no_table_borders()
-        .string_from_read(html, 100)
-        .map_err(|e| e.to_string())
 }
 
 /// `text` cut to `max_bytes` (and `max_chars`, if asked for), on a char boundary, with a note
@@ -444,13 +431,31 @@ mod tests {
             <ul><li>one</li><li>two</li></ul>
             <table><tr><th>k</th><th>v</th></tr><tr><td>alpha</td><td>1</td></tr></table>
             <footer>FOOTER_TEXT</footer></body></html>"#;
-        let t = html_text(page).unwrap();
+        let t = super::super::html::to_text(page).unwrap();
         assert!(t.contains("The Heading"), "{t}");
         assert!(t.contains("a link") && t.contains("https://example.com/x"), "{t}");
         assert!(t.contains("one") && t.contains("two") && t.contains("alpha"), "{t}");
         for gone in ["SCRIPT_BODY", "color:red", "NAV_LINK", "FOOTER_TEXT"] {
             assert!(!t.contains(gone), "{gone} in {t}");
         }
+    }
+
+    #[test]
+    fn a_deeply_nested_page_is_read_on_a_blocking_threads_stack() {
+        // A hostile page: 2 MiB of nested elements. It must not overflow the stack of the thread
+        // that converts it (tokio's blocking threads have 2 MiB) and take the service down.
+        let mut page = String::new();
+        for _ in 0..100_000 {
+            page.push_str("<div><b>");
+        }
+        page.push_str("deep text");
+        let t = std::thread::Builder::new()
+            .stack_size(2 * 1024 * 1024)
+            .spawn(move || (super::super::html::to_text(page.as_bytes()), ()))
+            .unwrap()
+            .join()
+            .expect("no stack overflow");
+        assert!(t.0.unwrap().contains("deep text"));
     }
 
     #[test]

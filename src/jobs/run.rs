@@ -369,24 +369,12 @@ impl Runner {
             web: None,
         };
         if opts.tools.iter().any(|d| matches!(d.target, Target::Builtin { .. })) {
-            // The tenant's fetch rate and domains, as they are when the run starts.
-            let own = retrying(|| {
-                let (pool, tenant) = (self.pool.clone(), row.tenant.clone());
-                async move {
-                    let mut conn = pool.acquire().await?;
-                    crate::store::tenants::limits(&mut conn, &tenant, false).await
-                }
-            })
-            .await
-            .map_err(|_| Outcome::Stopped(StopCause::LeaseLost))?
-            .unwrap_or_default();
-            let l = crate::budget::effective(own, &Defaults::from_config(&self.cfg));
-            t.web = Some(crate::tools::web::WebTenant {
-                tenant: row.tenant.clone(),
-                per_minute: l.web_fetches_per_minute.unwrap_or(0),
-                domains: l.web_fetch_domains,
-                pool: self.pool.clone(),
-            });
+            // The tenant's fetch rate and domains are read at the run's first fetch.
+            t.web = Some(crate::tools::web::WebTenant::new(
+                row.tenant.clone(),
+                self.cfg.default_web_fetches_per_minute,
+                self.pool.clone(),
+            ));
         }
         if opts.tools.iter().any(|d| matches!(d.target, Target::Http { .. })) {
             // Cached a minute: a rotated secret signs calls within that time.

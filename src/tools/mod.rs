@@ -99,14 +99,59 @@ pub enum Target {
     },
 }
 
-/// A tool as a run knows it: what the model is offered, and where calls go.
+/// A tool as a run knows it: what the model is offered, and where calls go. A built-in is
+/// stored (in a task's options) by its name, policy and target alone: its description and
+/// schema are the registry's, filled back when read, so that every task row does not carry them.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(from = "ToolDefWire", into = "ToolDefWire")]
 pub struct ToolDef {
     pub name: String,
     pub description: String,
     pub parameters: Value,
     pub policy: Policy,
     pub target: Target,
+}
+
+/// `ToolDef` as stored.
+#[derive(Serialize, Deserialize)]
+struct ToolDefWire {
+    name: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    description: String,
+    #[serde(default, skip_serializing_if = "Value::is_null")]
+    parameters: Value,
+    policy: Policy,
+    target: Target,
+}
+
+impl From<ToolDef> for ToolDefWire {
+    fn from(d: ToolDef) -> Self {
+        let builtin = matches!(d.target, Target::Builtin { .. } | Target::Provider { .. });
+        ToolDefWire {
+            name: d.name,
+            description: if builtin { String::new() } else { d.description },
+            parameters: if builtin { Value::Null } else { d.parameters },
+            policy: d.policy,
+            target: d.target,
+        }
+    }
+}
+
+impl From<ToolDefWire> for ToolDef {
+    fn from(w: ToolDefWire) -> Self {
+        match w.target {
+            Target::Builtin { tool } | Target::Provider { tool } if w.parameters.is_null() => {
+                ToolDef { name: w.name, target: w.target, ..builtin::def(tool, w.policy) }
+            }
+            _ => ToolDef {
+                name: w.name,
+                description: w.description,
+                parameters: w.parameters,
+                policy: w.policy,
+                target: w.target,
+            },
+        }
+    }
 }
 
 impl ToolDef {
@@ -342,6 +387,19 @@ mod tests {
         assert_eq!(names(offered(all.clone(), def)), ["get", "create"]);
         let requested = ["create".to_string()];
         assert_eq!(names(offered(all, Whitelist { requested: Some(&requested), ..def })), ["create"]);
+    }
+
+    #[test]
+    fn a_builtin_is_stored_by_name_and_read_back_whole() {
+        let d = builtin::def(builtin::BuiltinTool::WebFetch, Policy::Propose);
+        let stored = serde_json::to_value(&d).unwrap();
+        assert_eq!(
+            stored,
+            serde_json::json!({"name": "web_fetch", "policy": "propose", "target": {"kind": "builtin", "tool": "web_fetch"}})
+        );
+        assert_eq!(serde_json::from_value::<ToolDef>(stored).unwrap(), d);
+        let http = t("lookup", Policy::Auto);
+        assert_eq!(serde_json::from_value::<ToolDef>(serde_json::to_value(&http).unwrap()).unwrap(), http);
     }
 
     #[test]

@@ -220,11 +220,11 @@ text_enum! {
 }
 
 impl BuiltinTool {
-    /// What the tool does, in a phrase (the type prompts list it).
+    /// What the tool does, in a few words (the type prompts say it after its name).
     pub fn phrase(self) -> &'static str {
         match self {
-            BuiltinTool::WebFetch => "`web_fetch` reads a web page (HTML as text, JSON and text as they are)",
-            BuiltinTool::WebSearch => "`web_search` searches the web (titles, URLs and snippets)",
+            BuiltinTool::WebFetch => "reads a web page",
+            BuiltinTool::WebSearch => "searches the web",
         }
     }
 }

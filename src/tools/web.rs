@@ -270,6 +270,8 @@ fn kind(content_type: &str) -> Kind {
     let mime = content_type.split(';').next().unwrap_or_default().trim().to_ascii_lowercase();
     match mime.as_str() {
         "text/html" | "application/xhtml+xml" => Kind::Html,
+        // An image is described, SVG (XML) included.
+        m if m.starts_with("image/") || m.starts_with("audio/") || m.starts_with("video/") => Kind::Other,
         "" => Kind::Text,
         m if m.starts_with("text/") || m == "application/json" || m.ends_with("+json") => Kind::Text,
         m if m == "application/xml" || m.ends_with("+xml") || m == "application/javascript" => Kind::Text,
@@ -325,6 +327,21 @@ async fn read_page(
         }
     }
     let bytes = buf.len();
+    // A body with no type that holds NUL bytes is binary: described, never shown.
+    if ctype.is_empty() && buf.iter().take(4096).any(|b| *b == 0) {
+        let detail = json!({"url": url, "status": status.as_u16(), "bytes": bytes, "content_type": ctype,
+                            "redirects": redirects});
+        return ok(
+            format!(
+                "{url} holds untyped binary content of {}{bytes} bytes (HTTP {}), which web_fetch does not show: it \
+                 reads HTML, text and JSON only.",
+                if cut_read { "more than " } else { "" },
+                status.as_u16()
+            ),
+            T,
+            detail,
+        );
+    }
     let room = max_result.saturating_sub(FRAME).max(256);
     let (text, total) = if k == Kind::Html {
         // Twice the room in text is rendered: the rest would be cut anyway.
@@ -506,6 +523,8 @@ mod tests {
         assert_eq!(kind("application/ld+json"), Kind::Text);
         assert_eq!(kind("text/plain"), Kind::Text);
         assert_eq!(kind("image/png"), Kind::Other);
+        assert_eq!(kind("image/svg+xml"), Kind::Other);
+        assert_eq!(kind(""), Kind::Text);
         assert_eq!(kind("application/zip"), Kind::Other);
         assert_eq!(fit("short", 100, None, false, None), "short");
         let cut = fit("ééééé", 4, None, false, None);

@@ -98,6 +98,22 @@ async fn site() -> (Site, String) {
             }),
         )
         .route(
+            "/untyped.bin",
+            get(|State(s): State<Site>, h: HeaderMap| async move {
+                s.hit("/untyped.bin", h);
+                let mut r = axum::response::Response::new(axum::body::Body::from(vec![0u8, 1, 2, 0, 0xff, 0x00, 9]));
+                r.headers_mut().remove(header::CONTENT_TYPE);
+                r
+            }),
+        )
+        .route(
+            "/logo.svg",
+            get(|State(s): State<Site>, h: HeaderMap| async move {
+                s.hit("/logo.svg", h);
+                ([(header::CONTENT_TYPE, "image/svg+xml")], "<svg xmlns=\"http://www.w3.org/2000/svg\"><text>SVG_TEXT</text></svg>")
+            }),
+        )
+        .route(
             "/to-metadata",
             get(|State(s): State<Site>, h: HeaderMap| async move {
                 s.hit("/to-metadata", h);
@@ -230,6 +246,11 @@ async fn pages_become_text_json_and_text_pass_and_other_content_is_described() {
     assert!(!img.is_error);
     assert!(img.content.contains("image/png") && img.content.contains("5000 bytes"), "{}", img.content);
     assert!(!img.content.contains('\u{89}') && img.content.len() < 400, "no bytes of the image: {}", img.content);
+
+    let svg = t.run(&call("web_fetch", json!({"url": format!("{base}/logo.svg")}))).await;
+    assert!(svg.content.contains("image/svg+xml") && !svg.content.contains("SVG_TEXT"), "{}", svg.content);
+    let bin = t.run(&call("web_fetch", json!({"url": format!("{base}/untyped.bin")}))).await;
+    assert!(bin.content.contains("untyped binary content of 7 bytes"), "{}", bin.content);
 
     let short = t.run(&call("web_fetch", json!({"url": format!("{base}/article"), "max_chars": 120}))).await;
     assert!(short.content.contains("[cut: the page's text is"), "{}", short.content);

@@ -12,6 +12,8 @@ pub struct AllowList {
     any_public: bool,
     hosts: Vec<String>,
     nets: Vec<(IpAddr, u8)>,
+    /// The setting it was read from, as refusals name it (default `SUBAGENTD_TOOL_ALLOW`).
+    setting: Option<&'static str>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -39,6 +41,16 @@ impl AllowList {
         Ok(a)
     }
 
+    /// The same list, its refusals naming `setting` (e.g. `SUBAGENTD_WEB_FETCH_ALLOW`).
+    pub fn named(mut self, setting: &'static str) -> AllowList {
+        self.setting = Some(setting);
+        self
+    }
+
+    fn setting(&self) -> &'static str {
+        self.setting.unwrap_or("SUBAGENTD_TOOL_ALLOW")
+    }
+
     fn in_nets(&self, ip: IpAddr) -> bool {
         self.nets.iter().any(|(net, bits)| in_cidr(ip, *net, *bits))
     }
@@ -60,7 +72,7 @@ impl AllowList {
         if self.any_public || self.host_listed(bare) || !self.nets.is_empty() {
             Ok(())
         } else {
-            Err(Denied(format!("host {host} is not on the allow-list (SUBAGENTD_TOOL_ALLOW)")))
+            Err(Denied(format!("host {host} is not on the allow-list ({})", self.setting())))
         }
     }
 
@@ -71,7 +83,8 @@ impl AllowList {
         }
         if is_special(ip) {
             return Err(Denied(format!(
-                "{host} resolves to {ip}, a private, loopback or link-local address; allow it with a CIDR in SUBAGENTD_TOOL_ALLOW"
+                "{host} resolves to {ip}, a private, loopback or link-local address; allow it with a CIDR in {}",
+                self.setting()
             )));
         }
         let host_ok =
@@ -79,7 +92,7 @@ impl AllowList {
         if self.any_public || host_ok {
             Ok(())
         } else {
-            Err(Denied(format!("{host} ({ip}) is not on the allow-list (SUBAGENTD_TOOL_ALLOW)")))
+            Err(Denied(format!("{host} ({ip}) is not on the allow-list ({})", self.setting())))
         }
     }
 

@@ -76,9 +76,12 @@ impl WebTenant {
 
 impl Web {
     pub fn from_config(cfg: &crate::config::Config) -> Result<Web, ToolError> {
-        let spec = cfg.web_fetch_allow.as_deref().unwrap_or(&cfg.tool_allow);
+        let (spec, setting) = match cfg.web_fetch_allow.as_deref() {
+            Some(own) => (own, "SUBAGENTD_WEB_FETCH_ALLOW"),
+            None => (cfg.tool_allow.as_str(), "SUBAGENTD_TOOL_ALLOW"),
+        };
         let allow =
-            Arc::new(AllowList::parse(spec).map_err(|e| ToolError::Config(format!("SUBAGENTD_WEB_FETCH_ALLOW: {e}")))?);
+            Arc::new(AllowList::parse(spec).map_err(|e| ToolError::Config(format!("{setting}: {e}")))?.named(setting));
         let search_url = cfg.web_search_url.as_deref().map(str::trim).filter(|u| !u.is_empty());
         if let Some(u) = search_url {
             let parsed = url::Url::parse(u)

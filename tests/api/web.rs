@@ -301,6 +301,11 @@ async fn redirects_are_checked_hop_by_hop_and_private_addresses_are_refused_by_n
     let strict = runner(&base, |c| c.web_fetch_allow = Some("*".into()));
     let out = strict.run(&call("web_fetch", json!({"url": format!("{base}/article")}))).await;
     assert!(out.is_error && out.content.contains("127.0.0.1"), "{}", out.content);
+    assert!(
+        out.content.contains("SUBAGENTD_WEB_FETCH_ALLOW"),
+        "the refusal names the list that refused: {}",
+        out.content
+    );
 }
 
 #[tokio::test]

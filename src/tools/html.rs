@@ -17,14 +17,31 @@ use html5ever::tokenizer::{BufferQueue, TagKind, Token, TokenSink, TokenSinkResu
 /// below it).
 pub const MAX_DEPTH: usize = 64;
 
-/// Elements with no content, and those whose end tag may be left out (they close themselves
-/// when the next one starts): not counted as nesting, or a page of unclosed `<p>`s would seem
-/// deep.
-const UNCOUNTED: &[&str] = &[
-    "area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr", "p", "li",
-    "dt", "dd", "tr", "td", "th", "thead", "tbody", "tfoot", "option", "optgroup", "rb", "rt", "rp", "colgroup",
-    "caption", "html", "head", "body",
+/// Elements with no content: never open.
+const VOID: &[&str] = &[
+    "area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr", "param",
+    "keygen",
 ];
+
+/// The most tags written: a page of nothing but tags is bounded too.
+const MAX_TAGS: usize = 200_000;
+
+/// What a start tag closes when one of these is the open element on top (as a new `<p>` closes
+/// the open `<p>`, a new `<li>` the open `<li>`).
+fn closes(name: &str) -> &'static [&'static str] {
+    match name {
+        "p" => &["p"],
+        "li" => &["li"],
+        "dt" | "dd" => &["dt", "dd"],
+        "td" | "th" => &["td", "th"],
+        "tr" => &["tr", "td", "th"],
+        "thead" | "tbody" | "tfoot" => &["thead", "tbody", "tfoot", "tr", "td", "th"],
+        "option" => &["option"],
+        "optgroup" => &["optgroup", "option"],
+        "rb" | "rt" | "rp" | "rtc" => &["rb", "rt", "rp", "rtc"],
+        _ => &[],
+    }
+}
 
 /// What is never shown, content and all (the tokenizer reads their content as raw text).
 const DROPPED: &[&str] = &["script", "style", "template", "noscript", "iframe", "noembed", "noframes", "xmp"];
@@ -35,9 +52,11 @@ struct State {
     /// Characters of text seen, and how many may be written before the rest is only counted.
     text: usize,
     budget: usize,
-    /// Counted elements open, and how many of them were dropped for being too deep.
-    depth: usize,
-    unwrapped: usize,
+    /// The elements open in what was written, innermost last: never more than `MAX_DEPTH`. The
+    /// written page is balanced by it (an end tag closes what it names and what is open inside
+    /// it; a stray one is dropped), so the parser's nesting is bounded by it too.
+    open: Vec<String>,
+    tags: usize,
     /// Inside a dropped element: its name.
     skipping: Option<String>,
 }
@@ -52,6 +71,82 @@ fn escape_text(out: &mut String, s: &str) {
             '>' => out.push_str("&gt;"),
             c => out.push(c),
         }
+    }
+}
+
+impl State {
+    fn writing(&self) -> bool {
+        self.text < self.budget && self.tags < MAX_TAGS
+    }
+
+    fn end_tag(&mut self, name: &str) {
+        if self.writing() {
+            self.tags += 1;
+            self.out.push_str("</");
+            self.out.push_str(name);
+            self.out.push('>');
+        }
+    }
+
+    fn start_tag(&mut self, tag: &html5ever::tokenizer::Tag) {
+        if !self.writing() {
+            return;
+        }
+        self.tags += 1;
+        let out = &mut self.out;
+        out.push('<');
+        out.push_str(&tag.name);
+        for a in &tag.attrs {
+            out.push(' ');
+            out.push_str(&a.name.local);
+            out.push_str("=\"");
+            for c in a.value.chars() {
+                match c {
+                    '&' => out.push_str("&amp;"),
+                    '"' => out.push_str("&quot;"),
+                    c => out.push(c),
+                }
+            }
+            out.push('"');
+        }
+        out.push('>');
+    }
+
+    /// Close the open elements down to the innermost `name` (true), or nothing if none is open.
+    fn close(&mut self, name: &str) -> bool {
+        let Some(at) = self.open.iter().rposition(|o| o == name) else { return false };
+        while self.open.len() > at {
+            if let Some(o) = self.open.pop() {
+                self.end_tag(&o);
+            }
+        }
+        true
+    }
+
+    fn tag(&mut self, tag: &html5ever::tokenizer::Tag) {
+        let name: &str = &tag.name;
+        if tag.kind == TagKind::EndTag {
+            // A stray end tag (nothing of that name open, or dropped for depth) is dropped.
+            self.close(name);
+            return;
+        }
+        while self.open.last().is_some_and(|o| closes(name).contains(&o.as_str())) {
+            if let Some(o) = self.open.pop() {
+                self.end_tag(&o);
+            }
+        }
+        if VOID.contains(&name) {
+            self.start_tag(tag);
+        } else if self.open.len() < MAX_DEPTH {
+            self.start_tag(tag);
+            if tag.self_closing {
+                // `<div/>` opens a div in HTML: written closed, it opens nothing.
+                self.end_tag(name);
+            } else {
+                self.open.push(name.to_string());
+            }
+        }
+        // Deeper: unwrapped, its text kept.
     }
 }
 
@@ -70,65 +165,16 @@ impl TokenSink for Limiter {
                     }
                     return TokenSinkResult::Continue;
                 }
+                // (`<script/>` opens a script in HTML: its content is skipped all the same.)
                 if tag.kind == TagKind::StartTag && DROPPED.contains(&name) {
-                    if !tag.self_closing {
-                        st.skipping = Some(name.to_string());
-                        return TokenSinkResult::RawData(if name == "script" {
-                            RawKind::ScriptData
-                        } else {
-                            RawKind::Rawtext
-                        });
-                    }
-                    return TokenSinkResult::Continue;
+                    st.skipping = Some(name.to_string());
+                    return TokenSinkResult::RawData(if name == "script" {
+                        RawKind::ScriptData
+                    } else {
+                        RawKind::Rawtext
+                    });
                 }
-                let counted = !UNCOUNTED.contains(&name);
-                let emit = match (tag.kind, counted) {
-                    (_, false) => true,
-                    (TagKind::StartTag, true) if tag.self_closing => st.depth < MAX_DEPTH,
-                    (TagKind::StartTag, true) if st.depth >= MAX_DEPTH => {
-                        st.unwrapped += 1;
-                        false
-                    }
-                    (TagKind::StartTag, true) => {
-                        st.depth += 1;
-                        true
-                    }
-                    (TagKind::EndTag, true) if st.unwrapped > 0 => {
-                        st.unwrapped -= 1;
-                        false
-                    }
-                    (TagKind::EndTag, true) => {
-                        st.depth = st.depth.saturating_sub(1);
-                        true
-                    }
-                };
-                if emit && st.text < st.budget {
-                    let out = &mut st.out;
-                    out.push('<');
-                    if tag.kind == TagKind::EndTag {
-                        out.push('/');
-                    }
-                    out.push_str(name);
-                    if tag.kind == TagKind::StartTag {
-                        for a in &tag.attrs {
-                            out.push(' ');
-                            out.push_str(&a.name.local);
-                            out.push_str("=\"");
-                            for c in a.value.chars() {
-                                match c {
-                                    '&' => out.push_str("&amp;"),
-                                    '"' => out.push_str("&quot;"),
-                                    c => out.push(c),
-                                }
-                            }
-                            out.push('"');
-                        }
-                        if tag.self_closing {
-                            out.push_str(" /");
-                        }
-                    }
-                    out.push('>');
-                }
+                st.tag(&tag);
                 // The tokenizer's own state for elements whose content is text.
                 if tag.kind == TagKind::StartTag && !tag.self_closing && matches!(name, "title" | "textarea") {
                     return TokenSinkResult::RawData(RawKind::Rcdata);
@@ -223,6 +269,42 @@ mod tests {
             1000,
             "optional end tags are not depth"
         );
+    }
+
+    /// The deepest nesting of a written page (it is balanced by construction).
+    fn depth(out: &str) -> usize {
+        let (mut d, mut max) = (0usize, 0usize);
+        for piece in out.split('<').skip(1) {
+            let name: String =
+                piece.trim_start_matches('/').chars().take_while(|c| c.is_ascii_alphanumeric()).collect();
+            if piece.starts_with('/') {
+                d = d.saturating_sub(1);
+            } else if !name.is_empty() && !VOID.contains(&name.as_str()) && !piece.starts_with('!') {
+                d += 1;
+                max = max.max(d);
+            }
+        }
+        max
+    }
+
+    #[test]
+    fn stray_end_tags_optional_ends_and_self_closing_tags_do_not_get_past_the_depth() {
+        for (what, page) in [
+            ("stray end tags", "<div></x>".repeat(100_000)),
+            ("ruby outside ruby", "<rt>".repeat(100_000)),
+            ("li and dd", "<li><dd>".repeat(50_000)),
+            ("optgroup", "<optgroup>".repeat(100_000)),
+            ("self-closing divs", "<div/>".repeat(100_000)),
+            ("p and b", "<p><b>".repeat(50_000)),
+        ] {
+            let (out, _) = limit_nesting(&format!("{page}end"), usize::MAX);
+            assert!(depth(&out) <= MAX_DEPTH, "{what}: {}", depth(&out));
+            assert!(out.contains("end"), "{what}");
+        }
+        let (out, _) = limit_nesting("<p>a<script/>alert(1)</script>b</p>", usize::MAX);
+        assert!(!out.contains("alert") && out.contains('a') && out.contains('b'), "{out}");
+        let (out, _) = limit_nesting(&"<b>".repeat(300_000), usize::MAX);
+        assert!(out.matches('<').count() <= MAX_TAGS);
     }
 
     #[test]

@@ -141,6 +141,7 @@ pub fn is_special(ip: IpAddr) -> bool {
                 || o[0] == 0
                 || (o[0] == 100 && (64..128).contains(&o[1]))
                 || (o[0] == 192 && o[1] == 0 && o[2] == 0)
+                || (o[0] == 198 && (o[1] & 0xfe) == 18)
                 || o[0] >= 240
         }
         IpAddr::V6(v) => {
@@ -149,6 +150,10 @@ pub fn is_special(ip: IpAddr) -> bool {
             }
             let s = v.segments();
             // NAT64 (64:ff9b::/96) and 6to4 (2002::/16) carry an IPv4 address: judge that one.
+            // 64:ff9b:1::/48, the local-use NAT64 prefix, leads into a local network: refused.
+            if s[0] == 0x64 && s[1] == 0xff9b && s[2] == 1 {
+                return true;
+            }
             if s[0] == 0x64 && s[1] == 0xff9b && s[2..6] == [0, 0, 0, 0] {
                 let o = v.octets();
                 return is_special(IpAddr::V4(std::net::Ipv4Addr::new(o[12], o[13], o[14], o[15])));
@@ -223,6 +228,10 @@ mod tests {
         assert!(a.check_url("http://[::ffff:127.0.0.1]/x").is_err());
         assert!(a.check_url("http://[64:ff9b::a9fe:a9fe]/x").is_err(), "NAT64 of 169.254.169.254");
         assert!(a.check_url("http://[2002:0a00:0001::1]/x").is_err(), "6to4 of 10.0.0.1");
+        assert!(a.check_url("http://198.18.0.1/x").is_err(), "benchmarking range");
+        assert!(a.check_url("http://[64:ff9b:1::a00:1]/x").is_err(), "local-use NAT64");
+        assert!(a.check_url("http://198.19.255.1/x").is_err());
+        assert!(a.check_url("http://198.20.0.1/x").is_ok());
         assert!(a.check_ip("evil.example", "192.168.1.1".parse().unwrap()).is_err());
         let b = AllowList::parse("*, 127.0.0.0/8").unwrap();
         assert!(b.check_url("http://127.0.0.1:8080/x").is_ok());

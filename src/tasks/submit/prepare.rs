@@ -406,7 +406,9 @@ impl Lifecycle {
         let anthropic = self.p.providers.for_model(&who.model).is_some_and(|p| p.system() == "anthropic");
         let builtins = self.p.tool_caller.builtins.for_run(limits, anthropic, gated);
         available.extend(builtins.into_iter().filter(|d| match (&d.target, definition) {
-            (crate::tools::Target::Builtin { tool }, None) => agent.builtin_tools().contains(tool),
+            (crate::tools::Target::Builtin { tool } | crate::tools::Target::Provider { tool }, None) => {
+                agent.builtin_tools().contains(tool)
+            }
             _ => true,
         }));
         if let Some(allowed) = &body.allowed_tools {

@@ -3,7 +3,7 @@
 //! no tenant tool may take, a switch for the service and one per tenant, and a default policy.
 //! Which agent types get which is the engine's (`AgentType::builtin_tools`).
 
-use serde_json::{json, Value};
+use serde_json::json;
 
 pub use crate::kinds::BuiltinTool;
 
@@ -127,11 +127,6 @@ pub fn def(t: BuiltinTool, policy: Policy) -> ToolDef {
     }
 }
 
-/// The parameters' schema, for tests and the docs.
-pub fn parameters(t: BuiltinTool) -> Value {
-    def(t, Policy::Auto).parameters
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -176,6 +171,6 @@ mod tests {
     #[test]
     fn names_are_reserved() {
         assert!(is_reserved("web_fetch") && is_reserved("web_search") && !is_reserved("WebFetch"));
-        assert_eq!(parameters(BuiltinTool::WebFetch)["required"], json!(["url"]));
+        assert_eq!(def(BuiltinTool::WebFetch, Policy::Auto).parameters["required"], json!(["url"]));
     }
 }

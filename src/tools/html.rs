@@ -317,37 +317,3 @@ mod tests {
         assert!(t.cut && t.total_chars == 1000 && t.text.matches("0123456789").count() == 3, "{}", t.text);
     }
 }
-
-#[cfg(test)]
-mod timing {
-    #[test]
-    #[ignore = "timings: cargo test --release --lib -- --ignored html_timings --nocapture"]
-    fn html_timings() {
-        let mut s = String::from("<html><body><nav><a href=\"/\">Home</a></nav>");
-        let mut i = 0;
-        while s.len() < 1024 * 1024 {
-            s.push_str(&format!(
-                "<h2>Section {i}</h2><p>Paragraph {i} of the article, with <a href=\"https://example.org/{i}\">a link</a> \
-                 and enough words to read like prose about tides, moons and harbours.</p>\
-                 <ul><li>point one of {i}</li><li>point two of {i}</li></ul>\
-                 <table><tr><th>Port</th><th>Range</th></tr><tr><td>P{i}</td><td>{i} m</td></tr></table>"
-            ));
-            i += 1;
-        }
-        let t = std::time::Instant::now();
-        let (limited, _) = super::limit_nesting(&s, usize::MAX);
-        println!("limit: {:?}", t.elapsed());
-        let t = std::time::Instant::now();
-        let _ = html2text::config::plain().parse_html(limited.as_bytes()).unwrap();
-        println!("parse: {:?}", t.elapsed());
-        let t = std::time::Instant::now();
-        let _ = html2text::config::plain().string_from_read(limited.as_bytes(), 100).unwrap();
-        println!("plain, no css: {:?}", t.elapsed());
-        let t = std::time::Instant::now();
-        let out = super::to_text(s.as_bytes(), usize::MAX).unwrap();
-        println!("to_text: {:?}, {} chars", t.elapsed(), out.text.len());
-        let t = std::time::Instant::now();
-        let out = super::to_text(s.as_bytes(), 128 * 1024).unwrap();
-        println!("to_text, 128K budget: {:?}, {} chars", t.elapsed(), out.text.len());
-    }
-}

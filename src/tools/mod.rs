@@ -343,11 +343,9 @@ impl ToolRunner for TaskTools {
             // Its calls pause the run for the caller's output; they never reach here.
             Target::Caller => tool_error(format!("tool {} is run by the caller, not by subagentd", call.name)),
             Target::Provider { .. } => tool_error(format!("tool {} is run by the model's provider", call.name)),
-            Target::Builtin { tool } => match tool {
-                builtin::BuiltinTool::WebFetch | builtin::BuiltinTool::WebSearch => {
-                    web::run(&self.caller.web, self.web.as_ref(), *tool, call, self.caller.max_result_bytes).await
-                }
-            },
+            Target::Builtin { tool } => {
+                web::run(&self.caller.web, self.web.as_ref(), *tool, call, self.caller.max_result_bytes).await
+            }
         };
         ToolOutput { content: cap(out.content, self.caller.max_result_bytes), ..out }
     }

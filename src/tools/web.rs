@@ -107,15 +107,6 @@ impl Web {
             user_agent: format!("subagentd/{} (web_fetch; +https://github.com/subagentd)", env!("CARGO_PKG_VERSION")),
         })
     }
-
-    /// Is a search backend configured?
-    pub fn searches(&self) -> bool {
-        self.search_url.is_some()
-    }
-
-    pub fn allow(&self) -> &AllowList {
-        &self.allow
-    }
 }
 
 fn refused(msg: String, tool: BuiltinTool) -> ToolOutput {

@@ -120,13 +120,13 @@ fn object_schema() -> Value {
     json!({"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]})
 }
 
-async fn finished(app: &TestApp, body: Value) -> Value {
+pub(crate) async fn finished(app: &TestApp, body: Value) -> Value {
     let r = app.client.post(app.url("/tasks?wait=true&timeout=30")).json(&body).send().await.unwrap();
     assert_eq!(r.status(), 200);
     r.json().await.unwrap()
 }
 
-async fn tool_results(app: &TestApp, id: &str) -> Vec<Value> {
+pub(crate) async fn tool_results(app: &TestApp, id: &str) -> Vec<Value> {
     sqlx::query_scalar(
         "SELECT message FROM task_messages WHERE task_id = $1::uuid AND message->>'role' = 'tool' ORDER BY seq",
     )

@@ -17,6 +17,7 @@ use subagentd::tools::{Caller, Policy, TaskTools, ToolRunner};
 
 use crate::fakes::serve_router;
 use crate::helpers::*;
+use crate::tools::{finished as done, tool_results};
 
 const ADMIN: &str = "web-admin";
 
@@ -360,22 +361,6 @@ async fn finished_calls(app: &TestApp, id: &str) -> Vec<Value> {
         .filter(|e| e["kind"] == "tool_call_finished")
         .map(|e| e["data"].clone())
         .collect()
-}
-
-async fn tool_results(app: &TestApp, id: &str) -> Vec<Value> {
-    sqlx::query_scalar(
-        "SELECT message FROM task_messages WHERE task_id = $1::uuid AND message->>'role' = 'tool' ORDER BY seq",
-    )
-    .bind(id)
-    .fetch_all(&app.db.pool)
-    .await
-    .unwrap()
-}
-
-async fn done(app: &TestApp, body: Value) -> Value {
-    let r = app.client.post(app.url("/tasks?wait=true&timeout=30")).json(&body).send().await.unwrap();
-    assert_eq!(r.status(), 200);
-    r.json().await.unwrap()
 }
 
 #[tokio::test]

@@ -60,13 +60,14 @@ impl Lifecycle {
         let who = self.agent(s).await?;
         let own = task_limits(body, limits, &who, checked.max_turns, self.p.cfg.max_task_timeout_seconds as f64)?;
         self.priced(&who.model, limits, &own)?;
-        let tools = self.whitelist(&s.tenant, limits, &who, body).await?;
+        let approval = approval(body, limits, who.definition.as_ref())?;
+        let tools = self.whitelist(&s.tenant, limits, &who, approval, body).await?;
         let max_out = self.p.providers.max_tokens_for(
             &who.model,
             who.definition.as_ref().and_then(|d| d.max_output_tokens),
             self.p.cfg.max_output_tokens,
         );
-        let options = self.options(body, limits, &who, &own, tools)?;
+        let options = self.options(body, limits, &who, &own, approval, tools)?;
         let stored = options.to_stored();
         let prompt = body.prompt.trim();
         // The same key must come with the same request: hash what was asked, as resolved.
@@ -277,10 +278,10 @@ impl Lifecycle {
         limits: &Limits,
         who: &Agent,
         own: &TaskLimits,
+        approval: Approval,
         tools: Vec<ToolDef>,
     ) -> Result<TaskOptions, TaskError> {
         let definition = who.definition.as_ref();
-        let approval = approval(body, limits, definition)?;
         let action_cap = self.p.cfg.max_action_timeout_seconds as f64;
         let action_timeout_seconds = match body.action_timeout_seconds {
             Some(t) if !t.is_finite() || t <= 0.0 => {
@@ -377,6 +378,7 @@ impl Lifecycle {
         tenant: &str,
         limits: &Limits,
         who: &Agent,
+        approval: Approval,
         body: &TaskRequest,
     ) -> Result<Vec<ToolDef>, TaskError> {
         let (agent, definition) = (who.agent, who.definition.as_ref());
@@ -398,7 +400,7 @@ impl Lifecycle {
         // gives it; a definition those its `tools` names (all of them with no list, as `general`).
         // A provider-side search cannot wait for a decision: where one would be asked, the
         // search is the service's own.
-        let gated = match approval(body, limits, definition)? {
+        let gated = match approval {
             Approval::All => true,
             Approval::Propose => limits.web_tools_policy.as_deref() == Some("propose"),
             Approval::None => false,

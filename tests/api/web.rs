@@ -744,3 +744,62 @@ async fn anthropics_server_side_search_is_offered_priced_per_search_and_recorded
     assert_eq!(explore["tools"], json!([]), "{explore}");
     app.stop().await;
 }
+
+/// Migration 0024 on a database of the release before it: every row kept, the new settings
+/// unset (the defaults apply), the ledger's rows with no searches.
+#[tokio::test]
+async fn a_database_from_before_the_built_in_tools_migrates_with_every_row_kept() {
+    let db = test_db().await;
+    let name = format!("upg_{}", uuid::Uuid::new_v4().simple());
+    let admin_url = db.url.replace(&db.name, "postgres");
+    let admin = subagentd::db::connect(&admin_url, 1).await.unwrap();
+    sqlx::query(&format!("CREATE DATABASE {name}")).execute(&admin).await.unwrap();
+    let pool = subagentd::db::connect(&db.url.replace(&db.name, &name), 2).await.unwrap();
+    let mut before = subagentd::db::MIGRATOR.iter().filter(|m| m.version < 24).cloned().collect::<Vec<_>>();
+    before.sort_by_key(|m| m.version);
+    let old =
+        sqlx::migrate::Migrator { migrations: std::borrow::Cow::Owned(before), ..sqlx::migrate::Migrator::DEFAULT };
+    old.run(&pool).await.unwrap();
+    sqlx::query("INSERT INTO tenants (name, usd_per_day, max_running) VALUES ('acme', 5, 3)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let id = uuid::Uuid::now_v7();
+    sqlx::query(
+        "INSERT INTO tasks (id, tenant, subagent_type, prompt, model, options, status, finished_at)
+         VALUES ($1, 'acme', 'research', 'p', 'mock/m', '{}', 'completed', now())",
+    )
+    .bind(id)
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO llm_calls (call_key, task_id, tenant, turn, attempt, try, provider, model, input_tokens,
+             output_tokens, cached_tokens, cost_usd, latency_ms, outcome)
+         VALUES ($1, $2, 'acme', 1, 1, 1, 'mock', 'm', 10, 2, 0, 0.001, 5, 'ok')",
+    )
+    .bind(uuid::Uuid::new_v4())
+    .bind(id)
+    .execute(&pool)
+    .await
+    .unwrap();
+    subagentd::db::MIGRATOR.run(&pool).await.unwrap();
+    let (usd, running, off, policy): (f64, i32, Option<Vec<String>>, Option<String>) = sqlx::query_as(
+        "SELECT usd_per_day::float8, max_running, builtin_tools_off, web_tools_policy FROM tenants WHERE name = 'acme'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!((usd, running, off, policy), (5.0, 3, None, None));
+    let (tokens, searches): (i64, i32) =
+        sqlx::query_as("SELECT input_tokens, web_searches FROM llm_calls WHERE task_id = $1")
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!((tokens, searches), (10, 0));
+    let tasks: i64 = sqlx::query_scalar("SELECT count(*) FROM tasks").fetch_one(&pool).await.unwrap();
+    assert_eq!(tasks, 1);
+    pool.close().await;
+    sqlx::query(&format!("DROP DATABASE {name} WITH (FORCE)")).execute(&admin).await.unwrap();
+}

@@ -214,8 +214,7 @@ impl TurnWrite {
     /// written) if the lease is no longer held; true if written, now or by an earlier try whose
     /// answer was lost with its connection.
     pub async fn commit_alone(&self, conn: &mut sqlx::PgConnection) -> Result<Committed, StoreError> {
-        let mut done = commit_turns_on(conn, &[self]).await?;
-        Ok(done.pop().unwrap_or(Committed::LeaseLost))
+        commit_turn(conn, self).await
     }
 
     /// Its events, with the run's end's when it ends the task.
@@ -240,6 +239,9 @@ pub async fn commit_turns(pool: &PgPool, writes: &[&TurnWrite]) -> Result<Vec<Co
 
 /// `commit_turns` on one connection.
 async fn commit_turns_on(conn: &mut sqlx::PgConnection, writes: &[&TurnWrite]) -> Result<Vec<Committed>, StoreError> {
+    if let [one] = writes {
+        return Ok(vec![commit_turn(conn, one).await?]);
+    }
     let whole = writes.iter().any(|w| w.fin.as_ref().is_some_and(|f| f.return_task));
     let n = writes.len();
     let (mut ids, mut leases, mut keys) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
@@ -295,7 +297,7 @@ async fn commit_turns_on(conn: &mut sqlx::PgConnection, writes: &[&TurnWrite]) -
             e_data.push(d);
         }
     }
-    let sql: &str = &COMMIT_TURNS[usize::from(whole) + 2 * usize::from(n == 1)];
+    let sql: &str = &COMMIT_TURNS[usize::from(whole)];
     let rows = sqlx::query(sql)
         .bind(&ids) // 1
         .bind(&leases) // 2
@@ -394,7 +396,7 @@ const NAMES: [&str; 30] = [
     "b_ws",
 ];
 
-fn commit_turns_sql(whole: bool, one: bool) -> String {
+fn commit_turns_sql(whole: bool) -> String {
     let hook = WEBHOOK.strip_suffix(" AS webhook").unwrap_or(WEBHOOK);
     let whole_cols = if whole {
         let cols: Vec<String> =
@@ -404,21 +406,12 @@ fn commit_turns_sql(whole: bool, one: bool) -> String {
         String::new()
     };
     let answer = if whole { format!(", {COLS}, webhook") } else { String::new() };
-    // The writes, a row each: unnested, or for one write its single row as such, so that the
-    // planner knows it is one (it plans the statement for a batch of 100 otherwise, and a single
-    // write, the most common at low load, took measurably longer).
-    let source = if one {
-        let cols: Vec<String> =
-            TYPES.iter().zip(NAMES).enumerate().map(|(i, (t, n))| format!("(${}::{t}[])[1] AS {n}", i + 1)).collect();
-        format!("SELECT {}, 1::int8 AS b_i", cols.join(", "))
-    } else {
-        let params: Vec<String> = TYPES.iter().enumerate().map(|(i, t)| format!("${}::{t}[]", i + 1)).collect();
-        format!(
-            "SELECT * FROM unnest({}) WITH ORDINALITY AS b({}, b_i) ORDER BY b_id",
-            params.join(", "),
-            NAMES.join(", ")
-        )
-    };
+    let params: Vec<String> = TYPES.iter().enumerate().map(|(i, t)| format!("${}::{t}[]", i + 1)).collect();
+    let source = format!(
+        "SELECT * FROM unnest({}) WITH ORDINALITY AS b({}, b_i) ORDER BY b_id",
+        params.join(", "),
+        NAMES.join(", ")
+    );
     format!(
         "WITH b AS (
             {source}
@@ -481,14 +474,119 @@ fn commit_turns_sql(whole: bool, one: bool) -> String {
 }
 
 /// Built once each: a run's checkpoint may wait for a connection, and thousands do at once.
-static COMMIT_TURNS: std::sync::LazyLock<[String; 4]> = std::sync::LazyLock::new(|| {
-    [
-        commit_turns_sql(false, false),
-        commit_turns_sql(true, false),
-        commit_turns_sql(false, true),
-        commit_turns_sql(true, true),
-    ]
-});
+static COMMIT_TURNS: std::sync::LazyLock<[String; 2]> =
+    std::sync::LazyLock::new(|| [commit_turns_sql(false), commit_turns_sql(true)]);
+
+/// One write's own statement (`commit_alone`, and a batch of one): the batched statement's
+/// window functions, grouping and array subscripts cost a lone write measurably more
+/// (issue 42's wait-mode benchmark: a lone finish 1.2–1.65 ms against 1.0–1.3 ms).
+async fn commit_turn(conn: &mut sqlx::PgConnection, w: &TurnWrite) -> Result<Committed, StoreError> {
+    let (call, fin) = (&w.call, w.fin.as_ref());
+    let (kinds, datas): (Vec<EventKind>, Vec<Value>) = w.all_events().into_iter().unzip();
+    let whole = fin.is_some_and(|f| f.return_task);
+    let sql: &str = if whole { &COMMIT_TURN_ENDING } else { &COMMIT_TURN };
+    let row = sqlx::query(sql)
+        .bind(w.fence.id) // 1
+        .bind(w.fence.lease) // 2
+        .bind(w.turn) // 3
+        .bind(call.turn) // 4
+        .bind(call.attempt) // 5
+        .bind(call.try_no) // 6
+        .bind(&call.provider) // 7
+        .bind(call.input_tokens) // 8
+        .bind(call.output_tokens) // 9
+        .bind(call.cached_tokens) // 10
+        .bind(call.cost_usd) // 11
+        .bind(call.latency_ms) // 12
+        .bind(call.http_status) // 13
+        .bind(call.outcome.as_str()) // 14
+        .bind(&call.error) // 15
+        .bind(&w.messages) // 16
+        .bind(&kinds) // 17
+        .bind(&datas) // 18
+        .bind(&call.model) // 19
+        .bind(call.call_key) // 20
+        .bind(call.reserved_usd) // 21
+        .bind(call.reserved_tokens) // 22
+        .bind(fin.map(|f| f.status.as_str())) // 23
+        .bind(fin.and_then(|f| f.stop_reason.map(StopReason::as_str))) // 24
+        .bind(fin.and_then(|f| f.summary.as_deref())) // 25
+        .bind(fin.and_then(|f| f.error_code.map(FailureCode::as_str))) // 26
+        .bind(fin.and_then(|f| f.error_message.as_deref())) // 27
+        .bind(call.usage_estimated) // 28
+        .bind(fin.and_then(|f| f.output.as_ref())) // 29
+        .bind(call.cache_write_tokens) // 30
+        .bind(call.web_searches) // 31
+        .fetch_optional(&mut *conn)
+        .await?;
+    match (row, fin) {
+        (Some(r), Some(_)) => Committed::finished(whole.then_some(&r)),
+        (Some(_), None) => Ok(Committed::Applied),
+        (None, _) => settle_unapplied(conn, w.fence, call, fin).await,
+    }
+}
+
+/// `commit_turn`'s statement; `whole`: the one that also answers with the whole task.
+fn commit_turn_sql(whole: bool) -> String {
+    format!(
+        "WITH u AS (
+            UPDATE tasks SET turns = coalesce($3, turns),
+                input_tokens = input_tokens + $8, output_tokens = output_tokens + $9,
+                cached_tokens = cached_tokens + $10, cache_write_tokens = cache_write_tokens + $30,
+                cost_usd = cost_usd + coalesce($11, 0),
+                unpriced_calls = unpriced_calls + ($11 IS NULL AND $14 = 'ok')::int,
+                estimated_calls = estimated_calls + $28::bool::int,
+                reserved_usd = CASE WHEN $23::text IS NULL THEN greatest(reserved_usd - $21, 0) ELSE 0 END,
+                reserved_tokens = CASE WHEN $23::text IS NULL THEN greatest(reserved_tokens - $22, 0) ELSE 0 END,
+                last_event_seq = last_event_seq + cardinality($17::text[]),
+                status = coalesce($23, status),
+                stop_reason = CASE WHEN $23::text IS NULL THEN stop_reason ELSE $24 END,
+                summary = CASE WHEN $23::text IS NULL THEN summary ELSE $25 END,
+                output = CASE WHEN $23::text IS NULL THEN output ELSE $29::jsonb END,
+                answered_model = CASE WHEN $23::text IS NOT NULL AND $14 = 'ok'
+                    THEN $7 || '/' || $19 ELSE answered_model END,
+                error_code = CASE WHEN $23::text IS NULL THEN error_code ELSE $26 END,
+                error_message = CASE WHEN $23::text IS NULL THEN error_message ELSE $27 END,
+                finished_at = CASE WHEN $23::text IS NULL THEN finished_at ELSE now() END,
+                lease_token = CASE WHEN $23::text IS NULL THEN lease_token END,
+                lease_expires_at = CASE WHEN $23::text IS NULL THEN lease_expires_at END
+            WHERE id = $1 AND lease_token = $2
+              AND NOT EXISTS (SELECT 1 FROM llm_calls WHERE call_key = $20)
+            RETURNING {returning}
+         ), c AS (
+            INSERT INTO llm_calls (call_key, task_id, tenant, turn, attempt, try, provider, model, input_tokens,
+                output_tokens, cached_tokens, cache_write_tokens, cost_usd, latency_ms, http_status, outcome, error,
+                usage_estimated, web_searches)
+            SELECT $20, $1, tenant, $4, $5, $6, $7, $19, $8, $9, $10, $30, $11, $12, $13, $14, $15, $28, $31 FROM u
+         ), r AS (
+            INSERT INTO usage_daily AS d (day, tenant, model, agent_type, api_key, shard, calls, ok, failed, input_tokens,
+                output_tokens, cached_tokens, cache_write_tokens, cost_usd, estimated_calls)
+            SELECT (now() AT TIME ZONE 'UTC')::date, tenant, $7 || '/' || $19, subagent_type, coalesce(api_key, ''),
+                pg_backend_pid() % 16, 1, ($14 = 'ok')::int, ($14 <> 'ok')::int, $8, $9, $10, $30, coalesce($11, 0),
+                $28::bool::int FROM u
+            ON CONFLICT (tenant, day, model, agent_type, api_key, shard) DO UPDATE SET {ROLLUP_ADD}
+         ), m AS (
+            INSERT INTO task_messages (task_id, seq, turn, message)
+            SELECT $1, (SELECT coalesce(max(seq), 0) FROM task_messages WHERE task_id = $1) + x.ord, $4, x.msg
+            FROM u, unnest($16::jsonb[]) WITH ORDINALITY AS x(msg, ord)
+         ), e AS (
+            INSERT INTO task_events (task_id, seq, kind, data)
+            SELECT $1, u.last_event_seq - cardinality($17::text[]) + x.ord, x.kind, x.data
+            FROM u, unnest($17::text[], $18::jsonb[]) WITH ORDINALITY AS x(kind, data, ord)
+         ), {WAKE_WAITERS}
+         SELECT {answer} FROM u, (SELECT count(*) FROM w) AS woken",
+        // The whole task only for the commit that ends it (for its waiters).
+        returning = if whole {
+            format!("{COLS}, {WEBHOOK}, last_event_seq")
+        } else {
+            "tenant, subagent_type, api_key, last_event_seq".into()
+        },
+        answer = if whole { format!("{COLS}, webhook") } else { "1".into() },
+    )
+}
+
+static COMMIT_TURN: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| commit_turn_sql(false));
+static COMMIT_TURN_ENDING: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| commit_turn_sql(true));
 
 /// What a fenced write of a run did.
 #[derive(Debug)]

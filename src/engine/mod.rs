@@ -46,7 +46,7 @@ pub struct RunInput {
     pub turns_done: u32,
     pub max_turns: u32,
     /// The whitelist: the only tools offered and the only tools ever executed.
-    pub tools: Vec<ToolSpec>,
+    pub tools: Arc<[ToolSpec]>,
     /// Tool calls of one turn run concurrently, at most this many at once (in the model's order).
     pub tool_concurrency: usize,
     pub max_tokens: Option<u32>,
@@ -542,7 +542,7 @@ fn ask(t: &Target, floor: u32, req: &ChatRequest) -> Ask {
 /// The smallest call that `messages` and `tools` make with `floor` output tokens, priced:
 /// what a budget must still hold for a task to start (the same estimate a run reserves by).
 pub fn smallest_call(messages: Vec<Message>, tools: Vec<ToolSpec>, price: Option<Price>, floor: u32) -> (Decimal, u64) {
-    let req = ChatRequest { messages, tools, max_tokens: Some(floor), ..ChatRequest::default() };
+    let req = ChatRequest { messages, tools: tools.into(), max_tokens: Some(floor), ..ChatRequest::default() };
     let u = worst_case(&req);
     (price.map_or(Decimal::ZERO, |p| p.worst_cost(&u)), u.input_tokens + u.output_tokens)
 }
@@ -550,13 +550,30 @@ pub fn smallest_call(messages: Vec<Message>, tools: Vec<ToolSpec>, price: Option
 /// The most a call can use: its prompt at 3 characters a token, and every output token allowed.
 fn worst_case(req: &ChatRequest) -> Usage {
     let prompt_chars: usize = req.messages.iter().map(Message::chars).sum::<usize>()
-        + req.tools.iter().map(|t| t.name.len() + t.description.len() + t.parameters.to_string().len()).sum::<usize>()
-        + req.output_schema.as_ref().map_or(0, |s| s.to_string().len());
+        + req.tools.iter().map(|t| t.name.len() + t.description.len() + json_len(&t.parameters)).sum::<usize>()
+        + req.output_schema.as_ref().map_or(0, json_len);
     Usage {
         input_tokens: (prompt_chars as u64).div_ceil(3),
         output_tokens: u64::from(req.max_tokens.unwrap_or(0)),
         ..Usage::default()
     }
+}
+
+/// The length of `v` as JSON text, counted without writing it out.
+fn json_len(v: &Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0 += b.len();
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut c = Count(0);
+    let _ = serde_json::to_writer(&mut c, v);
+    c.0
 }
 
 /// The `llm_call_started` event, written with the call's reservation.

@@ -116,7 +116,7 @@ impl ToolRunner for Tools {
 }
 
 fn spec(name: &str) -> ToolSpec {
-    ToolSpec { name: name.into(), description: "d".into(), parameters: json!({"type": "object"}), server: None }
+    ToolSpec { name: name.into(), description: "d".into(), parameters: json!({"type": "object"}).into(), server: None }
 }
 
 fn input() -> RunInput {
@@ -134,7 +134,7 @@ fn input() -> RunInput {
         new_messages: fresh_conversation("SYS".into(), "do the task".into()),
         turns_done: 0,
         max_turns: 5,
-        tools: vec![spec("list_things"), spec("get_thing")],
+        tools: vec![spec("list_things"), spec("get_thing")].into(),
         tool_concurrency: 4,
         max_tokens: None,
         traceparent: None,

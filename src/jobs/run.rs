@@ -280,7 +280,7 @@ impl Runner {
             new_messages: vec![],
             turns_done: turns.max(0) as u32,
             max_turns: opts.max_turns.get(),
-            tools: opts.tools.iter().map(|t| t.spec()).collect(),
+            tools: opts.tools.iter().map(|t| t.spec()).collect::<Vec<_>>().into(),
             tool_concurrency: self.cfg.tool_concurrency.max(1),
             // The agent definition's, else the model's or its provider's, else the default.
             max_tokens: Some(self.providers.max_tokens_for(

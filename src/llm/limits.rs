@@ -82,7 +82,7 @@ mod tests {
         ChatRequest {
             model: "m".into(),
             messages: vec![Message::User { content: prompt.into() }],
-            tools: vec![],
+            tools: std::sync::Arc::from(vec![]),
             ..ChatRequest::default()
         }
     }

@@ -218,7 +218,7 @@ mod tests {
         ChatRequest {
             model: "m".into(),
             messages: vec![Message::System { content: "s".into() }, Message::User { content: prompt.into() }],
-            tools: vec![],
+            tools: std::sync::Arc::from(vec![]),
             ..ChatRequest::default()
         }
     }

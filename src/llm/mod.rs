@@ -158,7 +158,8 @@ pub struct ToolCall {
 pub struct ToolSpec {
     pub name: String,
     pub description: String,
-    pub parameters: serde_json::Value,
+    /// Shared with the run's tool definition (the same every turn).
+    pub parameters: Arc<serde_json::Value>,
     /// Run by the provider itself (Anthropic's server-side web search): sent as that
     /// provider's own tool, never called back here; dropped for a provider that has none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -174,7 +175,8 @@ pub struct ChatRequest {
     /// The model name as the provider knows it (no `provider/` prefix).
     pub model: String,
     pub messages: Vec<Message>,
-    pub tools: Vec<ToolSpec>,
+    /// Shared with the run (the same tools every turn): a clone is a count, not a copy.
+    pub tools: Arc<[ToolSpec]>,
     pub max_tokens: Option<u32>,
     /// W3C trace context to send along.
     pub traceparent: Option<String>,

@@ -3,6 +3,7 @@
 //! Answers are streamed (`stream_options.include_usage` for the usage); a server that answers
 //! with one JSON body anyway is read as such.
 
+use serde::Serialize;
 use serde_json::{json, Value};
 
 use super::sse::SseEvent;
@@ -47,30 +48,102 @@ impl OpenAi {
     }
 }
 
-pub fn to_wire(m: &Message) -> Value {
+/// A message as the chat completions API takes it, borrowed from the conversation.
+#[derive(Serialize)]
+#[serde(tag = "role", rename_all = "lowercase")]
+pub enum WireMessage<'a> {
+    System {
+        content: &'a str,
+    },
+    User {
+        content: &'a str,
+    },
+    Assistant {
+        content: Option<&'a str>,
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        tool_calls: Vec<WireCall<'a>>,
+    },
+    Tool {
+        tool_call_id: &'a str,
+        content: &'a str,
+    },
+}
+
+#[derive(Serialize)]
+pub struct WireCall<'a> {
+    id: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: WireCallFn<'a>,
+}
+
+#[derive(Serialize)]
+struct WireCallFn<'a> {
+    name: &'a str,
+    /// The arguments as JSON text (the API's form), or as the model wrote them when not JSON.
+    arguments: std::borrow::Cow<'a, str>,
+}
+
+pub fn to_wire(m: &Message) -> WireMessage<'_> {
     match m {
-        Message::System { content } => json!({"role": "system", "content": content}),
-        Message::User { content } => json!({"role": "user", "content": content}),
-        Message::Assistant { content, tool_calls } => {
-            let mut v = json!({"role": "assistant", "content": content});
-            if !tool_calls.is_empty() {
-                v["tool_calls"] = tool_calls
-                    .iter()
-                    .map(|t| {
-                        let args = match &t.arguments {
-                            Value::String(s) => s.clone(),
-                            other => other.to_string(),
-                        };
-                        json!({"id": t.id, "type": "function", "function": {"name": t.name, "arguments": args}})
-                    })
-                    .collect();
-            }
-            v
-        }
-        Message::Tool { tool_call_id, content, .. } => {
-            json!({"role": "tool", "tool_call_id": tool_call_id, "content": content})
-        }
+        Message::System { content } => WireMessage::System { content },
+        Message::User { content } => WireMessage::User { content },
+        Message::Assistant { content, tool_calls } => WireMessage::Assistant {
+            content: content.as_deref(),
+            tool_calls: tool_calls
+                .iter()
+                .map(|t| WireCall {
+                    id: &t.id,
+                    kind: "function",
+                    function: WireCallFn {
+                        name: &t.name,
+                        arguments: match &t.arguments {
+                            Value::String(s) => s.into(),
+                            other => other.to_string().into(),
+                        },
+                    },
+                })
+                .collect(),
+        },
+        Message::Tool { tool_call_id, content, .. } => WireMessage::Tool { tool_call_id, content },
     }
+}
+
+#[derive(Serialize)]
+struct WireTool<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: WireFn<'a>,
+}
+
+#[derive(Serialize)]
+struct WireFn<'a> {
+    name: &'a str,
+    description: &'a str,
+    parameters: &'a Value,
+}
+
+/// A chat completions request, serialised straight from the run's own conversation and tools
+/// (no copy of them as a JSON tree: that copy was a measurable share of a turn's CPU).
+#[derive(Serialize)]
+struct WireRequest<'a> {
+    model: &'a str,
+    messages: Vec<WireMessage<'a>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<WireTool<'a>>,
+    /// `max_tokens` or `max_completion_tokens`, as configured.
+    #[serde(flatten)]
+    limit: Option<std::collections::BTreeMap<&'a str, u32>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response_format: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_choice: Option<&'static str>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    stream: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stream_options: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prompt_cache_key: Option<String>,
 }
 
 /// Arguments as the model wrote them: JSON, or (invalid, often cut) the raw text, which the
@@ -261,37 +334,36 @@ impl Provider for OpenAi {
     }
 
     async fn chat(&self, req: &ChatRequest) -> Result<ChatResponse, LlmError> {
-        let mut body = json!({
-            "model": req.model,
-            "messages": req.messages.iter().map(to_wire).collect::<Vec<_>>(),
-        });
-        // A provider-side tool of another provider (Anthropic's web search, after a fallback to
-        // this one) is not offered here.
-        if req.tools.iter().any(|t| t.server.is_none()) {
-            body["tools"] = req
+        let mut body = WireRequest {
+            model: &req.model,
+            messages: req.messages.iter().map(to_wire).collect(),
+            // A provider-side tool of another provider (Anthropic's web search, after a fallback
+            // to this one) is not offered here.
+            tools: req
                 .tools
                 .iter()
                 .filter(|t| t.server.is_none())
-                .map(|t| json!({"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}))
-                .collect();
-        }
-        if let Some(mt) = req.max_tokens {
-            body[self.max_tokens_field.as_str()] = json!(mt);
-        }
+                .map(|t| WireTool {
+                    kind: "function",
+                    function: WireFn { name: &t.name, description: &t.description, parameters: &t.parameters },
+                })
+                .collect(),
+            limit: req.max_tokens.map(|mt| [(self.max_tokens_field.as_str(), mt)].into()),
+            response_format: None,
+            tool_choice: None,
+            stream: self.stream,
+            stream_options: self.stream.then(|| json!({"include_usage": true})),
+            prompt_cache_key: self.prompt_cache_key.then(|| cache_key(req)),
+        };
         if let Some(schema) = &req.output_schema {
             // Not `strict`: strict mode refuses schemas that do not list every property as
             // required and forbid others; every answer is validated here anyway.
-            body["response_format"] = json!({"type": "json_schema", "json_schema": {"name": "final_answer", "schema": schema, "strict": false}});
+            body.response_format = Some(
+                json!({"type": "json_schema", "json_schema": {"name": "final_answer", "schema": schema, "strict": false}}),
+            );
             if req.force_output && !req.tools.is_empty() {
-                body["tool_choice"] = json!("none");
+                body.tool_choice = Some("none");
             }
-        }
-        if self.stream {
-            body["stream"] = json!(true);
-            body["stream_options"] = json!({"include_usage": true});
-        }
-        if self.prompt_cache_key {
-            body["prompt_cache_key"] = json!(cache_key(req));
         }
         let mut r = self.client.post(format!("{}/chat/completions", self.base_url)).query(&self.query);
         if let Some(k) = &self.api_key {

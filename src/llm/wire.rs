@@ -170,7 +170,7 @@ fn status_error(status: u16, bytes: &[u8], ra: Option<Duration>, max_tokens: Opt
 /// connection: a cancel stops the call at once.
 pub async fn exchange(
     req: reqwest::RequestBuilder,
-    body: &Value,
+    body: &(impl serde::Serialize + Sync + ?Sized),
     t: Timeouts,
     max_tokens: Option<u32>,
     on_event: &mut (dyn FnMut(SseEvent) -> Result<bool, LlmError> + Send),

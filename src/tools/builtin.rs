@@ -3,7 +3,9 @@
 //! no tenant tool may take, a switch for the service and one per tenant, and a default policy.
 //! Which agent types get which is the engine's (`AgentType::builtin_tools`).
 
-use serde_json::json;
+use std::sync::Arc;
+
+use serde_json::{json, Value};
 
 pub use crate::kinds::BuiltinTool;
 
@@ -87,8 +89,15 @@ impl Registry {
     }
 }
 
-/// A built-in as a run knows it.
-pub fn def(t: BuiltinTool, policy: Policy) -> ToolDef {
+/// A built-in's description and parameters, built once (every run's options name them).
+fn schema(t: BuiltinTool) -> (&'static str, Arc<Value>) {
+    static SCHEMAS: std::sync::LazyLock<Vec<(&'static str, Arc<Value>)>> =
+        std::sync::LazyLock::new(|| BuiltinTool::ALL.iter().map(|t| build(*t)).collect());
+    let i = BuiltinTool::ALL.iter().position(|x| *x == t).unwrap_or(0);
+    SCHEMAS[i].clone()
+}
+
+fn build(t: BuiltinTool) -> (&'static str, Arc<Value>) {
     let (description, parameters) = match t {
         BuiltinTool::WebFetch => (
             "Fetch an http(s) URL as text: HTML made readable (headings, lists, tables, links), JSON and text as \
@@ -118,6 +127,12 @@ pub fn def(t: BuiltinTool, policy: Policy) -> ToolDef {
             }),
         ),
     };
+    (description, Arc::new(parameters))
+}
+
+/// A built-in as a run knows it.
+pub fn def(t: BuiltinTool, policy: Policy) -> ToolDef {
+    let (description, parameters) = schema(t);
     ToolDef {
         name: t.as_str().to_string(),
         description: description.to_string(),

@@ -76,7 +76,7 @@ pub fn validate(
         return Ok(ToolDef {
             name: name.to_string(),
             description: t.description.clone().unwrap_or_default(),
-            parameters: t.parameters.clone(),
+            parameters: std::sync::Arc::new(t.parameters.clone()),
             policy: t.policy,
             target: Target::Caller,
         });
@@ -93,7 +93,7 @@ pub fn validate(
     Ok(ToolDef {
         name: name.to_string(),
         description: t.description.clone().unwrap_or_default(),
-        parameters: t.parameters.clone(),
+        parameters: std::sync::Arc::new(t.parameters.clone()),
         policy: t.policy,
         target: Target::Http { endpoint: endpoint.clone(), timeout_ms },
     })
@@ -104,7 +104,7 @@ pub fn from_row(r: &ToolRow) -> ToolDef {
     ToolDef {
         name: r.name.clone(),
         description: r.description.clone(),
-        parameters: r.parameters.clone(),
+        parameters: std::sync::Arc::new(r.parameters.clone()),
         policy: if r.policy == "auto" { Policy::Auto } else { Policy::Propose },
         target: match &r.endpoint {
             Some(endpoint) => Target::Http { endpoint: endpoint.clone(), timeout_ms: r.timeout_ms.max(0) as u64 },
@@ -124,7 +124,7 @@ pub fn to_row(d: &ToolDef) -> Option<ToolRow> {
     Some(ToolRow {
         name: d.name.clone(),
         description: d.description.clone(),
-        parameters: d.parameters.clone(),
+        parameters: (*d.parameters).clone(),
         policy: if d.policy == Policy::Auto { "auto" } else { "propose" }.into(),
         endpoint,
         timeout_ms,

@@ -213,7 +213,9 @@ pub async fn discover(
         out.tools.push(ToolDef {
             name: offered,
             description: v.get("description").and_then(Value::as_str).unwrap_or_default().to_string(),
-            parameters: v.get("inputSchema").cloned().unwrap_or_else(|| serde_json::json!({"type": "object"})),
+            parameters: std::sync::Arc::new(
+                v.get("inputSchema").cloned().unwrap_or_else(|| serde_json::json!({"type": "object"})),
+            ),
             policy: if read_only { Policy::Auto } else { Policy::Propose },
             target: Target::Mcp {
                 source: source.to_string(),

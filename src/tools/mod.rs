@@ -107,9 +107,14 @@ pub enum Target {
 pub struct ToolDef {
     pub name: String,
     pub description: String,
-    pub parameters: Value,
+    /// Shared: the run's tool specs and each turn's request point at it, not at a copy.
+    pub parameters: Arc<Value>,
     pub policy: Policy,
     pub target: Target,
+}
+
+fn is_null(v: &Arc<Value>) -> bool {
+    v.is_null()
 }
 
 /// `ToolDef` as stored.
@@ -118,8 +123,8 @@ struct ToolDefWire {
     name: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     description: String,
-    #[serde(default, skip_serializing_if = "Value::is_null")]
-    parameters: Value,
+    #[serde(default, skip_serializing_if = "is_null")]
+    parameters: Arc<Value>,
     policy: Policy,
     target: Target,
 }
@@ -130,7 +135,7 @@ impl From<ToolDef> for ToolDefWire {
         ToolDefWire {
             name: d.name,
             description: if builtin { String::new() } else { d.description },
-            parameters: if builtin { Value::Null } else { d.parameters },
+            parameters: if builtin { Arc::new(Value::Null) } else { d.parameters },
             policy: d.policy,
             target: d.target,
         }
@@ -359,7 +364,7 @@ mod tests {
         ToolDef {
             name: name.into(),
             description: String::new(),
-            parameters: serde_json::json!({"type": "object"}),
+            parameters: Arc::new(serde_json::json!({"type": "object"})),
             policy,
             target: Target::Http { endpoint: "http://x".into(), timeout_ms: 1 },
         }

@@ -278,9 +278,10 @@ async fn offered_tools_use_each_providers_schema() {
         tools: vec![ToolSpec {
             name: "get".into(),
             description: "reads".into(),
-            parameters: json!({"type": "object"}),
+            parameters: json!({"type": "object"}).into(),
             server: None,
-        }],
+        }]
+        .into(),
         max_tokens: Some(64),
         traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
         ..ChatRequest::default()

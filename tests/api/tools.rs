@@ -681,7 +681,7 @@ async fn mcp_calls_per_second() {
         defs: vec![ToolDef {
             name: "docs__lookup".into(),
             description: String::new(),
-            parameters: json!({"type": "object"}),
+            parameters: json!({"type": "object"}).into(),
             policy: Policy::Auto,
             target: Target::Mcp { source: "docs".into(), url, tool: "lookup".into(), timeout_ms: 10_000 },
         }],

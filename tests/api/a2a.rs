@@ -249,8 +249,6 @@ async fn an_admission_refusal_is_a_rejected_task_and_nothing_is_stored() {
     .execute(&db.pool)
     .await
     .unwrap();
-    // The limits are cached a few seconds.
-    tokio::time::sleep(Duration::from_secs(3)).await;
     for binding in ["JSONRPC", "HTTP+JSON"] {
         let facts = sdk(&r, "rejected", &a, binding, &[]).await;
         assert!(facts["reason"].as_str().unwrap().starts_with("budget_exhausted"), "{facts}");

@@ -261,8 +261,6 @@ async fn fallback_models_come_from_the_task_else_the_agent_else_the_tenant_and_b
         .await
         .unwrap();
     assert_problem(bad, 422, "validation_failed").await;
-    // The limits are cached a few seconds.
-    tokio::time::sleep(Duration::from_secs(3)).await;
     let t = app.submit(json!({"prompt": "p", "model": "down/m"})).await;
     assert_eq!(t["fallback_models"], json!(["good/m"]), "the tenant's");
     let r = c

@@ -360,8 +360,6 @@ async fn refusals_per_agent_tools_and_task_pages_through_the_python_sdk() {
     .await
     .unwrap();
     admin_put(&r.base, "b", json!({"max_queued": 0})).await;
-    // The limits are cached a few seconds.
-    tokio::time::sleep(Duration::from_secs(3)).await;
     let url = format!("{}/mcp", r.base);
     py("refusals", &url, &a, &["--key2", &b]).await.unwrap();
     let n: i64 = sqlx::query_scalar("SELECT count(*) FROM tasks").fetch_one(&db.pool).await.unwrap();

@@ -318,7 +318,6 @@ async fn admission_with_the_daily_spend_used_up_is_402_naming_the_limit() {
     assert_eq!(app.task_count().await, 0);
     // The month limit is named the same way.
     set_limits(&app, "default", json!({"usd_per_month": 1.0})).await;
-    tokio::time::sleep(Duration::from_millis(5100)).await; // the admission cache of limits
     let p =
         assert_problem(app.post_task(json!({"prompt": "x", "model": "mock/m"})).await, 402, "budget_exhausted").await;
     assert_eq!(p["limit"], "usd_per_month");

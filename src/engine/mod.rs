@@ -19,11 +19,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use rust_decimal::Decimal;
-use serde_json::{json, Value};
+use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+use crate::kinds::{event, Event, FailureCode};
 pub use crate::kinds::{CallOutcome, Gate, StopReason};
-use crate::kinds::{EventKind, FailureCode};
 use crate::llm::pricing::Price;
 use crate::llm::retry::RetryPolicy;
 use crate::llm::{ChatRequest, LlmError, Message, Progress, Provider, ToolCall, ToolSpec, Usage};
@@ -219,7 +219,7 @@ pub struct TurnCheckpoint {
     /// Messages added this turn (the first turn includes `[system, user]`).
     pub messages: Vec<Message>,
     pub call: CallRecord,
-    pub events: Vec<(EventKind, Value)>,
+    pub events: Vec<Event>,
 }
 
 /// The worker lost the right to write (lease expired or taken over).
@@ -304,10 +304,10 @@ pub trait RunStore: Send + Sync {
     }
     /// Reserve the next provider call against the budgets, and record its start (`started`:
     /// the `llm_call_started` event) in the same write.
-    async fn reserve(&self, ask: &Ask, started: Value) -> Result<Grant, Refusal>;
+    async fn reserve(&self, ask: &Ask, started: Event) -> Result<Grant, Refusal>;
     /// Append progress events (a turn's events so far, as its tools start), in order, outside
     /// a checkpoint.
-    async fn events(&self, events: &[(EventKind, Value)]) -> Result<(), LeaseLost>;
+    async fn events(&self, events: &[Event]) -> Result<(), LeaseLost>;
     /// Record a provider attempt that completes no turn (failed, or interrupted by a stop).
     async fn record_failed_call(&self, call: &CallRecord) -> Result<(), LeaseLost>;
     /// Commit a completed turn: messages, its call's usage and its events, atomically. (The
@@ -577,12 +577,19 @@ fn json_len(v: &Value) -> usize {
 }
 
 /// The `llm_call_started` event, written with the call's reservation.
-fn started_event(t: &Target, req: &ChatRequest, a: &Ask, turn: u32, try_no: u32) -> Value {
-    let (usd, tokens) = a.worst();
-    // `prompt_tokens` and `max_tokens` let a rescue estimate the call, should its worker be lost.
-    json!({"turn": turn, "try": try_no, "model": t.full(),
-           "messages": req.messages.len(), "tools": req.tools.len(),
-           "reserved_usd": usd, "reserved_tokens": tokens, "prompt_tokens": a.prompt_tokens, "max_tokens": a.max_out})
+fn started_event(t: &Target, req: &ChatRequest, a: &Ask, turn: u32, try_no: u32) -> Event {
+    let (reserved_usd, reserved_tokens) = a.worst();
+    Event::LlmCallStarted(event::LlmCallStarted {
+        turn,
+        try_no,
+        model: t.full(),
+        messages: req.messages.len(),
+        tools: req.tools.len(),
+        reserved_usd,
+        reserved_tokens,
+        prompt_tokens: a.prompt_tokens,
+        max_tokens: a.max_out,
+    })
 }
 
 /// The request of the run's next turn to model `t`, over the conversation so far.
@@ -602,7 +609,7 @@ fn request(input: &RunInput, t: &Target, messages: &[Message], force_output: boo
 /// What `run` would reserve for its first call, whole (`Ask::worst`), and its
 /// `llm_call_started` event, so that a caller may write that reservation ahead, with the task
 /// (`RunInput::first_reserved` then tells the run).
-pub fn first_reservation(input: &RunInput) -> (Ask, Value) {
+pub fn first_reservation(input: &RunInput) -> (Ask, Event) {
     let messages: Vec<Message> = input.history.iter().chain(&input.new_messages).cloned().collect();
     let t = input.target(0);
     let req = request(input, &t, &messages, false);
@@ -737,17 +744,22 @@ async fn fall_back(
         *at += 1;
         let next = input.target(*at).full();
         if let Some(why) = input.fallbacks[*at - 1].unfit.clone() {
-            store
-                .events(&[(EventKind::ModelFallbackSkipped, json!({"turn": turn, "model": next, "reason": why}))])
-                .await?;
+            let skipped = event::ModelFallbackSkipped { turn, model: next, reason: why };
+            store.events(&[Event::ModelFallbackSkipped(skipped)]).await?;
             continue;
         }
         metrics::counter!("subagentd_model_fallbacks_total", "from" => from.clone(), "to" => next.clone(),
                           "reason" => reason)
         .increment(1);
-        let event = json!({"turn": turn, "from": from, "to": next, "reason": reason, "error": e.message,
-                           "http_status": e.http_status});
-        store.events(&[(EventKind::ModelFallback, event)]).await?;
+        let event = event::ModelFallback {
+            turn,
+            from,
+            to: next,
+            reason: reason.to_string(),
+            error: e.message.clone(),
+            http_status: e.http_status,
+        };
+        store.events(&[Event::ModelFallback(event)]).await?;
         return Ok(true);
     }
     Ok(false)

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::llm::{ChatResponse, LlmErrorKind, ToolCall};
+use serde_json::json;
 
 /// A provider that answers from a queue and records every request.
 #[derive(Default)]
@@ -72,11 +73,11 @@ struct Store {
 
 #[async_trait::async_trait]
 impl RunStore for Store {
-    async fn events(&self, events: &[(EventKind, Value)]) -> Result<(), LeaseLost> {
-        self.events.lock().unwrap().extend(events.iter().map(|e| e.0.as_str()));
+    async fn events(&self, events: &[Event]) -> Result<(), LeaseLost> {
+        self.events.lock().unwrap().extend(events.iter().map(|e| e.kind().as_str()));
         Ok(())
     }
-    async fn reserve(&self, ask: &Ask, _started: Value) -> Result<Grant, Refusal> {
+    async fn reserve(&self, ask: &Ask, _started: Event) -> Result<Grant, Refusal> {
         self.events.lock().unwrap().push("llm_call_started");
         let (usd, tokens) = ask.worst();
         let mut left = self.budget_left.lock().unwrap();
@@ -209,7 +210,10 @@ async fn a_call_to_an_unoffered_tool_is_answered_as_an_error_and_never_run() {
         }
         m => panic!("expected a tool result, got {m:?}"),
     }
-    assert_eq!(store.checkpoints.lock().unwrap()[0].events.iter().filter(|e| e.0 == "tool_call_refused").count(), 1);
+    assert_eq!(
+        store.checkpoints.lock().unwrap()[0].events.iter().filter(|e| e.kind().as_str() == "tool_call_refused").count(),
+        1
+    );
 }
 
 #[tokio::test]

@@ -5,15 +5,13 @@
 
 use std::time::Instant;
 
-use serde_json::{json, Value};
-
 use super::output::{self, OutputCheck};
 use super::CallOutcome;
 use super::{
     call_with_retries, max_turns_reached, request, tool_span, CallRecord, Outcome, PendingCall, RunEnd, RunInput,
     RunStore, StopCause, StopReason, StopSignal, TurnCheckpoint,
 };
-use crate::kinds::EventKind;
+use crate::kinds::{event, Event};
 use crate::llm::{ChatRequest, ChatResponse, FinishReason, Message, Provider, ToolCall};
 use crate::tools::{ToolOutput, ToolRunner};
 
@@ -79,20 +77,23 @@ impl Turns<'_> {
             }
             Err(o) => return Step::End(o.into()),
         };
-        let mut events = vec![(
-            EventKind::LlmCallFinished,
-            json!({"turn": turn, "model": target.full(),
-                   "input_tokens": call.usage.input_tokens, "output_tokens": call.usage.output_tokens,
-                   "cached_tokens": call.usage.cached_tokens, "cache_write_tokens": call.usage.cache_write_tokens,
-                   "latency_ms": call.latency_ms, "try": call.try_no,
-                   "finish_reason": resp.finish.as_str()}),
-        )];
+        let mut events = vec![Event::LlmCallFinished(event::LlmCallFinished {
+            turn,
+            model: target.full(),
+            input_tokens: call.usage.input_tokens,
+            output_tokens: call.usage.output_tokens,
+            cached_tokens: call.usage.cached_tokens,
+            cache_write_tokens: call.usage.cache_write_tokens,
+            latency_ms: call.latency_ms,
+            try_no: call.try_no,
+            finish_reason: resp.finish.as_str().to_string(),
+        })];
         // Cut at the output limit: the text is partial, and so may be a tool call's arguments.
         let cut = resp.finish == FinishReason::Length;
         if resp.tool_calls.is_empty() && !cut && target.text_tool_calls {
             let offered: Vec<&str> = input.tools.iter().map(|t| t.name.as_str()).collect();
             if let Some(calls) = resp.text.as_deref().and_then(|t| crate::llm::text_tools::parse(t, &offered, turn)) {
-                events.push((EventKind::TextToolCalls, json!({"turn": turn, "calls": calls.len()})));
+                events.push(Event::TextToolCalls(event::TextToolCalls { turn, calls: calls.len() }));
                 resp.text = None;
                 resp.tool_calls = calls;
             }
@@ -111,7 +112,7 @@ impl Turns<'_> {
     }
 
     /// The turn as a checkpoint: its messages not yet saved, its call and its events.
-    fn checkpoint(&mut self, turn: u32, call: CallRecord, events: Vec<(EventKind, Value)>) -> TurnCheckpoint {
+    fn checkpoint(&mut self, turn: u32, call: CallRecord, events: Vec<Event>) -> TurnCheckpoint {
         TurnCheckpoint { turn, messages: std::mem::take(&mut self.pending), call, events }
     }
 
@@ -137,10 +138,10 @@ impl Turns<'_> {
         req: &ChatRequest,
         resp: &ChatResponse,
         call: CallRecord,
-        mut events: Vec<(EventKind, Value)>,
+        mut events: Vec<Event>,
     ) -> Step {
         let limit = req.max_tokens.map_or("its".to_string(), |n| n.to_string());
-        events.push((EventKind::AnswerCut, json!({"turn": turn, "max_tokens": req.max_tokens})));
+        events.push(Event::AnswerCut(event::AnswerCut { turn, max_tokens: req.max_tokens }));
         if turn < self.input.max_turns {
             self.tell(format!(
                 "Your answer was cut off at the output limit of {limit} tokens before it was complete. \
@@ -160,13 +161,7 @@ impl Turns<'_> {
 
     /// A final answer: the run's end, unless it does not match the output schema and turns
     /// remain (the model is told what is wrong, and answers again).
-    async fn final_answer(
-        &mut self,
-        turn: u32,
-        resp: &ChatResponse,
-        call: CallRecord,
-        mut events: Vec<(EventKind, Value)>,
-    ) -> Step {
+    async fn final_answer(&mut self, turn: u32, resp: &ChatResponse, call: CallRecord, mut events: Vec<Event>) -> Step {
         let agent = &self.input.agent;
         let Some(check) = &self.check else {
             let outcome = match self.last_text.take() {
@@ -186,7 +181,7 @@ impl Turns<'_> {
             }
             Err(errors) => errors,
         };
-        events.push((EventKind::OutputInvalid, json!({"turn": turn, "errors": errors})));
+        events.push(Event::OutputInvalid(event::OutputInvalid { turn, errors: errors.clone() }));
         if turn < self.input.max_turns {
             self.tell(output::repair_message(&errors));
             let cp = self.checkpoint(turn, call, events);
@@ -210,7 +205,7 @@ impl Turns<'_> {
         calls: &[ToolCall],
         cut: bool,
         call: CallRecord,
-        mut events: Vec<(EventKind, Value)>,
+        mut events: Vec<Event>,
     ) -> Step {
         let Screened { mut results, mut to_run, loop_stop } = self.screen(turn, calls, cut, &mut events);
         // Calls that wait for someone do not run now: the others do, then the run pauses.
@@ -226,12 +221,14 @@ impl Turns<'_> {
             });
         }
         if !to_run.is_empty() {
-            let started: Vec<Value> =
-                to_run.iter().map(|&i| json!({"tool_call_id": calls[i].id, "name": calls[i].name})).collect();
+            let started: Vec<event::CallRef> = to_run
+                .iter()
+                .map(|&i| event::CallRef { tool_call_id: calls[i].id.clone(), name: calls[i].name.clone() })
+                .collect();
             // The turn's events so far (its call's `llm_call_finished` first) go out now, in the
             // order they happened, ahead of the tools' own.
             let mut progress = std::mem::take(&mut events);
-            progress.push((EventKind::ToolCallsStarted, json!({"turn": turn, "calls": started})));
+            progress.push(Event::ToolCallsStarted(event::ToolCallsStarted { turn, calls: started }));
             if self.store.events(&progress).await.is_err() {
                 return Step::End(Outcome::Stopped(StopCause::LeaseLost).into());
             }
@@ -263,11 +260,15 @@ impl Turns<'_> {
             self.pending.push(m);
         }
         if !waits.is_empty() {
-            let listed: Vec<Value> = waits
+            let listed: Vec<event::WaitingCall> = waits
                 .iter()
-                .map(|w| json!({"tool_call_id": w.call.id, "name": w.call.name, "kind": w.gate.as_str()}))
+                .map(|w| event::WaitingCall {
+                    tool_call_id: w.call.id.clone(),
+                    name: w.call.name.clone(),
+                    kind: w.gate,
+                })
                 .collect();
-            events.push((EventKind::ToolCallsWaiting, json!({"turn": turn, "calls": listed})));
+            events.push(Event::ToolCallsWaiting(event::ToolCallsWaiting { turn, calls: listed }));
             let cp = self.checkpoint(turn, call, events);
             return Step::End(RunEnd { outcome: Outcome::Paused(waits), last_turn: Some(cp) });
         }
@@ -292,7 +293,7 @@ impl Turns<'_> {
 
     /// Which calls run: a call cut mid-arguments never does, nor one off the whitelist (it is
     /// answered as a tool error, invariant 2), nor a repeat past the loop limit.
-    fn screen(&mut self, turn: u32, calls: &[ToolCall], cut: bool, events: &mut Vec<(EventKind, Value)>) -> Screened {
+    fn screen(&mut self, turn: u32, calls: &[ToolCall], cut: bool, events: &mut Vec<Event>) -> Screened {
         let input = self.input;
         let mut s = Screened { results: vec![None; calls.len()], to_run: vec![], loop_stop: false };
         for (i, tc) in calls.iter().enumerate() {
@@ -303,7 +304,7 @@ impl Turns<'_> {
                 self.streak = (Some(key), 1);
             }
             let refusal = if cut && !tc.arguments.is_object() {
-                events.push((EventKind::ToolCallCut, json!({"turn": turn, "tool_call_id": tc.id, "name": tc.name})));
+                events.push(Event::ToolCallCut(call_ref(turn, tc)));
                 format!(
                     "Your call to `{}` was cut off at the output limit before its arguments were complete, \
                      and was not run. Call it again with shorter arguments, or give your final answer.",
@@ -311,8 +312,7 @@ impl Turns<'_> {
                 )
             } else if !input.tools.iter().any(|t| t.name == tc.name) {
                 let offered: Vec<&str> = input.tools.iter().map(|t| t.name.as_str()).collect();
-                events
-                    .push((EventKind::ToolCallRefused, json!({"turn": turn, "tool_call_id": tc.id, "name": tc.name})));
+                events.push(Event::ToolCallRefused(call_ref(turn, tc)));
                 format!(
                     "Tool `{}` is not available to this {} sub-agent and was not run. Available tools: {}. \
                      Change strategy or give your final answer.",
@@ -324,7 +324,11 @@ impl Turns<'_> {
                 s.loop_stop = true;
                 "Loop detected: run stopped.".into()
             } else if self.streak.1 >= LOOP_WARN_AT {
-                events.push((EventKind::LoopWarning, json!({"turn": turn, "name": tc.name, "repeats": self.streak.1})));
+                events.push(Event::LoopWarning(event::LoopWarning {
+                    turn,
+                    name: tc.name.clone(),
+                    repeats: self.streak.1,
+                }));
                 format!(
                     "Warning: you have called `{}` with the same arguments {} times in a row; the result will \
                      not change. Try something different or give your final answer.",
@@ -346,7 +350,7 @@ impl Turns<'_> {
         turn: u32,
         calls: &[ToolCall],
         to_run: Vec<usize>,
-        events: &mut Vec<(EventKind, Value)>,
+        events: &mut Vec<Event>,
     ) -> Result<Vec<(usize, ToolOutput)>, StopCause> {
         let tools = self.tools;
         let runs: Vec<_> = to_run
@@ -377,16 +381,22 @@ impl Turns<'_> {
             .into_iter()
             .map(|(i, out, took)| {
                 let tc = &calls[i];
-                let mut data = json!({"turn": turn, "tool_call_id": tc.id, "name": tc.name, "is_error": out.is_error,
-                                      "duration_ms": took.as_millis() as u64});
-                if let (Some(Value::Object(extra)), Value::Object(d)) = (&out.detail, &mut data) {
-                    for (k, v) in extra {
-                        d.entry(k.clone()).or_insert_with(|| v.clone());
-                    }
-                }
-                events.push((EventKind::ToolCallFinished, data));
+                let finished = event::ToolCallFinished {
+                    turn,
+                    tool_call_id: tc.id.clone(),
+                    name: tc.name.clone(),
+                    is_error: out.is_error,
+                    duration_ms: took.as_millis() as u64,
+                    detail: Default::default(),
+                };
+                events.push(Event::ToolCallFinished(finished.with_detail(out.detail.as_ref())));
                 (i, out)
             })
             .collect())
     }
+}
+
+/// A tool call as `tool_call_cut` and `tool_call_refused` name it.
+fn call_ref(turn: u32, tc: &ToolCall) -> event::ToolCallRef {
+    event::ToolCallRef { turn, tool_call_id: tc.id.clone(), name: tc.name.clone() }
 }

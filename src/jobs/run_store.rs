@@ -11,7 +11,7 @@ use sqlx::PgPool;
 use crate::budget;
 use crate::engine::{Ask, BudgetWait, CallOutcome, CallRecord, Grant, LeaseLost, Refusal, RunStore, TurnCheckpoint};
 use crate::hub::Hub;
-use crate::kinds::EventKind;
+use crate::kinds::{event, Event};
 use crate::store::budget::{CallAsk, Reserve, ReserveWrite, SpendDefaults};
 use crate::store::calls::CallRow;
 use crate::store::committer::Committer;
@@ -84,8 +84,8 @@ impl PgRunStore {
         observe(&cp.call);
         let call = ledger_row(&cp.call, self.attempt);
         let messages: Vec<Value> = cp.messages.iter().map(|m| serde_json::to_value(m).unwrap_or(Value::Null)).collect();
-        let mut events: Vec<(EventKind, Value)> = cp.events.clone();
-        events.push((EventKind::Checkpoint, serde_json::json!({"turn": cp.turn, "messages": messages.len()})));
+        let mut events: Vec<Event> = cp.events.clone();
+        events.push(Event::Checkpoint(event::Checkpoint { turn: cp.turn, messages: messages.len() }));
         TurnWrite { fence: self.fence, turn: Some(cp.turn as i32), call, messages, events, fin: None }
     }
 
@@ -179,7 +179,7 @@ impl RunStore for PgRunStore {
         Some(self.live.clone())
     }
 
-    async fn reserve(&self, ask: &Ask, started: Value) -> Result<Grant, Refusal> {
+    async fn reserve(&self, ask: &Ask, started: Event) -> Result<Grant, Refusal> {
         let w = ReserveWrite {
             fence: self.fence,
             tenant: self.tenant.clone(),
@@ -214,7 +214,7 @@ impl RunStore for PgRunStore {
         }
     }
 
-    async fn events(&self, evs: &[(EventKind, Value)]) -> Result<(), LeaseLost> {
+    async fn events(&self, evs: &[Event]) -> Result<(), LeaseLost> {
         let w = EventsWrite { fence: self.fence, events: evs.to_vec() };
         let r =
             self.committer.events.write(w).await.map(|ok| if ok { Committed::Applied } else { Committed::LeaseLost });
@@ -224,9 +224,13 @@ impl RunStore for PgRunStore {
     async fn record_failed_call(&self, call: &CallRecord) -> Result<(), LeaseLost> {
         observe(call);
         let row = ledger_row(call, self.attempt);
-        let ev = serde_json::json!({"turn": call.turn, "try": call.try_no, "http_status": call.http_status,
-                                    "error": call.error, "latency_ms": call.latency_ms});
-        let events = vec![(EventKind::LlmCallFailed, ev)];
+        let events = vec![Event::LlmCallFailed(event::LlmCallFailed {
+            turn: call.turn,
+            try_no: call.try_no,
+            http_status: call.http_status,
+            error: call.error.clone(),
+            latency_ms: call.latency_ms,
+        })];
         let w = TurnWrite { fence: self.fence, turn: None, call: row, messages: vec![], events, fin: None };
         let r = self.committer.turns.write(w).await;
         lease_lost(self.published(r), "ledger write")

@@ -9,7 +9,7 @@ use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use super::{Fence, StoreError, CH_QUEUED};
-use crate::kinds::{Answerer, Decision, Gate, TaskStatus};
+use crate::kinds::{event, Answerer, Decision, Event, Gate, TaskStatus};
 
 /// One action as stored and as the API shows it.
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
@@ -239,8 +239,8 @@ pub async fn answer(
         .bind(by)
         .execute(&mut *tx)
         .await?;
-        let data = serde_json::json!({"id": a.id, "decision": a.decision, "output": a.output.is_some(), "by": by});
-        answered_event(&mut tx, task, data).await?;
+        let data = event::ActionAnswered { id: a.id, decision: a.decision, output: a.output.is_some(), by: by.clone() };
+        answered_event(&mut tx, task, &Event::ActionAnswered(data)).await?;
     }
     let left: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM task_actions WHERE task_id = $1 AND pause = $2 AND answered_at IS NULL",
@@ -257,13 +257,13 @@ pub async fn answer(
 }
 
 /// The task's `action_answered` event (one per answer, so the story says who decided what).
-async fn answered_event(conn: &mut PgConnection, task: Uuid, data: Value) -> Result<(), StoreError> {
+async fn answered_event(conn: &mut PgConnection, task: Uuid, data: &Event) -> Result<(), StoreError> {
     sqlx::query(
         "WITH u AS (UPDATE tasks SET last_event_seq = last_event_seq + 1 WHERE id = $1 RETURNING id, last_event_seq)
          INSERT INTO task_events (task_id, seq, kind, data) SELECT id, last_event_seq, 'action_answered', $2 FROM u",
     )
     .bind(task)
-    .bind(data)
+    .bind(sqlx::types::Json(data))
     .execute(conn)
     .await?;
     Ok(())
@@ -321,8 +321,8 @@ pub async fn expire(pool: &PgPool) -> Result<Vec<Uuid>, StoreError> {
     .await?;
     let mut tasks: Vec<Uuid> = vec![];
     for (task, id, decision) in expired {
-        let data = serde_json::json!({"id": id, "decision": decision, "output": false, "by": Answerer::Expired});
-        answered_event(&mut tx, task, data).await?;
+        let data = event::ActionAnswered { id, decision, output: false, by: Answerer::Expired };
+        answered_event(&mut tx, task, &Event::ActionAnswered(data)).await?;
         if !tasks.contains(&task) {
             tasks.push(task);
         }

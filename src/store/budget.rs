@@ -6,11 +6,11 @@
 
 use rust_decimal::Decimal;
 use serde::Serialize;
-use serde_json::Value;
 use sqlx::{FromRow, PgConnection, PgPool, Row};
 use uuid::Uuid;
 
 use super::{Fence, StoreError};
+use crate::kinds::Event;
 
 /// The configured spend limits of a tenant that sets none.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -68,7 +68,7 @@ pub async fn reserve(
     f: Fence,
     ask: CallAsk,
     d: SpendDefaults,
-    event: Option<&Value>,
+    event: Option<&Event>,
 ) -> Result<Reserve, StoreError> {
     let r: ReserveRow =
         sqlx::query_as("SELECT * FROM budget_reserve_call($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)")
@@ -82,7 +82,7 @@ pub async fn reserve(
             .bind(d.usd_per_day)
             .bind(d.usd_per_month)
             .bind(d.tokens_per_day)
-            .bind(event)
+            .bind(event.map(sqlx::types::Json))
             .fetch_one(db)
             .await?;
     Ok(r.answer())
@@ -119,7 +119,7 @@ pub struct ReserveWrite {
     pub tenant: String,
     pub ask: CallAsk,
     pub defaults: SpendDefaults,
-    pub event: Option<Value>,
+    pub event: Option<Event>,
 }
 
 /// Reserve several runs' calls in one statement: each as `reserve` would, in turn, in (tenant,
@@ -146,7 +146,7 @@ pub async fn reserve_many(pool: &PgPool, items: &[&ReserveWrite]) -> Result<Vec<
     .bind(day)
     .bind(month)
     .bind(order.iter().map(|&i| items[i].defaults.tokens_per_day).collect::<Vec<_>>())
-    .bind(order.iter().map(|&i| items[i].event.as_ref()).collect::<Vec<_>>())
+    .bind(order.iter().map(|&i| items[i].event.as_ref().map(sqlx::types::Json)).collect::<Vec<_>>())
     .fetch_all(pool)
     .await?;
     let mut out: Vec<Reserve> = vec![Reserve::LeaseLost; items.len()];

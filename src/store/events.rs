@@ -2,11 +2,12 @@
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
+use sqlx::types::Json;
 use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::{Fence, StoreError};
-use crate::kinds::EventKind;
+use crate::kinds::{Event, EventKind};
 
 #[derive(Debug, Clone, serde::Serialize, sqlx::FromRow)]
 pub struct EventRow {
@@ -22,6 +23,11 @@ impl EventRow {
     /// The event's kind, if this version knows it.
     pub fn known(&self) -> Option<EventKind> {
         EventKind::parse(&self.kind)
+    }
+
+    /// The event, typed, if this version knows its kind (and its data has that kind's shape).
+    pub fn event(&self) -> Option<Event> {
+        Event::parse(self.known()?, self.data.clone()).ok()
     }
 }
 
@@ -39,8 +45,8 @@ pub async fn after(pool: &PgPool, task: Uuid, after: i32, limit: i64) -> Result<
 
 /// Append events, in order, from the worker holding the lease (the caller publishes `CH_EVENT`).
 /// Returns false (writing nothing) if the lease is gone.
-pub async fn append(pool: &PgPool, f: Fence, events: &[(EventKind, Value)]) -> Result<bool, StoreError> {
-    let (kinds, datas): (Vec<EventKind>, Vec<&Value>) = events.iter().map(|(k, d)| (*k, d)).unzip();
+pub async fn append(pool: &PgPool, f: Fence, events: &[Event]) -> Result<bool, StoreError> {
+    let (kinds, datas): (Vec<EventKind>, Vec<Json<&Event>>) = events.iter().map(|e| (e.kind(), Json(e))).unzip();
     let sql = "WITH u AS (
             UPDATE tasks SET last_event_seq = last_event_seq + cardinality($3::text[])
             WHERE id = $1 AND lease_token = $2
@@ -59,7 +65,7 @@ pub async fn append(pool: &PgPool, f: Fence, events: &[(EventKind, Value)]) -> R
 #[derive(Debug, Clone)]
 pub struct EventsWrite {
     pub fence: Fence,
-    pub events: Vec<(EventKind, Value)>,
+    pub events: Vec<Event>,
 }
 
 /// Append several runs' events in one statement, each fenced on its own lease: for each, in the
@@ -67,10 +73,10 @@ pub struct EventsWrite {
 pub async fn append_many(pool: &PgPool, items: &[&EventsWrite]) -> Result<Vec<bool>, StoreError> {
     let (mut of, mut kinds, mut datas) = (vec![], vec![], vec![]);
     for (i, w) in items.iter().enumerate() {
-        for (k, d) in &w.events {
+        for e in &w.events {
             of.push(i as i64 + 1);
-            kinds.push(*k);
-            datas.push(d);
+            kinds.push(e.kind());
+            datas.push(Json(e));
         }
     }
     let done: Vec<i64> = sqlx::query_scalar(&APPEND_MANY)

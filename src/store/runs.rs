@@ -2,6 +2,7 @@
 //! Every write by a worker is one statement fenced on `(id, lease_token)`.
 
 use serde_json::Value;
+use sqlx::types::Json;
 use sqlx::{FromRow, PgPool, Row};
 use uuid::Uuid;
 
@@ -9,7 +10,7 @@ use super::calls::CallRow;
 use super::tasks::{StopReason, TaskRow, TaskStatus, COLS, WEBHOOK};
 pub use super::Fence;
 use super::StoreError;
-use crate::kinds::{EventKind, FailureCode};
+use crate::kinds::{event, Event, EventKind, FailureCode};
 
 /// Claim up to `limit` queued tasks, fairly across tenants and within each tenant's running
 /// limit: each slot goes to the tenant that would then have the fewest tasks running (each
@@ -205,7 +206,7 @@ pub struct TurnWrite {
     pub turn: Option<i32>,
     pub call: CallRow,
     pub messages: Vec<Value>,
-    pub events: Vec<(EventKind, Value)>,
+    pub events: Vec<Event>,
     pub fin: Option<Finish>,
 }
 
@@ -218,7 +219,7 @@ impl TurnWrite {
     }
 
     /// Its events, with the run's end's when it ends the task.
-    fn all_events(&self) -> Vec<(EventKind, Value)> {
+    fn all_events(&self) -> Vec<Event> {
         let mut out = self.events.clone();
         if let Some(fin) = &self.fin {
             out.extend(fin.events());
@@ -291,10 +292,10 @@ async fn commit_turns_on(conn: &mut sqlx::PgConnection, writes: &[&TurnWrite]) -
         }
         let evs = w.all_events();
         nev.push(evs.len() as i32);
-        for (k, d) in evs {
+        for e in evs {
             e_of.push(i);
-            e_kind.push(k);
-            e_data.push(d);
+            e_kind.push(e.kind());
+            e_data.push(Json(e));
         }
     }
     let sql: &str = &COMMIT_TURNS[usize::from(whole)];
@@ -482,7 +483,8 @@ static COMMIT_TURNS: std::sync::LazyLock<[String; 2]> =
 /// (issue 42's wait-mode benchmark: a lone finish 1.2–1.65 ms against 1.0–1.3 ms).
 async fn commit_turn(conn: &mut sqlx::PgConnection, w: &TurnWrite) -> Result<Committed, StoreError> {
     let (call, fin) = (&w.call, w.fin.as_ref());
-    let (kinds, datas): (Vec<EventKind>, Vec<Value>) = w.all_events().into_iter().unzip();
+    let (kinds, datas): (Vec<EventKind>, Vec<Json<Event>>) =
+        w.all_events().into_iter().map(|e| (e.kind(), Json(e))).unzip();
     let whole = fin.is_some_and(|f| f.return_task);
     let sql: &str = if whole { &COMMIT_TURN_ENDING } else { &COMMIT_TURN };
     let row = sqlx::query(sql)
@@ -621,15 +623,12 @@ pub struct Finish {
 
 impl Finish {
     /// The events that end a task: `cancelled` for a cancel, then `finished`.
-    pub fn events(&self) -> Vec<(EventKind, Value)> {
+    pub fn events(&self) -> Vec<Event> {
         let mut out = vec![];
         if self.status == TaskStatus::Cancelled {
-            out.push((EventKind::Cancelled, serde_json::json!({})));
+            out.push(Event::Cancelled(event::Empty {}));
         }
-        out.push((
-            EventKind::Finished,
-            serde_json::json!({"status": self.status.as_str(), "stop_reason": self.stop_reason}),
-        ));
+        out.push(Event::Finished(event::Finished { status: self.status, stop_reason: self.stop_reason }));
         out
     }
 }
@@ -664,7 +663,8 @@ static FINISH_ENDING: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| 
 /// lease is no longer held).
 pub async fn finish(pool: &PgPool, f: Fence, fin: &Finish) -> Result<Committed, StoreError> {
     let sql: &str = if fin.return_task { &FINISH_ENDING } else { &FINISH };
-    let (kinds, datas): (Vec<EventKind>, Vec<Value>) = fin.events().into_iter().unzip();
+    let (kinds, datas): (Vec<EventKind>, Vec<Json<Event>>) =
+        fin.events().into_iter().map(|e| (e.kind(), Json(e))).unzip();
     let row = sqlx::query(sql)
         .bind(f.id)
         .bind(f.lease)

@@ -8,6 +8,7 @@ use uuid::Uuid;
 
 use super::budget::SpendDefaults;
 use super::StoreError;
+use crate::kinds::Event;
 pub use crate::kinds::{StopReason, TaskStatus, WebhookEvent};
 
 #[derive(Debug, Clone, Default, sqlx::FromRow)]
@@ -129,7 +130,7 @@ pub struct StartHere {
 pub struct FirstCall {
     pub usd: Decimal,
     pub tokens: i64,
-    pub started: Value,
+    pub started: Event,
     /// The configured budgets of a tenant that sets none.
     pub defaults: SpendDefaults,
     /// The same call as `budget_reserve_call` asks for it (whole, when a tenant budget applies).
@@ -189,7 +190,7 @@ async fn insert_once(conn: &mut PgConnection, t: &NewTask, retried: bool) -> Res
                 .bind(s.lease_secs)
                 .bind(first.map(|f| f.usd))
                 .bind(first.map(|f| f.tokens))
-                .bind(first.map(|f| &f.started))
+                .bind(first.map(|f| sqlx::types::Json(&f.started)))
                 .bind(first.and_then(|f| f.defaults.usd_per_day))
                 .bind(first.and_then(|f| f.defaults.usd_per_month))
                 .bind(first.and_then(|f| f.defaults.tokens_per_day))

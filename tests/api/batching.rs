@@ -9,6 +9,7 @@ use serde_json::{json, Value};
 use subagentd::engine::{StopCause, StopSignal};
 use subagentd::hub::Hub;
 use subagentd::jobs::heartbeat::Heartbeat;
+use subagentd::kinds::{event, Event};
 use subagentd::store::budget::{reserve_many, CallAsk, Reserve, ReserveWrite, SpendDefaults};
 use subagentd::store::calls::{CallOutcome, CallRow};
 use subagentd::store::committer::Committer;
@@ -48,7 +49,7 @@ fn turn(fence: Fence, input: i64, message: Value) -> TurnWrite {
         turn: Some(1),
         call,
         messages,
-        events: vec![(subagentd::kinds::EventKind::LlmCallFinished, json!({"turn": 1}))],
+        events: vec![Event::LlmCallFinished(event::LlmCallFinished { turn: 1, ..Default::default() })],
         fin: None,
     }
 }
@@ -177,7 +178,7 @@ async fn reservations_made_together_each_see_the_ones_before_them_and_answer_in_
         tenant: "default".into(),
         ask,
         defaults: SpendDefaults::default(),
-        event: Some(json!({"turn": 1})),
+        event: Some(Event::LlmCallStarted(event::LlmCallStarted { turn: 1, ..Default::default() })),
     };
     // Asked out of order: they are made in task order, the order the locks are taken in.
     let items = [w(Fence { id: gone.id, lease }), w(second), w(first)];

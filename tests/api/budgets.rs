@@ -177,6 +177,7 @@ async fn a_run_waits_for_budget_then_continues_when_the_reservation_settles() {
             .unwrap();
     assert_eq!(data["limit"], "usd_per_day");
     assert!(data["want_usd"].as_f64().unwrap() > 0.008, "it waits for the whole call: {data}");
+    assert_events_typed(&app.db.pool).await;
     app.stop().await;
 }
 

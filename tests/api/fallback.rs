@@ -170,6 +170,7 @@ async fn a_provider_down_until_the_deadline_unreachable_or_asking_too_long_a_wai
     assert!(started.elapsed() < Duration::from_secs(30), "it did not wait the hour");
     let rows = ledger(&app, t["id"].as_str().unwrap()).await;
     assert_eq!(rows.iter().filter(|r| r.0 == "busy/m").count(), 1, "one try, no retry: {rows:?}");
+    assert_events_typed(&app.db.pool).await;
     app.stop().await;
 }
 
@@ -222,6 +223,7 @@ async fn a_fallback_whose_provider_cannot_serve_the_run_is_skipped_with_the_reas
     assert_eq!(skipped[0]["data"]["model"], "notools/m");
     assert!(skipped[0]["data"]["reason"].as_str().unwrap().contains("tools"), "{:?}", skipped[0]);
     assert_eq!(of_kind(&ev, "model_fallback")[0]["data"]["to"], "good/m");
+    assert_events_typed(&app.db.pool).await;
     app.stop().await;
 }
 

@@ -427,3 +427,31 @@ pub async fn workers_up(pool: &PgPool, n: i64, within: Duration) {
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
+
+/// Every event stored in `pool` reads back as its kind's typed shape (`kinds::Event`), and that
+/// shape writes the same JSON: the typed events and what the statements write agree, field for
+/// field, whichever side (Rust or SQL) wrote the row.
+pub async fn assert_events_typed(pool: &PgPool) {
+    let rows: Vec<subagentd::store::events::EventRow> =
+        sqlx::query_as("SELECT seq, kind, data, created_at FROM task_events").fetch_all(pool).await.unwrap();
+    assert!(!rows.is_empty(), "no events to check");
+    for r in rows {
+        let kind = r.known().unwrap_or_else(|| panic!("unknown event kind {}", r.kind));
+        let typed = subagentd::kinds::Event::parse(kind, r.data.clone())
+            .unwrap_or_else(|e| panic!("{} does not read as its shape: {e}: {}", r.kind, r.data));
+        let back = serde_json::to_value(&typed).unwrap();
+        assert!(json_eq(&back, &r.data), "{} reads as {back} but was stored as {}", r.kind, r.data);
+    }
+}
+
+/// Equal as JSON, numbers by value (PostgreSQL writes `1.50`, serde `1.5`).
+fn json_eq(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => x.as_f64() == y.as_f64(),
+        (Value::Array(x), Value::Array(y)) => x.len() == y.len() && x.iter().zip(y).all(|(x, y)| json_eq(x, y)),
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len() && x.iter().all(|(k, v)| y.get(k).is_some_and(|w| json_eq(v, w)))
+        }
+        _ => a == b,
+    }
+}

@@ -69,6 +69,7 @@ async fn events_page_as_json_and_stream_live_with_resume_and_no_gaps() {
     let r =
         app.client.get(&url).header("accept", "text/event-stream").header("last-event-id", "x").send().await.unwrap();
     assert_problem(r, 400, "invalid_parameter").await;
+    assert_events_typed(&app.db.pool).await;
     app.stop().await;
 }
 

@@ -231,6 +231,7 @@ async fn two_parallel_propose_calls_are_answered_apart_the_approved_one_runs_onc
     // (Counters are shared by the tests of this process: only their presence is asserted.)
     assert!(m.contains("subagentd_pauses_total "), "{m}");
     assert!(m.contains(r#"subagentd_actions_answered_total{answer="deny"} "#), "{m}");
+    assert_events_typed(&app.db.pool).await;
     app.stop().await;
 }
 
@@ -471,6 +472,7 @@ async fn an_unanswered_pause_expires_into_tool_errors_and_paused_time_is_not_run
     assert_eq!(r.status(), 200);
     let t = wait_get(&app, &id, None).await;
     assert_eq!(t["status"], "completed", "2.5 s paused is not 2.5 s of a 1 s limit: {t}");
+    assert_events_typed(&app.db.pool).await;
     app.stop().await;
 }
 
@@ -498,6 +500,7 @@ async fn cancel_reaches_a_paused_task_at_once_and_bulk_cancel_includes_paused_on
         assert_eq!(app.get_task(id).await["status"], "cancelled");
         assert_eq!(event_kinds(&app, id).await.last().unwrap(), "cancelled");
     }
+    assert_events_typed(&app.db.pool).await;
     app.stop().await;
 }
 

@@ -53,6 +53,7 @@ async fn a_delayed_task_waits_scheduled_and_runs_at_its_time_on_another_replica(
     let events = app.get_json(&format!("/tasks/{id}/events")).await;
     let kinds: Vec<&str> = events["events"].as_array().unwrap().iter().map(|e| e["kind"].as_str().unwrap()).collect();
     assert_eq!(&kinds[..3], ["created", "queued", "claimed"], "{kinds:?}");
+    assert_events_typed(&app.db.pool).await;
     app.stop().await;
 }
 
@@ -103,6 +104,7 @@ async fn a_scheduled_task_can_be_cancelled_counts_against_max_scheduled_and_a_pa
         let p = assert_problem(app.post_task(body.clone()).await, 422, "validation_failed").await;
         assert!(p.to_string().contains(field), "{body}: {p}");
     }
+    assert_events_typed(&app.db.pool).await;
     app.stop().await;
 }
 

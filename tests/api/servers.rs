@@ -118,6 +118,7 @@ async fn a_cut_final_answer_with_turns_left_is_asked_again_shorter_and_then_comp
     assert_eq!(t["usage"]["input_tokens"], 120, "usage from the streams");
     let events = app.get_json(&format!("/tasks/{}/events", t["id"].as_str().unwrap())).await;
     assert!(events.to_string().contains("answer_cut"), "{events}");
+    assert_events_typed(&app.db.pool).await;
     app.stop().await;
 }
 

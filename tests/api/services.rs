@@ -66,6 +66,7 @@ async fn a_rescuer_pass_requeues_an_expired_lease_and_fails_a_task_out_of_attemp
         ("queued".into(), "failed".into(), "running".into())
     );
     assert_eq!(r.pass().await.unwrap(), 0, "nothing left to rescue");
+    assert_events_typed(&db.pool).await;
 }
 
 #[tokio::test]
@@ -147,7 +148,7 @@ async fn a_task_holds_a_lease_token_only_while_it_runs() {
     let appended = subagentd::store::events::append(
         &db.pool,
         Fence { id, lease },
-        &[(subagentd::kinds::EventKind::Checkpoint, serde_json::json!({}))],
+        &[subagentd::kinds::Event::Checkpoint(Default::default())],
     )
     .await
     .unwrap();

@@ -54,6 +54,7 @@ async fn an_openai_compatible_server_gets_response_format_and_a_wrong_answer_is_
     assert!(system.contains("## Final answer") && system.contains("\"population\""), "{system}");
     let events = app.get_json(&format!("/tasks/{}/events", t["id"].as_str().unwrap())).await;
     assert!(events.to_string().contains("output_invalid"), "{events}");
+    assert_events_typed(&app.db.pool).await;
     app.stop().await;
 }
 

@@ -177,6 +177,7 @@ async fn a_drain_gives_a_waiting_requests_task_back_to_the_queue_and_answers_202
         .await
         .unwrap();
     assert_eq!(last, "released");
+    assert_events_typed(&app.db.pool).await;
     app.stop().await;
 }
 

@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 use super::errors::A2aError;
 use super::Ctx;
 use crate::a2a::{state, stream_ends, timestamp, Shown};
-use crate::kinds::EventKind;
+use crate::kinds::Event;
 use crate::kinds::TaskStatus;
 use crate::tasks::context::ContextRow as A2aTask;
 use crate::tasks::feed::Item;
@@ -80,10 +80,10 @@ async fn produce(
                 continue;
             }
         };
-        let metadata = match ev.known() {
-            Some(EventKind::Claimed) if !working => json!({}),
-            Some(EventKind::Checkpoint) => json!({"turn": ev.data["turn"]}),
-            Some(EventKind::RequiresAction) => {
+        let metadata = match ev.event() {
+            Some(Event::Claimed(_)) if !working => json!({}),
+            Some(Event::Checkpoint(c)) => json!({"turn": c.turn}),
+            Some(Event::RequiresAction(_)) => {
                 let now = room.get(&scope, task.id).await?;
                 if now.status == TaskStatus::RequiresAction {
                     let update = Shown { task: &now, a2a: a2a.as_ref() }.status_update(None);

@@ -17,7 +17,7 @@ use uuid::Uuid;
 use super::rpc::{self, RpcError};
 use super::tools;
 use super::{Ctx, Reply};
-use crate::kinds::{EventKind, Gate, TaskStatus};
+use crate::kinds::{Event, Gate, TaskStatus};
 use crate::tasks::answer::ActionAnswer;
 use crate::tasks::feed::Item;
 use crate::tasks::{ActionRow, Submission, TaskRequest, TaskView};
@@ -273,10 +273,10 @@ async fn produce(
                 continue;
             }
         };
-        match ev.known() {
-            Some(EventKind::Checkpoint) => {
+        match ev.event() {
+            Some(Event::Checkpoint(c)) => {
                 if let Some(token) = &progress {
-                    let turn = ev.data["turn"].as_u64().unwrap_or(0);
+                    let turn = c.turn;
                     let mut p = json!({"progressToken": token, "progress": turn,
                                        "message": format!("turn {turn} of {max_turns} done")});
                     if max_turns > 0 {
@@ -287,7 +287,7 @@ async fn produce(
                     }
                 }
             }
-            Some(EventKind::RequiresAction) => {
+            Some(Event::RequiresAction(_)) => {
                 let now = room.get(&scope, task.id).await.map_err(|_| RpcError::internal())?;
                 if !ctx.elicits() {
                     return Ok(tools::result(&now));

@@ -9,6 +9,9 @@
 
 use sqlx::Postgres;
 
+pub mod event;
+pub use event::Event;
+
 /// An enum kept in a text column: its names, both ways, and its `sqlx` and `serde` impls.
 macro_rules! text_enum {
     ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $v:ident = $s:literal),+ $(,)? }) => {
@@ -249,12 +252,13 @@ text_enum! {
 
 /// Who answered an action: a key (by its prefix), a tenant in single-user mode, the admin, or
 /// nobody in time (`expired`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum Answerer {
     Key(String),
     Tenant(String),
     Admin,
     /// No answer came before the action's time ran out.
+    #[default]
     Expired,
 }
 
@@ -287,6 +291,12 @@ impl std::fmt::Display for Answerer {
 impl serde::Serialize for Answerer {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Answerer {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok(Answerer::parse(&String::deserialize(d)?))
     }
 }
 

@@ -424,7 +424,6 @@ async fn the_door_checks_version_origin_tenant_depth_and_envelopes() {
     }
     // The rate limit: 429, as at the REST door.
     admin_put(&r.base, "a", json!({"requests_per_second": 0.5, "request_burst": 1})).await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
     let mut statuses = vec![];
     for _ in 0..3 {
         statuses.push(rpc(&r.base, "/a2a", Some(&a), &[V1], &send("x", "m9")).await.status().as_u16());
@@ -438,7 +437,6 @@ async fn a_stream_over_the_tenants_limit_is_refused_and_starts_nothing() {
     let r = replica(&db, &[("SUBAGENTD_DEFAULT_MODEL", "mock/m")]).await;
     let a = key(&r.base, "a").await;
     admin_put(&r.base, "a", json!({"max_streams": 1})).await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
     let stream = |id: &str| {
         json!({"jsonrpc": "2.0", "id": 1, "method": "SendStreamingMessage", "params": {"message": {"messageId": id,
             "role": "ROLE_USER", "parts": [{"text": "slow [mock:delay_ms=20000]"}]}}})

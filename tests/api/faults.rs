@@ -213,7 +213,18 @@ async fn sigterm_drains_and_released_tasks_finish_on_the_other_process() {
     workers_up(&app.db.pool, 1, Duration::from_secs(30)).await;
     let ids = submit_many(&app, 20, "[mock:tool_turns=8] [mock:delay_ms=300]").await;
     // Let A take the work, then start B and drain A.
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let taken = Instant::now();
+    while taken.elapsed() < Duration::from_secs(30) {
+        let running: i64 = sqlx::query_scalar("SELECT count(*) FROM tasks WHERE id = ANY($1) AND status = 'running'")
+            .bind(&ids)
+            .fetch_one(&app.db.pool)
+            .await
+            .unwrap();
+        if running > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let _b = spawn_binary(&["worker"], &app.db.url, FAST_LEASE);
     let sent = Instant::now();
     // SAFETY: kill(2) on our own child.

@@ -387,7 +387,6 @@ async fn refusals_per_agent_tools_and_task_pages_through_the_python_sdk() {
     assert_eq!(listed["pages"], 3);
     // The rate limit is HTTP 429 with Retry-After, as at the REST door.
     admin_put(&r.base, "c", json!({"requests_per_second": 0.5, "request_burst": 1})).await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
     let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
                       "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}});
     let mut limited = None;

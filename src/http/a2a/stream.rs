@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 use super::errors::A2aError;
 use super::Ctx;
 use crate::a2a::{state, stream_ends, timestamp, Shown};
-use crate::kinds::Event;
+use crate::kinds::EventKind;
 use crate::kinds::TaskStatus;
 use crate::tasks::context::ContextRow as A2aTask;
 use crate::tasks::feed::Item;
@@ -80,10 +80,12 @@ async fn produce(
                 continue;
             }
         };
-        let metadata = match ev.event() {
-            Some(Event::Claimed(_)) if !working => json!({}),
-            Some(Event::Checkpoint(c)) => json!({"turn": c.turn}),
-            Some(Event::RequiresAction(_)) => {
+        // Matched on the kind (a row whose data does not read still counts); the data, typed,
+        // only where it is used.
+        let metadata = match ev.known() {
+            Some(EventKind::Claimed) if !working => json!({}),
+            Some(EventKind::Checkpoint) => json!({"turn": ev.event().and_then(|e| e.turn())}),
+            Some(EventKind::RequiresAction) => {
                 let now = room.get(&scope, task.id).await?;
                 if now.status == TaskStatus::RequiresAction {
                     let update = Shown { task: &now, a2a: a2a.as_ref() }.status_update(None);

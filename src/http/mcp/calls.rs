@@ -17,7 +17,7 @@ use uuid::Uuid;
 use super::rpc::{self, RpcError};
 use super::tools;
 use super::{Ctx, Reply};
-use crate::kinds::{Event, Gate, TaskStatus};
+use crate::kinds::{EventKind, Gate, TaskStatus};
 use crate::tasks::answer::ActionAnswer;
 use crate::tasks::feed::Item;
 use crate::tasks::{ActionRow, Submission, TaskRequest, TaskView};
@@ -273,10 +273,12 @@ async fn produce(
                 continue;
             }
         };
-        match ev.event() {
-            Some(Event::Checkpoint(c)) => {
+        // Matched on the kind (a row whose data does not read still counts); the data, typed,
+        // only where it is used.
+        match ev.known() {
+            Some(EventKind::Checkpoint) => {
                 if let Some(token) = &progress {
-                    let turn = c.turn;
+                    let turn = ev.event().and_then(|e| e.turn()).unwrap_or(0);
                     let mut p = json!({"progressToken": token, "progress": turn,
                                        "message": format!("turn {turn} of {max_turns} done")});
                     if max_turns > 0 {
@@ -287,7 +289,7 @@ async fn produce(
                     }
                 }
             }
-            Some(Event::RequiresAction(_)) => {
+            Some(EventKind::RequiresAction) => {
                 let now = room.get(&scope, task.id).await.map_err(|_| RpcError::internal())?;
                 if !ctx.elicits() {
                     return Ok(tools::result(&now));

@@ -565,6 +565,11 @@ impl Providers {
                     o.auth_header = h.clone();
                 }
                 if let Some(f) = &pc.max_tokens_field {
+                    if f != "max_tokens" && f != "max_completion_tokens" {
+                        return Err(ConfigError::Invalid(format!(
+                            "provider {name}: max_tokens_field {f:?} is neither max_tokens nor max_completion_tokens"
+                        )));
+                    }
                     o.max_tokens_field = f.clone();
                 }
                 o.query = pc.query.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
@@ -781,6 +786,19 @@ mod tests {
         assert_eq!(c.cache_write_per_m, rust_decimal::Decimal::new(375, 2));
         let q = p.prices.price(&ModelRef::parse("local/q").unwrap(), false).unwrap();
         assert_eq!((q.cached_per_m, q.cache_write_per_m), (q.input_per_m, q.input_per_m));
+    }
+
+    #[test]
+    fn max_tokens_field_is_one_of_the_two_names_the_api_has() {
+        let with = |f: &str| {
+            let file: FileConfig =
+                toml::from_str(&format!("[providers.x]\nkind = \"openai\"\nmax_tokens_field = \"{f}\"\n")).unwrap();
+            Providers::from_config(&file, &|_| None).map(|_| ())
+        };
+        assert!(with("max_completion_tokens").is_ok());
+        assert!(with("max_tokens").is_ok());
+        let e = with("model").unwrap_err().to_string();
+        assert!(e.contains("provider x") && e.contains("\"model\""), "{e}");
     }
 
     #[test]

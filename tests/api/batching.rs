@@ -226,3 +226,71 @@ async fn a_heartbeat_does_not_wait_for_a_row_a_write_holds_and_renews_it_on_the_
     hb.pass().await.unwrap();
     assert_eq!(signals[1].cause(), Some(StopCause::LeaseLost));
 }
+
+/// What a run's turns leave behind, less what differs between two tasks by nature (ids, keys,
+/// clocks): the task row, its ledger rows, messages and events.
+async fn written(db: &TestDb, id: Uuid) -> Value {
+    let sql = "SELECT jsonb_build_object(
+        'task', (SELECT to_jsonb(t) - 'id' - 'created_at' - 'started_at' - 'finished_at' - 'lease_token'
+                 - 'lease_expires_at' FROM tasks t WHERE id = $1),
+        'calls', (SELECT jsonb_agg(to_jsonb(c) - 'id' - 'call_key' - 'task_id' - 'created_at' ORDER BY c.turn)
+                  FROM llm_calls c WHERE task_id = $1),
+        'messages', (SELECT jsonb_agg(jsonb_build_array(seq, turn, message) ORDER BY seq)
+                     FROM task_messages WHERE task_id = $1),
+        'events', (SELECT jsonb_agg(jsonb_build_array(seq, kind, data) ORDER BY seq)
+                   FROM task_events WHERE task_id = $1))";
+    sqlx::query_scalar(sql).bind(id).fetch_one(&db.pool).await.unwrap()
+}
+
+/// A lone write has a statement of its own (`commit_alone`) beside the batched one: both write
+/// the same, for a turn and for the turn that ends the task, with every figure set.
+#[tokio::test]
+async fn a_turn_committed_alone_writes_what_the_same_turn_in_a_batch_writes() {
+    let db = test_db().await;
+    let lease = Uuid::new_v4();
+    let (alone, batched, other) = (held(&db, lease).await, held(&db, lease).await, held(&db, lease).await);
+    let full = |f: Fence, turn_no: i32, fin: Option<Finish>| {
+        let mut w = turn(f, 100, json!({"role": "user", "content": "fine"}));
+        w.turn = Some(turn_no);
+        w.call = CallRow {
+            call_key: Uuid::new_v4(),
+            turn: turn_no,
+            cached_tokens: 7,
+            cache_write_tokens: 3,
+            web_searches: 2,
+            latency_ms: 120,
+            http_status: Some(200),
+            usage_estimated: turn_no == 2,
+            reserved_usd: Decimal::new(5, 2),
+            reserved_tokens: 900,
+            ..w.call
+        };
+        w.fin = fin;
+        w
+    };
+    let fin = || Finish {
+        status: TaskStatus::Completed,
+        stop_reason: Some(StopReason::FinalAnswer),
+        summary: Some("done".into()),
+        output: Some(json!({"n": 1})),
+        error_code: None,
+        error_message: None,
+        return_task: true,
+    };
+    let mut conn = db.pool.acquire().await.unwrap();
+    for (n, f) in [(1, None), (2, Some(fin()))] {
+        let one = full(alone, n, f.clone());
+        let alone_done = one.commit_alone(&mut conn).await.unwrap();
+        let two = [full(batched, n, f), full(other, n, None)];
+        let batch_done = commit_turns(&db.pool, &two.iter().collect::<Vec<_>>()).await.unwrap();
+        match (&alone_done, &batch_done[0]) {
+            (Committed::Applied, Committed::Applied) => assert_eq!(n, 1),
+            (Committed::Finished(Some(a)), Committed::Finished(Some(b))) => {
+                assert_eq!((a.status, &a.summary, a.turns), (b.status, &b.summary, b.turns))
+            }
+            other => panic!("turn {n}: {other:?}"),
+        }
+    }
+    assert_eq!(written(&db, alone.id).await, written(&db, batched.id).await);
+    assert_eq!(status(&db, alone.id).await, "completed");
+}

@@ -218,13 +218,9 @@ impl TurnWrite {
         commit_turn(conn, self).await
     }
 
-    /// Its events, with the run's end's when it ends the task.
-    fn all_events(&self) -> Vec<Event> {
-        let mut out = self.events.clone();
-        if let Some(fin) = &self.fin {
-            out.extend(fin.events());
-        }
-        out
+    /// The events of the run's end, when this write ends the task (written after its own).
+    fn ending(&self) -> Vec<Event> {
+        self.fin.as_ref().map(Finish::events).unwrap_or_default()
     }
 }
 
@@ -254,7 +250,8 @@ async fn commit_turns_on(conn: &mut sqlx::PgConnection, writes: &[&TurnWrite]) -
     let (mut output, mut nev, mut wants, mut ws) = (vec![], vec![], vec![], vec![]);
     let (mut m_of, mut m_msg) = (vec![], vec![]);
     let (mut e_of, mut e_kind, mut e_data) = (vec![], vec![], vec![]);
-    for (i, w) in writes.iter().enumerate() {
+    let endings: Vec<Vec<Event>> = writes.iter().map(|w| w.ending()).collect();
+    for (i, (w, ending)) in writes.iter().zip(&endings).enumerate() {
         let (c, fin) = (&w.call, w.fin.as_ref());
         let i = i as i64 + 1;
         ids.push(w.fence.id);
@@ -290,9 +287,8 @@ async fn commit_turns_on(conn: &mut sqlx::PgConnection, writes: &[&TurnWrite]) -
             m_of.push(i);
             m_msg.push(m);
         }
-        let evs = w.all_events();
-        nev.push(evs.len() as i32);
-        for e in evs {
+        nev.push((w.events.len() + ending.len()) as i32);
+        for e in w.events.iter().chain(ending) {
             e_of.push(i);
             e_kind.push(e.kind());
             e_data.push(Json(e));
@@ -483,8 +479,9 @@ static COMMIT_TURNS: std::sync::LazyLock<[String; 2]> =
 /// (issue 42's wait-mode benchmark: a lone finish 1.2–1.65 ms against 1.0–1.3 ms).
 async fn commit_turn(conn: &mut sqlx::PgConnection, w: &TurnWrite) -> Result<Committed, StoreError> {
     let (call, fin) = (&w.call, w.fin.as_ref());
-    let (kinds, datas): (Vec<EventKind>, Vec<Json<Event>>) =
-        w.all_events().into_iter().map(|e| (e.kind(), Json(e))).unzip();
+    let ending = w.ending();
+    let (kinds, datas): (Vec<EventKind>, Vec<Json<&Event>>) =
+        w.events.iter().chain(&ending).map(|e| (e.kind(), Json(e))).unzip();
     let whole = fin.is_some_and(|f| f.return_task);
     let sql: &str = if whole { &COMMIT_TURN_ENDING } else { &COMMIT_TURN };
     let row = sqlx::query(sql)

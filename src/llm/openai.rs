@@ -131,9 +131,11 @@ struct WireRequest<'a> {
     messages: Vec<WireMessage<'a>>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     tools: Vec<WireTool<'a>>,
-    /// `max_tokens` or `max_completion_tokens`, as configured.
-    #[serde(flatten)]
-    limit: Option<std::collections::BTreeMap<&'a str, u32>>,
+    /// The output limit, under the name the provider is configured with.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_tokens: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_completion_tokens: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     response_format: Option<Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -348,7 +350,8 @@ impl Provider for OpenAi {
                     function: WireFn { name: &t.name, description: &t.description, parameters: &t.parameters },
                 })
                 .collect(),
-            limit: req.max_tokens.map(|mt| [(self.max_tokens_field.as_str(), mt)].into()),
+            max_tokens: req.max_tokens.filter(|_| self.max_tokens_field != "max_completion_tokens"),
+            max_completion_tokens: req.max_tokens.filter(|_| self.max_tokens_field == "max_completion_tokens"),
             response_format: None,
             tool_choice: None,
             stream: self.stream,

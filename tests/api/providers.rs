@@ -301,4 +301,12 @@ async fn offered_tools_use_each_providers_schema() {
         json!([{"name": "get", "description": "reads", "input_schema": {"type": "object"}}])
     );
     assert_eq!(ant.seen()[0].body["max_tokens"], 64);
+    // Newer OpenAI models name the output limit `max_completion_tokens`, and only that.
+    let (newer, newer_url) = serve("/v1/chat/completions").await;
+    let extra = format!("[providers.newer]\nkind = \"openai\"\nbase_url = \"{newer_url}/v1\"\nmax_tokens_field = \"max_completion_tokens\"");
+    let p = providers(&oai_url, &ant_url, &extra);
+    newer.push(Answer::json(openai_text("ok", 1, 1, 0)));
+    p.get("newer").unwrap().chat(&req).await.unwrap();
+    let body = &newer.seen()[0].body;
+    assert_eq!((body["max_completion_tokens"].clone(), body.get("max_tokens")), (json!(64), None));
 }

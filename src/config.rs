@@ -103,6 +103,42 @@ pub struct Config {
     #[arg(long, env = "SUBAGENTD_WEB_FETCH_MAX_BYTES", default_value_t = 2 * 1024 * 1024, global = true)]
     pub web_fetch_max_bytes: usize,
 
+    /// Where a task's git workspace may be fetched from, in `SUBAGENTD_TOOL_ALLOW`'s syntax;
+    /// unset: the same as `SUBAGENTD_TOOL_ALLOW`.
+    #[arg(long, env = "SUBAGENTD_WORKSPACE_GIT_ALLOW", global = true)]
+    pub workspace_git_allow: Option<String>,
+
+    /// The disk cache of workspaces' trees (fetched commits, unpacked uploads); unset:
+    /// `<data-dir>/workspaces`. Disposable: emptied at will, filled again on use.
+    #[arg(long, env = "SUBAGENTD_WORKSPACE_DIR", global = true)]
+    pub workspace_dir: Option<PathBuf>,
+
+    /// The cache's size bound in MiB; past it, the trees least recently used (and not in use)
+    /// are removed.
+    #[arg(long, env = "SUBAGENTD_WORKSPACE_CACHE_MB", default_value_t = 2048, global = true)]
+    pub workspace_cache_mb: u64,
+
+    /// A git fetch's caps: its time in seconds, and the bytes it may bring (MiB).
+    #[arg(long, env = "SUBAGENTD_WORKSPACE_FETCH_TIMEOUT_SECONDS", default_value_t = 120, global = true)]
+    pub workspace_fetch_timeout_seconds: u64,
+    #[arg(long, env = "SUBAGENTD_WORKSPACE_FETCH_MAX_MB", default_value_t = 512, global = true)]
+    pub workspace_fetch_max_mb: u64,
+
+    /// A workspace's tree at most: its files, and their bytes (MiB) — a checked-out commit or
+    /// an upload's uncompressed contents.
+    #[arg(long, env = "SUBAGENTD_WORKSPACE_MAX_FILES", default_value_t = 100_000, global = true)]
+    pub workspace_max_files: u64,
+    #[arg(long, env = "SUBAGENTD_WORKSPACE_MAX_MB", default_value_t = 1024, global = true)]
+    pub workspace_max_mb: u64,
+
+    /// An upload (`PUT /workspaces/{name}`) at most, compressed, in MiB.
+    #[arg(long, env = "SUBAGENTD_WORKSPACE_UPLOAD_MAX_MB", default_value_t = 100, global = true)]
+    pub workspace_upload_max_mb: u64,
+
+    /// The compressed bytes of a tenant's uploaded workspaces together, in MiB.
+    #[arg(long, env = "SUBAGENTD_WORKSPACE_QUOTA_MB", default_value_t = 1024, global = true)]
+    pub workspace_quota_mb: u64,
+
     /// `web_fetch` calls a tenant may make per minute, across replicas (a tenant's own
     /// `web_fetches_per_minute` wins; 0: none).
     #[arg(long, env = "SUBAGENTD_DEFAULT_WEB_FETCHES_PER_MINUTE", default_value_t = 60, global = true)]

@@ -19,3 +19,4 @@ pub mod store;
 pub mod tasks;
 pub mod telemetry;
 pub mod tools;
+pub mod workspace;

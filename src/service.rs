@@ -49,6 +49,10 @@ impl Service {
         };
         let tool_caller = crate::tools::Caller::from_config(&cfg)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
+        let workspaces = Arc::new(
+            crate::workspace::Workspaces::from_config(&cfg)
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?,
+        );
         let mode = crate::http::auth::Mode::parse(&cfg.auth)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
         crate::telemetry::prometheus();
@@ -64,7 +68,10 @@ impl Service {
 
         let local_worker = roles
             .workers
-            .then(|| Worker::new(pool.clone(), hub.clone(), providers.clone(), tool_caller.clone(), cfg.clone()));
+            .then(|| {
+                let (p, c) = (providers.clone(), tool_caller.clone());
+                Worker::new(pool.clone(), hub.clone(), p, c, cfg.clone(), workspaces.clone())
+            });
         let worker =
             local_worker.clone().map(|w| tokio::spawn(crate::jobs::run_worker(w, shutdown.clone(), cfg.drain_grace())));
 
@@ -79,6 +86,7 @@ impl Service {
             tools_cache: Arc::new(crate::cache::TtlCache::new(std::time::Duration::from_secs(5))),
             shutdown: shutdown.clone(),
             guard: crate::tasks::guard::Guard::new(),
+            workspaces,
         };
         let resources = crate::resources::Resources::new(&parts);
         let tasks = crate::tasks::Lifecycle::new(parts, local_worker.as_ref().map(|w| w.shortcut()));

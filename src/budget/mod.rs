@@ -193,6 +193,12 @@ pub fn validate(l: &Limits) -> Result<(), BudgetError> {
             });
         }
     }
+    if l.private_workspace_web.as_deref().is_some_and(|p| !matches!(p, "never" | "task" | "always")) {
+        return Err(BudgetError::Invalid {
+            field: "private_workspace_web",
+            message: "must be one of never, task, always".into(),
+        });
+    }
     if l.web_tools_policy.as_deref().is_some_and(|p| !matches!(p, "auto" | "propose")) {
         return Err(BudgetError::Invalid { field: "web_tools_policy", message: "must be one of auto, propose".into() });
     }

@@ -62,12 +62,17 @@ pub fn permission_mode(mode: &str) -> Option<(Option<Approval>, bool)> {
 }
 
 /// Claude Code's tools that are built-in tools here: `WebFetch` is `web_fetch`, `WebSearch` is
-/// `web_search`.
+/// `web_search`, and over a task's workspace `Read` is `read_file`, `Glob` is `glob`, `Grep` is
+/// `grep`, `LS` is `list_directory`.
 pub fn builtin(name: &str) -> Option<crate::kinds::BuiltinTool> {
     use crate::kinds::BuiltinTool;
     match name {
         "WebFetch" => Some(BuiltinTool::WebFetch),
         "WebSearch" => Some(BuiltinTool::WebSearch),
+        "Read" => Some(BuiltinTool::ReadFile),
+        "Glob" => Some(BuiltinTool::Glob),
+        "Grep" => Some(BuiltinTool::Grep),
+        "LS" => Some(BuiltinTool::ListDirectory),
         _ => None,
     }
 }
@@ -201,6 +206,9 @@ mod tests {
         assert_eq!(tool_names(&names, &aliases), ["docs__read"]);
         assert_eq!(tool_name("WebFetch", &aliases), "web_fetch");
         assert_eq!(tool_name("WebSearch", &aliases), "web_search");
+        let none = BTreeMap::new();
+        assert_eq!(tool_name("Read", &none), "read_file");
+        assert_eq!(tool_name("LS", &none), "list_directory");
         let own = BTreeMap::from([("WebFetch".to_string(), "WebFetch".to_string())]);
         assert_eq!(tool_name("WebFetch", &own), "WebFetch", "an operator's alias wins over the built-in");
     }

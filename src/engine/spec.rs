@@ -122,6 +122,9 @@ pub struct TaskOptions {
     /// Which failures move a call to the next model; `None`: `unavailable` only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fallback_on: Option<Vec<FallbackWhen>>,
+    /// The tree the workspace tools read (a git ref, or an upload).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<crate::kinds::WorkspaceSpec>,
 }
 
 fn is_none_approval(a: &Approval) -> bool {

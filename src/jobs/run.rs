@@ -37,6 +37,8 @@ pub struct Runner {
     pub draining: CancellationToken,
     /// Commits runs' turns in groups.
     pub committer: Arc<crate::store::committer::Committer>,
+    /// This process's workspace cache.
+    pub workspaces: Arc<crate::workspace::Workspaces>,
 }
 
 /// Keeps `subagentd_active_runs` right however a run ends.
@@ -367,6 +369,7 @@ impl Runner {
             mcp_headers: Default::default(),
             on_source_error: None,
             web: None,
+            workspace: None,
         };
         if opts.tools.iter().any(|d| matches!(d.target, Target::Builtin { .. })) {
             // The tenant's fetch rate and domains are read at the run's first fetch.

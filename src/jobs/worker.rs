@@ -52,6 +52,7 @@ impl Worker {
         providers: impl Into<Arc<Providers>>,
         tool_caller: Caller,
         cfg: Arc<Config>,
+        workspaces: Arc<crate::workspace::Workspaces>,
     ) -> Arc<Worker> {
         let id = format!("{}-{}", hostname(), std::process::id());
         Arc::new(Worker {
@@ -65,6 +66,7 @@ impl Worker {
                 cfg,
                 secrets: crate::cache::TtlCache::new(Duration::from_secs(60)),
                 draining: CancellationToken::new(),
+                workspaces,
             }),
             id,
             runs: TaskTracker::new(),

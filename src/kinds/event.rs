@@ -45,6 +45,7 @@ pub enum Event {
     Cancelled(Empty),
     Released(Empty),
     Rescued(Rescued),
+    WorkspaceReady(WorkspaceReady),
     Finished(Finished),
     /// The run's text as it streams (live only, never stored).
     OutputDelta(Value),
@@ -79,6 +80,7 @@ impl Event {
             Event::Cancelled(_) => EventKind::Cancelled,
             Event::Released(_) => EventKind::Released,
             Event::Rescued(_) => EventKind::Rescued,
+            Event::WorkspaceReady(_) => EventKind::WorkspaceReady,
             Event::Finished(_) => EventKind::Finished,
             Event::OutputDelta(_) => EventKind::OutputDelta,
         }
@@ -114,6 +116,7 @@ impl Event {
             EventKind::Cancelled => Event::Cancelled(v(data)?),
             EventKind::Released => Event::Released(v(data)?),
             EventKind::Rescued => Event::Rescued(v(data)?),
+            EventKind::WorkspaceReady => Event::WorkspaceReady(v(data)?),
             EventKind::Finished => Event::Finished(v(data)?),
             EventKind::OutputDelta => Event::OutputDelta(data),
         })
@@ -333,6 +336,28 @@ pub struct Checkpoint {
     pub messages: usize,
 }
 
+/// The task's workspace is on this worker's disk.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct WorkspaceReady {
+    /// `git` or `upload`.
+    pub source: String,
+    /// The commit (git) or the content hash (upload) it reads.
+    pub version: String,
+    /// Found in this worker's cache: nothing was fetched or unpacked.
+    pub cached: bool,
+    /// Bytes fetched from the repository or read from the upload (0 when cached).
+    pub fetched_bytes: u64,
+    /// Time spent fetching or unpacking, in ms (the wait for another task's fetch included).
+    pub millis: u64,
+    /// Files in the tree, and their bytes.
+    pub files: u64,
+    pub bytes: u64,
+    /// Entries left out (a submodule, a link leading outside), each with why.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub dropped: Vec<String>,
+}
+
 /// A call waits for the tenant's reservations to settle (numbers as PostgreSQL writes them).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -469,6 +494,9 @@ mod tests {
                 EventKind::ActionsAnswered => vec!["pause"],
                 EventKind::CancelRequested | EventKind::Cancelled | EventKind::Released => vec![],
                 EventKind::Rescued => vec!["attempt", "status"],
+                EventKind::WorkspaceReady => {
+                    vec!["bytes", "cached", "fetched_bytes", "files", "millis", "source", "version"]
+                }
                 EventKind::Finished => vec!["status", "stop_reason"],
                 EventKind::OutputDelta => vec![],
             }

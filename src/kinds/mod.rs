@@ -219,6 +219,14 @@ text_enum! {
         WebFetch = "web_fetch",
         /// Search the web: titles, URLs and snippets.
         WebSearch = "web_search",
+        /// A directory of the task's workspace.
+        ListDirectory = "list_directory",
+        /// The workspace's files whose paths match a glob pattern.
+        Glob = "glob",
+        /// Lines of the workspace's files that match a regular expression.
+        Grep = "grep",
+        /// A file of the workspace, its lines numbered.
+        ReadFile = "read_file",
     }
 }
 
@@ -228,7 +236,21 @@ impl BuiltinTool {
         match self {
             BuiltinTool::WebFetch => "reads a web page",
             BuiltinTool::WebSearch => "searches the web",
+            BuiltinTool::ListDirectory => "lists a directory of the workspace",
+            BuiltinTool::Glob => "finds the workspace's files by a path pattern",
+            BuiltinTool::Grep => "searches the workspace's files with a regular expression",
+            BuiltinTool::ReadFile => "reads a file of the workspace",
         }
+    }
+
+    /// Does it read the task's workspace (offered only with one)?
+    pub fn reads_workspace(self) -> bool {
+        matches!(self, BuiltinTool::ListDirectory | BuiltinTool::Glob | BuiltinTool::Grep | BuiltinTool::ReadFile)
+    }
+
+    /// Does it reach the web (so that it could carry a private workspace's contents out)?
+    pub fn reaches_web(self) -> bool {
+        matches!(self, BuiltinTool::WebFetch | BuiltinTool::WebSearch)
     }
 }
 
@@ -410,6 +432,9 @@ text_enum! {
         Released = "released",
         /// A lost worker's run was queued again or ended.
         Rescued = "rescued",
+        /// The task's workspace is on this worker's disk: fetched or unpacked (its time and
+        /// bytes), or found in the cache.
+        WorkspaceReady = "workspace_ready",
         /// The task ended (`status`, `stop_reason`).
         Finished = "finished",
         /// The run's text as it streams: on the live stream only, never stored (no `seq`).
@@ -453,6 +478,18 @@ text_enum! {
         ResumeUnavailable = "resume_unavailable",
         /// The final answer never matched the output schema (an incomplete task's).
         InvalidOutput = "invalid_output",
+        /// The workspace's address is refused by the address guard (a name resolving to a
+        /// private address, a host off the allow-list).
+        WorkspaceRefused = "workspace_refused",
+        /// The workspace's ref names no branch, tag or commit of the repository.
+        WorkspaceRefNotFound = "workspace_ref_not_found",
+        /// The repository could not be reached or read (the host, its answer, its credentials).
+        WorkspaceUnreachable = "workspace_unreachable",
+        /// The workspace is over a cap (fetched bytes, time, files, size).
+        WorkspaceTooLarge = "workspace_too_large",
+        /// The uploaded workspace or the secret it names no longer exists, or was replaced since
+        /// the task first read it.
+        WorkspaceGone = "workspace_gone",
         /// The workers running it were lost `max_attempts` times.
         WorkerLost = "worker_lost",
         /// The service's own failure.
@@ -485,6 +522,40 @@ impl FallbackWhen {
         match self {
             FallbackWhen::Unavailable => "unavailable",
             FallbackWhen::ContextLength => "context_length",
+        }
+    }
+}
+
+/// A task's `workspace`, as submitted: a git repository at a ref (`git`, `ref`, and the tenant
+/// secret `secret` of a private one), or the tenant's uploaded workspace `name`. `web` asks for
+/// the web tools beside a private workspace, where the tenant allows it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkspaceSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub git: Option<String>,
+    #[serde(default, rename = "ref", skip_serializing_if = "Option::is_none")]
+    pub git_ref: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub web: Option<bool>,
+}
+
+impl WorkspaceSpec {
+    /// Could its contents be private (an upload, or a repository read with a secret)?
+    pub fn private(&self) -> bool {
+        self.name.is_some() || self.secret.is_some()
+    }
+
+    /// `git` or `upload`.
+    pub fn source(&self) -> &'static str {
+        if self.git.is_some() {
+            "git"
+        } else {
+            "upload"
         }
     }
 }

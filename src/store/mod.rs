@@ -24,6 +24,7 @@ pub mod tasks;
 pub mod tenants;
 pub mod tools;
 pub mod workers;
+pub mod workspaces;
 
 use std::time::Duration;
 

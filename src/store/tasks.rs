@@ -73,6 +73,10 @@ pub struct TaskRow {
     /// statement read it (`WEBHOOK`).
     #[sqlx(default)]
     pub webhook: Option<Value>,
+    /// The workspace version its run read: a commit, or an upload's content hash (recorded at
+    /// the first start).
+    #[sqlx(default)]
+    pub workspace_version: Option<String>,
 }
 
 impl TaskRow {
@@ -151,7 +155,7 @@ pub(crate) const COLS: &str =
     unpriced_calls,     estimated_calls, attempt, \
     lease_token, lease_expires_at, worker_id, cancel_requested, idempotency_key, request_hash, metadata, created_at, \
     started_at, finished_at, parent_task_id, max_cost_usd, max_tokens, traceparent, webhook_url, waiting_for, api_key, \
-    pauses, paused_ms, answered_model, run_at, priority";
+    pauses, paused_ms, answered_model, run_at, priority, workspace_version";
 
 /// A task's completion webhook as views show it: its `task.finished` delivery.
 pub(crate) const WEBHOOK: &str = "(SELECT jsonb_build_object('status', d.status, 'attempts', d.attempts, \

@@ -79,6 +79,11 @@ pub struct Limits {
     /// subdomains), comma-separated; unset: wherever the service allows.
     #[arg(long, value_delimiter = ',')]
     pub web_fetch_domains: Option<Vec<String>>,
+    /// Whether a task over a private workspace (an upload, or a repository read with a secret)
+    /// is offered the web tools: `never` (the default: a fetched URL could carry the code out),
+    /// `task` (when the task's `workspace.web` asks), `always`.
+    #[arg(long)]
+    pub private_workspace_web: Option<String>,
 }
 
 /// A USD limit as JSON gives it: a number, none negative (however small: -1e-100 is refused, not
@@ -95,7 +100,7 @@ fn usd<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Decimal>, D::Err
 const LIMIT_COLS: &str = "usd_per_day, usd_per_month, tokens_per_day, max_running, max_queued, max_task_cost_usd, \
     max_task_tokens, max_task_turns, max_task_timeout_seconds, approval, requests_per_second, request_burst, \
     max_streams, max_waits, fallback_models, max_scheduled, priority, builtin_tools_off, web_tools_policy, \
-    web_fetches_per_minute, web_fetch_domains";
+    web_fetches_per_minute, web_fetch_domains, private_workspace_web";
 
 pub async fn ensure(pool: &PgPool, tenant: &str) -> Result<(), StoreError> {
     sqlx::query("INSERT INTO tenants (name) VALUES ($1) ON CONFLICT DO NOTHING").bind(tenant).execute(pool).await?;
@@ -113,8 +118,8 @@ pub async fn put_limits(pool: &PgPool, tenant: &str, l: &Limits) -> Result<bool,
         "INSERT INTO tenants (name, usd_per_day, usd_per_month, tokens_per_day, max_running, max_queued,
              max_task_cost_usd, max_task_tokens, max_task_turns, max_task_timeout_seconds, approval,
              requests_per_second, request_burst, max_streams, max_waits, fallback_models, max_scheduled, priority,
-             builtin_tools_off, web_tools_policy, web_fetches_per_minute, web_fetch_domains)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22)
+             builtin_tools_off, web_tools_policy, web_fetches_per_minute, web_fetch_domains, private_workspace_web)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23)
          ON CONFLICT (name) DO UPDATE SET usd_per_day = EXCLUDED.usd_per_day, usd_per_month = EXCLUDED.usd_per_month,
              tokens_per_day = EXCLUDED.tokens_per_day, max_running = EXCLUDED.max_running,
              max_queued = EXCLUDED.max_queued, max_task_cost_usd = EXCLUDED.max_task_cost_usd,
@@ -125,7 +130,8 @@ pub async fn put_limits(pool: &PgPool, tenant: &str, l: &Limits) -> Result<bool,
              fallback_models = EXCLUDED.fallback_models, max_scheduled = EXCLUDED.max_scheduled,
              priority = EXCLUDED.priority, builtin_tools_off = EXCLUDED.builtin_tools_off,
              web_tools_policy = EXCLUDED.web_tools_policy, web_fetches_per_minute = EXCLUDED.web_fetches_per_minute,
-             web_fetch_domains = EXCLUDED.web_fetch_domains, updated_at = now()
+             web_fetch_domains = EXCLUDED.web_fetch_domains,
+             private_workspace_web = EXCLUDED.private_workspace_web, updated_at = now()
          RETURNING (xmax = 0)",
     )
     .bind(tenant)
@@ -150,6 +156,7 @@ pub async fn put_limits(pool: &PgPool, tenant: &str, l: &Limits) -> Result<bool,
     .bind(&l.web_tools_policy)
     .bind(l.web_fetches_per_minute)
     .bind(&l.web_fetch_domains)
+    .bind(&l.private_workspace_web)
     .fetch_one(pool)
     .await?)
 }

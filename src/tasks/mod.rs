@@ -106,6 +106,8 @@ pub struct Parts {
     pub shutdown: CancellationToken,
     /// The streams and waits each tenant holds open on this replica.
     pub guard: Arc<guard::Guard>,
+    /// Workspaces: the git address guard, the upload caps.
+    pub workspaces: Arc<crate::workspace::Workspaces>,
 }
 
 /// The room's shared handles: one per process, cloned cheaply into each door. Its parts are

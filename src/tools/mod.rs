@@ -9,6 +9,7 @@
 pub mod builtin;
 pub mod catalog;
 pub mod html;
+pub mod files;
 pub mod http;
 pub mod mcp;
 pub mod ssrf;
@@ -286,6 +287,25 @@ pub struct TaskTools {
     pub on_source_error: Option<SourceErrors>,
     /// The tenant as the web tools need it (its fetch rate, its domains).
     pub web: Option<web::WebTenant>,
+    /// The task's workspace tree, held in the cache while the run lasts.
+    pub workspace: Option<files::Root>,
+}
+
+impl TaskTools {
+    /// A workspace tool's call, on a blocking thread (it reads files).
+    async fn read_workspace(&self, tool: builtin::BuiltinTool, call: &ToolCall) -> ToolOutput {
+        let Some(w) = &self.workspace else {
+            return tool_error(format!("{} reads the task's workspace, and this task has none", call.name));
+        };
+        let (root, args, max) = (w.path.clone(), call.arguments.clone(), self.caller.max_result_bytes);
+        let out = tokio::task::spawn_blocking(move || files::run(tool, &root, &args, max))
+            .await
+            .unwrap_or_else(|e| tool_error(format!("{} failed: {e}", call.name)));
+        let outcome = if out.is_error { "error" } else { "ok" };
+        metrics::counter!("subagentd_builtin_tool_calls_total", "tool" => tool.as_str(), "outcome" => outcome)
+            .increment(1);
+        out
+    }
 }
 
 /// Told (source name, the error's full chain) when a call could not reach an MCP source.
@@ -348,6 +368,7 @@ impl ToolRunner for TaskTools {
             // Its calls pause the run for the caller's output; they never reach here.
             Target::Caller => tool_error(format!("tool {} is run by the caller, not by subagentd", call.name)),
             Target::Provider { .. } => tool_error(format!("tool {} is run by the model's provider", call.name)),
+            Target::Builtin { tool } if tool.reads_workspace() => self.read_workspace(*tool, call).await,
             Target::Builtin { tool } => {
                 web::run(&self.caller.web, self.web.as_ref(), *tool, call, self.caller.max_result_bytes).await
             }

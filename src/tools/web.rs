@@ -137,6 +137,7 @@ pub async fn run(
         match tool {
             BuiltinTool::WebFetch => fetch(web, tenant, call, max_result).await,
             BuiltinTool::WebSearch => search(web, call, max_result).await,
+            other => ToolOutput::text(format!("{} is not a web tool", other.as_str()), true),
         }
     };
     match tokio::time::timeout(web.timeout, fut).await {

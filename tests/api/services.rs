@@ -160,7 +160,8 @@ async fn a_claim_pass_takes_queued_work_for_the_free_places_and_runs_it() {
     let db = test_db().await;
     let cfg = Arc::new(test_config(&db.url));
     let caller = subagentd::tools::Caller::from_config(&cfg).unwrap();
-    let worker = Worker::new(db.pool.clone(), Hub::new(), Providers::with_builtin(), caller, cfg);
+    let ws = Arc::new(subagentd::workspace::Workspaces::from_config(&cfg).unwrap());
+    let worker = Worker::new(db.pool.clone(), Hub::new(), Providers::with_builtin(), caller, cfg, ws);
     let ids = [task(&db, "queued", "").await, task(&db, "queued", "").await];
     let claims = ClaimLoop::new(worker.clone());
     assert_eq!(claims.pass(8).await, 2);

@@ -21,6 +21,7 @@ fn submitter(db: &TestDb, tweak: impl FnOnce(&mut Config)) -> Lifecycle {
     let parts = Parts {
         pool: db.pool.clone(),
         tool_caller: subagentd::tools::Caller::from_config(&cfg).unwrap(),
+        workspaces: Arc::new(subagentd::workspace::Workspaces::from_config(&cfg).unwrap()),
         cfg: Arc::new(cfg),
         providers: Arc::new(Providers::with_builtin()),
         file_agents: Arc::new(FileAgents::default()),

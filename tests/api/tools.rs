@@ -691,6 +691,7 @@ async fn mcp_calls_per_second() {
         mcp_headers: Default::default(),
         on_source_error: None,
         web: None,
+        workspace: None,
     });
     let call = |i: usize| subagentd::llm::ToolCall {
         id: format!("c{i}"),

@@ -209,6 +209,7 @@ fn runner(base: &str, tweak: impl FnOnce(&mut subagentd::config::Config)) -> Tas
         mcp_headers: Default::default(),
         on_source_error: None,
         web: None,
+        workspace: None,
     }
 }
 

@@ -90,6 +90,10 @@ pub struct TaskRequest {
     /// the agent definition's, else the tenant's, else `normal`).
     #[serde(default)]
     pub priority: Option<String>,
+    /// The code the workspace tools read: `{"git": url, "ref": …, "secret": …}` or
+    /// `{"name": …}` (an uploaded workspace).
+    #[serde(default)]
+    pub workspace: Option<crate::kinds::WorkspaceSpec>,
 }
 
 /// One submission: the request and what came with it, as the door received it.

@@ -14,7 +14,7 @@ use crate::engine::agents::{AgentType, Approval};
 use crate::engine::claude_code;
 use crate::engine::definitions::AgentDefinition;
 use crate::engine::spec::{FallbackWhen, MaxTurns, TaskOptions, Usd};
-use crate::kinds::Priority;
+use crate::kinds::{Priority, WorkspaceSpec};
 use crate::llm::{ModelRef, ResolveError};
 use crate::store::tasks::{self, NewTask, TaskRow};
 use crate::tasks::{Lifecycle, TaskError};
@@ -61,13 +61,15 @@ impl Lifecycle {
         let own = task_limits(body, limits, &who, checked.max_turns, self.p.cfg.max_task_timeout_seconds as f64)?;
         self.priced(&who.model, limits, &own)?;
         let approval = approval(body, limits, who.definition.as_ref())?;
-        let tools = self.whitelist(&s.tenant, limits, &who, approval, body).await?;
+        let workspace = self.workspace(&s.tenant, body, limits).await?;
+        let tools = self.whitelist(&s.tenant, limits, &who, approval, body, workspace.as_ref()).await?;
         let max_out = self.p.providers.max_tokens_for(
             &who.model,
             who.definition.as_ref().and_then(|d| d.max_output_tokens),
             self.p.cfg.max_output_tokens,
         );
-        let options = self.options(body, limits, &who, &own, approval, tools)?;
+        let mut options = self.options(body, limits, &who, &own, approval, tools)?;
+        options.workspace = workspace;
         let stored = options.to_stored();
         let prompt = body.prompt.trim();
         // The same key must come with the same request: hash what was asked, as resolved.
@@ -311,7 +313,79 @@ impl Lifecycle {
             output_schema,
             fallback_models,
             fallback_on,
+            workspace: None,
         })
+    }
+
+    /// The request's `workspace`, checked: a repository URL the address guard allows (an IP
+    /// literal fully, a name again at connect), a plain ref, a secret and an upload that exist
+    /// for this tenant, and the web beside a private workspace only where the tenant allows it.
+    async fn workspace(
+        &self,
+        tenant: &str,
+        body: &TaskRequest,
+        limits: &Limits,
+    ) -> Result<Option<WorkspaceSpec>, TaskError> {
+        let Some(w) = &body.workspace else { return Ok(None) };
+        let pool = &self.p.pool;
+        match (&w.git, &w.name) {
+            (Some(url), None) => {
+                let parsed = url::Url::parse(url)
+                    .map_err(|e| TaskError::invalid("workspace.git", format!("{url:?} is not a URL: {e}")))?;
+                if !parsed.username().is_empty() || parsed.password().is_some() {
+                    return Err(TaskError::invalid(
+                        "workspace.git",
+                        "credentials in the URL are not allowed: store the token as a secret (PUT /secrets/{name}) \
+                         and name it in `workspace.secret`",
+                    ));
+                }
+                self.p.workspaces.allow.check_url(url).map_err(|e| TaskError::invalid("workspace.git", e.0))?;
+                if let Some(r) = &w.git_ref {
+                    let bad = r.is_empty()
+                        || r.len() > 255
+                        || r.starts_with('-')
+                        || r.contains("..")
+                        || r.chars().any(|c| c.is_control() || c.is_whitespace() || "~^:?*[\\".contains(c));
+                    if bad {
+                        return Err(TaskError::invalid("workspace.ref", format!("{r:?} is not a branch, tag or commit name")));
+                    }
+                }
+                if let Some(secret) = &w.secret {
+                    if !crate::store::workspaces::secret_exists(pool, tenant, secret).await? {
+                        return Err(TaskError::invalid(
+                            "workspace.secret",
+                            format!("no secret named {secret:?}: create it with PUT /secrets/{secret}"),
+                        ));
+                    }
+                }
+            }
+            (None, Some(name)) => {
+                if w.git_ref.is_some() || w.secret.is_some() {
+                    return Err(TaskError::invalid("workspace", "`ref` and `secret` go with `git`, not with `name`"));
+                }
+                if crate::store::workspaces::content_hash(pool, tenant, name).await?.is_none() {
+                    return Err(TaskError::invalid(
+                        "workspace.name",
+                        format!("no workspace named {name:?}: upload one with PUT /workspaces/{name}"),
+                    ));
+                }
+            }
+            _ => {
+                return Err(TaskError::invalid(
+                    "workspace",
+                    "give either `git` (a repository URL, with an optional `ref`) or `name` (an uploaded workspace)",
+                ))
+            }
+        }
+        let tenant_allows = matches!(limits.private_workspace_web.as_deref(), Some("task" | "always"));
+        if w.web == Some(true) && w.private() && !tenant_allows {
+            return Err(TaskError::invalid(
+                "workspace.web",
+                "the web tools are not offered beside a private workspace for this tenant \
+                 (its `private_workspace_web` is `never`)",
+            ));
+        }
+        Ok(Some(w.clone()))
     }
 
     /// The fallback models (the request's, else the definition's, else the tenant's), each one
@@ -380,6 +454,7 @@ impl Lifecycle {
         who: &Agent,
         approval: Approval,
         body: &TaskRequest,
+        workspace: Option<&WorkspaceSpec>,
     ) -> Result<Vec<ToolDef>, TaskError> {
         let (agent, definition) = (who.agent, who.definition.as_ref());
         let mut available = catalog::available(&self.p.pool, &self.p.tools_cache, tenant).await?;
@@ -407,7 +482,22 @@ impl Lifecycle {
         };
         let anthropic = self.p.providers.for_model(&who.model).is_some_and(|p| p.system() == "anthropic");
         let builtins = self.p.tool_caller.builtins.for_run(limits, anthropic, gated);
+        // The workspace tools only with a workspace; the web beside a private one only where
+        // the tenant allows it (a fetched URL could carry the code out).
+        let web_ok = workspace.is_none_or(|w| {
+            !w.private()
+                || match limits.private_workspace_web.as_deref() {
+                    Some("always") => true,
+                    Some("task") => w.web == Some(true),
+                    _ => false,
+                }
+        });
         available.extend(builtins.into_iter().filter(|d| match (&d.target, definition) {
+            (crate::tools::Target::Builtin { tool } | crate::tools::Target::Provider { tool }, _)
+                if (tool.reads_workspace() && workspace.is_none()) || (tool.reaches_web() && !web_ok) =>
+            {
+                false
+            }
             (crate::tools::Target::Builtin { tool } | crate::tools::Target::Provider { tool }, None) => {
                 agent.builtin_tools().contains(tool)
             }

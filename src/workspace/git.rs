@@ -1,0 +1,367 @@
+//! A repository at one commit, over git's smart HTTP with gix (no `git` program): the ref
+//! resolved by listing the remote's refs, then that commit alone fetched at depth 1 (no history,
+//! no tags, no submodules; LFS files stay their pointers, as no filter runs) into a scratch bare
+//! repository, and its tree written out as plain files. Every connection goes through gix's
+//! reqwest backend configured here: the address guard's resolver (a name is resolved once and only
+//! allowed addresses are connected to), no proxy, no redirects, and the host of an IP-literal URL
+//! checked before any connection. The time cap interrupts the pack's stream; the byte cap is
+//! checked on what has reached the disk. Blocking: run on a blocking thread.
+
+use std::num::NonZeroU32;
+use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gix::protocol::transport::client::blocking_io::http;
+
+use super::{Caps, Stats, WorkspaceError};
+use crate::tools::ssrf::{AllowList, GuardedResolver};
+
+/// What a fetch needs besides the URL and the commit.
+pub struct Remote<'a> {
+    pub url: &'a str,
+    /// The token of a private repository (sent as HTTP Basic, never in the URL).
+    pub token: Option<&'a str>,
+    pub allow: Arc<AllowList>,
+}
+
+/// Is `r` a full commit id (40 hex digits)?
+pub fn is_commit_id(r: &str) -> bool {
+    r.len() == 40 && r.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+fn scratch_repo(dir: &Path) -> Result<gix::Repository, WorkspaceError> {
+    let opts = gix::open::Options::isolated().config_overrides(["gitoxide.objects.allocLimit=268435456"]);
+    gix::ThreadSafeRepository::init_opts(dir, gix::create::Kind::Bare, gix::create::Options::default(), opts)
+        .map(|r| r.to_thread_local())
+        .map_err(|e| WorkspaceError::Internal(format!("cannot create a scratch repository: {e}")))
+}
+
+/// gix's HTTP options with our guard in its client.
+fn transport_options(allow: Arc<AllowList>, caps: &Caps) -> http::Options {
+    let connect = caps.timeout.min(Duration::from_secs(20));
+    let backend = http::reqwest::Options {
+        configure_client: Some(Box::new(move |b: reqwest::blocking::ClientBuilder| {
+            Ok(b.dns_resolver(Arc::new(GuardedResolver { allow: allow.clone() }))
+                .no_proxy()
+                .connect_timeout(connect)
+                .timeout(Duration::from_secs(60)))
+        })),
+        configure_request: None,
+    };
+    http::Options {
+        follow_redirects: http::options::FollowRedirects::None,
+        user_agent: Some(format!("subagentd/{} (workspace)", env!("CARGO_PKG_VERSION"))),
+        connect_timeout: Some(connect),
+        backend: Some(Arc::new(std::sync::Mutex::new(backend))),
+        ..Default::default()
+    }
+}
+
+/// A refusal, a missing ref, an unreachable host or a failed login, from gix's error text.
+fn classify(url: &str, e: &gix::Error) -> WorkspaceError {
+    let text = format!("{e:?}");
+    let lower = text.to_ascii_lowercase();
+    if lower.contains("allow-list") || lower.contains("loopback or link-local") {
+        let why = text.lines().find(|l| l.contains("allow-list") || l.contains("link-local")).unwrap_or(&text);
+        WorkspaceError::Refused(format!("{url}: {}", why.trim()))
+    } else if lower.contains("401") || lower.contains("authentication") || lower.contains("credentials") {
+        WorkspaceError::Unreachable(format!("{url}: the server asked for credentials that were not accepted"))
+    } else {
+        let first = text.lines().next().unwrap_or(&text);
+        WorkspaceError::Unreachable(format!("{url} could not be fetched: {}", first.trim()))
+    }
+}
+
+fn connect<'r>(
+    remote: &'r gix::Remote<'r>,
+    r: &Remote<'_>,
+    caps: &Caps,
+) -> Result<gix::remote::Connection<'r, 'static, 'r, Box<dyn gix::protocol::transport::client::blocking_io::Transport + Send>>, WorkspaceError> {
+    let mut conn = remote.connect(gix::remote::Direction::Fetch).map_err(|e| classify(r.url, &e))?;
+    conn.set_transport_options(Box::new(transport_options(r.allow.clone(), caps)));
+    if let Some(token) = r.token {
+        let account = gix::sec::identity::Account {
+            username: "x-access-token".into(),
+            password: token.into(),
+            oauth_refresh_token: None,
+        };
+        conn.transport_mut()
+            .set_identity(account)
+            .map_err(|e| WorkspaceError::Internal(format!("cannot set the credentials: {e}")))?;
+    }
+    conn.set_credentials(|_| Ok(None));
+    Ok(conn)
+}
+
+fn check_url(r: &Remote<'_>) -> Result<(), WorkspaceError> {
+    // An IP literal is connected to without the resolver: check it here (names at connect).
+    r.allow.check_url(r.url).map(|_| ()).map_err(|e| WorkspaceError::Refused(e.0))
+}
+
+/// The commit `git_ref` names at the remote (`None`: its default branch). A branch wins over a
+/// tag of the same name; an annotated tag is peeled to its commit.
+pub fn resolve(r: &Remote<'_>, git_ref: Option<&str>, caps: &Caps, scratch: &Path) -> Result<String, WorkspaceError> {
+    check_url(r)?;
+    if let Some(id) = git_ref.filter(|g| is_commit_id(g)) {
+        return Ok(id.to_ascii_lowercase());
+    }
+    let repo = scratch_repo(scratch)?;
+    let remote = repo
+        .remote_at_without_url_rewrite(r.url)
+        .map_err(|e| WorkspaceError::Refused(format!("{}: {e}", r.url)))?
+        .with_fetch_tags(gix::remote::fetch::Tags::None);
+    let names: Vec<String> = match git_ref {
+        None => vec!["HEAD".into()],
+        Some(n) if n.starts_with("refs/") => vec![n.to_string()],
+        Some(n) => vec![format!("refs/heads/{n}"), format!("refs/tags/{n}")],
+    };
+    let specs = names
+        .iter()
+        .map(|n| {
+            gix::refspec::parse(n.as_str().into(), gix::refspec::parse::Operation::Fetch)
+                .map(|s| s.to_owned())
+                .map_err(|e| WorkspaceError::RefNotFound(format!("{n:?} is not a ref name: {e}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let conn = connect(&remote, r, caps)?;
+    let opts = gix::remote::ref_map::Options { extra_refspecs: specs, ..Default::default() };
+    let (map, _) = conn.ref_map(gix::progress::Discard, opts).map_err(|e| classify(r.url, &e))?;
+    for n in &names {
+        let hit = map.mappings.iter().find(|m| m.remote.as_name().is_some_and(|name| name == n.as_bytes()));
+        if let Some(id) = hit.and_then(|m| m.remote.peeled_id()) {
+            return Ok(id.to_string());
+        }
+    }
+    Err(WorkspaceError::RefNotFound(match git_ref {
+        Some(g) => format!("{}: no branch or tag named {g:?}", r.url),
+        None => format!("{}: the repository has no default branch", r.url),
+    }))
+}
+
+/// Fetch `commit` into the scratch repository at `scratch` and write its tree into `dest`.
+pub fn fetch(r: &Remote<'_>, commit: &str, caps: &Caps, scratch: &Path, dest: &Path) -> Result<Stats, WorkspaceError> {
+    check_url(r)?;
+    let started = Instant::now();
+    let repo = scratch_repo(scratch)?;
+    let remote = repo
+        .remote_at_without_url_rewrite(r.url)
+        .map_err(|e| WorkspaceError::Refused(format!("{}: {e}", r.url)))?
+        .with_fetch_tags(gix::remote::fetch::Tags::None);
+    let spec = gix::refspec::parse(commit.into(), gix::refspec::parse::Operation::Fetch)
+        .map(|s| s.to_owned())
+        .map_err(|e| WorkspaceError::RefNotFound(format!("{commit:?}: {e}")))?;
+    let interrupt = Arc::new(AtomicBool::new(false));
+    let over = Arc::new(std::sync::Mutex::new(None::<WorkspaceError>));
+    let watchdog = watch(scratch.to_path_buf(), caps.clone(), interrupt.clone(), over.clone());
+    let result = (|| {
+        let conn = connect(&remote, r, caps)?;
+        let opts = gix::remote::ref_map::Options { extra_refspecs: vec![spec], ..Default::default() };
+        conn.prepare_fetch(gix::progress::Discard, opts)
+            .map_err(|e| classify(r.url, &e))?
+            .with_shallow(gix::remote::fetch::Shallow::DepthAtRemote(NonZeroU32::MIN))
+            .receive(gix::progress::Discard, &interrupt)
+            .map_err(|e| classify(r.url, &e))
+    })();
+    watchdog.stop();
+    if let Some(e) = over.lock().ok().and_then(|mut o| o.take()) {
+        return Err(e);
+    }
+    result?;
+    let fetched = dir_size(scratch);
+    let id = gix::ObjectId::from_hex(commit.as_bytes())
+        .map_err(|e| WorkspaceError::RefNotFound(format!("{commit:?} is not a commit id: {e}")))?;
+    let tree = repo
+        .find_object(id)
+        .ok()
+        .and_then(|o| o.peel_to_commit().ok())
+        .and_then(|c| c.tree().ok())
+        .ok_or_else(|| WorkspaceError::RefNotFound(format!("{}: commit {commit} was not found", r.url)))?;
+    let mut out = Checkout { repo: &repo, caps, files: 0, bytes: 0, dropped: vec![] };
+    std::fs::create_dir_all(dest).map_err(|e| WorkspaceError::Internal(format!("cannot write the tree: {e}")))?;
+    out.tree(&tree, dest, Path::new(""), 0)?;
+    Ok(Stats {
+        fetched_bytes: fetched,
+        files: out.files,
+        bytes: out.bytes,
+        millis: started.elapsed().as_millis() as u64,
+        dropped: out.dropped,
+    })
+}
+
+/// Watches a fetch: past the time cap, or once the scratch repository holds more than the
+/// byte cap, it interrupts the pack's stream and says why.
+struct Watchdog {
+    done: Arc<AtomicBool>,
+    handle: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Watchdog {
+    fn stop(mut self) {
+        self.done.store(true, Ordering::Relaxed);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+fn watch(
+    dir: PathBuf,
+    caps: Caps,
+    interrupt: Arc<AtomicBool>,
+    over: Arc<std::sync::Mutex<Option<WorkspaceError>>>,
+) -> Watchdog {
+    let done = Arc::new(AtomicBool::new(false));
+    let d = done.clone();
+    let handle = std::thread::spawn(move || {
+        let start = Instant::now();
+        while !d.load(Ordering::Relaxed) {
+            let why = if start.elapsed() > caps.timeout {
+                Some(WorkspaceError::TooLarge(format!("the fetch took longer than {} s", caps.timeout.as_secs())))
+            } else if dir_size(&dir) > caps.max_fetch_bytes {
+                Some(WorkspaceError::TooLarge(format!("the repository is over {} bytes at this commit", caps.max_fetch_bytes)))
+            } else {
+                None
+            };
+            if let Some(e) = why {
+                if let Ok(mut o) = over.lock() {
+                    *o = Some(e);
+                }
+                interrupt.store(true, Ordering::Relaxed);
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    });
+    Watchdog { done, handle: Some(handle) }
+}
+
+/// Bytes of the files under `dir`.
+pub fn dir_size(dir: &Path) -> u64 {
+    walkdir::WalkDir::new(dir)
+        .into_iter()
+        .filter_map(Result::ok)
+        .filter_map(|e| e.metadata().ok())
+        .filter(|m| m.is_file())
+        .map(|m| m.len())
+        .sum()
+}
+
+/// Writes a tree out: directories, files (executable or not), and symbolic links whose target
+/// stays inside; submodules and links leading out are left out and named.
+struct Checkout<'a> {
+    repo: &'a gix::Repository,
+    caps: &'a Caps,
+    files: u64,
+    bytes: u64,
+    dropped: Vec<String>,
+}
+
+impl Checkout<'_> {
+    fn tree(&mut self, tree: &gix::Tree<'_>, dir: &Path, rel: &Path, depth: usize) -> Result<(), WorkspaceError> {
+        if depth > 64 {
+            return Err(WorkspaceError::TooLarge("the tree is nested more than 64 levels deep".into()));
+        }
+        let io = |e: std::io::Error| WorkspaceError::Internal(format!("cannot write the tree: {e}"));
+        for entry in tree.iter() {
+            let entry = entry.map_err(|e| WorkspaceError::Internal(format!("a tree cannot be read: {e}")))?;
+            let name = entry.filename();
+            let kind = entry.mode().kind();
+            let is_link = matches!(kind, gix::object::tree::EntryKind::Link);
+            let opts = gix::validate::path::component::Options::default();
+            let mode = is_link.then_some(gix::validate::path::component::Mode::Symlink);
+            let name_str = String::from_utf8_lossy(name).into_owned();
+            let shown = rel.join(&name_str);
+            if gix::validate::path::component(name, mode, opts).is_err() || name_str.contains(['/', '\\']) {
+                self.dropped.push(format!("{}: not a safe file name", shown.display()));
+                continue;
+            }
+            let path = dir.join(&name_str);
+            match kind {
+                gix::object::tree::EntryKind::Tree => {
+                    std::fs::create_dir_all(&path).map_err(io)?;
+                    let sub = self
+                        .repo
+                        .find_object(entry.oid())
+                        .ok()
+                        .and_then(|o| o.try_into_tree().ok())
+                        .ok_or_else(|| WorkspaceError::Internal(format!("tree {} is missing", shown.display())))?;
+                    self.tree(&sub, &path, &shown, depth + 1)?;
+                }
+                gix::object::tree::EntryKind::Commit => {
+                    self.dropped.push(format!("{}: a submodule (not fetched)", shown.display()));
+                }
+                _ => {
+                    let blob = self
+                        .repo
+                        .find_object(entry.oid())
+                        .map_err(|e| WorkspaceError::Internal(format!("{} is missing: {e}", shown.display())))?;
+                    self.files += 1;
+                    self.bytes += blob.data.len() as u64;
+                    if self.files > self.caps.max_files || self.bytes > self.caps.max_bytes {
+                        return Err(WorkspaceError::TooLarge(format!(
+                            "the tree is over {} files or {} bytes",
+                            self.caps.max_files, self.caps.max_bytes
+                        )));
+                    }
+                    if is_link {
+                        let target = String::from_utf8_lossy(&blob.data).into_owned();
+                        if link_stays_inside(&shown, &target) {
+                            std::os::unix::fs::symlink(&target, &path).map_err(io)?;
+                        } else {
+                            self.dropped.push(format!("{}: a symbolic link leading outside", shown.display()));
+                        }
+                        continue;
+                    }
+                    std::fs::write(&path, &blob.data).map_err(io)?;
+                    if matches!(kind, gix::object::tree::EntryKind::BlobExecutable) {
+                        use std::os::unix::fs::PermissionsExt;
+                        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).map_err(io)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Does a link at `at` (relative to the root) pointing to `target` stay under the root, read
+/// lexically? (Every read resolves the path again and checks it: this keeps the obvious escapes
+/// out of the tree a sandbox would copy.)
+pub fn link_stays_inside(at: &Path, target: &str) -> bool {
+    if target.is_empty() || target.contains('\0') || Path::new(target).is_absolute() {
+        return false;
+    }
+    let mut depth: i64 = at.parent().map_or(0, |p| p.components().count() as i64);
+    for c in Path::new(target).components() {
+        match c {
+            Component::Normal(_) => depth += 1,
+            Component::CurDir => {}
+            Component::ParentDir => {
+                depth -= 1;
+                if depth < 0 {
+                    return false;
+                }
+            }
+            _ => return false,
+        }
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn links_are_judged_from_where_they_are() {
+        assert!(link_stays_inside(Path::new("a/b/l"), "../c"));
+        assert!(link_stays_inside(Path::new("a/l"), "../c"));
+        assert!(!link_stays_inside(Path::new("l"), "../c"));
+        assert!(!link_stays_inside(Path::new("a/l"), "../../etc/passwd"));
+        assert!(!link_stays_inside(Path::new("a/l"), "/etc/passwd"));
+        assert!(!link_stays_inside(Path::new("a/l"), ""));
+        assert!(is_commit_id("0123456789abcdef0123456789abcdef01234567") && !is_commit_id("main"));
+    }
+}

@@ -18,7 +18,7 @@ CREATE TABLE workspaces (
 -- Already compressed: stored out of line as it is, not compressed again.
 ALTER TABLE workspaces ALTER COLUMN archive SET STORAGE EXTERNAL;
 
-CREATE TABLE tenant_secrets (
+CREATE TABLE secrets (
     tenant     text        NOT NULL,
     name       text        NOT NULL,
     value      text        NOT NULL,

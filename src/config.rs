@@ -108,6 +108,11 @@ pub struct Config {
     #[arg(long, env = "SUBAGENTD_WORKSPACE_GIT_ALLOW", global = true)]
     pub workspace_git_allow: Option<String>,
 
+    /// Extra CA certificates (PEM) a git server's certificate may chain to, beside the
+    /// system's: an internal git server's own CA.
+    #[arg(long, env = "SUBAGENTD_WORKSPACE_CA_FILE", global = true)]
+    pub workspace_ca_file: Option<PathBuf>,
+
     /// The disk cache of workspaces' trees (fetched commits, unpacked uploads); unset:
     /// `<data-dir>/workspaces`. Disposable: emptied at will, filled again on use.
     #[arg(long, env = "SUBAGENTD_WORKSPACE_DIR", global = true)]

@@ -66,12 +66,10 @@ impl Service {
         let publish = hub.start_publishing(pool.clone(), listener_stop.clone()).await;
         let refresh_live = tokio::spawn(hub.clone().refresh_live(listener_stop.clone()));
 
-        let local_worker = roles
-            .workers
-            .then(|| {
-                let (p, c) = (providers.clone(), tool_caller.clone());
-                Worker::new(pool.clone(), hub.clone(), p, c, cfg.clone(), workspaces.clone())
-            });
+        let local_worker = roles.workers.then(|| {
+            let (p, c) = (providers.clone(), tool_caller.clone());
+            Worker::new(pool.clone(), hub.clone(), p, c, cfg.clone(), workspaces.clone())
+        });
         let worker =
             local_worker.clone().map(|w| tokio::spawn(crate::jobs::run_worker(w, shutdown.clone(), cfg.drain_grace())));
 

@@ -161,15 +161,22 @@ struct FrontMatter {
 
 /// Is `name` usable for a custom agent?
 pub fn check_name(name: &str) -> Result<(), String> {
+    check_name_chars(name)?;
+    if BUILTIN_NAMES.contains(&name) {
+        return Err(format!("{name:?} is a built-in agent type and cannot be redefined"));
+    }
+    Ok(())
+}
+
+/// The naming rule agents share with workspaces and secrets: 1-64 of a-z, 0-9, `-`, `_`, `.`,
+/// starting with a letter or digit.
+pub fn check_name_chars(name: &str) -> Result<(), String> {
     let ok = !name.is_empty()
         && name.len() <= 64
         && name.chars().next().is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
         && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '-' | '_' | '.'));
     if !ok {
         return Err("must be 1-64 characters of a-z, 0-9, '-', '_' and '.', starting with a letter or digit".into());
-    }
-    if BUILTIN_NAMES.contains(&name) {
-        return Err(format!("{name:?} is a built-in agent type and cannot be redefined"));
     }
     Ok(())
 }

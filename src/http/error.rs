@@ -109,6 +109,13 @@ impl From<crate::resources::Error> for ApiError {
             Error::ReadOnly(detail) => {
                 ApiError::new(StatusCode::CONFLICT, "definition_read_only", "Read-only definition", detail)
             }
+            Error::TooLarge { code, detail } => ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, code, "Too large", detail),
+            Error::MediaType(detail) => ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                "Unsupported media type",
+                detail,
+            ),
             Error::Budget(b) => b.into(),
             Error::Tool(t) => t.into(),
             Error::Task(t) => t.into(),

@@ -28,6 +28,7 @@ pub mod serve;
 pub mod tasks;
 pub mod tools;
 pub mod usage;
+pub mod workspaces;
 
 use std::sync::Arc;
 
@@ -86,6 +87,7 @@ pub fn router(state: AppState) -> Router {
         .merge(tasks::router())
         .merge(agents::router())
         .merge(schedules::router())
+        .merge(workspaces::router())
         .merge(tools::router())
         .merge(usage::router())
         .merge(events::router())

@@ -23,6 +23,7 @@ use crate::llm::{Message, ModelRef, Providers, ToolCall};
 use crate::store::tasks::{FirstCall, NewTask, TaskRow};
 use crate::store::{retrying, runs, tools as tool_store, Fence};
 use crate::tools::{Caller, Target, TaskTools};
+use crate::workspace::{git, WorkspaceError};
 
 /// What running a task needs, shared by every run of this process.
 pub struct Runner {
@@ -203,10 +204,22 @@ impl Runner {
         } else {
             (vec![], opts.fresh_conversation(&row.prompt, agent))
         };
-        let tools = match self.task_tools(row, opts).await {
+        let mut tools = match self.task_tools(row, opts).await {
             Ok(t) => t,
             Err(o) => return o.into(),
         };
+        if let Some(spec) = &opts.workspace {
+            let ready = tokio::spawn(self.workspace(row.clone(), store.fence, spec.clone()));
+            tools.workspace = tokio::select! {
+                r = ready => match r {
+                    Ok(Ok(root)) => Some(root),
+                    Ok(Err(o)) => return o.into(),
+                    Err(e) => return internal(format!("the workspace could not be made ready: {e}")),
+                },
+                // The fill goes on in its task (its tree is cached for the next run); this run ends.
+                cause = stop.stopped() => return Outcome::Stopped(cause).into(),
+            };
+        }
         let answers = match self.answers(row, &history).await {
             Ok(a) => a,
             Err(e) => return e,
@@ -357,6 +370,73 @@ impl Runner {
         Some(FirstCall { usd, tokens: tokens.min(i64::MAX as u64) as i64, started, defaults, ask: whole })
     }
 
+    /// The task's workspace on this worker's disk: its version resolved and recorded at the
+    /// first start (every later attempt reads the recorded one), then its tree from the cache,
+    /// filled if this replica lacks it; a `workspace_ready` event says what it took.
+    fn workspace(
+        &self,
+        row: TaskRow,
+        fence: Fence,
+        spec: crate::kinds::WorkspaceSpec,
+    ) -> impl std::future::Future<Output = Result<crate::tools::files::Root, Outcome>> + Send + 'static {
+        let (pool, ws) = (self.pool.clone(), self.workspaces.clone());
+        async move {
+            let failed = |e: WorkspaceError| Outcome::Failed { code: e.code(), message: e.to_string() };
+            let lost = || Outcome::Stopped(StopCause::LeaseLost);
+            let token = match &spec.secret {
+                Some(name) => match retrying(|| crate::store::workspaces::secret_value(&pool, &row.tenant, name)).await
+                {
+                    Ok(Some(v)) => Some(v),
+                    Ok(None) => {
+                        return Err(failed(WorkspaceError::Gone(format!("the secret {name:?} no longer exists"))))
+                    }
+                    Err(_) => return Err(lost()),
+                },
+                None => None,
+            };
+            let version = match &row.workspace_version {
+                Some(v) => v.clone(),
+                None => {
+                    let v = resolve(&pool, &ws, &row.tenant, &spec, token.clone()).await.map_err(failed)?;
+                    match crate::store::workspaces::record_version(&pool, fence, &v).await {
+                        Ok(Some(v)) => v,
+                        _ => return Err(lost()),
+                    }
+                }
+            };
+            let entry = ws.entry(&row.tenant, spec.source(), &version);
+            let started = std::time::Instant::now();
+            let (p, t, v, s) = (pool.clone(), row.tenant.clone(), version.clone(), spec.clone());
+            let net = (ws.caps.clone(), ws.allow.clone(), ws.ca.clone());
+            let filled = ws.ready(entry, move |aside| fill(p, t, s, v, token, net, aside)).await;
+            let source = spec.source();
+            let outcome = match &filled {
+                Ok((_, None)) => "cached",
+                Ok((_, Some(_))) => "fetched",
+                Err(_) => "failed",
+            };
+            metrics::counter!("subagentd_workspace_fetches_total", "source" => source, "outcome" => outcome)
+                .increment(1);
+            let (held, stats) = filled.map_err(failed)?;
+            let total = crate::workspace::git::dir_size(&held.root);
+            let ev = crate::kinds::event::WorkspaceReady {
+                source: source.into(),
+                version,
+                cached: stats.is_none(),
+                fetched_bytes: stats.as_ref().map_or(0, |s| s.fetched_bytes),
+                millis: started.elapsed().as_millis() as u64,
+                files: stats.as_ref().map_or(0, |s| s.files),
+                bytes: stats.as_ref().map_or(total, |s| s.bytes),
+                dropped: stats.map(|s| s.dropped).unwrap_or_default(),
+            };
+            match crate::store::events::append(&pool, fence, &[crate::kinds::Event::WorkspaceReady(ev)]).await {
+                Ok(true) => {}
+                _ => return Err(lost()),
+            }
+            Ok(crate::tools::files::Root { path: held.root.clone(), hold: Box::new(held) })
+        }
+    }
+
     /// The run's tools, with what calling them needs: the tenant's signing secret for HTTP
     /// tools, the sources' headers for MCP tools.
     async fn task_tools(&self, row: &TaskRow, opts: &TaskOptions) -> Result<TaskTools, Outcome> {
@@ -414,4 +494,83 @@ impl Runner {
         }
         Ok(t)
     }
+}
+
+/// The version a task's workspace names now: the commit its ref points at, or the upload's
+/// content hash.
+async fn resolve(
+    pool: &PgPool,
+    ws: &crate::workspace::Workspaces,
+    tenant: &str,
+    spec: &crate::kinds::WorkspaceSpec,
+    token: Option<String>,
+) -> Result<String, WorkspaceError> {
+    match (&spec.git, &spec.name) {
+        (Some(url), _) => {
+            let (url, r, caps, allow, ca) =
+                (url.clone(), spec.git_ref.clone(), ws.caps.clone(), ws.allow.clone(), ws.ca.clone());
+            tokio::task::spawn_blocking(move || {
+                let scratch = tempfile::tempdir().map_err(|e| WorkspaceError::Internal(e.to_string()))?;
+                let remote = git::Remote { url: &url, token: token.as_deref(), allow, ca };
+                git::resolve(&remote, r.as_deref(), &caps, scratch.path())
+            })
+            .await
+            .map_err(|e| WorkspaceError::Internal(e.to_string()))?
+        }
+        (None, Some(name)) => match crate::store::workspaces::content_hash(pool, tenant, name).await {
+            Ok(Some(h)) => Ok(h),
+            Ok(None) => Err(WorkspaceError::Gone(format!("the workspace {name:?} no longer exists"))),
+            Err(e) => Err(WorkspaceError::Internal(e.to_string())),
+        },
+        (None, None) => Err(WorkspaceError::Internal("a workspace with neither git nor name".into())),
+    }
+}
+
+/// Fill `aside/tree` with the workspace at `version`: fetched from the repository, or
+/// unpacked from the upload's archive (which must still have that content hash).
+async fn fill(
+    pool: PgPool,
+    tenant: String,
+    spec: crate::kinds::WorkspaceSpec,
+    version: String,
+    token: Option<String>,
+    (caps, allow, ca): (crate::workspace::Caps, Arc<crate::tools::ssrf::AllowList>, Option<Arc<Vec<u8>>>),
+    aside: std::path::PathBuf,
+) -> Result<crate::workspace::Stats, WorkspaceError> {
+    let internal = |e: String| WorkspaceError::Internal(e);
+    if let Some(url) = spec.git {
+        return tokio::task::spawn_blocking(move || {
+            let remote = git::Remote { url: &url, token: token.as_deref(), allow, ca };
+            git::fetch(&remote, &version, &caps, &aside.join("scratch"), &aside.join("tree"))
+        })
+        .await
+        .map_err(|e| internal(e.to_string()))?;
+    }
+    let name = spec.name.unwrap_or_default();
+    let started = std::time::Instant::now();
+    let archive = match crate::store::workspaces::archive(&pool, &tenant, &name, &version).await {
+        Ok(Some(a)) => a,
+        Ok(None) => {
+            return Err(WorkspaceError::Gone(format!(
+                "the workspace {name:?} was deleted or replaced since this task first read it ({version})"
+            )))
+        }
+        Err(e) => return Err(internal(e.to_string())),
+    };
+    let read = archive.len() as u64;
+    tokio::task::spawn_blocking(move || {
+        let tree = aside.join("tree");
+        std::fs::create_dir_all(&tree).map_err(|e| internal(e.to_string()))?;
+        crate::workspace::archive::unpack(&archive, &tree).map_err(|e| internal(format!("cannot unpack: {e}")))?;
+        let files = walkdir::WalkDir::new(&tree).into_iter().flatten().filter(|e| e.file_type().is_file()).count();
+        Ok(crate::workspace::Stats {
+            fetched_bytes: read,
+            files: files as u64,
+            bytes: git::dir_size(&tree),
+            millis: started.elapsed().as_millis() as u64,
+            dropped: vec![],
+        })
+    })
+    .await
+    .map_err(|e| internal(e.to_string()))?
 }

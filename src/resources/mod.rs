@@ -15,6 +15,7 @@ pub mod overview;
 pub mod sessions;
 pub mod tools;
 pub mod usage;
+pub mod workspaces;
 
 use crate::budget::BudgetError;
 use crate::config::Config;
@@ -55,6 +56,12 @@ pub enum Error {
     Budget(#[from] BudgetError),
     #[error(transparent)]
     Tool(#[from] ToolError),
+    /// Over a cap or a quota (`code` names which): 413.
+    #[error("{detail}")]
+    TooLarge { code: &'static str, detail: String },
+    /// A body of a type the route does not take: 415.
+    #[error("{0}")]
+    MediaType(String),
     /// A failure below (the database), as the room reports it.
     #[error(transparent)]
     Task(#[from] TaskError),

@@ -145,7 +145,7 @@ pub struct SecretRow {
 pub async fn put_secret(pool: &PgPool, tenant: &str, name: &str, value: &str) -> Result<(SecretRow, bool), StoreError> {
     use sqlx::{FromRow, Row};
     let row = sqlx::query(
-        "INSERT INTO tenant_secrets (tenant, name, value) VALUES ($1, $2, $3)
+        "INSERT INTO secrets (tenant, name, value) VALUES ($1, $2, $3)
          ON CONFLICT (tenant, name) DO UPDATE SET value = EXCLUDED.value, updated_at = now()
          RETURNING name, created_at, updated_at, (xmax = 0) AS created",
     )
@@ -158,14 +158,14 @@ pub async fn put_secret(pool: &PgPool, tenant: &str, name: &str, value: &str) ->
 }
 
 pub async fn secrets(pool: &PgPool, tenant: &str) -> Result<Vec<SecretRow>, StoreError> {
-    Ok(sqlx::query_as("SELECT name, created_at, updated_at FROM tenant_secrets WHERE tenant = $1 ORDER BY name")
+    Ok(sqlx::query_as("SELECT name, created_at, updated_at FROM secrets WHERE tenant = $1 ORDER BY name")
         .bind(tenant)
         .fetch_all(pool)
         .await?)
 }
 
 pub async fn secret_exists(pool: &PgPool, tenant: &str, name: &str) -> Result<bool, StoreError> {
-    Ok(sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM tenant_secrets WHERE tenant = $1 AND name = $2)")
+    Ok(sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM secrets WHERE tenant = $1 AND name = $2)")
         .bind(tenant)
         .bind(name)
         .fetch_one(pool)
@@ -174,7 +174,7 @@ pub async fn secret_exists(pool: &PgPool, tenant: &str, name: &str) -> Result<bo
 
 /// The value, for the worker that fetches with it (never for an API answer).
 pub async fn secret_value(pool: &PgPool, tenant: &str, name: &str) -> Result<Option<String>, StoreError> {
-    Ok(sqlx::query_scalar("SELECT value FROM tenant_secrets WHERE tenant = $1 AND name = $2")
+    Ok(sqlx::query_scalar("SELECT value FROM secrets WHERE tenant = $1 AND name = $2")
         .bind(tenant)
         .bind(name)
         .fetch_optional(pool)
@@ -182,7 +182,7 @@ pub async fn secret_value(pool: &PgPool, tenant: &str, name: &str) -> Result<Opt
 }
 
 pub async fn delete_secret(pool: &PgPool, tenant: &str, name: &str) -> Result<bool, StoreError> {
-    let r = sqlx::query("DELETE FROM tenant_secrets WHERE tenant = $1 AND name = $2")
+    let r = sqlx::query("DELETE FROM secrets WHERE tenant = $1 AND name = $2")
         .bind(tenant)
         .bind(name)
         .execute(pool)

@@ -38,6 +38,10 @@ pub struct TaskView {
     pub max_turns: Option<u32>,
     /// The tools the run is offered (its whitelist).
     pub tools: Vec<String>,
+    /// Its workspace as asked (`git`, `ref`, `secret` by name, or `name`), with the version its
+    /// run reads once it first started: `commit` (git) or `content_hash` (an upload).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<Value>,
     pub summary: Option<String>,
     /// With an `output_schema`: the final answer's value (valid against it).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -121,6 +125,12 @@ impl From<TaskRow> for TaskView {
             run_at: r.run_at,
             prompt: r.prompt,
             max_turns: opts.as_ref().map(|o| o.max_turns.get()),
+            workspace: opts.as_ref().and_then(|o| o.workspace.as_ref()).map(|w| {
+                let mut v = serde_json::to_value(w).unwrap_or_default();
+                let key = if w.git.is_some() { "commit" } else { "content_hash" };
+                v[key] = r.workspace_version.clone().map_or(Value::Null, Value::String);
+                v
+            }),
             tools: opts.map(|o| o.tools.into_iter().map(|t| t.name).collect()).unwrap_or_default(),
             summary: r.summary,
             output: r.output,

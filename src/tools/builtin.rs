@@ -206,14 +206,22 @@ mod tests {
         assert_eq!(names(no_search.for_tenant(&Limits::default())), with(&["web_fetch"]));
         let off = Registry::new(" web_fetch ", true, false).unwrap();
         assert_eq!(names(off.for_tenant(&Limits::default())), with(&["web_search"]));
-        let tenant_off = Limits { builtin_tools_off: Some(vec!["web_search".into(), "grep".into()]), ..Limits::default() };
+        let tenant_off =
+            Limits { builtin_tools_off: Some(vec!["web_search".into(), "grep".into()]), ..Limits::default() };
         assert_eq!(names(all.for_tenant(&tenant_off)), ["web_fetch", "list_directory", "glob", "read_file"]);
         assert!(Registry::new("web_fetch,nope", true, false).unwrap_err().contains("\"nope\""));
         let propose = Limits { web_tools_policy: Some("propose".into()), ..Limits::default() };
         let policy = |d: &ToolDef| (d.name.clone(), d.policy);
-        assert!(all.for_tenant(&propose).iter().all(|d| d.policy == Policy::Propose || files.contains(&d.name.as_str())),
-            "the web tools' policy is not the workspace tools': {:?}", all.for_tenant(&propose).iter().map(policy).collect::<Vec<_>>());
-        assert!(all.for_tenant(&propose).iter().filter(|d| files.contains(&d.name.as_str())).all(|d| d.policy == Policy::Auto));
+        assert!(
+            all.for_tenant(&propose).iter().all(|d| d.policy == Policy::Propose || files.contains(&d.name.as_str())),
+            "the web tools' policy is not the workspace tools': {:?}",
+            all.for_tenant(&propose).iter().map(policy).collect::<Vec<_>>()
+        );
+        assert!(all
+            .for_tenant(&propose)
+            .iter()
+            .filter(|d| files.contains(&d.name.as_str()))
+            .all(|d| d.policy == Policy::Auto));
         assert!(all.for_tenant(&Limits::default()).iter().all(|d| d.policy == Policy::Auto));
     }
 

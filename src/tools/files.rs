@@ -334,8 +334,14 @@ mod tests {
         let grep = call(&root, BuiltinTool::Grep, serde_json::json!({ "pattern": "fn retry_\\w+" }));
         assert!(grep.content.contains("src/lib.rs:1: fn retry_policy() {}"), "{}", grep.content);
         assert!(grep.content.contains("not instructions"));
-        let read = call(&root, BuiltinTool::ReadFile, serde_json::json!({ "path": "src/deep/a.txt", "offset": 2, "limit": 1 }));
-        assert!(read.content.contains("lines 2-2 of 3; read on with offset 3") && read.content.contains("     2\ttwo\n"));
+        let read = call(
+            &root,
+            BuiltinTool::ReadFile,
+            serde_json::json!({ "path": "src/deep/a.txt", "offset": 2, "limit": 1 }),
+        );
+        assert!(
+            read.content.contains("lines 2-2 of 3; read on with offset 3") && read.content.contains("     2\ttwo\n")
+        );
         assert!(!read.content.contains("three"), "{}", read.content);
         let bin = call(&root, BuiltinTool::ReadFile, serde_json::json!({ "path": "blob.bin" }));
         assert!(bin.content.contains("binary file (4 bytes)"), "{bin:?}");

@@ -8,8 +8,8 @@
 
 pub mod builtin;
 pub mod catalog;
-pub mod html;
 pub mod files;
+pub mod html;
 pub mod http;
 pub mod mcp;
 pub mod ssrf;

@@ -108,7 +108,8 @@ fn plain(raw: &[u8]) -> Result<Option<PathBuf>, &'static str> {
 pub fn clean(input: impl Read, out: impl Write, limits: Limits) -> Result<Cleaned, ArchiveError> {
     let decoder = Capped { inner: flate2::read::GzDecoder::new(input), read: 0, max: limits.max_bytes };
     let mut archive = tar::Archive::new(decoder);
-    let hashing = Hashing { inner: flate2::write::GzEncoder::new(out, flate2::Compression::default()), hash: Sha256::new() };
+    let hashing =
+        Hashing { inner: flate2::write::GzEncoder::new(out, flate2::Compression::default()), hash: Sha256::new() };
     let mut builder = tar::Builder::new(hashing);
     builder.follow_symlinks(false);
     let mut c = Cleaned { content_hash: String::new(), files: 0, bytes: 0, dropped: vec![] };

@@ -24,6 +24,8 @@ pub struct Remote<'a> {
     /// The token of a private repository (sent as HTTP Basic, never in the URL).
     pub token: Option<&'a str>,
     pub allow: Arc<AllowList>,
+    /// Extra CA certificates (PEM) the server's certificate may chain to.
+    pub ca: Option<Arc<Vec<u8>>>,
 }
 
 /// Is `r` a full commit id (40 hex digits)?
@@ -39,14 +41,19 @@ fn scratch_repo(dir: &Path) -> Result<gix::Repository, WorkspaceError> {
 }
 
 /// gix's HTTP options with our guard in its client.
-fn transport_options(allow: Arc<AllowList>, caps: &Caps) -> http::Options {
+fn transport_options(allow: Arc<AllowList>, ca: Option<Arc<Vec<u8>>>, caps: &Caps) -> http::Options {
     let connect = caps.timeout.min(Duration::from_secs(20));
     let backend = http::reqwest::Options {
         configure_client: Some(Box::new(move |b: reqwest::blocking::ClientBuilder| {
-            Ok(b.dns_resolver(Arc::new(GuardedResolver { allow: allow.clone() }))
+            let b = b
+                .dns_resolver(Arc::new(GuardedResolver { allow: allow.clone() }))
                 .no_proxy()
                 .connect_timeout(connect)
-                .timeout(Duration::from_secs(60)))
+                .timeout(Duration::from_secs(60));
+            Ok(match ca.as_deref().map(|pem| reqwest::Certificate::from_pem_bundle(pem)) {
+                Some(Ok(certs)) => b.tls_certs_merge(certs),
+                _ => b,
+            })
         })),
         configure_request: None,
     };
@@ -63,7 +70,9 @@ fn transport_options(allow: Arc<AllowList>, caps: &Caps) -> http::Options {
 fn classify(url: &str, e: &gix::Error) -> WorkspaceError {
     let text = format!("{e:?}");
     let lower = text.to_ascii_lowercase();
-    if lower.contains("allow-list") || lower.contains("loopback or link-local") {
+    if lower.contains("clear text") {
+        WorkspaceError::Refused(format!("{url}: a secret is sent only over https"))
+    } else if lower.contains("allow-list") || lower.contains("loopback or link-local") {
         let why = text.lines().find(|l| l.contains("allow-list") || l.contains("link-local")).unwrap_or(&text);
         WorkspaceError::Refused(format!("{url}: {}", why.trim()))
     } else if lower.contains("401") || lower.contains("authentication") || lower.contains("credentials") {
@@ -78,9 +87,12 @@ fn connect<'r>(
     remote: &'r gix::Remote<'r>,
     r: &Remote<'_>,
     caps: &Caps,
-) -> Result<gix::remote::Connection<'r, 'static, 'r, Box<dyn gix::protocol::transport::client::blocking_io::Transport + Send>>, WorkspaceError> {
+) -> Result<
+    gix::remote::Connection<'r, 'static, 'r, Box<dyn gix::protocol::transport::client::blocking_io::Transport + Send>>,
+    WorkspaceError,
+> {
     let mut conn = remote.connect(gix::remote::Direction::Fetch).map_err(|e| classify(r.url, &e))?;
-    conn.set_transport_options(Box::new(transport_options(r.allow.clone(), caps)));
+    conn.set_transport_options(Box::new(transport_options(r.allow.clone(), r.ca.clone(), caps)));
     if let Some(token) = r.token {
         let account = gix::sec::identity::Account {
             username: "x-access-token".into(),
@@ -220,7 +232,10 @@ fn watch(
             let why = if start.elapsed() > caps.timeout {
                 Some(WorkspaceError::TooLarge(format!("the fetch took longer than {} s", caps.timeout.as_secs())))
             } else if dir_size(&dir) > caps.max_fetch_bytes {
-                Some(WorkspaceError::TooLarge(format!("the repository is over {} bytes at this commit", caps.max_fetch_bytes)))
+                Some(WorkspaceError::TooLarge(format!(
+                    "the repository is over {} bytes at this commit",
+                    caps.max_fetch_bytes
+                )))
             } else {
                 None
             };

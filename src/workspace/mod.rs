@@ -76,6 +76,8 @@ pub struct Workspaces {
     pub caps: Caps,
     /// The address guard of git fetches.
     pub allow: Arc<AllowList>,
+    /// Extra CA certificates (PEM) for git servers.
+    pub ca: Option<Arc<Vec<u8>>>,
     /// One fill per tree at a time: the others wait on it.
     fills: Mutex<HashMap<PathBuf, Weak<tokio::sync::Mutex<()>>>>,
     /// Trees tasks read now (never evicted).
@@ -117,7 +119,18 @@ impl Workspaces {
             max_files: cfg.workspace_max_files.max(1),
             max_bytes: cfg.workspace_max_mb.max(1) << 20,
         };
-        Ok(Workspaces::new(dir, cfg.workspace_cache_mb << 20, caps, Arc::new(allow)))
+        let ca = match &cfg.workspace_ca_file {
+            Some(p) => {
+                let pem = std::fs::read(p).map_err(|e| format!("SUBAGENTD_WORKSPACE_CA_FILE: {}: {e}", p.display()))?;
+                reqwest::Certificate::from_pem_bundle(&pem)
+                    .map_err(|e| format!("SUBAGENTD_WORKSPACE_CA_FILE: {}: not PEM certificates: {e}", p.display()))?;
+                Some(Arc::new(pem))
+            }
+            None => None,
+        };
+        let mut ws = Workspaces::new(dir, cfg.workspace_cache_mb << 20, caps, Arc::new(allow));
+        ws.ca = ca;
+        Ok(ws)
     }
 
     pub fn new(dir: PathBuf, max_cache_bytes: u64, caps: Caps, allow: Arc<AllowList>) -> Workspaces {
@@ -129,7 +142,7 @@ impl Workspaces {
                 }
             }
         }
-        Workspaces { dir, max_cache_bytes, caps, allow, fills: Mutex::default(), in_use: Mutex::default() }
+        Workspaces { dir, max_cache_bytes, caps, allow, ca: None, fills: Mutex::default(), in_use: Mutex::default() }
     }
 
     /// Where `tenant`'s tree of this version lives: a directory per tenant (named by a hash of
@@ -145,7 +158,12 @@ impl Workspaces {
             .join("tree")
             .canonicalize()
             .map_err(|e| WorkspaceError::Internal(format!("the cached tree cannot be read: {e}")))?;
-        *self.in_use.lock().map_err(|_| WorkspaceError::Internal("poisoned".into()))?.entry(entry.to_path_buf()).or_default() += 1;
+        *self
+            .in_use
+            .lock()
+            .map_err(|_| WorkspaceError::Internal("poisoned".into()))?
+            .entry(entry.to_path_buf())
+            .or_default() += 1;
         // The entry's time is its last use: eviction takes the oldest first.
         if let Ok(f) = std::fs::File::open(entry) {
             let _ = f.set_modified(std::time::SystemTime::now());
@@ -156,7 +174,11 @@ impl Workspaces {
     /// The tree at `entry`, filled by `fill` (into the directory it is given: the tree goes in
     /// its `tree/`, anything else there is scratch) unless the cache has it. `None` stats: it
     /// was cached (or another task filled it while this one waited).
-    pub async fn ready<F, Fut>(self: &Arc<Self>, entry: PathBuf, fill: F) -> Result<(InUse, Option<Stats>), WorkspaceError>
+    pub async fn ready<F, Fut>(
+        self: &Arc<Self>,
+        entry: PathBuf,
+        fill: F,
+    ) -> Result<(InUse, Option<Stats>), WorkspaceError>
     where
         F: FnOnce(PathBuf) -> Fut,
         Fut: Future<Output = Result<Stats, WorkspaceError>>,
@@ -279,7 +301,8 @@ mod tests {
                 Ok(Stats { files: 1, bytes: 100, ..Stats::default() })
             }
         };
-        let (a, b) = tokio::join!(ws.ready(entry.clone(), fill(fills.clone())), ws.ready(entry.clone(), fill(fills.clone())));
+        let (a, b) =
+            tokio::join!(ws.ready(entry.clone(), fill(fills.clone())), ws.ready(entry.clone(), fill(fills.clone())));
         let (a, b) = (a.unwrap(), b.unwrap());
         assert_eq!(fills.load(std::sync::atomic::Ordering::SeqCst), 1, "one fill for both");
         assert_eq!(a.1.is_some() as u8 + b.1.is_some() as u8, 1, "one of them filled, the other found it");
@@ -295,7 +318,8 @@ mod tests {
         assert!(!entry.join("tree").exists(), "the least recently used tree not in use went");
         assert!(second.join("tree").is_dir(), "the tree in use stays");
         drop(c);
-        let failed = ws.ready(ws.entry("acme", "git", "cc"), |_| async { Err(WorkspaceError::RefNotFound("no".into())) }).await;
+        let failed =
+            ws.ready(ws.entry("acme", "git", "cc"), |_| async { Err(WorkspaceError::RefNotFound("no".into())) }).await;
         assert!(matches!(failed, Err(WorkspaceError::RefNotFound(_))));
         let names: Vec<String> = std::fs::read_dir(entry.parent().unwrap())
             .unwrap()

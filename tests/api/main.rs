@@ -44,3 +44,4 @@ mod validation;
 mod wait;
 mod web;
 mod workers;
+mod workspaces;

@@ -41,6 +41,8 @@ struct TaskArgs {
     parent_context: Option<String>,
     #[serde(default)]
     output_schema: Option<Value>,
+    #[serde(default)]
+    workspace: Option<crate::kinds::WorkspaceSpec>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -90,6 +92,7 @@ pub async fn call(ctx: Ctx, id: Value, params: Value) -> Result<Reply, RpcError>
                 max_turns: a.max_turns,
                 parent_context: a.parent_context,
                 output_schema: a.output_schema,
+                workspace: a.workspace,
                 ..TaskRequest::default()
             };
             let s = Submission {

@@ -54,7 +54,19 @@ fn task_input(agents: &[(String, String)]) -> Value {
             "model": {"type": "string", "description": "provider/model (default: the agent's, else the service's)."},
             "max_turns": {"type": "integer", "minimum": 1, "description": "Turn budget (clamped to 50)."},
             "parent_context": {"type": "string", "description": "Context from the caller, put into the sub-agent's system prompt."},
-            "output_schema": {"type": "object", "description": "A JSON Schema the final answer must satisfy; its value comes back as `output`."}
+            "output_schema": {"type": "object", "description": "A JSON Schema the final answer must satisfy; its value comes back as `output`."},
+            "workspace": {
+                "type": "object",
+                "description": "Code for the sub-agent to read with list_directory, glob, grep and read_file: a git repository at a ref ({\"git\": URL, \"ref\": branch, tag or commit, \"secret\": the name of a stored token for a private one}) or an uploaded workspace ({\"name\": …}).",
+                "properties": {
+                    "git": {"type": "string", "description": "An http(s) repository URL."},
+                    "ref": {"type": "string", "description": "A branch, tag or full commit id (default: the default branch)."},
+                    "secret": {"type": "string", "description": "The name of the tenant's secret holding a private repository's token."},
+                    "name": {"type": "string", "description": "An uploaded workspace's name."},
+                    "web": {"type": "boolean", "description": "Also offer the web tools beside a private workspace, where the tenant allows it."}
+                },
+                "additionalProperties": false
+            }
         },
         "required": ["subagent_type", "description", "prompt"],
         "additionalProperties": false

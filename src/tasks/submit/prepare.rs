@@ -347,10 +347,19 @@ impl Lifecycle {
                         || r.contains("..")
                         || r.chars().any(|c| c.is_control() || c.is_whitespace() || "~^:?*[\\".contains(c));
                     if bad {
-                        return Err(TaskError::invalid("workspace.ref", format!("{r:?} is not a branch, tag or commit name")));
+                        return Err(TaskError::invalid(
+                            "workspace.ref",
+                            format!("{r:?} is not a branch, tag or commit name"),
+                        ));
                     }
                 }
                 if let Some(secret) = &w.secret {
+                    if parsed.scheme() != "https" {
+                        return Err(TaskError::invalid(
+                            "workspace.secret",
+                            "a secret is sent only over https: the repository URL must be https://",
+                        ));
+                    }
                     if !crate::store::workspaces::secret_exists(pool, tenant, secret).await? {
                         return Err(TaskError::invalid(
                             "workspace.secret",

@@ -31,6 +31,14 @@ pub struct Service {
     done: JoinHandle<()>,
 }
 
+/// The tools' callers and the workspace cache, from the configuration.
+fn tools_of(cfg: &Config) -> std::io::Result<(crate::tools::Caller, Arc<crate::workspace::Workspaces>)> {
+    let invalid = |e: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, e);
+    let caller = crate::tools::Caller::from_config(cfg).map_err(|e| invalid(e.to_string()))?;
+    let workspaces = crate::workspace::Workspaces::from_config(cfg).map_err(invalid)?;
+    Ok((caller, Arc::new(workspaces)))
+}
+
 impl Service {
     pub async fn start(
         cfg: Arc<Config>,
@@ -47,12 +55,7 @@ impl Service {
             plan.apply(&mut c);
             Arc::new(c)
         };
-        let tool_caller = crate::tools::Caller::from_config(&cfg)
-            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
-        let workspaces = Arc::new(
-            crate::workspace::Workspaces::from_config(&cfg)
-                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?,
-        );
+        let (tool_caller, workspaces) = tools_of(&cfg)?;
         let mode = crate::http::auth::Mode::parse(&cfg.auth)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
         crate::telemetry::prometheus();

@@ -30,6 +30,7 @@ const SKIP: &[(&str, &str, &str)] = &[
     ("docs/operations.md", "docker run --read-only", "needs a container engine"),
     ("docs/doors.md", "claude mcp add", "needs the Claude Code CLI; tests/api/mcp.rs drives the door with the official MCP SDKs"),
     ("docs/providers.md", "openai/gpt-4o", "needs real provider keys (OpenAI, Anthropic) and a local model server"),
+    ("docs/tools.md", "github.com/octo/app.git", "fetches from GitHub (CI has no network); tests/api/workspaces.rs serves git on loopback"),
 ];
 
 /// A ```sh block: the line its code starts at and the code.

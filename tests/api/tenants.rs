@@ -253,6 +253,8 @@ async fn the_cli_sets_every_limit_and_shows_it_and_a_flag_the_process_also_takes
             "12",
             "--web-fetch-domains",
             "example.com,docs.rs",
+            "--private-workspace-web",
+            "task",
             // The process's own settings, taken by every subcommand: not the tenant's.
             "--max-running",
             "8",
@@ -273,7 +275,7 @@ async fn the_cli_sets_every_limit_and_shows_it_and_a_flag_the_process_also_takes
                "request_burst": 40, "max_streams": 10, "max_waits": 20, "fallback_models": ["mock/a", "mock/b"],
                "max_scheduled": 30, "priority": "high", "builtin_tools_off": ["web_search"],
                "web_tools_policy": "propose", "web_fetches_per_minute": 12,
-               "web_fetch_domains": ["example.com", "docs.rs"]}),
+               "web_fetch_domains": ["example.com", "docs.rs"], "private_workspace_web": "task"}),
         "every flag set its own limit, and --max-running none"
     );
     let api = app.client.get(app.url("/admin/tenants/acme")).bearer_auth(ADMIN).send().await.unwrap();

@@ -186,7 +186,8 @@ async fn site() -> (Site, String) {
 
 fn web_config(c: &mut subagentd::config::Config, base: &str) {
     c.tool_allow = "*, 127.0.0.1/32".into();
-    c.builtin_tools_off = String::new();
+    // The web tools on; the workspace tools are tests/api/workspaces.rs's.
+    c.builtin_tools_off = "list_directory,glob,grep,read_file".into();
     c.web_search_url = Some(base.to_string());
     c.admin_token = Some(ADMIN.into());
     c.default_model = Some("mock/m".into());

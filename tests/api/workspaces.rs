@@ -175,6 +175,7 @@ async fn cgi(State(s): State<Cgi>, req: Request) -> Response {
 }
 
 fn ws_config(c: &mut subagentd::config::Config) {
+    c.builtin_tools_off = "web_fetch,web_search".into();
     c.workspace_git_allow = Some("127.0.0.1/32".into());
     c.admin_token = Some(ADMIN.into());
     c.default_model = Some("mock/m".into());
@@ -638,5 +639,104 @@ async fn the_web_beside_a_private_workspace_is_the_tenants_choice() {
     assert_eq!(tools(&run(&app, body(None)).await), json!(["web_fetch", "glob", "grep", "read_file"]));
     // Without a workspace: the web, and no workspace tools.
     assert_eq!(tools(&run(&app, json!({"prompt": "x", "subagent_type": "research"})).await), json!(["web_fetch"]));
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn the_mcp_and_a2a_doors_take_a_workspace_with_the_same_rules() {
+    let srv = git_server().await;
+    let app = spawn_app_with(ws_config, true).await;
+    let repo = format!("{}/repo.git", srv.base);
+    let host = app.base.trim_start_matches("http://").to_string();
+    let c = reqwest::Client::new();
+    let mcp = |body: Value, sid: Option<String>| {
+        let mut r = c
+            .post(app.url("/mcp"))
+            .header("accept", "application/json, text/event-stream")
+            .header("host", &host)
+            .header("origin", &app.base)
+            .header("mcp-protocol-version", "2025-11-25");
+        if let Some(s) = sid {
+            r = r.header("mcp-session-id", s);
+        }
+        r.json(&body).send()
+    };
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                      "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}});
+    let r = mcp(init, None).await.unwrap();
+    assert_eq!(r.status(), 200);
+    let sid = r.headers()["mcp-session-id"].to_str().unwrap().to_string();
+    let list = mcp(json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}), Some(sid.clone())).await.unwrap();
+    let list = list.text().await.unwrap();
+    assert!(list.contains("\"workspace\""), "the task tool's schema names workspace: {list}");
+    let args = json!({"subagent_type": "explore", "description": "find", "workspace": {"git": repo},
+                      "prompt": calling("grep", json!({"pattern": "retry_policy"}))});
+    let r = mcp(
+        json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "task", "arguments": args}}),
+        Some(sid.clone()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 200);
+    let _ = r.text().await.unwrap();
+    // A refused address is refused at this door too.
+    let bad = json!({"subagent_type": "explore", "description": "x", "prompt": "x", "workspace": {"git": "http://10.1.2.3/r.git"}});
+    let r = mcp(
+        json!({"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {"name": "task", "arguments": bad}}),
+        Some(sid),
+    )
+    .await
+    .unwrap();
+    let text = r.text().await.unwrap();
+    assert!(text.contains("workspace.git") && text.contains("isError"), "{text}");
+
+    let send = json!({"jsonrpc": "2.0", "id": 5, "method": "SendMessage",
+                      "params": {"message": {"messageId": "m-1", "role": "ROLE_USER",
+                                             "parts": [{"text": calling("read_file", json!({"path": "src/retry.rs"}))}],
+                                             "metadata": {"workspace": {"git": repo, "ref": "v1"}}}}});
+    let r = c
+        .post(app.url("/a2a/agents/explore"))
+        .header("a2a-version", "1.0")
+        .header("origin", &app.base)
+        .json(&send)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let _ = r.text().await.unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let done: i64 = sqlx::query_scalar("SELECT count(*) FROM tasks WHERE finished_at IS NOT NULL")
+            .fetch_one(&app.db.pool)
+            .await
+            .unwrap();
+        if done == 2 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the tasks did not finish");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let rows: Vec<(String, Option<String>, Value)> =
+        sqlx::query_as("SELECT subagent_type, workspace_version, options->'tools' FROM tasks ORDER BY created_at")
+            .fetch_all(&app.db.pool)
+            .await
+            .unwrap();
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    let versions: Vec<Option<&str>> = rows.iter().map(|r| r.1.as_deref()).collect();
+    assert_eq!(versions, [Some(srv.main.as_str()), Some(srv.v1.as_str())]);
+    for (ty, _, tools) in &rows {
+        assert_eq!(ty, "explore");
+        let names: Vec<&str> = tools.as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
+        assert_eq!(names, ["list_directory", "glob", "grep", "read_file"]);
+    }
+    let results: Vec<String> = sqlx::query_scalar(
+        "SELECT m.message->>'content' FROM task_messages m JOIN tasks t ON t.id = m.task_id
+         WHERE m.message->>'role' = 'tool' ORDER BY t.created_at",
+    )
+    .fetch_all(&app.db.pool)
+    .await
+    .unwrap();
+    assert!(results[0].contains("src/retry.rs:2:"), "{results:?}");
+    assert!(results[1].contains("     2\t    3"), "the tag's contents: {results:?}");
     app.stop().await;
 }

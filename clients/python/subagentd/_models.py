@@ -28,6 +28,7 @@ class Task(Model):
     prompt: Optional[str] = None
     max_turns: Optional[int] = None
     tools: Optional[List[str]] = None
+    workspace: Optional[Dict[str, Any]] = None
     summary: Optional[str] = None
     output: Optional[Any] = None
     error: Optional[Dict[str, Any]] = None
@@ -49,7 +50,7 @@ class Task(Model):
     trace_id: Optional[str] = None
     webhook: Optional[Dict[str, Any]] = None
     extra: Dict[str, Any] = _dc.field(default_factory=dict)
-    _fields = ["id", "tenant", "status", "stop_reason", "subagent_type", "description", "model", "fallback_models", "fallback_on", "answered_model", "priority", "run_at", "prompt", "max_turns", "tools", "summary", "output", "error", "turns", "usage", "cost_usd", "cost_complete", "usage_estimated", "waiting_for", "pending_actions", "attempt", "metadata", "created_at", "started_at", "finished_at", "queue_ms", "run_ms", "parent_task_id", "trace_id", "webhook"]
+    _fields = ["id", "tenant", "status", "stop_reason", "subagent_type", "description", "model", "fallback_models", "fallback_on", "answered_model", "priority", "run_at", "prompt", "max_turns", "tools", "workspace", "summary", "output", "error", "turns", "usage", "cost_usd", "cost_complete", "usage_estimated", "waiting_for", "pending_actions", "attempt", "metadata", "created_at", "started_at", "finished_at", "queue_ms", "run_ms", "parent_task_id", "trace_id", "webhook"]
     _nested = {"pending_actions": ("PendingAction", True)}
     _required = ["attempt", "cost_complete", "cost_usd", "created_at", "id", "metadata", "model", "prompt", "status", "subagent_type", "turns", "usage"]
 
@@ -309,9 +310,10 @@ class Limits(Model):
     builtin_tools_off: Optional[List[str]] = None
     web_tools_policy: Optional[str] = None
     web_fetches_per_minute: Optional[int] = None
+    private_workspace_web: Optional[str] = None
     web_fetch_domains: Optional[List[str]] = None
     extra: Dict[str, Any] = _dc.field(default_factory=dict)
-    _fields = ["usd_per_day", "usd_per_month", "tokens_per_day", "max_running", "max_queued", "max_task_cost_usd", "max_task_tokens", "max_task_turns", "max_task_timeout_seconds", "approval", "requests_per_second", "request_burst", "max_streams", "max_waits", "fallback_models", "max_scheduled", "priority", "builtin_tools_off", "web_tools_policy", "web_fetches_per_minute", "web_fetch_domains"]
+    _fields = ["usd_per_day", "usd_per_month", "tokens_per_day", "max_running", "max_queued", "max_task_cost_usd", "max_task_tokens", "max_task_turns", "max_task_timeout_seconds", "approval", "requests_per_second", "request_burst", "max_streams", "max_waits", "fallback_models", "max_scheduled", "priority", "builtin_tools_off", "web_tools_policy", "web_fetches_per_minute", "private_workspace_web", "web_fetch_domains"]
     _nested = {}
     _required = []
 

@@ -15,6 +15,7 @@ export interface Task {
     prompt: string;
     max_turns?: number | null;
     tools?: string[];
+    workspace?: Record<string, unknown>;
     summary?: string | null;
     output?: unknown;
     error?: Record<string, unknown> | null;
@@ -236,6 +237,7 @@ export interface Limits {
     builtin_tools_off?: string[] | null;
     web_tools_policy?: string | null;
     web_fetches_per_minute?: number | null;
+    private_workspace_web?: string | null;
     web_fetch_domains?: string[] | null;
     /** Fields this version does not know yet. */
     [field: string]: unknown;

@@ -4,7 +4,7 @@
 //!
 //! cargo bench --bench load                 # every scenario, then BENCHMARKS.md
 //! cargo bench --bench load -- throughput   # one scenario: throughput, concurrency, wait, admission, pgbench,
-//!                                          # waitsat, mcp, a2a, holds, live, priority, connections, flood, webfetch (and on request:
+//!                                          # waitsat, mcp, a2a, holds, live, priority, connections, flood, webfetch, workspace (and on request:
 //!                                          # soak, console)
 //! BENCH_SCHEDULED=N                        # throughput with N tasks scheduled a day ahead beside it
 //! BENCH_STREAM_PIECES=N                    # the fake streams its final answers in N pieces (when asked to stream)
@@ -108,6 +108,18 @@ async fn fake_chat(latency: Arc<AtomicU64>, Json(req): Json<Value>) -> axum::res
             return Json(
                 json!({"choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "content": null,
                 "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "web_fetch", "arguments": args}}]}}],
+                "usage": usage}),
+            )
+            .into_response();
+        }
+    }
+    // `grepws:<pattern>`: the built-in grep over the task's workspace, then an answer.
+    if let Some(pattern) = user.split("grepws:").nth(1).and_then(|r| r.split([' ', '"', '\\']).next()) {
+        if last["role"] == "user" {
+            let args = json!({"pattern": pattern}).to_string();
+            return Json(
+                json!({"choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "content": null,
+                "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "grep", "arguments": args}}]}}],
                 "usage": usage}),
             )
             .into_response();
@@ -726,6 +738,160 @@ async fn web_fetches(env: &Env, report: &Report, n: usize) {
     let line = format!(
         "| 14. Built-in `web_fetch` ({n} research tasks at once, each fetching a 1 MB HTML page from a local server) | time per call and the service's peak RSS (issue 43: measured, no target) | **{ok}/{n} completed, {} calls, {errors} errors, {bytes} bytes read each; per call p50 {p50:.0} ms, p95 {p95:.0} ms, max {max:.0} ms; all done in {wall:.1} s; service RSS {rss_idle:.0} MiB idle, peak {rss:.0} MiB** | measured |",
         rows.len()
+    );
+    println!("{line}");
+    report.lock().unwrap().push(line);
+}
+
+/// A repository of `files` source files (about 2 KB each, one of them defining `retry_policy`),
+/// served over git's smart HTTP by `git http-backend` behind a CGI server; its URL.
+async fn git_repo(dir: &std::path::Path, files: usize) -> String {
+    let work = dir.join("ws-work");
+    let git = |cwd: &std::path::Path, args: &[&str]| {
+        let ok = Command::new("git")
+            .args(["-c", "user.name=b", "-c", "user.email=b@example.com", "-c", "init.defaultBranch=main"])
+            .args(args)
+            .current_dir(cwd)
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .stdout(Stdio::null())
+            .status()
+            .expect("git is installed")
+            .success();
+        assert!(ok, "git {args:?}");
+    };
+    for i in 0..files {
+        let d = work.join(format!("src/m{:03}", i / 100));
+        std::fs::create_dir_all(&d).unwrap();
+        let body = if i == files / 2 { "pub fn retry_policy() -> u32 { 3 }\n".to_string() } else { String::new() };
+        let filler: String = (0..40).map(|l| format!("// line {l} of file {i}: some ordinary source text\n")).collect();
+        std::fs::write(d.join(format!("f{i}.rs")), format!("{filler}{body}")).unwrap();
+    }
+    git(&work, &["init", "-q"]);
+    git(&work, &["add", "-A"]);
+    git(&work, &["commit", "-qm", "bench"]);
+    git(dir, &["clone", "-q", "--bare", "ws-work", "repo.git"]);
+    let root = dir.to_path_buf();
+    let app = Router::new().fallback(move |req: axum::extract::Request| {
+        let root = root.clone();
+        async move { cgi(root, req).await }
+    });
+    format!("{}/repo.git", serve(app).await)
+}
+
+async fn cgi(root: std::path::PathBuf, req: axum::extract::Request) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let (parts, body) = req.into_parts();
+    let body = axum::body::to_bytes(body, 64 << 20).await.unwrap_or_default();
+    let header = |n: &str| parts.headers.get(n).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+    let mut child = tokio::process::Command::new("git")
+        .arg("http-backend")
+        .env("GIT_PROJECT_ROOT", &root)
+        .env("GIT_HTTP_EXPORT_ALL", "1")
+        .env("REQUEST_METHOD", parts.method.as_str())
+        .env("PATH_INFO", parts.uri.path())
+        .env("QUERY_STRING", parts.uri.query().unwrap_or(""))
+        .env("CONTENT_TYPE", header("content-type"))
+        .env("CONTENT_LENGTH", body.len().to_string())
+        .env("GIT_PROTOCOL", header("git-protocol"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut stdin, &body).await.unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().await.unwrap().stdout;
+    let at = out.windows(4).position(|w| w == b"\r\n\r\n").map(|i| (i, 4));
+    let Some((at, gap)) = at.or_else(|| out.windows(2).position(|w| w == b"\n\n").map(|i| (i, 2))) else {
+        return axum::http::StatusCode::BAD_GATEWAY.into_response();
+    };
+    let mut status = axum::http::StatusCode::OK;
+    let mut headers = axum::http::HeaderMap::new();
+    for line in String::from_utf8_lossy(&out[..at]).lines() {
+        let Some((k, v)) = line.split_once(':') else { continue };
+        if k.eq_ignore_ascii_case("status") {
+            status = v.trim().split(' ').next().and_then(|c| c.parse().ok()).unwrap_or(status);
+        } else if let (Ok(k), Ok(v)) =
+            (axum::http::HeaderName::try_from(k.trim()), axum::http::HeaderValue::from_str(v.trim()))
+        {
+            headers.insert(k, v);
+        }
+    }
+    (status, headers, out[at + gap..].to_vec()).into_response()
+}
+
+/// Scenario 16, workspaces: the first fetch and a cached start of a task over a repository of
+/// `files` files, then `n` tasks grepping it at once (time per call, the service's RSS).
+async fn workspace(env: &Env, report: &Report, files: usize, n: usize) {
+    env.latency.store(0, Ordering::Relaxed);
+    let repo = git_repo(&env.dir, files).await;
+    let cache = env.dir.join("ws-cache");
+    let svc = env
+        .service(
+            "bench_ws",
+            &["serve"],
+            &[
+                ("SUBAGENTD_MAX_RUNNING", (n * 2).to_string()),
+                ("SUBAGENTD_WORKSPACE_GIT_ALLOW", "127.0.0.1/32".into()),
+                ("SUBAGENTD_WORKSPACE_DIR", cache.display().to_string()),
+            ],
+        )
+        .await;
+    let pool = subagentd::db::connect(&svc.db_url, 2).await.unwrap();
+    let client = reqwest::Client::new();
+    let run = |prompt: String| {
+        let (c, base, repo) = (client.clone(), svc.base.clone(), repo.clone());
+        async move {
+            let t = Instant::now();
+            let r = c
+                .post(format!("{base}/tasks?wait=true&timeout=300"))
+                .json(&json!({"prompt": prompt, "model": "fake/gpt-4o", "subagent_type": "explore", "workspace": {"git": repo}}))
+                .send()
+                .await
+                .unwrap();
+            let v = r.json::<Value>().await.unwrap();
+            (v["status"] == "completed", t.elapsed().as_secs_f64() * 1000.0, v)
+        }
+    };
+    let ready = |id: String| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_as::<_, (i64, i64, bool)>(
+                "SELECT (data->>'millis')::int8, (data->>'fetched_bytes')::int8, (data->>'cached')::bool
+                 FROM task_events WHERE task_id = $1::uuid AND kind = 'workspace_ready'",
+            )
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    let (ok1, first_ms, t1) = run("no-tools first".into()).await;
+    let (fetch_ms, fetched, cached1) = ready(t1["id"].as_str().unwrap().to_string()).await;
+    let (ok2, second_ms, t2) = run("no-tools second".into()).await;
+    let (hit_ms, _, cached2) = ready(t2["id"].as_str().unwrap().to_string()).await;
+    assert!(ok1 && ok2 && !cached1 && cached2, "{t1} {t2}");
+    let rss_idle = rss_mib(svc.child.id());
+    let t0 = Instant::now();
+    let all: Vec<_> = (0..n).map(|_| tokio::spawn(run("find grepws:retry_policy please".into()))).collect();
+    let mut ok = 0;
+    for a in all {
+        ok += usize::from(a.await.unwrap().0);
+    }
+    let wall = t0.elapsed().as_secs_f64();
+    let rss = rss_peak_mib(svc.child.id());
+    let mut ms: Vec<f64> = sqlx::query_scalar(
+        "SELECT (data->>'duration_ms')::float8 FROM task_events WHERE kind = 'tool_call_finished' AND data->>'name' = 'grep'",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let calls = ms.len();
+    let (p50, p95, max) = (pct(&mut ms, 0.5), pct(&mut ms, 0.95), pct(&mut ms, 1.0));
+    let line = format!(
+        "| 16. Workspaces (a git repository of {files} files, {:.1} MB fetched, served by `git http-backend` on loopback; then {n} `explore` tasks grepping it at once) | first fetch, cached start, grep per call, the service's RSS (issue 44: measured, no target) | **first task {first_ms:.0} ms (fetch and checkout {fetch_ms} ms); a cached start {second_ms:.0} ms (ready in {hit_ms} ms); grep over the {files} files: {ok}/{n} completed, {calls} calls, p50 {p50:.0} ms, p95 {p95:.0} ms, max {max:.0} ms, all done in {wall:.1} s; service RSS {rss_idle:.0} MiB before, peak {rss:.0} MiB** | measured |",
+        fetched as f64 / 1e6
     );
     println!("{line}");
     report.lock().unwrap().push(line);
@@ -1901,6 +2067,9 @@ async fn main() {
     }
     if want("webfetch") {
         web_fetches(&env, &report, 100).await;
+    }
+    if want("workspace") {
+        workspace(&env, &report, 10_000, 50).await;
     }
     if want("flood") {
         flood(&env, &report, 20, None).await;

@@ -22,6 +22,8 @@ CREATE TABLE secrets (
     tenant     text        NOT NULL,
     name       text        NOT NULL,
     value      text        NOT NULL,
+    -- The only host the value is ever sent to (a repository URL's host must be it).
+    host       text        NOT NULL,
     created_at timestamptz NOT NULL DEFAULT now(),
     updated_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (tenant, name)

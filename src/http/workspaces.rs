@@ -65,6 +65,8 @@ async fn secrets(State(st): State<AppState>, Tenant(tenant): Tenant) -> Result<R
 #[serde(deny_unknown_fields)]
 struct PutSecret {
     value: String,
+    /// The only host the value is sent to.
+    host: String,
 }
 
 async fn put_secret(
@@ -73,7 +75,7 @@ async fn put_secret(
     ApiPath(name): ApiPath<String>,
     ApiJson(body): ApiJson<PutSecret>,
 ) -> Result<Response, ApiError> {
-    let (row, created) = st.res.put_secret(&tenant, &name, &body.value).await?;
+    let (row, created) = st.res.put_secret(&tenant, &name, &body.value, &body.host).await?;
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(row)).into_response())
 }

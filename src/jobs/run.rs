@@ -386,7 +386,16 @@ impl Runner {
             let token = match &spec.secret {
                 Some(name) => match retrying(|| crate::store::workspaces::secret_value(&pool, &row.tenant, name)).await
                 {
-                    Ok(Some(v)) => Some(v),
+                    Ok(Some((v, host))) => {
+                        // Sent only to its own host (the secret may have changed since submission).
+                        let url = spec.git.as_deref().and_then(|u| url::Url::parse(u).ok());
+                        let url_host = url.and_then(|u| u.host_str().map(str::to_ascii_lowercase));
+                        if url_host.as_deref() != Some(host.as_str()) {
+                            let e = WorkspaceError::Refused(format!("the secret {name:?} is for host {host:?}"));
+                            return Err(failed(e));
+                        }
+                        Some(v)
+                    }
                     Ok(None) => {
                         return Err(failed(WorkspaceError::Gone(format!("the secret {name:?} no longer exists"))))
                     }
@@ -404,7 +413,17 @@ impl Runner {
                     }
                 }
             };
-            let entry = ws.entry(&row.tenant, spec.source(), &version);
+            // A git tree is cached under its URL and secret too: a commit id alone (a private
+            // commit named over a public URL) never finds a tree another fetch brought.
+            let key = match &spec.git {
+                Some(url) => {
+                    use sha2::Digest;
+                    let from = format!("{url}\0{}", spec.secret.as_deref().unwrap_or(""));
+                    format!("{}{version}", &hex::encode(sha2::Sha256::digest(from.as_bytes()))[..16])
+                }
+                None => version.clone(),
+            };
+            let entry = ws.entry(&row.tenant, spec.source(), &key);
             let started = std::time::Instant::now();
             let (p, t, v, s) = (pool.clone(), row.tenant.clone(), version.clone(), spec.clone());
             let net = (ws.caps.clone(), ws.allow.clone(), ws.ca.clone());
@@ -509,13 +528,19 @@ async fn resolve(
         (Some(url), _) => {
             let (url, r, caps, allow, ca) =
                 (url.clone(), spec.git_ref.clone(), ws.caps.clone(), ws.allow.clone(), ws.ca.clone());
-            tokio::task::spawn_blocking(move || {
+            let limit = caps.timeout;
+            let listing = tokio::task::spawn_blocking(move || {
                 let scratch = tempfile::tempdir().map_err(|e| WorkspaceError::Internal(e.to_string()))?;
                 let remote = git::Remote { url: &url, token: token.as_deref(), allow, ca };
                 git::resolve(&remote, r.as_deref(), &caps, scratch.path())
-            })
-            .await
-            .map_err(|e| WorkspaceError::Internal(e.to_string()))?
+            });
+            // Listing refs has no interrupt of its own: a server that trickles is left behind.
+            match tokio::time::timeout(limit, listing).await {
+                Ok(r) => r.map_err(|e| WorkspaceError::Internal(e.to_string()))?,
+                Err(_) => {
+                    Err(WorkspaceError::TooLarge(format!("listing the refs took longer than {} s", limit.as_secs())))
+                }
+            }
         }
         (None, Some(name)) => match crate::store::workspaces::content_hash(pool, tenant, name).await {
             Ok(Some(h)) => Ok(h),
@@ -539,12 +564,16 @@ async fn fill(
 ) -> Result<crate::workspace::Stats, WorkspaceError> {
     let internal = |e: String| WorkspaceError::Internal(e);
     if let Some(url) = spec.git {
-        return tokio::task::spawn_blocking(move || {
+        // The fetch interrupts itself at the time cap; this bounds what comes before the pack.
+        let limit = caps.timeout * 2;
+        let fetching = tokio::task::spawn_blocking(move || {
             let remote = git::Remote { url: &url, token: token.as_deref(), allow, ca };
             git::fetch(&remote, &version, &caps, &aside.join("scratch"), &aside.join("tree"))
-        })
-        .await
-        .map_err(|e| internal(e.to_string()))?;
+        });
+        return match tokio::time::timeout(limit, fetching).await {
+            Ok(r) => r.map_err(|e| internal(e.to_string()))?,
+            Err(_) => Err(WorkspaceError::TooLarge(format!("the fetch took longer than {} s", limit.as_secs()))),
+        };
     }
     let name = spec.name.unwrap_or_default();
     let started = std::time::Instant::now();

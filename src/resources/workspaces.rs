@@ -126,16 +126,38 @@ impl Resources {
         }
     }
 
-    /// Set a secret's value (write-only: the answer is its name and times).
-    pub async fn put_secret(&self, tenant: &str, name: &str, value: &str) -> Result<(SecretRow, bool), Error> {
+    /// Set a secret's value and the only host it is sent to (write-only: the answer is its name,
+    /// host and times).
+    pub async fn put_secret(
+        &self,
+        tenant: &str,
+        name: &str,
+        value: &str,
+        host: &str,
+    ) -> Result<(SecretRow, bool), Error> {
         check_name(name)?;
+        let raw = host.trim().to_ascii_lowercase();
+        let plain = !raw.is_empty()
+            && raw.len() <= 253
+            && raw.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '[' | ']'));
+        let parsed = url::Url::parse(&format!("https://{raw}/")).ok();
+        // The host as a URL names it (a port is not part of it).
+        let host = match parsed.as_ref().and_then(|u| u.host_str()) {
+            Some(h) if plain => h.to_string(),
+            _ => {
+                return Err(Error::invalid(
+                    "host",
+                    "must be the repository's host name, as in its URL (e.g. github.com)",
+                ))
+            }
+        };
         if value.is_empty() || value.len() > MAX_SECRET {
             return Err(Error::invalid("value", format!("must be 1-{MAX_SECRET} bytes")));
         }
         if value.contains('\0') || value.contains(['\r', '\n']) {
             return Err(Error::invalid("value", "must not hold NUL or line breaks"));
         }
-        Ok(store::put_secret(&self.p.pool, tenant, name, value).await?)
+        Ok(store::put_secret(&self.p.pool, tenant, name, value, &host).await?)
     }
 
     pub async fn secrets(&self, tenant: &str) -> Result<Vec<SecretRow>, Error> {

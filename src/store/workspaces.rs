@@ -138,43 +138,53 @@ pub async fn record_version(pool: &PgPool, f: Fence, version: &str) -> Result<Op
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
 pub struct SecretRow {
     pub name: String,
+    /// The only host its value is sent to.
+    pub host: String,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
 
-pub async fn put_secret(pool: &PgPool, tenant: &str, name: &str, value: &str) -> Result<(SecretRow, bool), StoreError> {
+pub async fn put_secret(
+    pool: &PgPool,
+    tenant: &str,
+    name: &str,
+    value: &str,
+    host: &str,
+) -> Result<(SecretRow, bool), StoreError> {
     use sqlx::{FromRow, Row};
     let row = sqlx::query(
-        "INSERT INTO secrets (tenant, name, value) VALUES ($1, $2, $3)
-         ON CONFLICT (tenant, name) DO UPDATE SET value = EXCLUDED.value, updated_at = now()
-         RETURNING name, created_at, updated_at, (xmax = 0) AS created",
+        "INSERT INTO secrets (tenant, name, value, host) VALUES ($1, $2, $3, $4)
+         ON CONFLICT (tenant, name) DO UPDATE SET value = EXCLUDED.value, host = EXCLUDED.host, updated_at = now()
+         RETURNING name, host, created_at, updated_at, (xmax = 0) AS created",
     )
     .bind(tenant)
     .bind(name)
     .bind(value)
+    .bind(host)
     .fetch_one(pool)
     .await?;
     Ok((SecretRow::from_row(&row)?, row.try_get("created")?))
 }
 
 pub async fn secrets(pool: &PgPool, tenant: &str) -> Result<Vec<SecretRow>, StoreError> {
-    Ok(sqlx::query_as("SELECT name, created_at, updated_at FROM secrets WHERE tenant = $1 ORDER BY name")
+    Ok(sqlx::query_as("SELECT name, host, created_at, updated_at FROM secrets WHERE tenant = $1 ORDER BY name")
         .bind(tenant)
         .fetch_all(pool)
         .await?)
 }
 
-pub async fn secret_exists(pool: &PgPool, tenant: &str, name: &str) -> Result<bool, StoreError> {
-    Ok(sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM secrets WHERE tenant = $1 AND name = $2)")
+/// The host a secret is for (`None`: no such secret).
+pub async fn secret_host(pool: &PgPool, tenant: &str, name: &str) -> Result<Option<String>, StoreError> {
+    Ok(sqlx::query_scalar("SELECT host FROM secrets WHERE tenant = $1 AND name = $2")
         .bind(tenant)
         .bind(name)
-        .fetch_one(pool)
+        .fetch_optional(pool)
         .await?)
 }
 
-/// The value, for the worker that fetches with it (never for an API answer).
-pub async fn secret_value(pool: &PgPool, tenant: &str, name: &str) -> Result<Option<String>, StoreError> {
-    Ok(sqlx::query_scalar("SELECT value FROM secrets WHERE tenant = $1 AND name = $2")
+/// The value and its host, for the worker that fetches with it (never for an API answer).
+pub async fn secret_value(pool: &PgPool, tenant: &str, name: &str) -> Result<Option<(String, String)>, StoreError> {
+    Ok(sqlx::query_as("SELECT value, host FROM secrets WHERE tenant = $1 AND name = $2")
         .bind(tenant)
         .bind(name)
         .fetch_optional(pool)

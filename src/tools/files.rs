@@ -46,7 +46,7 @@ pub fn run(tool: BuiltinTool, root: &Path, args: &Value, max_result: usize) -> T
         BuiltinTool::ListDirectory => list_directory(root, text("path")),
         BuiltinTool::Glob => glob(root, text("pattern")),
         BuiltinTool::Grep => grep(root, text("pattern"), text("path")),
-        BuiltinTool::ReadFile => read_file(root, text("path"), number("offset"), number("limit")),
+        BuiltinTool::ReadFile => read_file(root, text("path"), number("offset"), number("limit"), max_result),
         _ => Err(format!("{} is not a workspace tool", tool.as_str())),
     };
     match out {
@@ -248,7 +248,13 @@ fn cut_chars(s: &str, max: usize) -> String {
     }
 }
 
-fn read_file(root: &Path, rel: &str, offset: Option<usize>, limit: Option<usize>) -> Result<String, String> {
+fn read_file(
+    root: &Path,
+    rel: &str,
+    offset: Option<usize>,
+    limit: Option<usize>,
+    max_result: usize,
+) -> Result<String, String> {
     let path = resolve(root, rel)?;
     let shown = relative(root, &path);
     if path.is_dir() {
@@ -272,7 +278,9 @@ fn read_file(root: &Path, rel: &str, offset: Option<usize>, limit: Option<usize>
             break;
         }
         n += 1;
-        if n >= first && n < first + limit {
+        // Lines past the result cap are not gathered (the answer would be cut there anyway);
+        // counting the rest still reads them.
+        if n >= first && n < first.saturating_add(limit) && body.len() <= max_result {
             let text = String::from_utf8_lossy(&line);
             let text = text.trim_end_matches('\n').trim_end_matches('\r');
             body.push_str(&format!("{n:>6}\t{}\n", cut_chars(text, MAX_LINE_CHARS)));

@@ -158,6 +158,11 @@ pub fn is_special(ip: IpAddr) -> bool {
                 let o = v.octets();
                 return is_special(IpAddr::V4(std::net::Ipv4Addr::new(o[12], o[13], o[14], o[15])));
             }
+            // IPv4-compatible (::a.b.c.d, deprecated): judge the IPv4 address it carries.
+            if s[..6] == [0, 0, 0, 0, 0, 0] && !v.is_loopback() && !v.is_unspecified() {
+                let o = v.octets();
+                return is_special(IpAddr::V4(std::net::Ipv4Addr::new(o[12], o[13], o[14], o[15])));
+            }
             if s[0] == 0x2002 {
                 let o = v.octets();
                 return is_special(IpAddr::V4(std::net::Ipv4Addr::new(o[2], o[3], o[4], o[5])));

@@ -104,6 +104,11 @@ fn plain(raw: &[u8]) -> Result<Option<PathBuf>, &'static str> {
     Ok((!out.as_os_str().is_empty()).then_some(out))
 }
 
+/// Entries that are kept as themselves (their paths then cannot be links).
+fn kind_is_kept(t: tar::EntryType) -> bool {
+    matches!(t, tar::EntryType::Directory | tar::EntryType::Regular | tar::EntryType::Continuous)
+}
+
 /// Read the `tar.gz` in `input`, write the clean archive (gzip) to `out`.
 pub fn clean(input: impl Read, out: impl Write, limits: Limits) -> Result<Cleaned, ArchiveError> {
     let decoder = Capped { inner: flate2::read::GzDecoder::new(input), read: 0, max: limits.max_bytes };
@@ -113,7 +118,11 @@ pub fn clean(input: impl Read, out: impl Write, limits: Limits) -> Result<Cleane
     let mut builder = tar::Builder::new(hashing);
     builder.follow_symlinks(false);
     let mut c = Cleaned { content_hash: String::new(), files: 0, bytes: 0, dropped: vec![] };
+    // Links are written last, each judged against every link and every kept path.
     let mut links: HashSet<PathBuf> = HashSet::new();
+    let mut pending: Vec<(PathBuf, String, String)> = vec![];
+    let mut kept: HashSet<PathBuf> = HashSet::new();
+    let mut files_kept: HashSet<PathBuf> = HashSet::new();
     let read_err = |e: std::io::Error| {
         if e.to_string().contains(TOO_LARGE) {
             ArchiveError::TooLarge(format!("the archive is over {} bytes uncompressed", limits.max_bytes))
@@ -143,6 +152,22 @@ pub fn clean(input: impl Read, out: impl Write, limits: Limits) -> Result<Cleane
         if path.ancestors().skip(1).any(|a| links.contains(a)) {
             drop("a path through a symbolic link");
             continue;
+        }
+        let kind_here = entry.header().entry_type();
+        if kind_is_kept(kind_here) {
+            // A file where a directory is, a directory (or a file) under a file, a file twice.
+            let is_file = kind_here != tar::EntryType::Directory;
+            let clash = path.ancestors().skip(1).any(|a| files_kept.contains(a))
+                || files_kept.contains(&path)
+                || (is_file && kept.contains(&path));
+            if clash {
+                drop("a name the archive repeats");
+                continue;
+            }
+            kept.extend(path.ancestors().filter(|a| !a.as_os_str().is_empty()).map(Path::to_path_buf));
+            if is_file {
+                files_kept.insert(path.clone());
+            }
         }
         let kind = entry.header().entry_type();
         let mut h = tar::Header::new_gnu();
@@ -176,11 +201,8 @@ pub fn clean(input: impl Read, out: impl Write, limits: Limits) -> Result<Cleane
                 let target = entry.link_name_bytes().map(|t| String::from_utf8_lossy(&t).into_owned());
                 match target {
                     Some(t) if super::git::link_stays_inside(&path, &t) => {
-                        h.set_entry_type(tar::EntryType::Symlink);
-                        h.set_mode(0o777);
-                        h.set_size(0);
-                        builder.append_link(&mut h, &path, &t).map_err(write_err)?;
-                        links.insert(path);
+                        links.insert(path.clone());
+                        pending.push((path, t, shown.clone()));
                     }
                     _ => drop("a symbolic link that leads outside"),
                 }
@@ -191,6 +213,27 @@ pub fn clean(input: impl Read, out: impl Write, limits: Limits) -> Result<Cleane
             tar::EntryType::XGlobalHeader => {}
             _ => drop("an entry of an unsupported type"),
         }
+    }
+    for (path, target, shown) in pending {
+        let reason = if super::git::passes_through(&path, &target, &links) {
+            Some("a symbolic link that leads outside")
+        } else if kept.contains(&path) {
+            Some("a name the archive repeats")
+        } else {
+            None
+        };
+        if let Some(reason) = reason {
+            c.dropped.push(Dropped { path: shown, reason });
+            continue;
+        }
+        let mut h = tar::Header::new_gnu();
+        h.set_mtime(0);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_entry_type(tar::EntryType::Symlink);
+        h.set_mode(0o777);
+        h.set_size(0);
+        builder.append_link(&mut h, &path, &target).map_err(write_err)?;
     }
     let hashing = builder.into_inner().map_err(write_err)?;
     c.content_hash = format!("sha256:{}", hex::encode(hashing.hash.finalize()));
@@ -256,6 +299,11 @@ mod tests {
             link(b, "src/here", "a.rs");
             link(b, "dir", ".");
             file(b, "dir/through", b"x");
+            link(b, "a/b/l", "../..");
+            link(b, "a/b/m", "l/../../../etc");
+            file(b, "src/a.rs/x", b"x");
+            file(b, "late/f", b"x");
+            link(b, "late", "src");
         });
         let mut out = Vec::new();
         let c = clean(&gz[..], &mut out, LIMITS).unwrap();
@@ -269,9 +317,12 @@ mod tests {
                 ("passwd", "a symbolic link that leads outside"),
                 ("up", "a symbolic link that leads outside"),
                 ("dir/through", "a path through a symbolic link"),
+                ("src/a.rs/x", "a name the archive repeats"),
+                ("a/b/m", "a symbolic link that leads outside"),
+                ("late", "a name the archive repeats"),
             ]
         );
-        assert_eq!((c.files, c.bytes), (1, 10));
+        assert_eq!((c.files, c.bytes), (2, 11));
         let dir = tempfile::tempdir().unwrap();
         unpack(&out, dir.path()).unwrap();
         assert_eq!(std::fs::read_to_string(dir.path().join("src/here")).unwrap(), "fn a() {}\n");

@@ -190,9 +190,11 @@ pub fn fetch(r: &Remote<'_>, commit: &str, caps: &Caps, scratch: &Path, dest: &P
         .and_then(|o| o.peel_to_commit().ok())
         .and_then(|c| c.tree().ok())
         .ok_or_else(|| WorkspaceError::RefNotFound(format!("{}: commit {commit} was not found", r.url)))?;
-    let mut out = Checkout { repo: &repo, caps, files: 0, bytes: 0, dropped: vec![] };
+    let mut out =
+        Checkout { repo: &repo, caps, started, entries: 0, files: 0, bytes: 0, dropped: vec![], links: vec![] };
     std::fs::create_dir_all(dest).map_err(|e| WorkspaceError::Internal(format!("cannot write the tree: {e}")))?;
     out.tree(&tree, dest, Path::new(""), 0)?;
+    out.links(dest)?;
     Ok(Stats {
         fetched_bytes: fetched,
         files: out.files,
@@ -263,22 +265,58 @@ pub fn dir_size(dir: &Path) -> u64 {
         .sum()
 }
 
-/// Writes a tree out: directories, files (executable or not), and symbolic links whose target
-/// stays inside; submodules and links leading out are left out and named.
+/// Writes a tree out: directories and files first, each created new (never through anything
+/// already there), then the symbolic links, each only if its target stays inside without passing
+/// through another link. Submodules, unsafe or repeated names and links leading out are left out
+/// and named. Entries, bytes and time are capped as the tree is written.
 struct Checkout<'a> {
     repo: &'a gix::Repository,
     caps: &'a Caps,
+    started: Instant,
+    entries: u64,
     files: u64,
     bytes: u64,
     dropped: Vec<String>,
+    /// Links to write once every file is: (path relative to the root, target).
+    links: Vec<(PathBuf, String)>,
 }
 
+/// Entries named in `dropped` at most (then a count).
+const MAX_DROPPED: usize = 100;
+
 impl Checkout<'_> {
+    fn drop_entry(&mut self, what: String) {
+        if self.dropped.len() < MAX_DROPPED {
+            self.dropped.push(what);
+        } else if self.dropped.len() == MAX_DROPPED {
+            self.dropped.push("…and more entries left out".into());
+        }
+    }
+
+    fn count(&mut self, bytes: u64) -> Result<(), WorkspaceError> {
+        self.entries += 1;
+        self.bytes += bytes;
+        if self.entries > self.caps.max_files || self.bytes > self.caps.max_bytes {
+            return Err(WorkspaceError::TooLarge(format!(
+                "the tree is over {} entries or {} bytes",
+                self.caps.max_files, self.caps.max_bytes
+            )));
+        }
+        if self.started.elapsed() > self.caps.timeout {
+            return Err(WorkspaceError::TooLarge(format!(
+                "writing the tree took longer than {} s",
+                self.caps.timeout.as_secs()
+            )));
+        }
+        Ok(())
+    }
+
     fn tree(&mut self, tree: &gix::Tree<'_>, dir: &Path, rel: &Path, depth: usize) -> Result<(), WorkspaceError> {
         if depth > 64 {
             return Err(WorkspaceError::TooLarge("the tree is nested more than 64 levels deep".into()));
         }
         let io = |e: std::io::Error| WorkspaceError::Internal(format!("cannot write the tree: {e}"));
+        let mut seen = std::collections::HashSet::new();
         for entry in tree.iter() {
             let entry = entry.map_err(|e| WorkspaceError::Internal(format!("a tree cannot be read: {e}")))?;
             let name = entry.filename();
@@ -286,16 +324,25 @@ impl Checkout<'_> {
             let is_link = matches!(kind, gix::object::tree::EntryKind::Link);
             let opts = gix::validate::path::component::Options::default();
             let mode = is_link.then_some(gix::validate::path::component::Mode::Symlink);
-            let name_str = String::from_utf8_lossy(name).into_owned();
-            let shown = rel.join(&name_str);
+            let lossy = String::from_utf8_lossy(name).into_owned();
+            let shown = rel.join(&lossy);
+            let Ok(name_str) = std::str::from_utf8(name) else {
+                self.drop_entry(format!("{}: its name is not UTF-8", shown.display()));
+                continue;
+            };
             if gix::validate::path::component(name, mode, opts).is_err() || name_str.contains(['/', '\\']) {
-                self.dropped.push(format!("{}: not a safe file name", shown.display()));
+                self.drop_entry(format!("{}: not a safe file name", shown.display()));
                 continue;
             }
-            let path = dir.join(&name_str);
+            if !seen.insert(name_str.to_string()) {
+                self.drop_entry(format!("{}: a name the tree repeats", shown.display()));
+                continue;
+            }
+            let path = dir.join(name_str);
             match kind {
                 gix::object::tree::EntryKind::Tree => {
-                    std::fs::create_dir_all(&path).map_err(io)?;
+                    self.count(0)?;
+                    std::fs::create_dir(&path).map_err(io)?;
                     let sub = self
                         .repo
                         .find_object(entry.oid())
@@ -305,45 +352,86 @@ impl Checkout<'_> {
                     self.tree(&sub, &path, &shown, depth + 1)?;
                 }
                 gix::object::tree::EntryKind::Commit => {
-                    self.dropped.push(format!("{}: a submodule (not fetched)", shown.display()));
+                    self.drop_entry(format!("{}: a submodule (not fetched)", shown.display()));
                 }
                 _ => {
                     let blob = self
                         .repo
                         .find_object(entry.oid())
                         .map_err(|e| WorkspaceError::Internal(format!("{} is missing: {e}", shown.display())))?;
-                    self.files += 1;
-                    self.bytes += blob.data.len() as u64;
-                    if self.files > self.caps.max_files || self.bytes > self.caps.max_bytes {
-                        return Err(WorkspaceError::TooLarge(format!(
-                            "the tree is over {} files or {} bytes",
-                            self.caps.max_files, self.caps.max_bytes
-                        )));
-                    }
+                    self.count(blob.data.len() as u64)?;
                     if is_link {
-                        let target = String::from_utf8_lossy(&blob.data).into_owned();
-                        if link_stays_inside(&shown, &target) {
-                            std::os::unix::fs::symlink(&target, &path).map_err(io)?;
-                        } else {
-                            self.dropped.push(format!("{}: a symbolic link leading outside", shown.display()));
+                        match std::str::from_utf8(&blob.data) {
+                            Ok(target) => self.links.push((shown, target.to_string())),
+                            Err(_) => self.drop_entry(format!("{}: a link whose target is not UTF-8", shown.display())),
                         }
                         continue;
                     }
-                    std::fs::write(&path, &blob.data).map_err(io)?;
-                    if matches!(kind, gix::object::tree::EntryKind::BlobExecutable) {
-                        use std::os::unix::fs::PermissionsExt;
-                        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).map_err(io)?;
-                    }
+                    self.files += 1;
+                    use std::io::Write;
+                    use std::os::unix::fs::OpenOptionsExt;
+                    let exec = matches!(kind, gix::object::tree::EntryKind::BlobExecutable);
+                    let mut f = std::fs::OpenOptions::new()
+                        .write(true)
+                        .create_new(true)
+                        .custom_flags(libc::O_NOFOLLOW)
+                        .mode(if exec { 0o755 } else { 0o644 })
+                        .open(&path)
+                        .map_err(io)?;
+                    f.write_all(&blob.data).map_err(io)?;
                 }
             }
         }
         Ok(())
     }
+
+    /// The links, last: each whose target stays inside and passes through no other link.
+    fn links(&mut self, root: &Path) -> Result<(), WorkspaceError> {
+        let all: std::collections::HashSet<PathBuf> = self.links.iter().map(|(p, _)| p.clone()).collect();
+        for (at, target) in std::mem::take(&mut self.links) {
+            if !link_stays_inside(&at, &target) || passes_through(&at, &target, &all) {
+                self.drop_entry(format!("{}: a symbolic link leading outside", at.display()));
+                continue;
+            }
+            let path = root.join(&at);
+            if path.symlink_metadata().is_ok() {
+                self.drop_entry(format!("{}: a name the tree repeats", at.display()));
+                continue;
+            }
+            std::os::unix::fs::symlink(&target, &path)
+                .map_err(|e| WorkspaceError::Internal(format!("cannot write the tree: {e}")))?;
+        }
+        Ok(())
+    }
+}
+
+/// Does the link at `at` reach its target through another of the tree's links (whose own target
+/// a lexical reading cannot see)?
+pub fn passes_through(at: &Path, target: &str, links: &std::collections::HashSet<PathBuf>) -> bool {
+    let mut cur: Vec<&std::ffi::OsStr> =
+        at.parent().map(|p| p.components().map(|c| c.as_os_str()).collect()).unwrap_or_default();
+    let parts: Vec<Component> = Path::new(target).components().collect();
+    for (i, c) in parts.iter().enumerate() {
+        match c {
+            Component::Normal(n) => {
+                cur.push(n);
+                let here: PathBuf = cur.iter().collect();
+                if i + 1 < parts.len() && links.contains(&here) {
+                    return true;
+                }
+            }
+            Component::ParentDir => {
+                cur.pop();
+            }
+            _ => {}
+        }
+    }
+    false
 }
 
 /// Does a link at `at` (relative to the root) pointing to `target` stay under the root, read
-/// lexically? (Every read resolves the path again and checks it: this keeps the obvious escapes
-/// out of the tree a sandbox would copy.)
+/// lexically? (With `passes_through`, a link is judged without following others; every read
+/// resolves the path again and checks it.)
 pub fn link_stays_inside(at: &Path, target: &str) -> bool {
     if target.is_empty() || target.contains('\0') || Path::new(target).is_absolute() {
         return false;
@@ -378,5 +466,14 @@ mod tests {
         assert!(!link_stays_inside(Path::new("a/l"), "/etc/passwd"));
         assert!(!link_stays_inside(Path::new("a/l"), ""));
         assert!(is_commit_id("0123456789abcdef0123456789abcdef01234567") && !is_commit_id("main"));
+        // A link that climbs through another link is judged by that link, not by its text.
+        let links: std::collections::HashSet<PathBuf> = [PathBuf::from("a/b/l")].into();
+        assert!(link_stays_inside(Path::new("a/b/l"), "../.."));
+        assert!(
+            link_stays_inside(Path::new("a/b/m"), "l/../../../etc")
+                && passes_through(Path::new("a/b/m"), "l/../../../etc", &links)
+        );
+        assert!(!passes_through(Path::new("a/b/m"), "l", &links), "a link to a link is itself no climb");
+        assert!(!passes_through(Path::new("a/b/m"), "../c/d", &links));
     }
 }

@@ -154,16 +154,15 @@ impl Workspaces {
     }
 
     fn mark_in_use(self: &Arc<Self>, entry: &Path) -> Result<InUse, WorkspaceError> {
+        // Counted before the tree is looked at, under the lock eviction decides under: a tree
+        // found here is not taken away while the task reads it.
+        let mut in_use = self.in_use.lock().map_err(|_| WorkspaceError::Internal("poisoned".into()))?;
         let root = entry
             .join("tree")
             .canonicalize()
             .map_err(|e| WorkspaceError::Internal(format!("the cached tree cannot be read: {e}")))?;
-        *self
-            .in_use
-            .lock()
-            .map_err(|_| WorkspaceError::Internal("poisoned".into()))?
-            .entry(entry.to_path_buf())
-            .or_default() += 1;
+        *in_use.entry(entry.to_path_buf()).or_default() += 1;
+        drop(in_use);
         // The entry's time is its last use: eviction takes the oldest first.
         if let Ok(f) = std::fs::File::open(entry) {
             let _ = f.set_modified(std::time::SystemTime::now());
@@ -247,6 +246,10 @@ impl Workspaces {
         for tenant in std::fs::read_dir(&self.dir).into_iter().flatten().flatten() {
             for e in std::fs::read_dir(tenant.path()).into_iter().flatten().flatten() {
                 let p = e.path();
+                // A fill in progress (or a tree being removed) is not a cached tree.
+                if e.file_name().to_string_lossy().contains(".tmp-") {
+                    continue;
+                }
                 let Ok(size) = std::fs::read_to_string(p.join("size")) else { continue };
                 let used = e.metadata().and_then(|m| m.modified()).unwrap_or(std::time::UNIX_EPOCH);
                 entries.push((used, size.trim().parse().unwrap_or(0), p));
@@ -254,12 +257,13 @@ impl Workspaces {
         }
         let mut total: u64 = entries.iter().map(|e| e.1).sum();
         entries.sort();
-        let busy = self.in_use.lock().map(|m| m.keys().cloned().collect::<Vec<_>>()).unwrap_or_default();
+        // Held while trees are chosen and moved aside: none is marked in use meanwhile.
+        let Ok(busy) = self.in_use.lock() else { return };
         for (_, size, p) in entries {
             if total <= self.max_cache_bytes {
                 break;
             }
-            if busy.contains(&p) {
+            if busy.contains_key(&p) {
                 continue;
             }
             // Renamed aside first, so that a reader never finds half a tree under its name.

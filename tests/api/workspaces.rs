@@ -51,7 +51,18 @@ fn git(dir: &std::path::Path, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
-pub async fn git_server() -> GitServer {
+/// The server, or `None` (with a notice, or a failure under `.ci/run`) where git is missing.
+pub async fn git_server() -> Option<GitServer> {
+    let has_git = Command::new("git").arg("--version").output().is_ok_and(|o| o.status.success());
+    if !has_git {
+        skipped(
+            "SUBAGENTD_REQUIRE_TOOLS",
+            "workspaces over git",
+            "`git` is not installed (the tests serve repositories with `git http-backend`)",
+            "apt-get install git (bash .ci/run does)",
+        );
+        return None;
+    }
     let dir = tempfile::tempdir().unwrap();
     let work = dir.path().join("work");
     std::fs::create_dir_all(work.join("src")).unwrap();
@@ -87,7 +98,7 @@ pub async fn git_server() -> GitServer {
     let plain = app.clone();
     tokio::spawn(async move { axum::serve(listener, plain).await.unwrap() });
     let (https, ca_file) = serve_tls(app, dir.path()).await;
-    GitServer { base, https, ca_file, fetches, main, v1, _dir: dir }
+    Some(GitServer { base, https, ca_file, fetches, main, v1, _dir: dir })
 }
 
 /// Serve `app` over TLS with a certificate for 127.0.0.1 made here; its URL and the PEM's path.
@@ -217,7 +228,7 @@ async fn events(app: &TestApp, t: &Value) -> Vec<Value> {
 
 #[tokio::test]
 async fn explore_reads_a_repository_at_a_ref_with_the_four_tools() {
-    let srv = git_server().await;
+    let Some(srv) = git_server().await else { return };
     let app = spawn_app_with(ws_config, true).await;
     let repo = format!("{}/repo.git", srv.base);
     let ws = json!({"git": repo});
@@ -325,7 +336,7 @@ async fn explore_reads_a_repository_at_a_ref_with_the_four_tools() {
 
 #[tokio::test]
 async fn concurrent_tasks_on_one_commit_fetch_it_once_and_the_version_is_recorded_once() {
-    let srv = git_server().await;
+    let Some(srv) = git_server().await else { return };
     let app = spawn_app_with(ws_config, true).await;
     let ws = json!({"git": format!("{}/repo.git", srv.base), "ref": "main"});
     let body =
@@ -345,7 +356,7 @@ async fn concurrent_tasks_on_one_commit_fetch_it_once_and_the_version_is_recorde
 
 #[tokio::test]
 async fn refused_unknown_and_unreachable_repositories_are_named() {
-    let srv = git_server().await;
+    let Some(srv) = git_server().await else { return };
     let app = spawn_app_with(ws_config, true).await;
     // Refused at submission, naming the address: private, link-local, credentials in the URL.
     for (url, field) in [
@@ -413,7 +424,7 @@ async fn refused_unknown_and_unreachable_repositories_are_named() {
 
 #[tokio::test]
 async fn a_private_repository_is_read_with_a_write_only_secret_that_never_shows() {
-    let srv = git_server().await;
+    let Some(srv) = git_server().await else { return };
     let ca = srv.ca_file.clone();
     let app = spawn_app_with(
         |c| {
@@ -438,12 +449,42 @@ async fn a_private_repository_is_read_with_a_write_only_secret_that_never_shows(
     assert_eq!(t["error"]["code"], "workspace_unreachable", "{t}");
     assert!(t["error"]["message"].as_str().unwrap().contains("credentials"), "{t}");
     // The secret: write-only.
-    let r = app.client.put(app.url("/secrets/gh")).json(&json!({"value": TOKEN})).send().await.unwrap();
+    // The secret: write-only, and for one host.
+    let r = app
+        .client
+        .put(app.url("/secrets/gh"))
+        .json(&json!({"value": TOKEN, "host": "127.0.0.1:443"}))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 201);
     let listed = app.client.get(app.url("/secrets")).send().await.unwrap().text().await.unwrap();
-    assert!(listed.contains("\"gh\"") && !listed.contains(TOKEN), "{listed}");
-    let r = app.client.put(app.url("/secrets/gh")).json(&json!({"value": ""})).send().await.unwrap();
-    assert_problem(r, 422, "validation_failed").await;
+    assert!(listed.contains("\"gh\"") && listed.contains("\"127.0.0.1\"") && !listed.contains(TOKEN), "{listed}");
+    for bad in
+        [json!({"value": "", "host": "127.0.0.1"}), json!({"value": "x"}), json!({"value": "x", "host": "https://x/"})]
+    {
+        let r = app.client.put(app.url("/secrets/gh2")).json(&bad).send().await.unwrap();
+        assert_problem(r, 422, "validation_failed").await;
+    }
+    // A secret is never sent to a host it is not for.
+    let r = app
+        .client
+        .put(app.url("/secrets/other"))
+        .json(&json!({"value": "x", "host": "example.com"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let r = app
+        .client
+        .post(app.url("/tasks"))
+        .json(&json!({"prompt": "x", "subagent_type": "explore",
+        "workspace": {"git": url, "secret": "other"}}))
+        .send()
+        .await
+        .unwrap();
+    let p = assert_problem(r, 422, "validation_failed").await;
+    assert!(p["detail"].as_str().unwrap().contains("is for host \"example.com\""), "{p}");
     // A secret goes only over https.
     let r = app
         .client
@@ -464,6 +505,11 @@ async fn a_private_repository_is_read_with_a_write_only_secret_that_never_shows(
     assert_eq!(t["status"], "completed", "{t}");
     assert!(result(&app, &t).await.contains("src/retry.rs:2:"));
     assert_eq!(t["tools"], json!(["glob", "grep", "read_file"]), "no web tools beside a private repository");
+    // The private commit is cached, but not for a task without the secret: it must fetch it
+    // itself, and the server asks for credentials.
+    let t2 =
+        run(&app, json!({"prompt": "x", "subagent_type": "explore", "workspace": {"git": url, "ref": srv.main}})).await;
+    assert_eq!(t2["error"]["code"], "workspace_unreachable", "{t2}");
     // The token is nowhere: the task, its events, its messages.
     let id = t["id"].as_str().unwrap();
     let all: String = sqlx::query_scalar(
@@ -629,6 +675,10 @@ async fn the_web_beside_a_private_workspace_is_the_tenants_choice() {
     };
     let t = run(&app, body(None)).await;
     assert_eq!(tools(&t), json!(["glob", "grep", "read_file"]));
+    // A task continuing its conversation reads the same workspace, under the same rule.
+    let resumed = run(&app, json!({"prompt": "go on", "subagent_type": "research", "resume_from": t["id"]})).await;
+    assert_eq!(resumed["workspace"]["name"], "up", "{resumed}");
+    assert_eq!(tools(&resumed), json!(["glob", "grep", "read_file"]));
     let r = app.client.post(app.url("/tasks")).json(&body(Some(true))).send().await.unwrap();
     let p = assert_problem(r, 422, "validation_failed").await;
     assert!(p.to_string().contains("workspace.web"), "{p}");
@@ -644,7 +694,7 @@ async fn the_web_beside_a_private_workspace_is_the_tenants_choice() {
 
 #[tokio::test]
 async fn the_mcp_and_a2a_doors_take_a_workspace_with_the_same_rules() {
-    let srv = git_server().await;
+    let Some(srv) = git_server().await else { return };
     let app = spawn_app_with(ws_config, true).await;
     let repo = format!("{}/repo.git", srv.base);
     let host = app.base.trim_start_matches("http://").to_string();

@@ -326,7 +326,20 @@ impl Lifecycle {
         body: &TaskRequest,
         limits: &Limits,
     ) -> Result<Option<WorkspaceSpec>, TaskError> {
-        let Some(w) = &body.workspace else { return Ok(None) };
+        // A task that continues another's conversation reads the same workspace (the conversation
+        // holds what was read there: the same rules, the web tools' included, must hold).
+        let inherited;
+        let w = match (&body.workspace, body.resume_from) {
+            (Some(w), _) => w,
+            (None, Some(parent)) => match self.parent(tenant, parent).await?.1.and_then(|o| o.workspace) {
+                Some(w) => {
+                    inherited = w;
+                    &inherited
+                }
+                None => return Ok(None),
+            },
+            (None, None) => return Ok(None),
+        };
         let pool = &self.p.pool;
         match (&w.git, &w.name) {
             (Some(url), None) => {
@@ -360,11 +373,21 @@ impl Lifecycle {
                             "a secret is sent only over https: the repository URL must be https://",
                         ));
                     }
-                    if !crate::store::workspaces::secret_exists(pool, tenant, secret).await? {
-                        return Err(TaskError::invalid(
-                            "workspace.secret",
-                            format!("no secret named {secret:?}: create it with PUT /secrets/{secret}"),
-                        ));
+                    let host = parsed.host_str().unwrap_or_default().to_ascii_lowercase();
+                    match crate::store::workspaces::secret_host(pool, tenant, secret).await? {
+                        None => {
+                            return Err(TaskError::invalid(
+                                "workspace.secret",
+                                format!("no secret named {secret:?}: create it with PUT /secrets/{secret}"),
+                            ))
+                        }
+                        Some(h) if h != host => {
+                            return Err(TaskError::invalid(
+                                "workspace.secret",
+                                format!("the secret {secret:?} is for host {h:?}, not {host:?}"),
+                            ))
+                        }
+                        Some(_) => {}
                     }
                 }
             }

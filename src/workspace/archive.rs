@@ -214,8 +214,24 @@ pub fn clean(input: impl Read, out: impl Write, limits: Limits) -> Result<Cleane
             _ => drop("an entry of an unsupported type"),
         }
     }
+    append_links(&mut builder, pending, &links, &kept, &mut c.dropped).map_err(write_err)?;
+    let hashing = builder.into_inner().map_err(write_err)?;
+    c.content_hash = format!("sha256:{}", hex::encode(hashing.hash.finalize()));
+    hashing.inner.finish().map_err(write_err)?.flush().map_err(write_err)?;
+    Ok(c)
+}
+
+/// The links, after every other entry: each that passes through no other link and takes no
+/// kept entry's name.
+fn append_links<W: Write>(
+    builder: &mut tar::Builder<W>,
+    pending: Vec<(PathBuf, String, String)>,
+    links: &HashSet<PathBuf>,
+    kept: &HashSet<PathBuf>,
+    dropped: &mut Vec<Dropped>,
+) -> std::io::Result<()> {
     for (path, target, shown) in pending {
-        let reason = if super::git::passes_through(&path, &target, &links) {
+        let reason = if super::git::passes_through(&path, &target, links) {
             Some("a symbolic link that leads outside")
         } else if kept.contains(&path) {
             Some("a name the archive repeats")
@@ -223,7 +239,7 @@ pub fn clean(input: impl Read, out: impl Write, limits: Limits) -> Result<Cleane
             None
         };
         if let Some(reason) = reason {
-            c.dropped.push(Dropped { path: shown, reason });
+            dropped.push(Dropped { path: shown, reason });
             continue;
         }
         let mut h = tar::Header::new_gnu();
@@ -233,12 +249,9 @@ pub fn clean(input: impl Read, out: impl Write, limits: Limits) -> Result<Cleane
         h.set_entry_type(tar::EntryType::Symlink);
         h.set_mode(0o777);
         h.set_size(0);
-        builder.append_link(&mut h, &path, &target).map_err(write_err)?;
+        builder.append_link(&mut h, &path, &target)?;
     }
-    let hashing = builder.into_inner().map_err(write_err)?;
-    c.content_hash = format!("sha256:{}", hex::encode(hashing.hash.finalize()));
-    hashing.inner.finish().map_err(write_err)?.flush().map_err(write_err)?;
-    Ok(c)
+    Ok(())
 }
 
 /// Unpack a clean archive into `dest` (which exists). Its entries were judged when it was

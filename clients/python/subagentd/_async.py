@@ -43,6 +43,8 @@ class AsyncClient:
         self.tools = Tools(self)
         self.tool_sources = ToolSources(self)
         self.schedules = Schedules(self)
+        self.workspaces = Workspaces(self)
+        self.secrets = Secrets(self)
         self.usage = Usage(self)
         self.admin = Admin(self)
 
@@ -316,6 +318,36 @@ class Schedules(_Resource):
 
     async def delete(self, name: str) -> None:
         await self._c._send(Req("DELETE", f"/schedules/{name}", repeatable=True))
+
+
+class Workspaces(_Resource):
+    async def list(self) -> List[m.Workspace]:
+        return await self._c._many(m.Workspace, Req("GET", "/workspaces", repeatable=True), "workspaces")
+
+    async def get(self, name: str) -> m.Workspace:
+        return await self._c._one(m.Workspace, Req("GET", f"/workspaces/{name}", repeatable=True))
+
+    async def put(self, name: str, archive: bytes) -> m.Workspace:
+        """Upload (or replace) a workspace: `archive` is a tar.gz; `dropped` says what was left out."""
+        req = Req("PUT", f"/workspaces/{name}", content=archive, headers={"Content-Type": "application/gzip"},
+                  repeatable=True)
+        return await self._c._one(m.Workspace, req)
+
+    async def delete(self, name: str) -> None:
+        await self._c._send(Req("DELETE", f"/workspaces/{name}", repeatable=True))
+
+
+class Secrets(_Resource):
+    async def list(self) -> List[m.Secret]:
+        return await self._c._many(m.Secret, Req("GET", "/secrets", repeatable=True), "secrets")
+
+    async def put(self, name: str, *, value: str, host: str) -> m.Secret:
+        """Set a write-only secret (a private repository's token), sent only to `host`."""
+        return await self._c._one(m.Secret, Req("PUT", f"/secrets/{name}", json=body(value=value, host=host),
+                                                repeatable=True))
+
+    async def delete(self, name: str) -> None:
+        await self._c._send(Req("DELETE", f"/secrets/{name}", repeatable=True))
 
 
 class Usage(_Resource):

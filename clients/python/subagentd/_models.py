@@ -375,3 +375,33 @@ class FieldError(Model):
     _fields = ["field", "message"]
     _nested = {}
     _required = ["field", "message"]
+
+@dataclass(repr=False)
+class Workspace(Model):
+    """A Workspace as the API shows it."""
+
+    name: Optional[str] = None
+    content_hash: Optional[str] = None
+    files: Optional[int] = None
+    size_bytes: Optional[int] = None
+    archive_bytes: Optional[int] = None
+    dropped: Optional[List[Dict[str, Any]]] = None
+    created_at: Optional[str] = None
+    updated_at: Optional[str] = None
+    extra: Dict[str, Any] = _dc.field(default_factory=dict)
+    _fields = ["name", "content_hash", "files", "size_bytes", "archive_bytes", "dropped", "created_at", "updated_at"]
+    _nested = {}
+    _required = ["archive_bytes", "content_hash", "created_at", "dropped", "files", "name", "size_bytes", "updated_at"]
+
+@dataclass(repr=False)
+class Secret(Model):
+    """A Secret as the API shows it."""
+
+    name: Optional[str] = None
+    host: Optional[str] = None
+    created_at: Optional[str] = None
+    updated_at: Optional[str] = None
+    extra: Dict[str, Any] = _dc.field(default_factory=dict)
+    _fields = ["name", "host", "created_at", "updated_at"]
+    _nested = {}
+    _required = ["created_at", "host", "name", "updated_at"]

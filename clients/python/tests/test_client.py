@@ -360,6 +360,25 @@ def test_agents_tools_sources_schedules_usage_and_admin(client, admin):
     assert client.schedules.get(s.name).cron == "0 3 * * *"
     client.schedules.delete(s.name)
     no_unknown_fields(s)
+    import io, tarfile
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w:gz") as t:
+        data = b"pub fn retry_policy() {}\n"
+        info = tarfile.TarInfo("src/lib.rs")
+        info.size = len(data)
+        t.addfile(info, io.BytesIO(data))
+    wname = unique("code").lower()
+    w = client.workspaces.put(wname, raw.getvalue())
+    assert (w.files, w.dropped) == (1, []) and w.content_hash.startswith("sha256:")
+    no_unknown_fields(w)
+    assert client.workspaces.get(wname).content_hash == w.content_hash
+    assert wname in [x.name for x in client.workspaces.list()]
+    client.workspaces.delete(wname)
+    with pytest.raises(subagentd.NotFoundError):
+        client.workspaces.get(wname)
+    sec = client.secrets.put(wname, value="tok", host="git.example.com")
+    assert sec.host == "git.example.com" and "tok" not in repr(client.secrets.list())
+    client.secrets.delete(wname)
     report = client.usage.get(group_by=["model"])
     assert isinstance(report, subagentd.UsageReport) and report.rows
     assert any(r.model == MODEL for r in report.rows)

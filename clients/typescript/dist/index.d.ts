@@ -1,4 +1,4 @@
-import type { Agent, Call, CancelledMany, Event, Key, Limits, Message, NewKey, Problem, Schedule, Task, TenantView, Tool, ToolSource, UsageReport } from "./models.js";
+import type { Agent, Call, CancelledMany, Event, Key, Limits, Message, NewKey, Problem, Schedule, Task, TenantView, Tool, ToolSource, UsageReport, Workspace, Secret } from "./models.js";
 export * from "./models.js";
 export * as webhooks from "./webhooks.js";
 export declare const VERSION = "0.1.0";
@@ -109,6 +109,8 @@ export declare class Client {
     readonly tools: Tools;
     readonly toolSources: ToolSources;
     readonly schedules: Schedules;
+    readonly workspaces: Workspaces;
+    readonly secrets: Secrets;
     readonly usage: Usage;
     readonly admin: Admin;
     constructor(opts?: ClientOptions);
@@ -208,6 +210,22 @@ export declare class Schedules extends Resource {
     }): Promise<Schedule>;
     pause(name: string): Promise<Schedule>;
     resume(name: string): Promise<Schedule>;
+    delete(name: string): Promise<void>;
+}
+export declare class Workspaces extends Resource {
+    list(): Promise<Workspace[]>;
+    get(name: string): Promise<Workspace>;
+    /** Upload (or replace) a workspace: `archive` is a tar.gz; `dropped` says what was left out. */
+    put(name: string, archive: Uint8Array): Promise<Workspace>;
+    delete(name: string): Promise<void>;
+}
+export declare class Secrets extends Resource {
+    list(): Promise<Secret[]>;
+    /** Set a write-only secret (a private repository's token), sent only to `host`. */
+    put(name: string, secret: {
+        value: string;
+        host: string;
+    }): Promise<Secret>;
     delete(name: string): Promise<void>;
 }
 export interface UsageQuery {

@@ -104,6 +104,8 @@ export class Client {
     tools;
     toolSources;
     schedules;
+    workspaces;
+    secrets;
     usage;
     admin;
     constructor(opts = {}) {
@@ -117,6 +119,8 @@ export class Client {
         this.tools = new Tools(this);
         this.toolSources = new ToolSources(this);
         this.schedules = new Schedules(this);
+        this.workspaces = new Workspaces(this);
+        this.secrets = new Secrets(this);
         this.usage = new Usage(this);
         this.admin = new Admin(this);
     }
@@ -442,6 +446,35 @@ export class Schedules extends Resource {
     }
     async delete(name) {
         await this.c.send({ method: "DELETE", path: `/schedules/${name}`, repeatable: true });
+    }
+}
+export class Workspaces extends Resource {
+    async list() {
+        return (await this.c.json({ method: "GET", path: "/workspaces", repeatable: true })).workspaces;
+    }
+    async get(name) {
+        return this.c.json({ method: "GET", path: `/workspaces/${name}`, repeatable: true });
+    }
+    /** Upload (or replace) a workspace: `archive` is a tar.gz; `dropped` says what was left out. */
+    async put(name, archive) {
+        return this.c.json({
+            method: "PUT", path: `/workspaces/${name}`, body: archive, headers: { "content-type": "application/gzip" }, repeatable: true,
+        });
+    }
+    async delete(name) {
+        await this.c.send({ method: "DELETE", path: `/workspaces/${name}`, repeatable: true });
+    }
+}
+export class Secrets extends Resource {
+    async list() {
+        return (await this.c.json({ method: "GET", path: "/secrets", repeatable: true })).secrets;
+    }
+    /** Set a write-only secret (a private repository's token), sent only to `host`. */
+    async put(name, secret) {
+        return this.c.json({ method: "PUT", path: `/secrets/${name}`, json: secret, repeatable: true });
+    }
+    async delete(name) {
+        await this.c.send({ method: "DELETE", path: `/secrets/${name}`, repeatable: true });
     }
 }
 export class Usage extends Resource {

@@ -285,4 +285,26 @@ export interface FieldError {
     /** Fields this version does not know yet. */
     [field: string]: unknown;
 }
+/** A Workspace as the API shows it. */
+export interface Workspace {
+    name: string;
+    content_hash: string;
+    files: number;
+    size_bytes: number;
+    archive_bytes: number;
+    dropped: Record<string, unknown>[];
+    created_at: string;
+    updated_at: string;
+    /** Fields this version does not know yet. */
+    [field: string]: unknown;
+}
+/** A Secret as the API shows it. */
+export interface Secret {
+    name: string;
+    host: string;
+    created_at: string;
+    updated_at: string;
+    /** Fields this version does not know yet. */
+    [field: string]: unknown;
+}
 export declare const MODEL_FIELDS: Record<string, string[]>;

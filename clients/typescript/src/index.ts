@@ -7,7 +7,7 @@
 
 import type {
   Agent, Call, CancelledMany, Event, Key, Limits, Message, NewKey, Problem, Schedule, Task, TaskPage, TenantView,
-  Tool, ToolSource, UsageReport,
+  Tool, ToolSource, UsageReport, Workspace, Secret,
 } from "./models.js";
 
 export * from "./models.js";
@@ -137,7 +137,7 @@ interface Req {
   path: string;
   query?: Record<string, unknown>;
   json?: unknown;
-  body?: string;
+  body?: string | Uint8Array;
   headers?: Record<string, string>;
   /** Safe to send again after a dropped connection. */
   repeatable?: boolean;
@@ -175,6 +175,8 @@ export class Client {
   readonly tools: Tools;
   readonly toolSources: ToolSources;
   readonly schedules: Schedules;
+  readonly workspaces: Workspaces;
+  readonly secrets: Secrets;
   readonly usage: Usage;
   readonly admin: Admin;
 
@@ -189,6 +191,8 @@ export class Client {
     this.tools = new Tools(this);
     this.toolSources = new ToolSources(this);
     this.schedules = new Schedules(this);
+    this.workspaces = new Workspaces(this);
+    this.secrets = new Secrets(this);
     this.usage = new Usage(this);
     this.admin = new Admin(this);
   }
@@ -511,6 +515,37 @@ export class Schedules extends Resource {
   }
   async delete(name: string): Promise<void> {
     await this.c.send({ method: "DELETE", path: `/schedules/${name}`, repeatable: true });
+  }
+}
+
+export class Workspaces extends Resource {
+  async list(): Promise<Workspace[]> {
+    return (await this.c.json<{ workspaces: Workspace[] }>({ method: "GET", path: "/workspaces", repeatable: true })).workspaces;
+  }
+  async get(name: string): Promise<Workspace> {
+    return this.c.json<Workspace>({ method: "GET", path: `/workspaces/${name}`, repeatable: true });
+  }
+  /** Upload (or replace) a workspace: `archive` is a tar.gz; `dropped` says what was left out. */
+  async put(name: string, archive: Uint8Array): Promise<Workspace> {
+    return this.c.json<Workspace>({
+      method: "PUT", path: `/workspaces/${name}`, body: archive, headers: { "content-type": "application/gzip" }, repeatable: true,
+    });
+  }
+  async delete(name: string): Promise<void> {
+    await this.c.send({ method: "DELETE", path: `/workspaces/${name}`, repeatable: true });
+  }
+}
+
+export class Secrets extends Resource {
+  async list(): Promise<Secret[]> {
+    return (await this.c.json<{ secrets: Secret[] }>({ method: "GET", path: "/secrets", repeatable: true })).secrets;
+  }
+  /** Set a write-only secret (a private repository's token), sent only to `host`. */
+  async put(name: string, secret: { value: string; host: string }): Promise<Secret> {
+    return this.c.json<Secret>({ method: "PUT", path: `/secrets/${name}`, json: secret, repeatable: true });
+  }
+  async delete(name: string): Promise<void> {
+    await this.c.send({ method: "DELETE", path: `/secrets/${name}`, repeatable: true });
   }
 }
 

@@ -437,7 +437,7 @@ impl Runner {
             metrics::counter!("subagentd_workspace_fetches_total", "source" => source, "outcome" => outcome)
                 .increment(1);
             let (held, stats) = filled.map_err(failed)?;
-            let total = crate::workspace::git::dir_size(&held.root);
+            let total = held.bytes();
             let ev = crate::kinds::event::WorkspaceReady {
                 source: source.into(),
                 version,

@@ -92,6 +92,13 @@ pub struct InUse {
     pub root: PathBuf,
 }
 
+impl InUse {
+    /// The tree's bytes, as written when it was filled (not walked again).
+    pub fn bytes(&self) -> u64 {
+        std::fs::read_to_string(self.entry.join("size")).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
+    }
+}
+
 impl Drop for InUse {
     fn drop(&mut self) {
         if let Ok(mut m) = self.ws.in_use.lock() {

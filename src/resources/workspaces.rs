@@ -6,7 +6,6 @@
 
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
-use serde::Serialize;
 use serde_json::Value;
 use tokio::io::AsyncWriteExt;
 
@@ -16,13 +15,6 @@ use crate::workspace::archive::{self, ArchiveError};
 
 /// The most a secret's value may hold.
 const MAX_SECRET: usize = 8192;
-
-/// An uploaded workspace as the API shows it.
-#[derive(Debug, Serialize)]
-pub struct WorkspaceView {
-    #[serde(flatten)]
-    pub row: WorkspaceRow,
-}
 
 fn check_name(name: &str) -> Result<(), Error> {
     crate::engine::definitions::check_name_chars(name).map_err(|m| Error::invalid("name", m))

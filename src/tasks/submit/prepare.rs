@@ -43,6 +43,8 @@ struct Agent {
     agent: AgentType,
     definition: Option<AgentDefinition>,
     model: ModelRef,
+    /// The workspace of the task it resumes (read with the parent, once).
+    parent_workspace: Option<WorkspaceSpec>,
 }
 
 /// The task's own limits, each within the tenant's caps.
@@ -61,7 +63,7 @@ impl Lifecycle {
         let own = task_limits(body, limits, &who, checked.max_turns, self.p.cfg.max_task_timeout_seconds as f64)?;
         self.priced(&who.model, limits, &own)?;
         let approval = approval(body, limits, who.definition.as_ref())?;
-        let workspace = self.workspace(&s.tenant, body, limits).await?;
+        let workspace = self.workspace(&s.tenant, body, limits, who.parent_workspace.as_ref()).await?;
         let tools = self.whitelist(&s.tenant, limits, &who, approval, body, workspace.as_ref()).await?;
         let max_out = self.p.providers.max_tokens_for(
             &who.model,
@@ -223,7 +225,8 @@ impl Lifecycle {
             body.model.as_deref().or(parent_model.as_deref()),
             definition.as_ref().and_then(|d| d.model.as_deref()),
         )?;
-        Ok(Agent { type_name, agent, definition, model })
+        let parent_workspace = parent_opts.and_then(|o| o.workspace.clone());
+        Ok(Agent { type_name, agent, definition, model, parent_workspace })
     }
 
     /// The model, explicitly: the request's, else the agent definition's, else the configured
@@ -325,21 +328,11 @@ impl Lifecycle {
         tenant: &str,
         body: &TaskRequest,
         limits: &Limits,
+        parent: Option<&WorkspaceSpec>,
     ) -> Result<Option<WorkspaceSpec>, TaskError> {
         // A task that continues another's conversation reads the same workspace (the conversation
         // holds what was read there: the same rules, the web tools' included, must hold).
-        let inherited;
-        let w = match (&body.workspace, body.resume_from) {
-            (Some(w), _) => w,
-            (None, Some(parent)) => match self.parent(tenant, parent).await?.1.and_then(|o| o.workspace) {
-                Some(w) => {
-                    inherited = w;
-                    &inherited
-                }
-                None => return Ok(None),
-            },
-            (None, None) => return Ok(None),
-        };
+        let Some(w) = body.workspace.as_ref().or(parent) else { return Ok(None) };
         let pool = &self.p.pool;
         match (&w.git, &w.name) {
             (Some(url), None) => {
@@ -409,8 +402,7 @@ impl Lifecycle {
                 ))
             }
         }
-        let tenant_allows = matches!(limits.private_workspace_web.as_deref(), Some("task" | "always"));
-        if w.web == Some(true) && w.private() && !tenant_allows {
+        if w.web == Some(true) && !web_beside(limits, w) {
             return Err(TaskError::invalid(
                 "workspace.web",
                 "the web tools are not offered beside a private workspace for this tenant \
@@ -516,14 +508,7 @@ impl Lifecycle {
         let builtins = self.p.tool_caller.builtins.for_run(limits, anthropic, gated);
         // The workspace tools only with a workspace; the web beside a private one only where
         // the tenant allows it (a fetched URL could carry the code out).
-        let web_ok = workspace.is_none_or(|w| {
-            !w.private()
-                || match limits.private_workspace_web.as_deref() {
-                    Some("always") => true,
-                    Some("task") => w.web == Some(true),
-                    _ => false,
-                }
-        });
+        let web_ok = workspace.is_none_or(|w| web_beside(limits, w));
         available.extend(builtins.into_iter().filter(|d| match (&d.target, definition) {
             (crate::tools::Target::Builtin { tool } | crate::tools::Target::Provider { tool }, _)
                 if (tool.reads_workspace() && workspace.is_none()) || (tool.reaches_web() && !web_ok) =>
@@ -562,6 +547,18 @@ impl Lifecycle {
 }
 
 /// The task's approval mode: the request's, else its agent definition's, else the tenant's.
+/// May a task over workspace `w` have the web tools? Always beside a public one; beside a
+/// private one (an upload, a repository read with a secret) as the tenant's
+/// `private_workspace_web` says: `always`, `task` when the task asks, else never.
+fn web_beside(limits: &Limits, w: &WorkspaceSpec) -> bool {
+    !w.private()
+        || match limits.private_workspace_web.as_deref() {
+            Some("always") => true,
+            Some("task") => w.web == Some(true),
+            _ => false,
+        }
+}
+
 fn approval(body: &TaskRequest, limits: &Limits, definition: Option<&AgentDefinition>) -> Result<Approval, TaskError> {
     Ok(match body.approval.as_deref() {
         Some(a) => Approval::parse(a)

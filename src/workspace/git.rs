@@ -107,6 +107,21 @@ fn connect<'r>(
     Ok(conn)
 }
 
+/// The remote at `url` to fetch from: no URL rewriting, no tags.
+fn fetching_from<'r>(repo: &'r gix::Repository, url: &str) -> Result<gix::Remote<'r>, WorkspaceError> {
+    Ok(repo
+        .remote_at_without_url_rewrite(url)
+        .map_err(|e| WorkspaceError::Refused(format!("{url}: {e}")))?
+        .with_fetch_tags(gix::remote::fetch::Tags::None))
+}
+
+/// A fetch refspec of one source (a ref name or a commit id), with no destination.
+fn refspec(source: &str) -> Result<gix::refspec::RefSpec, String> {
+    gix::refspec::parse(source.into(), gix::refspec::parse::Operation::Fetch)
+        .map(|s| s.to_owned())
+        .map_err(|e| e.to_string())
+}
+
 fn check_url(r: &Remote<'_>) -> Result<(), WorkspaceError> {
     // An IP literal is connected to without the resolver: check it here (names at connect).
     r.allow.check_url(r.url).map(|_| ()).map_err(|e| WorkspaceError::Refused(e.0))
@@ -120,10 +135,7 @@ pub fn resolve(r: &Remote<'_>, git_ref: Option<&str>, caps: &Caps, scratch: &Pat
         return Ok(id.to_ascii_lowercase());
     }
     let repo = scratch_repo(scratch)?;
-    let remote = repo
-        .remote_at_without_url_rewrite(r.url)
-        .map_err(|e| WorkspaceError::Refused(format!("{}: {e}", r.url)))?
-        .with_fetch_tags(gix::remote::fetch::Tags::None);
+    let remote = fetching_from(&repo, r.url)?;
     let names: Vec<String> = match git_ref {
         None => vec!["HEAD".into()],
         Some(n) if n.starts_with("refs/") => vec![n.to_string()],
@@ -131,11 +143,7 @@ pub fn resolve(r: &Remote<'_>, git_ref: Option<&str>, caps: &Caps, scratch: &Pat
     };
     let specs = names
         .iter()
-        .map(|n| {
-            gix::refspec::parse(n.as_str().into(), gix::refspec::parse::Operation::Fetch)
-                .map(|s| s.to_owned())
-                .map_err(|e| WorkspaceError::RefNotFound(format!("{n:?} is not a ref name: {e}")))
-        })
+        .map(|n| refspec(n).map_err(|e| WorkspaceError::RefNotFound(format!("{n:?} is not a ref name: {e}"))))
         .collect::<Result<Vec<_>, _>>()?;
     let conn = connect(&remote, r, caps)?;
     let opts = gix::remote::ref_map::Options { extra_refspecs: specs, ..Default::default() };
@@ -157,13 +165,8 @@ pub fn fetch(r: &Remote<'_>, commit: &str, caps: &Caps, scratch: &Path, dest: &P
     check_url(r)?;
     let started = Instant::now();
     let repo = scratch_repo(scratch)?;
-    let remote = repo
-        .remote_at_without_url_rewrite(r.url)
-        .map_err(|e| WorkspaceError::Refused(format!("{}: {e}", r.url)))?
-        .with_fetch_tags(gix::remote::fetch::Tags::None);
-    let spec = gix::refspec::parse(commit.into(), gix::refspec::parse::Operation::Fetch)
-        .map(|s| s.to_owned())
-        .map_err(|e| WorkspaceError::RefNotFound(format!("{commit:?}: {e}")))?;
+    let remote = fetching_from(&repo, r.url)?;
+    let spec = refspec(commit).map_err(|e| WorkspaceError::RefNotFound(format!("{commit:?}: {e}")))?;
     let interrupt = Arc::new(AtomicBool::new(false));
     let over = Arc::new(std::sync::Mutex::new(None::<WorkspaceError>));
     let watchdog = watch(scratch.to_path_buf(), caps.clone(), interrupt.clone(), over.clone());

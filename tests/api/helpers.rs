@@ -398,6 +398,34 @@ pub async fn admin_key(app: &TestApp, admin: &str, tenant: &str) -> String {
     v["key"].as_str().unwrap().to_string()
 }
 
+/// A database of the test cluster with the migrations before `version` applied (the schema of
+/// the release before that migration, to fill with rows and then migrate); `drop` removes it.
+pub struct OldDatabase {
+    pub pool: PgPool,
+    name: String,
+    admin: PgPool,
+}
+
+impl OldDatabase {
+    pub async fn drop(self) {
+        self.pool.close().await;
+        sqlx::query(&format!("DROP DATABASE {} WITH (FORCE)", self.name)).execute(&self.admin).await.unwrap();
+    }
+}
+
+pub async fn database_before(db: &TestDb, version: i64) -> OldDatabase {
+    let name = format!("upg_{}", uuid::Uuid::new_v4().simple());
+    let admin = subagentd::db::connect(&db.url.replace(&db.name, "postgres"), 1).await.unwrap();
+    sqlx::query(&format!("CREATE DATABASE {name}")).execute(&admin).await.unwrap();
+    let pool = subagentd::db::connect(&db.url.replace(&db.name, &name), 2).await.unwrap();
+    let mut before = subagentd::db::MIGRATOR.iter().filter(|m| m.version < version).cloned().collect::<Vec<_>>();
+    before.sort_by_key(|m| m.version);
+    let old =
+        sqlx::migrate::Migrator { migrations: std::borrow::Cow::Owned(before), ..sqlx::migrate::Migrator::DEFAULT };
+    old.run(&pool).await.unwrap();
+    OldDatabase { pool, name, admin }
+}
+
 /// Say that a group of tests cannot run here for want of a program. Under `.ci/run`, which sets
 /// `require` (a `SUBAGENTD_REQUIRE_*` variable) to 1, that is a failure. Otherwise a notice, and
 /// a line in the file `SUBAGENTD_SKIP_LOG` names, from which the README's test command

@@ -752,16 +752,8 @@ async fn anthropics_server_side_search_is_offered_priced_per_search_and_recorded
 #[tokio::test]
 async fn a_database_from_before_the_built_in_tools_migrates_with_every_row_kept() {
     let db = test_db().await;
-    let name = format!("upg_{}", uuid::Uuid::new_v4().simple());
-    let admin_url = db.url.replace(&db.name, "postgres");
-    let admin = subagentd::db::connect(&admin_url, 1).await.unwrap();
-    sqlx::query(&format!("CREATE DATABASE {name}")).execute(&admin).await.unwrap();
-    let pool = subagentd::db::connect(&db.url.replace(&db.name, &name), 2).await.unwrap();
-    let mut before = subagentd::db::MIGRATOR.iter().filter(|m| m.version < 24).cloned().collect::<Vec<_>>();
-    before.sort_by_key(|m| m.version);
-    let old =
-        sqlx::migrate::Migrator { migrations: std::borrow::Cow::Owned(before), ..sqlx::migrate::Migrator::DEFAULT };
-    old.run(&pool).await.unwrap();
+    let old = database_before(&db, 24).await;
+    let pool = old.pool.clone();
     sqlx::query("INSERT INTO tenants (name, usd_per_day, max_running) VALUES ('acme', 5, 3)")
         .execute(&pool)
         .await
@@ -802,6 +794,5 @@ async fn a_database_from_before_the_built_in_tools_migrates_with_every_row_kept(
     assert_eq!((tokens, searches), (10, 0));
     let tasks: i64 = sqlx::query_scalar("SELECT count(*) FROM tasks").fetch_one(&pool).await.unwrap();
     assert_eq!(tasks, 1);
-    pool.close().await;
-    sqlx::query(&format!("DROP DATABASE {name} WITH (FORCE)")).execute(&admin).await.unwrap();
+    old.drop().await;
 }

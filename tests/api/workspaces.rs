@@ -790,3 +790,45 @@ async fn the_mcp_and_a2a_doors_take_a_workspace_with_the_same_rules() {
     assert!(results[1].contains("     2\t    3"), "the tag's contents: {results:?}");
     app.stop().await;
 }
+
+#[tokio::test]
+async fn a_database_from_before_workspaces_migrates_with_every_row_kept() {
+    let db = test_db().await;
+    let old = database_before(&db, 25).await;
+    let pool = old.pool.clone();
+    sqlx::query("INSERT INTO tenants (name, usd_per_day, web_tools_policy) VALUES ('acme', 5, 'propose')")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let id = uuid::Uuid::now_v7();
+    sqlx::query(
+        "INSERT INTO tasks (id, tenant, subagent_type, prompt, model, options, status, finished_at)
+         VALUES ($1, 'acme', 'explore', 'p', 'mock/m', '{\"max_turns\": 4}', 'completed', now())",
+    )
+    .bind(id)
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query("INSERT INTO tenant_secrets (tenant, signing_secret) VALUES ('acme', 'sig')")
+        .execute(&pool)
+        .await
+        .unwrap();
+    subagentd::db::MIGRATOR.run(&pool).await.unwrap();
+    let (usd, policy, web): (f64, Option<String>, Option<String>) = sqlx::query_as(
+        "SELECT usd_per_day::float8, web_tools_policy, private_workspace_web FROM tenants WHERE name = 'acme'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!((usd, policy.as_deref(), web), (5.0, Some("propose"), None));
+    let row = subagentd::store::tasks::get_any(&pool, id).await.unwrap().expect("the task is kept");
+    assert_eq!((row.status.as_str(), row.workspace_version.as_deref()), ("completed", None));
+    let view = subagentd::tasks::TaskView::from(row);
+    assert!(serde_json::to_value(&view).unwrap().get("workspace").is_none(), "no workspace on an old task");
+    let sig: String = sqlx::query_scalar("SELECT signing_secret FROM tenant_secrets WHERE tenant = 'acme'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(sig, "sig", "the signing secrets' table is untouched by the new `secrets`");
+    old.drop().await;
+}

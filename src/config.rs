@@ -144,6 +144,48 @@ pub struct Config {
     #[arg(long, env = "SUBAGENTD_WORKSPACE_QUOTA_MB", default_value_t = 1024, global = true)]
     pub workspace_quota_mb: u64,
 
+    /// The sandbox `run_command` runs in: the bubblewrap program (`bwrap`, looked up on PATH).
+    /// Where it cannot start, the service says so at start and does not offer `run_command`.
+    #[arg(long, env = "SUBAGENTD_SANDBOX_BWRAP", default_value = "bwrap", global = true)]
+    pub sandbox_bwrap: String,
+
+    /// Where tasks' writable copies of their workspaces live while they run; unset:
+    /// `<data-dir>/sandboxes` (best on the workspace cache's filesystem, so that copies share
+    /// blocks where it can). Disposable: a copy is rebuilt from its task's saved changes.
+    #[arg(long, env = "SUBAGENTD_SANDBOX_DIR", global = true)]
+    pub sandbox_dir: Option<PathBuf>,
+
+    /// Commands running at once in this process, across tasks; 0: the number of cores.
+    #[arg(long, env = "SUBAGENTD_SANDBOX_MAX_COMMANDS", default_value_t = 0, global = true)]
+    pub sandbox_max_commands: usize,
+
+    /// A command's wall time at most, in seconds (`timeout_seconds` is capped to it; the
+    /// default is 120 s, or this if lower). Its CPU time is capped to the same.
+    #[arg(long, env = "SUBAGENTD_SANDBOX_MAX_TIMEOUT_SECONDS", default_value_t = 600, global = true)]
+    pub sandbox_max_timeout_seconds: u64,
+
+    /// A command's memory at most, in MiB (a cgroup where the host offers one, else its
+    /// address space).
+    #[arg(long, env = "SUBAGENTD_SANDBOX_MEMORY_MB", default_value_t = 2048, global = true)]
+    pub sandbox_memory_mb: u64,
+
+    /// A command's processes and threads at most (a cgroup's `pids.max` where the host offers
+    /// one, else `RLIMIT_NPROC`).
+    #[arg(long, env = "SUBAGENTD_SANDBOX_PROCESSES", default_value_t = 256, global = true)]
+    pub sandbox_processes: u64,
+
+    /// What a task's copy may grow by over its starting tree, and any one file's size, in MiB;
+    /// and the size of a command's own `/tmp`.
+    #[arg(long, env = "SUBAGENTD_SANDBOX_WRITE_MB", default_value_t = 1024, global = true)]
+    pub sandbox_write_mb: u64,
+    #[arg(long, env = "SUBAGENTD_SANDBOX_TMP_MB", default_value_t = 256, global = true)]
+    pub sandbox_tmp_mb: u64,
+
+    /// A task's diff (`GET /tasks/{id}/diff`) at most, in KiB: past it, whole files are left
+    /// out and named.
+    #[arg(long, env = "SUBAGENTD_SANDBOX_DIFF_MAX_KB", default_value_t = 1024, global = true)]
+    pub sandbox_diff_max_kb: u64,
+
     /// `web_fetch` calls a tenant may make per minute, across replicas (a tenant's own
     /// `web_fetches_per_minute` wins; 0: none).
     #[arg(long, env = "SUBAGENTD_DEFAULT_WEB_FETCHES_PER_MINUTE", default_value_t = 60, global = true)]

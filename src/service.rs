@@ -35,8 +35,44 @@ pub struct Service {
 fn tools_of(cfg: &Config) -> std::io::Result<(crate::tools::Caller, Arc<crate::workspace::Workspaces>)> {
     let invalid = |e: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, e);
     let caller = crate::tools::Caller::from_config(cfg).map_err(|e| invalid(e.to_string()))?;
+    let caller = caller.with_sandbox(sandbox_of(cfg));
     let workspaces = crate::workspace::Workspaces::from_config(cfg).map_err(invalid)?;
     Ok((caller, Arc::new(workspaces)))
+}
+
+/// The sandbox `run_command` runs in, unless turned off or unable to start here (said in the
+/// log). Copies left by an earlier process on this data directory are removed.
+fn sandbox_of(cfg: &Config) -> Option<Arc<crate::tools::sandbox::Sandbox>> {
+    let off = cfg.builtin_tools_off.split(',').any(|t| t.trim() == "run_command");
+    let dir = cfg.sandbox_dir.clone().unwrap_or_else(|| cfg.data_dir.join("sandboxes"));
+    if let Ok(entries) = std::fs::read_dir(&dir) {
+        for e in entries.flatten() {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+    if off {
+        return None;
+    }
+    let limits = crate::tools::sandbox::Limits {
+        max_timeout: std::time::Duration::from_secs(cfg.sandbox_max_timeout_seconds.max(1)),
+        memory_bytes: cfg.sandbox_memory_mb.max(16) << 20,
+        processes: cfg.sandbox_processes.max(1),
+        write_bytes: cfg.sandbox_write_mb << 20,
+        tmp_bytes: cfg.sandbox_tmp_mb << 20,
+    };
+    match crate::tools::sandbox::Sandbox::probe(&cfg.sandbox_bwrap, limits, cfg.sandbox_max_commands) {
+        Ok(s) => {
+            tracing::info!(limits = %s.describe(), "run_command runs in the sandbox");
+            Some(Arc::new(s))
+        }
+        Err(e) => {
+            tracing::warn!(
+                error = %e,
+                "the sandbox cannot start on this host: run_command is not offered (see docs/operations.md, \"The sandbox\")"
+            );
+            None
+        }
+    }
 }
 
 impl Service {

@@ -63,7 +63,8 @@ pub fn permission_mode(mode: &str) -> Option<(Option<Approval>, bool)> {
 
 /// Claude Code's tools that are built-in tools here: `WebFetch` is `web_fetch`, `WebSearch` is
 /// `web_search`, and over a task's workspace `Read` is `read_file`, `Glob` is `glob`, `Grep` is
-/// `grep`, `LS` is `list_directory`.
+/// `grep`, `LS` is `list_directory`, and on the task's own copy `Write` is `write_file`, `Edit` is
+/// `edit_file`, `Bash` is `run_command` (in the sandbox).
 pub fn builtin(name: &str) -> Option<crate::kinds::BuiltinTool> {
     use crate::kinds::BuiltinTool;
     match name {
@@ -73,6 +74,9 @@ pub fn builtin(name: &str) -> Option<crate::kinds::BuiltinTool> {
         "Glob" => Some(BuiltinTool::Glob),
         "Grep" => Some(BuiltinTool::Grep),
         "LS" => Some(BuiltinTool::ListDirectory),
+        "Write" => Some(BuiltinTool::WriteFile),
+        "Edit" => Some(BuiltinTool::EditFile),
+        "Bash" => Some(BuiltinTool::RunCommand),
         _ => None,
     }
 }

@@ -227,6 +227,12 @@ text_enum! {
         Grep = "grep",
         /// A file of the workspace, its lines numbered.
         ReadFile = "read_file",
+        /// Write a whole file of the task's own copy of the workspace.
+        WriteFile = "write_file",
+        /// Replace one exact, unique string in a file of the task's copy.
+        EditFile = "edit_file",
+        /// A shell command in the sandbox, over the task's copy.
+        RunCommand = "run_command",
     }
 }
 
@@ -240,12 +246,26 @@ impl BuiltinTool {
             BuiltinTool::Glob => "finds the workspace's files by a path pattern",
             BuiltinTool::Grep => "searches the workspace's files with a regular expression",
             BuiltinTool::ReadFile => "reads a file of the workspace",
+            BuiltinTool::WriteFile => "writes a whole file of your copy of the workspace",
+            BuiltinTool::EditFile => "replaces one exact, unique string in a file of your copy",
+            BuiltinTool::RunCommand => "runs a shell command in a sandbox over your copy (no network)",
         }
     }
 
     /// Does it read the task's workspace (offered only with one)?
     pub fn reads_workspace(self) -> bool {
         matches!(self, BuiltinTool::ListDirectory | BuiltinTool::Glob | BuiltinTool::Grep | BuiltinTool::ReadFile)
+    }
+
+    /// Does it change the task's copy of the workspace (offered only with one, to types that
+    /// may have side effects)?
+    pub fn writes_workspace(self) -> bool {
+        matches!(self, BuiltinTool::WriteFile | BuiltinTool::EditFile | BuiltinTool::RunCommand)
+    }
+
+    /// Does it need the task's workspace (offered only with one)?
+    pub fn needs_workspace(self) -> bool {
+        self.reads_workspace() || self.writes_workspace()
     }
 
     /// Does it reach the web (so that it could carry a private workspace's contents out)?

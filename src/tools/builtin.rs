@@ -1,6 +1,7 @@
 //! The registry of built-in tools: the tools the service runs itself, with no caller endpoint
 //! (`web_fetch`, `web_search`; over a task's workspace `list_directory`, `glob`, `grep`,
-//! `read_file`). Each has a reserved name
+//! `read_file`; on the task's own copy of it `write_file`, `edit_file` and, in the sandbox,
+//! `run_command`). Each has a reserved name
 //! no tenant tool may take, a switch for the service and one per tenant, and a default policy.
 //! Which agent types get which is the engine's (`AgentType::builtin_tools`).
 
@@ -31,13 +32,15 @@ pub struct Registry {
     search: bool,
     /// `web_search` on an Anthropic model is the provider's own.
     anthropic_search: bool,
+    /// The sandbox starts here (`run_command` is offered only then).
+    sandbox: bool,
 }
 
 impl Registry {
     /// `off`: `SUBAGENTD_BUILTIN_TOOLS_OFF`; `search`: a SearXNG-compatible API is configured;
     /// `anthropic_search`: Anthropic models search on the provider's side.
     pub fn new(off: &str, search: bool, anthropic_search: bool) -> Result<Registry, String> {
-        let mut r = Registry { off: vec![], search, anthropic_search };
+        let mut r = Registry { off: vec![], search, anthropic_search, sandbox: false };
         for name in off.split(',').map(str::trim).filter(|n| !n.is_empty()) {
             let t = BuiltinTool::parse(name).ok_or_else(|| {
                 let all: Vec<&str> = BuiltinTool::ALL.iter().map(|b| b.as_str()).collect();
@@ -48,9 +51,16 @@ impl Registry {
         Ok(r)
     }
 
+    /// This registry, knowing whether the sandbox can start on this host.
+    pub fn with_sandbox(self, sandbox: bool) -> Registry {
+        Registry { sandbox, ..self }
+    }
+
     /// Is `t` on for the service (turned on, and a backend configured)?
     pub fn on(&self, t: BuiltinTool) -> bool {
-        !self.off.contains(&t) && (t != BuiltinTool::WebSearch || self.search || self.anthropic_search)
+        !self.off.contains(&t)
+            && (t != BuiltinTool::WebSearch || self.search || self.anthropic_search)
+            && (t != BuiltinTool::RunCommand || self.sandbox)
     }
 
     /// The built-ins of `for_tenant` as a run on a model of this provider has them: `web_search`
@@ -85,7 +95,16 @@ impl Registry {
             .iter()
             .copied()
             .filter(|t| self.on(*t) && !off.iter().any(|o| o == t.as_str()))
-            .map(|t| def(t, if t.reaches_web() { web_policy } else { Policy::Auto }))
+            .map(|t| {
+                let policy = if t.reaches_web() {
+                    web_policy
+                } else if t.writes_workspace() {
+                    Policy::Propose
+                } else {
+                    Policy::Auto
+                };
+                def(t, policy)
+            })
             .collect()
     }
 }
@@ -175,6 +194,48 @@ fn build(t: BuiltinTool) -> (&'static str, Arc<Value>) {
                 "additionalProperties": false
             }),
         ),
+        BuiltinTool::WriteFile => (
+            "Write a whole file of your copy of the workspace (created with its directories if new, replaced if \
+             not). Paths are relative to the root. Prefer edit_file for a change to an existing file.",
+            json!({
+                "type": "object",
+                "properties": {
+                    "path": {"type": "string", "minLength": 1},
+                    "content": {"type": "string"}
+                },
+                "required": ["path", "content"],
+                "additionalProperties": false
+            }),
+        ),
+        BuiltinTool::EditFile => (
+            "Replace `old_string` by `new_string` in a file of your copy: `old_string` must occur exactly once \
+             (give more surrounding lines to make it unique), or set `replace_all` to replace every occurrence.",
+            json!({
+                "type": "object",
+                "properties": {
+                    "path": {"type": "string", "minLength": 1},
+                    "old_string": {"type": "string", "minLength": 1},
+                    "new_string": {"type": "string"},
+                    "replace_all": {"type": "boolean"}
+                },
+                "required": ["path", "old_string", "new_string"],
+                "additionalProperties": false
+            }),
+        ),
+        BuiltinTool::RunCommand => (
+            "Run a shell command (`sh -c`) in a sandbox whose working directory /workspace is your copy of the \
+             workspace: the system's programs, no network, no secrets, a /tmp of its own, limits on time, memory, \
+             processes and written bytes. Answers the exit code and the output (capped). Default timeout 120 s.",
+            json!({
+                "type": "object",
+                "properties": {
+                    "command": {"type": "string", "minLength": 1},
+                    "timeout_seconds": {"type": "integer", "minimum": 1, "description": "default 120; the service caps it"}
+                },
+                "required": ["command"],
+                "additionalProperties": false
+            }),
+        ),
     };
     (description, Arc::new(parameters))
 }
@@ -200,7 +261,8 @@ mod tests {
         let all = Registry::new("", true, false).unwrap();
         let names = |v: Vec<ToolDef>| v.into_iter().map(|d| d.name).collect::<Vec<_>>();
         let files = ["list_directory", "glob", "grep", "read_file"];
-        let with = |web: &[&'static str]| [web, &files[..]].concat();
+        let writes = ["write_file", "edit_file"];
+        let with = |web: &[&'static str]| [web, &files[..], &writes[..]].concat();
         assert_eq!(names(all.for_tenant(&Limits::default())), with(&["web_fetch", "web_search"]));
         let no_search = Registry::new("", false, false).unwrap();
         assert_eq!(names(no_search.for_tenant(&Limits::default())), with(&["web_fetch"]));
@@ -208,7 +270,21 @@ mod tests {
         assert_eq!(names(off.for_tenant(&Limits::default())), with(&["web_search"]));
         let tenant_off =
             Limits { builtin_tools_off: Some(vec!["web_search".into(), "grep".into()]), ..Limits::default() };
-        assert_eq!(names(all.for_tenant(&tenant_off)), ["web_fetch", "list_directory", "glob", "read_file"]);
+        assert_eq!(
+            names(all.for_tenant(&tenant_off)),
+            ["web_fetch", "list_directory", "glob", "read_file", "write_file", "edit_file"]
+        );
+        // run_command only where the sandbox starts; the writing tools are `propose`.
+        let sandboxed = Registry::new("", false, false).unwrap().with_sandbox(true);
+        assert_eq!(
+            names(sandboxed.for_tenant(&Limits::default())),
+            with(&["web_fetch"]).into_iter().chain(["run_command"]).collect::<Vec<_>>()
+        );
+        assert!(sandboxed
+            .for_tenant(&Limits::default())
+            .iter()
+            .all(|d| (d.policy == Policy::Propose)
+                == ["write_file", "edit_file", "run_command"].contains(&d.name.as_str())));
         assert!(Registry::new("web_fetch,nope", true, false).unwrap_err().contains("\"nope\""));
         let propose = Limits { web_tools_policy: Some("propose".into()), ..Limits::default() };
         let policy = |d: &ToolDef| (d.name.clone(), d.policy);
@@ -222,7 +298,10 @@ mod tests {
             .iter()
             .filter(|d| files.contains(&d.name.as_str()))
             .all(|d| d.policy == Policy::Auto));
-        assert!(all.for_tenant(&Limits::default()).iter().all(|d| d.policy == Policy::Auto));
+        assert!(all
+            .for_tenant(&Limits::default())
+            .iter()
+            .all(|d| d.policy == Policy::Auto || writes.contains(&d.name.as_str())));
     }
 
     #[test]

@@ -8,10 +8,12 @@
 
 pub mod builtin;
 pub mod catalog;
+pub mod edit;
 pub mod files;
 pub mod html;
 pub mod http;
 pub mod mcp;
+pub mod sandbox;
 pub mod ssrf;
 pub mod web;
 
@@ -250,6 +252,8 @@ pub struct Caller {
     pub web: web::Web,
     /// The built-in tools this service offers.
     pub builtins: builtin::Registry,
+    /// The sandbox `run_command` runs in, where it starts on this host.
+    pub sandbox: Option<Arc<sandbox::Sandbox>>,
 }
 
 impl Caller {
@@ -270,7 +274,15 @@ impl Caller {
             )
             .map_err(ToolError::Config)?,
             web: web::Web::from_config(cfg)?,
+            sandbox: None,
         })
+    }
+
+    /// This caller with the sandbox (`run_command` is then offered).
+    pub fn with_sandbox(mut self, sandbox: Option<Arc<sandbox::Sandbox>>) -> Caller {
+        self.builtins = self.builtins.with_sandbox(sandbox.is_some());
+        self.sandbox = sandbox;
+        self
     }
 }
 
@@ -292,18 +304,47 @@ pub struct TaskTools {
 }
 
 impl TaskTools {
-    /// A workspace tool's call, on a blocking thread (it reads files).
-    async fn read_workspace(&self, tool: builtin::BuiltinTool, call: &ToolCall) -> ToolOutput {
+    /// A workspace tool's call: a file tool on a blocking thread, a command in the sandbox. Over
+    /// a task's own copy, one call at a time, and each that may change it marks it changed.
+    async fn workspace_call(&self, tool: builtin::BuiltinTool, call: &ToolCall) -> ToolOutput {
         let Some(w) = &self.workspace else {
-            return tool_error(format!("{} reads the task's workspace, and this task has none", call.name));
+            return tool_error(format!("{} works on the task's workspace, and this task has none", call.name));
+        };
+        let _one = match &w.copy {
+            Some(c) => Some(c.lock.lock().await),
+            None if tool.writes_workspace() => {
+                return tool_error(format!("{} changes the task's own copy, and this run has none", call.name))
+            }
+            None => None,
         };
         let (root, args, max) = (w.path.clone(), call.arguments.clone(), self.caller.max_result_bytes);
-        let out = tokio::task::spawn_blocking(move || files::run(tool, &root, &args, max))
-            .await
-            .unwrap_or_else(|e| tool_error(format!("{} failed: {e}", call.name)));
+        let out = if tool == builtin::BuiltinTool::RunCommand {
+            self.command(w, call).await
+        } else {
+            tokio::task::spawn_blocking(move || files::run(tool, &root, &args, max))
+                .await
+                .unwrap_or_else(|e| tool_error(format!("{} failed: {e}", call.name)))
+        };
+        if let (Some(c), true) = (&w.copy, tool.writes_workspace()) {
+            c.dirty.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
         let outcome = if out.is_error { "error" } else { "ok" };
         metrics::counter!("subagentd_builtin_tool_calls_total", "tool" => tool.as_str(), "outcome" => outcome)
             .increment(1);
+        out
+    }
+
+    /// `run_command` over the task's copy.
+    async fn command(&self, w: &files::Root, call: &ToolCall) -> ToolOutput {
+        let (Some(sb), Some(copy)) = (&self.caller.sandbox, &w.copy) else {
+            return tool_error("run_command is not available: the sandbox does not start on this host");
+        };
+        let command = call.arguments.get("command").and_then(Value::as_str).unwrap_or_default();
+        let secs = call.arguments.get("timeout_seconds").and_then(Value::as_u64);
+        let timeout =
+            Duration::from_secs(secs.unwrap_or(sandbox::DEFAULT_TIMEOUT_SECONDS).max(1)).min(sb.max_timeout());
+        let (out, outcome) = sb.run(&w.path, copy.max_bytes, command, timeout, self.caller.max_result_bytes).await;
+        metrics::counter!("subagentd_sandbox_commands_total", "outcome" => outcome.as_str()).increment(1);
         out
     }
 }
@@ -368,7 +409,7 @@ impl ToolRunner for TaskTools {
             // Its calls pause the run for the caller's output; they never reach here.
             Target::Caller => tool_error(format!("tool {} is run by the caller, not by subagentd", call.name)),
             Target::Provider { .. } => tool_error(format!("tool {} is run by the model's provider", call.name)),
-            Target::Builtin { tool } if tool.reads_workspace() => self.read_workspace(*tool, call).await,
+            Target::Builtin { tool } if tool.needs_workspace() => self.workspace_call(*tool, call).await,
             Target::Builtin { tool } => {
                 web::run(&self.caller.web, self.web.as_ref(), *tool, call, self.caller.max_result_bytes).await
             }

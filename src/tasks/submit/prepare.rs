@@ -511,7 +511,7 @@ impl Lifecycle {
         let web_ok = workspace.is_none_or(|w| web_beside(limits, w));
         available.extend(builtins.into_iter().filter(|d| match (&d.target, definition) {
             (crate::tools::Target::Builtin { tool } | crate::tools::Target::Provider { tool }, _)
-                if (tool.reads_workspace() && workspace.is_none()) || (tool.reaches_web() && !web_ok) =>
+                if (tool.needs_workspace() && workspace.is_none()) || (tool.reaches_web() && !web_ok) =>
             {
                 false
             }

@@ -9,6 +9,7 @@
 //! `tasks::Shortcut` it plugs in.
 
 pub mod claim;
+pub mod copy;
 pub mod finish;
 pub mod heartbeat;
 pub mod presence;

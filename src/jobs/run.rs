@@ -100,6 +100,7 @@ impl Runner {
             hub: self.hub.clone(),
             committer: self.committer.clone(),
             live: crate::live::Output::new(self.hub.clone(), self.pool.clone(), row.id),
+            copy: Default::default(),
         };
         let host = self.providers.resolve(&row.model).ok().and_then(|m| self.providers.get(&m.provider)?.host());
         let mut facts = RunFacts {
@@ -219,6 +220,11 @@ impl Runner {
                 // The fill goes on in its task (its tree is cached for the next run); this run ends.
                 cause = stop.stopped() => return Outcome::Stopped(cause).into(),
             };
+            if opts.tools.iter().any(|t| matches!(t.target, Target::Builtin { tool } if tool.writes_workspace())) {
+                if let Err(e) = self.own_copy(row, opts, store, &mut tools).await {
+                    return internal(e);
+                }
+            }
         }
         let answers = match self.answers(row, &history).await {
             Ok(a) => a,
@@ -229,7 +235,39 @@ impl Runner {
         input.new_messages = new_messages;
         input.first_reserved = first_reserved;
         input.answers = answers;
-        engine::run(input, provider.as_ref(), &tools, store, stop).await
+        let end = engine::run(input, provider.as_ref(), &tools, store, stop).await;
+        if let Some(c) = store.copy.get() {
+            if !matches!(c.finish(&self.pool, store.fence).await, Ok(true)) {
+                return Outcome::Stopped(StopCause::LeaseLost).into();
+            }
+        }
+        end
+    }
+
+    /// The run's own copy of its workspace, in place of the shared tree for its tools.
+    async fn own_copy(
+        &self,
+        row: &TaskRow,
+        opts: &TaskOptions,
+        store: &PgRunStore,
+        tools: &mut TaskTools,
+    ) -> Result<(), String> {
+        let Some(shared) = tools.workspace.take() else { return Ok(()) };
+        let root = self.cfg.sandbox_dir.clone().unwrap_or_else(|| self.cfg.data_dir.join("sandboxes"));
+        let caps = (self.cfg.sandbox_write_mb << 20, self.cfg.sandbox_diff_max_kb << 10);
+        let c = super::copy::TaskCopy::make(&self.pool, row.id, opts.resume_from, &shared.path, &root, caps).await?;
+        let c = Arc::new(c);
+        tools.workspace = Some(crate::tools::files::Root {
+            path: c.dir.clone(),
+            copy: Some(crate::tools::files::Copy {
+                dirty: c.dirty.clone(),
+                max_bytes: c.max_bytes,
+                lock: Default::default(),
+            }),
+            hold: Box::new((shared.hold, c.clone())),
+        });
+        let _ = store.copy.set(c);
+        Ok(())
     }
 
     /// A resumed pause's answers: for each call of the conversation's last turn that has no
@@ -452,7 +490,7 @@ impl Runner {
                 Ok(true) => {}
                 _ => return Err(lost()),
             }
-            Ok(crate::tools::files::Root { path: held.root.clone(), hold: Box::new(held) })
+            Ok(crate::tools::files::Root { path: held.root.clone(), hold: Box::new(held), copy: None })
         }
     }
 

@@ -31,6 +31,8 @@ pub struct PgRunStore {
     pub committer: Arc<Committer>,
     /// Where the run's streamed text goes (live output).
     pub live: Arc<crate::live::Output>,
+    /// The run's own copy of its workspace, once made: its changes go with each checkpoint.
+    pub copy: std::sync::OnceLock<Arc<super::copy::TaskCopy>>,
 }
 
 /// One ledger row, as the engine recorded the call.
@@ -76,6 +78,27 @@ impl PgRunStore {
     /// Commit a turn (its messages, its call's ledger row, its events and a `checkpoint` event).
     async fn commit_turn(&self, cp: &TurnCheckpoint) -> Result<Committed, StoreError> {
         let r = self.committer.turns.write(self.turn_write(cp)).await;
+        self.published(r)
+    }
+
+    /// Commit a turn with the copy's changes as they stand after it, in one transaction (so a
+    /// rescued run rebuilds the copy its conversation knows).
+    async fn commit_with_changes(
+        &self,
+        cp: &TurnCheckpoint,
+        ch: &crate::workspace::copy::Changes,
+    ) -> Result<Committed, StoreError> {
+        let w = self.turn_write(cp);
+        let r = retrying(|| async {
+            let mut tx = self.pool.begin().await?;
+            if !crate::store::diffs::save_changes(&mut tx, self.fence, &ch.archive, &ch.deleted).await? {
+                return Ok(Committed::LeaseLost);
+            }
+            let c = w.commit_alone(&mut tx).await?;
+            tx.commit().await?;
+            Ok(c)
+        })
+        .await;
         self.published(r)
     }
 
@@ -237,6 +260,12 @@ impl RunStore for PgRunStore {
     }
 
     async fn checkpoint(&self, cp: &TurnCheckpoint) -> Result<(), LeaseLost> {
+        if let Some(changes) = match self.copy.get() {
+            Some(c) => c.take_changes().await,
+            None => None,
+        } {
+            return lease_lost(self.commit_with_changes(cp, &changes).await, "checkpoint");
+        }
         lease_lost(self.commit_turn(cp).await, "checkpoint")
     }
 }

@@ -13,6 +13,7 @@ pub mod agents;
 pub mod budget;
 pub mod calls;
 pub mod committer;
+pub mod diffs;
 pub mod events;
 pub mod mcp;
 pub mod overview;

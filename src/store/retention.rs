@@ -14,10 +14,12 @@ pub async fn purge_finished(pool: &PgPool, days: i32) -> Result<u64, StoreError>
             "WITH t AS (
                 SELECT id FROM tasks WHERE finished_at < now() - make_interval(days => $1)
                 AND (EXISTS (SELECT 1 FROM task_messages m WHERE m.task_id = tasks.id)
-                     OR EXISTS (SELECT 1 FROM task_events e WHERE e.task_id = tasks.id))
+                     OR EXISTS (SELECT 1 FROM task_events e WHERE e.task_id = tasks.id)
+                     OR EXISTS (SELECT 1 FROM task_diffs d WHERE d.task_id = tasks.id))
                 LIMIT 500
              ), m AS (DELETE FROM task_messages WHERE task_id IN (SELECT id FROM t)),
-             e AS (DELETE FROM task_events WHERE task_id IN (SELECT id FROM t))
+             e AS (DELETE FROM task_events WHERE task_id IN (SELECT id FROM t)),
+             d AS (DELETE FROM task_diffs WHERE task_id IN (SELECT id FROM t))
              SELECT count(*) FROM t",
         )
         .bind(days)

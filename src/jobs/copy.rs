@@ -1,0 +1,133 @@
+//! A run's own copy of its workspace (for a run offered `write_file`, `edit_file` or
+//! `run_command`): made from the shared tree when the run starts, with the task's saved changes
+//! applied (a rescued or resumed run goes on from them); its changes saved with each checkpoint
+//! that follows a change; its diff saved when the run ends; removed with the run.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use sqlx::PgPool;
+
+use crate::store::{diffs, retrying, Fence, StoreError};
+use crate::workspace::copy::{self, Changes, Manifest};
+
+pub struct TaskCopy {
+    /// The shared tree it was made from.
+    pub base: PathBuf,
+    /// The copy (canonical).
+    pub dir: PathBuf,
+    manifest: Manifest,
+    /// Set by the tools when a call may have changed the copy.
+    pub dirty: Arc<AtomicBool>,
+    /// The most the copy may hold: its starting bytes plus the write allowance.
+    pub max_bytes: u64,
+    diff_max: u64,
+}
+
+impl TaskCopy {
+    /// The copy of `task` under `root`, made from `base`, with the changes saved for the task
+    /// (or, for a resumed task that has none yet, its parent's).
+    pub async fn make(
+        pool: &PgPool,
+        task: uuid::Uuid,
+        parent: Option<uuid::Uuid>,
+        base: &Path,
+        root: &Path,
+        (write_bytes, diff_max): (u64, u64),
+    ) -> Result<TaskCopy, String> {
+        let mut saved = retrying(|| diffs::changes_of(pool, task)).await.map_err(|e| e.to_string())?;
+        if saved.is_none() {
+            if let Some(p) = parent {
+                saved = retrying(|| diffs::changes_of(pool, p)).await.map_err(|e| e.to_string())?;
+            }
+        }
+        let changed = saved.is_some();
+        let (base, dir) = (base.to_path_buf(), root.join(task.to_string()));
+        let (b, d) = (base.clone(), dir.clone());
+        let (bytes, manifest, dir) = tokio::task::spawn_blocking(move || {
+            if d.symlink_metadata().is_ok() {
+                std::fs::remove_dir_all(&d)?;
+            }
+            let (bytes, manifest) = copy::make(&b, &d)?;
+            if let Some((archive, deleted)) = saved {
+                copy::apply(&d, &Changes { archive, deleted })?;
+            }
+            Ok::<_, std::io::Error>((bytes, manifest, d.canonicalize()?))
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("the task's copy of its workspace could not be made: {e}"))?;
+        Ok(TaskCopy {
+            base,
+            dir,
+            manifest,
+            // A copy rebuilt with changes is saved again at the next checkpoint.
+            dirty: Arc::new(AtomicBool::new(changed)),
+            max_bytes: bytes + write_bytes,
+            diff_max,
+        })
+    }
+
+    /// The copy's changes, if a call may have changed it since they were last taken.
+    pub async fn take_changes(self: &Arc<Self>) -> Option<Changes> {
+        if !self.dirty.swap(false, Ordering::SeqCst) {
+            return None;
+        }
+        let me = self.clone();
+        let max = self.max_bytes;
+        match tokio::task::spawn_blocking(move || copy::changes(&me.base, &me.dir, &me.manifest, max)).await {
+            Ok(Ok(Some(c))) => Some(c),
+            Ok(Ok(None)) => {
+                tracing::warn!(dir = %self.dir.display(), "a task's changes are past its write allowance: not saved");
+                None
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "a task's changes could not be read");
+                self.dirty.store(true, Ordering::SeqCst);
+                None
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "a task's changes could not be read");
+                self.dirty.store(true, Ordering::SeqCst);
+                None
+            }
+        }
+    }
+
+    /// At the run's end: its changes saved (if any since the last checkpoint), then its diff
+    /// and the diff's counts. False if the lease is gone.
+    pub async fn finish(self: &Arc<Self>, pool: &PgPool, fence: Fence) -> Result<bool, StoreError> {
+        if let Some(c) = self.take_changes().await {
+            let mut conn = pool.acquire().await?;
+            if !diffs::save_changes(&mut conn, fence, &c.archive, &c.deleted).await? {
+                return Ok(false);
+            }
+        }
+        let me = self.clone();
+        let (text, stats) =
+            tokio::task::spawn_blocking(move || copy::diff(&me.base, &me.dir, &me.manifest, me.diff_max))
+                .await
+                .map_err(|e| StoreError::Db(sqlx::Error::Protocol(e.to_string())))?;
+        let stats = serde_json::to_value(&stats).unwrap_or_default();
+        retrying(|| diffs::save_diff(pool, fence, &text, &stats)).await
+    }
+}
+
+/// The copy goes with its run (its changes are saved; another run rebuilds it from them).
+impl Drop for TaskCopy {
+    fn drop(&mut self) {
+        let dir = std::mem::take(&mut self.dir);
+        let remove = move || {
+            if let Err(e) = std::fs::remove_dir_all(&dir) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    tracing::warn!(dir = %dir.display(), error = %e, "a task's copy could not be removed");
+                }
+            }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) => drop(h.spawn_blocking(remove)),
+            Err(_) => remove(),
+        }
+    }
+}

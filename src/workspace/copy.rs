@@ -1,0 +1,427 @@
+//! A task's own copy of its workspace, where `write_file`, `edit_file` and `run_command` work:
+//! made from the shared (read-only) tree by copying each file (`copy_file_range`, so the
+//! filesystem shares the blocks where it can: btrfs, XFS), rebuilt on another replica from the
+//! task's saved changes, and compared with the starting tree for the task's diff.
+//!
+//! The comparison leaves out `.git` directories and what the tree's `.gitignore` files ignore
+//! (build output such as `target/`), except files the starting tree has. A file whose size and
+//! modification time are those it was copied with is unchanged without being read.
+//! Blocking (file I/O): callers run these on a blocking thread.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::io::Read;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+/// Bytes of a file looked at to tell text from binary.
+const SNIFF: usize = 8192;
+
+/// How each copied file looked when copied: unchanged files are known without reading them.
+#[derive(Debug, Default)]
+pub struct Manifest(HashMap<PathBuf, (u64, i64, i64)>);
+
+fn stamp(m: &std::fs::Metadata) -> (u64, i64, i64) {
+    (m.len(), m.mtime(), m.mtime_nsec())
+}
+
+/// Copy the tree at `from` into `to` (which must not exist): its bytes, and each file's stamp.
+pub fn make(from: &Path, to: &Path) -> std::io::Result<(u64, Manifest)> {
+    std::fs::create_dir_all(to.parent().unwrap_or(Path::new("/")))?;
+    std::fs::create_dir(to)?;
+    let (mut bytes, mut manifest) = (0u64, Manifest::default());
+    for e in walkdir::WalkDir::new(from).follow_links(false).min_depth(1) {
+        let e = e.map_err(std::io::Error::other)?;
+        let rel = e.path().strip_prefix(from).map_err(std::io::Error::other)?;
+        let dest = to.join(rel);
+        let t = e.file_type();
+        if t.is_dir() {
+            std::fs::create_dir(&dest)?;
+        } else if t.is_symlink() {
+            std::os::unix::fs::symlink(std::fs::read_link(e.path())?, &dest)?;
+        } else if t.is_file() {
+            bytes += std::fs::copy(e.path(), &dest)?;
+            manifest.0.insert(rel.to_path_buf(), stamp(&dest.symlink_metadata()?));
+        }
+    }
+    Ok((bytes, manifest))
+}
+
+/// What rebuilds a copy from its starting tree: the changed and new files and links (tar.gz),
+/// and the paths deleted.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Changes {
+    pub archive: Vec<u8>,
+    pub deleted: Vec<String>,
+}
+
+/// One path's state in a tree.
+#[derive(Debug, Clone, PartialEq)]
+enum Node {
+    File { executable: bool },
+    Link(PathBuf),
+}
+
+fn node(p: &Path) -> Option<Node> {
+    let m = p.symlink_metadata().ok()?;
+    if m.file_type().is_symlink() {
+        return std::fs::read_link(p).ok().map(Node::Link);
+    }
+    m.is_file().then(|| Node::File { executable: m.permissions().mode() & 0o111 != 0 })
+}
+
+/// The paths of the starting tree, every file and link (not `.git`).
+fn all_paths(root: &Path) -> BTreeSet<PathBuf> {
+    walkdir::WalkDir::new(root)
+        .follow_links(false)
+        .min_depth(1)
+        .into_iter()
+        .filter_entry(|e| e.file_name() != ".git")
+        .filter_map(Result::ok)
+        .filter(|e| !e.file_type().is_dir())
+        .filter_map(|e| e.path().strip_prefix(root).ok().map(Path::to_path_buf))
+        .collect()
+}
+
+/// The paths of the copy its `.gitignore` files do not ignore (not `.git`).
+fn kept_paths(root: &Path) -> BTreeSet<PathBuf> {
+    ignore::WalkBuilder::new(root)
+        .hidden(false)
+        .parents(false)
+        .git_global(false)
+        .git_exclude(false)
+        .ignore(false)
+        .require_git(false)
+        .follow_links(false)
+        .filter_entry(|e| e.file_name() != ".git")
+        .build()
+        .filter_map(Result::ok)
+        .filter(|e| e.depth() > 0 && !e.file_type().is_some_and(|t| t.is_dir()))
+        .filter_map(|e| e.path().strip_prefix(root).ok().map(Path::to_path_buf))
+        .collect()
+}
+
+/// How a path differs between the starting tree and the copy.
+#[derive(Debug, Clone, PartialEq)]
+enum Change {
+    Added(Node),
+    Deleted(Node),
+    Modified(Node, Node),
+}
+
+/// Every changed path, in order. Unchanged files (same stamp as copied, or same bytes) are not.
+fn compare(base: &Path, copy: &Path, manifest: &Manifest) -> BTreeMap<PathBuf, Change> {
+    let before = all_paths(base);
+    let mut out = BTreeMap::new();
+    for rel in before.iter().chain(kept_paths(copy).difference(&before)) {
+        let (a, b) = (node(&base.join(rel)), node(&copy.join(rel)));
+        let change = match (a, b) {
+            (None, Some(n)) => Change::Added(n),
+            (Some(n), None) => Change::Deleted(n),
+            (Some(x), Some(y)) if x != y => Change::Modified(x, y),
+            (Some(Node::File { .. }), Some(n @ Node::File { .. })) => {
+                let same_stamp = manifest
+                    .0
+                    .get(rel)
+                    .is_some_and(|s| copy.join(rel).symlink_metadata().is_ok_and(|m| stamp(&m) == *s));
+                if same_stamp || same_bytes(&base.join(rel), &copy.join(rel)) {
+                    continue;
+                }
+                Change::Modified(n.clone(), n)
+            }
+            _ => continue,
+        };
+        out.insert(rel.clone(), change);
+    }
+    out
+}
+
+fn same_bytes(a: &Path, b: &Path) -> bool {
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(x), Ok(y)) if x.len() != y.len() => false,
+        _ => matches!((std::fs::read(a), std::fs::read(b)), (Ok(x), Ok(y)) if x == y),
+    }
+}
+
+/// The copy's changes since it was made from `base` (or rebuilt), to save with a checkpoint.
+/// `None` when they would hold more than `max` bytes.
+pub fn changes(base: &Path, copy: &Path, manifest: &Manifest, max: u64) -> std::io::Result<Option<Changes>> {
+    let mut b = tar::Builder::new(flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast()));
+    let (mut deleted, mut links, mut size) = (vec![], vec![], 0u64);
+    for (rel, c) in compare(base, copy, manifest) {
+        match &c {
+            Change::Deleted(_) => deleted.push(rel.to_string_lossy().into_owned()),
+            Change::Added(Node::Link(t)) | Change::Modified(_, Node::Link(t)) => {
+                // A link replacing a file: the file goes first (a link is written last).
+                deleted.push(rel.to_string_lossy().into_owned());
+                links.push((rel, t.clone()));
+            }
+            Change::Added(Node::File { executable }) | Change::Modified(_, Node::File { executable }) => {
+                if matches!(c, Change::Modified(Node::Link(_), _)) {
+                    deleted.push(rel.to_string_lossy().into_owned());
+                }
+                let data = std::fs::read(copy.join(&rel))?;
+                size += data.len() as u64;
+                if size > max {
+                    return Ok(None);
+                }
+                let mut h = tar::Header::new_gnu();
+                h.set_size(data.len() as u64);
+                h.set_mode(if *executable { 0o755 } else { 0o644 });
+                h.set_mtime(0);
+                h.set_entry_type(tar::EntryType::Regular);
+                b.append_data(&mut h, &rel, data.as_slice())?;
+            }
+        }
+    }
+    for (rel, target) in links {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Symlink);
+        h.set_mode(0o777);
+        h.set_size(0);
+        b.append_link(&mut h, &rel, &target)?;
+    }
+    let archive = b.into_inner()?.finish()?;
+    Ok(Some(Changes { archive, deleted }))
+}
+
+/// Apply saved `changes` to a fresh copy: its deletions, then its files and links (`tar`'s own
+/// checks: nothing written outside, nothing through a link).
+pub fn apply(copy: &Path, changes: &Changes) -> std::io::Result<()> {
+    for rel in &changes.deleted {
+        let p = crate::tools::files::normalize(rel).map_err(std::io::Error::other)?;
+        let full = copy.join(p);
+        match full.symlink_metadata() {
+            Ok(m) if m.is_dir() => std::fs::remove_dir_all(&full)?,
+            Ok(_) => std::fs::remove_file(&full)?,
+            Err(_) => {}
+        }
+    }
+    if changes.archive.is_empty() {
+        return Ok(());
+    }
+    let mut a = tar::Archive::new(flate2::read::GzDecoder::new(changes.archive.as_slice()));
+    a.set_preserve_permissions(false);
+    a.set_unpack_xattrs(false);
+    a.set_overwrite(true);
+    for entry in a.entries()? {
+        let mut e = entry?;
+        let executable = e.header().mode().unwrap_or(0o644) & 0o111 != 0;
+        let path = e.path()?.into_owned();
+        if !e.unpack_in(copy)? {
+            return Err(std::io::Error::other(format!("{} leads outside the copy", path.display())));
+        }
+        let full = copy.join(&path);
+        if e.header().entry_type().is_file() {
+            std::fs::set_permissions(&full, std::fs::Permissions::from_mode(if executable { 0o755 } else { 0o644 }))?;
+        }
+    }
+    Ok(())
+}
+
+/// The counts a task shows of its diff.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Stats {
+    pub files_changed: u64,
+    pub lines_added: u64,
+    pub lines_removed: u64,
+    /// Binary files changed (named in the diff, not inlined).
+    pub binary_files: u64,
+    /// The diff's bytes.
+    pub bytes: u64,
+    /// Files left out of the diff for its size cap (counted in `files_changed`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub omitted: Vec<String>,
+}
+
+/// `git diff`'s mode of a node.
+fn mode(n: &Node) -> &'static str {
+    match n {
+        Node::Link(_) => "120000",
+        Node::File { executable: true } => "100755",
+        Node::File { executable: false } => "100644",
+    }
+}
+
+/// A node's contents as a diff shows them: a link's target, a file's text; `None` if binary.
+fn contents(p: &Path, n: &Node) -> Option<String> {
+    match n {
+        Node::Link(t) => Some(t.to_string_lossy().into_owned()),
+        Node::File { .. } => {
+            let mut head = vec![0u8; SNIFF];
+            let k = std::fs::File::open(p).and_then(|mut f| f.read(&mut head)).ok()?;
+            if head[..k].contains(&0) {
+                return None;
+            }
+            String::from_utf8(std::fs::read(p).ok()?).ok()
+        }
+    }
+}
+
+/// The unified diff (as `git diff` writes it, so `git apply` takes it) from the starting tree
+/// `base` to `copy`, with its counts; whole files past `max` bytes are left out and named.
+pub fn diff(base: &Path, copy: &Path, manifest: &Manifest, max: u64) -> (String, Stats) {
+    let (mut out, mut stats) = (String::new(), Stats::default());
+    for (rel, c) in compare(base, copy, manifest) {
+        let name = rel.to_string_lossy().into_owned();
+        let (a, b) = match &c {
+            Change::Added(n) => (None, Some(n)),
+            Change::Deleted(n) => (Some(n), None),
+            Change::Modified(x, y) => (Some(x), Some(y)),
+        };
+        // A link replaced by a file (or the reverse) is a deletion and an addition.
+        if let (Some(x), Some(y)) = (a, b) {
+            if matches!(x, Node::Link(_)) != matches!(y, Node::Link(_)) {
+                let mut part = section(&name, &base.join(&rel), &copy.join(&rel), Some(x), None, &mut stats);
+                part.push_str(&section(&name, &base.join(&rel), &copy.join(&rel), None, Some(y), &mut stats));
+                stats.files_changed += 1;
+                push(&mut out, &mut stats, part, &name, max);
+                continue;
+            }
+        }
+        let part = section(&name, &base.join(&rel), &copy.join(&rel), a, b, &mut stats);
+        stats.files_changed += 1;
+        push(&mut out, &mut stats, part, &name, max);
+    }
+    stats.bytes = out.len() as u64;
+    (out, stats)
+}
+
+fn push(out: &mut String, stats: &mut Stats, part: String, name: &str, max: u64) {
+    if (out.len() + part.len()) as u64 > max {
+        stats.omitted.push(name.to_string());
+    } else {
+        out.push_str(&part);
+    }
+}
+
+/// One path's part of the diff; counts its lines into `stats`.
+fn section(name: &str, old: &Path, new: &Path, a: Option<&Node>, b: Option<&Node>, stats: &mut Stats) -> String {
+    let mut s = format!("diff --git a/{name} b/{name}\n");
+    match (a, b) {
+        (None, Some(n)) => s.push_str(&format!("new file mode {}\n", mode(n))),
+        (Some(n), None) => s.push_str(&format!("deleted file mode {}\n", mode(n))),
+        (Some(x), Some(y)) if mode(x) != mode(y) => {
+            s.push_str(&format!("old mode {}\nnew mode {}\n", mode(x), mode(y)));
+        }
+        _ => {}
+    }
+    let text = |p: &Path, n: Option<&Node>| match n {
+        None => Some(String::new()),
+        Some(n) => contents(p, n),
+    };
+    let (Some(x), Some(y)) = (text(old, a), text(new, b)) else {
+        stats.binary_files += 1;
+        let (l, r) = (
+            if a.is_some() { format!("a/{name}") } else { "/dev/null".into() },
+            if b.is_some() { format!("b/{name}") } else { "/dev/null".into() },
+        );
+        s.push_str(&format!("Binary files {l} and {r} differ\n"));
+        return s;
+    };
+    if x == y {
+        return s;
+    }
+    let d = similar::TextDiff::from_lines(&x, &y);
+    for c in d.iter_all_changes() {
+        match c.tag() {
+            similar::ChangeTag::Insert => stats.lines_added += 1,
+            similar::ChangeTag::Delete => stats.lines_removed += 1,
+            similar::ChangeTag::Equal => {}
+        }
+    }
+    let l = if a.is_some() { format!("a/{name}") } else { "/dev/null".into() };
+    let r = if b.is_some() { format!("b/{name}") } else { "/dev/null".into() };
+    let body = d.unified_diff().context_radius(3).missing_newline_hint(true).header(&l, &r).to_string();
+    s.push_str(&body);
+    if !s.ends_with('\n') {
+        s.push('\n');
+    }
+    s
+}
+
+/// Write `changes` for a test or a tool: a helper that tars one file.
+#[cfg(test)]
+fn write(p: &Path, s: &str) {
+    use std::io::Write;
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    std::fs::File::create(p).unwrap().write_all(s.as_bytes()).unwrap();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_copy_its_changes_rebuild_it_and_its_diff_applies_with_git() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().join("base");
+        write(&base.join("src/lib.rs"), "fn a() {}\nfn b() {}\n");
+        write(&base.join("gone.txt"), "bye\n");
+        write(&base.join(".gitignore"), "target/\n");
+        write(&base.join("run.sh"), "echo hi\n");
+        let copy = dir.path().join("copy");
+        let (bytes, manifest) = make(&base, &copy).unwrap();
+        assert_eq!(bytes, 40);
+        assert!(changes(&base, &copy, &manifest, 1 << 20).unwrap().unwrap().deleted.is_empty());
+
+        write(&copy.join("src/lib.rs"), "fn a() {}\nfn b2() {}\n");
+        write(&copy.join("new/file.txt"), "new\n");
+        write(&copy.join("target/debug/out"), "build output\n");
+        std::fs::remove_file(copy.join("gone.txt")).unwrap();
+        std::fs::set_permissions(copy.join("run.sh"), std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::write(copy.join("blob.bin"), [0u8, 1, 2]).unwrap();
+
+        let c = changes(&base, &copy, &manifest, 1 << 20).unwrap().unwrap();
+        assert_eq!(c.deleted, ["gone.txt"]);
+        let rebuilt = dir.path().join("rebuilt");
+        let (_, m2) = make(&base, &rebuilt).unwrap();
+        apply(&rebuilt, &c).unwrap();
+        let (d1, s1) = diff(&base, &copy, &manifest, 1 << 20);
+        let (d2, _) = diff(&base, &rebuilt, &m2, 1 << 20);
+        assert_eq!(d1, d2, "the rebuilt copy has the same diff");
+        assert!(!d1.contains("target/"), "ignored output left out:\n{d1}");
+        assert_eq!((s1.files_changed, s1.lines_added, s1.lines_removed, s1.binary_files), (5, 2, 2, 1), "{d1}");
+        assert!(d1.contains("old mode 100644\nnew mode 100755"), "{d1}");
+        assert!(changes(&base, &copy, &manifest, 4).unwrap().is_none(), "past the cap");
+        let (small, s) = diff(&base, &copy, &manifest, 200);
+        assert!(!s.omitted.is_empty() && small.len() <= 200, "{small}");
+
+        // git apply takes it (binary parts aside: git needs full indexes for those).
+        std::fs::remove_file(copy.join("blob.bin")).unwrap();
+        let (patch, _) = diff(&base, &copy, &manifest, 1 << 20);
+        let git = std::process::Command::new("git").arg("--version").output();
+        if git.is_err() {
+            eprintln!("git not found: the apply check is skipped");
+            return;
+        }
+        std::fs::write(dir.path().join("p.diff"), &patch).unwrap();
+        let out = std::process::Command::new("git")
+            .args(["apply", "--check", "-v"])
+            .arg(dir.path().join("p.diff"))
+            .current_dir(&base)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}\n{patch}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    #[test]
+    fn saved_changes_never_write_outside_the_copy() {
+        let dir = tempfile::tempdir().unwrap();
+        let copy = dir.path().join("copy");
+        std::fs::create_dir(&copy).unwrap();
+        let outside = dir.path().join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        std::os::unix::fs::symlink(&outside, copy.join("out")).unwrap();
+        let mut b = tar::Builder::new(flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast()));
+        let mut h = tar::Header::new_gnu();
+        h.set_size(1);
+        h.set_mode(0o644);
+        b.append_data(&mut h, "out/x", &b"x"[..]).unwrap();
+        let archive = b.into_inner().unwrap().finish().unwrap();
+        assert!(apply(&copy, &Changes { archive, deleted: vec![] }).is_err());
+        assert!(apply(&copy, &Changes { archive: vec![], deleted: vec!["../outside".into()] }).is_err());
+        assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
+    }
+}

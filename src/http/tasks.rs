@@ -26,6 +26,7 @@ pub fn router() -> Router<AppState> {
         .route("/tasks/{id}", get(read))
         .route("/tasks/{id}/cancel", post(cancel))
         .route("/tasks/{id}/actions", post(answer))
+        .route("/tasks/{id}/diff", get(diff))
         .route("/tasks/cancel", post(cancel_bulk))
 }
 
@@ -144,4 +145,18 @@ async fn answer(
 ) -> Result<Response, ApiError> {
     let by = Answerer::of(&scope, key_prefix(&headers));
     Ok(respond(StatusCode::OK, st.tasks.answer(&scope, &by, id, body).await?))
+}
+
+/// The task's diff (`text/x-diff`), or 404 with why there is none.
+async fn diff(State(st): State<AppState>, scope: Scope, TaskId(id): TaskId) -> Result<Response, ApiError> {
+    use crate::tasks::Diff;
+    let why = match st.tasks.diff(&scope, id).await? {
+        Diff::Text(t) => return Ok(([(header::CONTENT_TYPE, "text/x-diff; charset=utf-8")], t).into_response()),
+        Diff::NoWorkspace => "this task has no workspace, so no diff",
+        Diff::ReadOnly => "this task's tools only read its workspace, so no diff",
+        Diff::NotYet => "the diff is written when the task's run ends",
+        Diff::Purged => "the diff was purged with the task's conversation (retention); its counts stay on the task",
+        Diff::NoCopy => "the task ended before its copy of the workspace was made",
+    };
+    Err(ApiError::new(StatusCode::NOT_FOUND, "not_found", "No diff", why))
 }

@@ -77,6 +77,9 @@ pub struct TaskRow {
     /// the first start).
     #[sqlx(default)]
     pub workspace_version: Option<String>,
+    /// Its diff's counts, once its run ended with a copy of its workspace (`task_diffs`).
+    #[sqlx(default)]
+    pub diff_stats: Option<Value>,
 }
 
 impl TaskRow {
@@ -155,7 +158,7 @@ pub(crate) const COLS: &str =
     unpriced_calls,     estimated_calls, attempt, \
     lease_token, lease_expires_at, worker_id, cancel_requested, idempotency_key, request_hash, metadata, created_at, \
     started_at, finished_at, parent_task_id, max_cost_usd, max_tokens, traceparent, webhook_url, waiting_for, api_key, \
-    pauses, paused_ms, answered_model, run_at, priority, workspace_version";
+    pauses, paused_ms, answered_model, run_at, priority, workspace_version, diff_stats";
 
 /// A task's completion webhook as views show it: its `task.finished` delivery.
 pub(crate) const WEBHOOK: &str = "(SELECT jsonb_build_object('status', d.status, 'attempts', d.attempts, \

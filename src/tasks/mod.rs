@@ -312,6 +312,28 @@ impl Lifecycle {
         Ok(crate::store::runs::conversation(&self.p.pool, id).await?)
     }
 
+    /// A task's diff: its run's changes to its copy of its workspace, from the starting tree.
+    pub async fn diff(&self, scope: &Scope, id: Uuid) -> Result<Diff, TaskError> {
+        let row = self.row(scope, id).await?;
+        if let Some(Some(text)) = crate::store::diffs::diff_of(&self.p.pool, &row.tenant, id).await? {
+            return Ok(Diff::Text(text));
+        }
+        let opts = crate::engine::spec::TaskOptions::from_stored(&row.options).ok();
+        let writes = opts.as_ref().is_some_and(|o| {
+            o.workspace.is_some()
+                && o.tools
+                    .iter()
+                    .any(|t| matches!(t.target, crate::tools::Target::Builtin { tool } if tool.writes_workspace()))
+        });
+        Ok(match (opts.and_then(|o| o.workspace).is_some(), writes) {
+            (false, _) => Diff::NoWorkspace,
+            (true, false) => Diff::ReadOnly,
+            (true, true) if !row.status.is_terminal() => Diff::NotYet,
+            (true, true) if row.diff_stats.is_some() => Diff::Purged,
+            (true, true) => Diff::NoCopy,
+        })
+    }
+
     /// An action of one of the tenant's tasks, by its id alone (a door that names actions).
     pub async fn action(&self, tenant: &str, id: Uuid) -> Result<Option<ActionRow>, TaskError> {
         Ok(crate::store::actions::get(&self.p.pool, tenant, id).await?)
@@ -363,3 +385,20 @@ impl Lifecycle {
 
 /// How long a door's cancel waits for a running task's worker to stop it.
 pub const CANCEL_SETTLE: Duration = Duration::from_secs(10);
+
+/// What `GET /tasks/{id}/diff` answers.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Diff {
+    /// The unified diff (empty: no change).
+    Text(String),
+    /// The task has no workspace.
+    NoWorkspace,
+    /// Its tools only read its workspace: there is no copy to compare.
+    ReadOnly,
+    /// Its run has not ended.
+    NotYet,
+    /// Purged with its conversation (`--retention-days`); its counts stay on the task.
+    Purged,
+    /// Its run ended before its copy was made (it failed or was cancelled first).
+    NoCopy,
+}

@@ -42,6 +42,11 @@ pub struct TaskView {
     /// run reads once it first started: `commit` (git) or `content_hash` (an upload).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub workspace: Option<Value>,
+    /// With a writable copy of its workspace, once its run ended: its diff's counts
+    /// (`files_changed`, `lines_added`, `lines_removed`, `binary_files`, `bytes`, and `omitted`
+    /// files past the size cap); the diff itself is `GET /tasks/{id}/diff`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub diff: Option<Value>,
     pub summary: Option<String>,
     /// With an `output_schema`: the final answer's value (valid against it).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -132,6 +137,7 @@ impl From<TaskRow> for TaskView {
                 v
             }),
             tools: opts.map(|o| o.tools.into_iter().map(|t| t.name).collect()).unwrap_or_default(),
+            diff: r.diff_stats,
             summary: r.summary,
             output: r.output,
             error,

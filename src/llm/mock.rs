@@ -11,6 +11,7 @@
 //! | `[mock:tool=NAME]` | the tool to call (default: the first tool offered, else `lookup`); `A,B` calls each in turn |
 //! | `[mock:parallel=K]` | tool calls per tool turn (default 1, at least one per named tool) |
 //! | `[mock:args=JSON]` | arguments of each tool call (default `{"turn": N, "call": K}`) |
+//! | `[mock:calls=JSON]` | a list of `{"tool": NAME, "args": {…}}`: turn `N` makes the `N`th call, then the final answer |
 //! | `[mock:loop]` | never give a final answer (every turn calls a tool with the same arguments) |
 //! | `[mock:delay_ms=N]` | wait `N` ms before answering |
 //! | `[mock:fail=KIND]` | every call fails: `429`, `500`, `529`, `400`, `timeout`, `protocol` |
@@ -34,6 +35,7 @@ struct Script {
     tool: Option<String>,
     parallel: u32,
     args: Option<serde_json::Value>,
+    calls: Vec<(String, serde_json::Value)>,
     looping: bool,
     delay_ms: u64,
     fail: Option<String>,
@@ -108,6 +110,13 @@ impl Script {
                 "tool" => s.tool = Some(v.trim().to_string()),
                 "parallel" => s.parallel = v.trim().parse().unwrap_or(1).clamp(1, 16),
                 "args" => s.args = serde_json::from_str(&v).ok(),
+                "calls" => {
+                    let list: Vec<serde_json::Value> = serde_json::from_str(&v).unwrap_or_default();
+                    s.calls = list
+                        .into_iter()
+                        .map(|c| (c["tool"].as_str().unwrap_or("lookup").to_string(), c["args"].clone()))
+                        .collect();
+                }
                 "loop" => s.looping = true,
                 "delay_ms" => s.delay_ms = v.trim().parse().unwrap_or(0),
                 "fail" => s.fail = Some(v.trim().to_string()),
@@ -158,6 +167,18 @@ impl Provider for MockProvider {
             });
         }
         let input_tokens = (req.messages.iter().map(Message::chars).sum::<usize>() as u64).div_ceil(4);
+        if let Some((name, arguments)) = script.calls.get(turn as usize) {
+            let call =
+                ToolCall { id: format!("call_{}_1", turn + 1), name: name.clone(), arguments: arguments.clone() };
+            let out = (name.len() + arguments.to_string().len()) as u64;
+            return Ok(ChatResponse {
+                text: None,
+                tool_calls: vec![call],
+                usage: Usage { input_tokens, output_tokens: out.div_ceil(4).max(1), ..Usage::default() },
+                finish: FinishReason::ToolCalls,
+                ..ChatResponse::default()
+            });
+        }
         if script.looping || turn < script.tool_turns {
             let names: Vec<String> = match &script.tool {
                 Some(list) => list.split(',').map(|n| n.trim().to_string()).filter(|n| !n.is_empty()).collect(),

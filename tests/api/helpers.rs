@@ -157,9 +157,12 @@ pub fn test_config(db_url: &str) -> Config {
     cfg.drain_grace_seconds = 2;
     // The built-in tools are off in the in-process apps, so that what a run is offered is the
     // test's own tools; tests/api/web.rs turns them on.
-    cfg.builtin_tools_off = "web_fetch,web_search,list_directory,glob,grep,read_file".into();
-    // Each app its own workspace cache, out of the working directory.
-    cfg.workspace_dir = Some(std::env::temp_dir().join(format!("subagentd-test-ws-{}", uuid::Uuid::new_v4().simple())));
+    cfg.builtin_tools_off =
+        "web_fetch,web_search,list_directory,glob,grep,read_file,write_file,edit_file,run_command".into();
+    // Each app its own workspace cache and tasks' copies, out of the working directory.
+    let own = uuid::Uuid::new_v4().simple();
+    cfg.workspace_dir = Some(std::env::temp_dir().join(format!("subagentd-test-ws-{own}")));
+    cfg.sandbox_dir = Some(std::env::temp_dir().join(format!("subagentd-test-sb-{own}")));
     cfg
 }
 

@@ -32,6 +32,7 @@ mod openapi;
 mod pauses;
 mod providers;
 mod ratelimit;
+mod sandbox;
 mod schedules;
 mod servers;
 mod services;

@@ -38,7 +38,7 @@ struct Cgi {
     fetches: Arc<AtomicUsize>,
 }
 
-fn git(dir: &std::path::Path, args: &[&str]) -> String {
+pub fn git(dir: &std::path::Path, args: &[&str]) -> String {
     let out = Command::new("git")
         .args(["-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "init.defaultBranch=main"])
         .args(args)
@@ -79,6 +79,14 @@ pub async fn git_server() -> Option<GitServer> {
     std::fs::write(work.join("docs/guide.md"), "guide\n").unwrap();
     std::fs::write(work.join("docs/deep/notes.md"), "notes\n").unwrap();
     std::fs::write(work.join("logo.bin"), [0u8, 159, 146, 150]).unwrap();
+    // The repository's own test (the sandbox's tests run it) and what its builds leave out.
+    std::fs::write(
+        work.join("check.sh"),
+        "if grep -q '^    7$' src/retry.rs; then echo 'PASS: 7 retries'; \
+         else echo \"FAIL: expected 7 retries, found $(sed -n 3p src/retry.rs)\"; exit 1; fi\n",
+    )
+    .unwrap();
+    std::fs::write(work.join(".gitignore"), "target/\n").unwrap();
     std::os::unix::fs::symlink("/etc/passwd", work.join("passwd")).unwrap();
     std::os::unix::fs::symlink("../../../../../../etc/passwd", work.join("docs/up")).unwrap();
     std::os::unix::fs::symlink("guide.md", work.join("docs/link.md")).unwrap();

@@ -1,0 +1,278 @@
+//! General agents that change code (issue 45): a writable copy of a real git workspace per
+//! task, `write_file` / `edit_file` / `run_command` (in bubblewrap) over it, and the patch back
+//! (`GET /tasks/{id}/diff`), applied with `git apply` to the original commit. The escapes from
+//! the sandbox are `tools::sandbox`'s own tests; here the service's side of them.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::helpers::*;
+use crate::workspaces::{git, git_server};
+
+fn sb_config(c: &mut subagentd::config::Config) {
+    c.builtin_tools_off = "web_fetch,web_search".into();
+    c.workspace_git_allow = Some("127.0.0.1/32".into());
+    c.default_model = Some("mock/m".into());
+}
+
+/// The sandbox starts here, or the group is skipped (a failure under `.ci/run`).
+fn has_bwrap() -> bool {
+    let ok = std::process::Command::new("bwrap")
+        .args(["--unshare-all", "--unshare-user", "--ro-bind", "/", "/", "--", "/usr/bin/true"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        skipped(
+            "SUBAGENTD_REQUIRE_TOOLS",
+            "sandboxed commands",
+            "bubblewrap (`bwrap`) is missing or cannot make a sandbox here",
+            "apt-get install bubblewrap (bash .ci/run does)",
+        );
+    }
+    ok
+}
+
+/// The prompt whose mock makes these calls, one a turn.
+fn script(calls: &[(&str, Value)]) -> String {
+    let list: Vec<Value> = calls.iter().map(|(t, a)| json!({"tool": t, "args": a})).collect();
+    format!("change the code [mock:calls={}]", Value::Array(list))
+}
+
+async fn run(app: &TestApp, body: Value) -> Value {
+    let r = app.client.post(app.url("/tasks?wait=true&timeout=120")).json(&body).send().await.unwrap();
+    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    r.json().await.unwrap()
+}
+
+async fn tool_results(app: &TestApp, t: &Value) -> Vec<String> {
+    crate::tools::tool_results(app, t["id"].as_str().unwrap())
+        .await
+        .into_iter()
+        .map(|m| m["content"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+async fn diff(app: &TestApp, t: &Value) -> reqwest::Response {
+    app.client.get(app.url(&format!("/tasks/{}/diff", t["id"].as_str().unwrap()))).send().await.unwrap()
+}
+
+/// Apply `patch` with `git apply` to a clone of `repo` at `commit`; the clone's directory.
+fn apply(repo: &str, commit: &str, patch: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    git(dir.path(), &["clone", "-q", repo, "c"]);
+    let c = dir.path().join("c");
+    git(&c, &["checkout", "-q", commit]);
+    std::fs::write(dir.path().join("p.diff"), patch).unwrap();
+    git(&c, &["apply", "--whitespace=nowarn", dir.path().join("p.diff").to_str().unwrap()]);
+    dir
+}
+
+#[tokio::test]
+async fn a_general_agent_edits_runs_the_repositorys_test_and_returns_a_patch_that_applies() {
+    let Some(srv) = git_server().await else { return };
+    if !has_bwrap() {
+        return;
+    }
+    let app = spawn_app_with(sb_config, true).await;
+    let repo = format!("{}/repo.git", srv.base);
+    let calls = [
+        ("run_command", json!({"command": "sh check.sh"})),
+        ("edit_file", json!({"path": "src/retry.rs", "old_string": "    5", "new_string": "    7"})),
+        ("read_file", json!({"path": "src/retry.rs"})),
+        ("run_command", json!({"command": "sh check.sh && mkdir -p target && echo junk > target/out"})),
+        ("write_file", json!({"path": "NOTES.md", "content": "Retries raised to 7.\n"})),
+    ];
+    let t = run(&app, json!({"workspace": {"git": repo}, "prompt": script(&calls), "max_turns": 10})).await;
+    assert_eq!(t["status"], "completed", "{t}");
+    let tools: Vec<&str> = t["tools"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+    for name in ["write_file", "edit_file", "run_command", "read_file"] {
+        assert!(tools.contains(&name), "general has {name}: {tools:?}");
+    }
+    let results = tool_results(&app, &t).await;
+    assert!(
+        results[0].starts_with("exit code: 1") && results[0].contains("FAIL: expected 7 retries"),
+        "{}",
+        results[0]
+    );
+    assert!(results[1].contains("Edited \"src/retry.rs\""), "{}", results[1]);
+    assert!(results[2].contains("3\t    7"), "the read tools see the task's own change: {}", results[2]);
+    assert!(results[3].starts_with("exit code: 0") && results[3].contains("PASS: 7 retries"), "{}", results[3]);
+
+    // The counts on the task, the diff as text/x-diff, applying to the commit.
+    assert_eq!(t["diff"]["files_changed"], 2, "{t}");
+    assert_eq!((t["diff"]["lines_added"].as_u64(), t["diff"]["lines_removed"].as_u64()), (Some(2), Some(1)), "{t}");
+    let r = diff(&app, &t).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["content-type"], "text/x-diff; charset=utf-8");
+    let patch = r.text().await.unwrap();
+    assert!(!patch.contains("target/"), "what .gitignore ignores is left out:\n{patch}");
+    // On a blocking thread: the git server answering the clone runs on this test's runtime.
+    let (r2, c2, p2) = (repo.clone(), srv.main.clone(), patch.clone());
+    let applied = tokio::task::spawn_blocking(move || apply(&r2, &c2, &p2)).await.unwrap();
+    let retry = std::fs::read_to_string(applied.path().join("c/src/retry.rs")).unwrap();
+    assert!(retry.contains("    7\n"), "{retry}");
+    assert_eq!(std::fs::read_to_string(applied.path().join("c/NOTES.md")).unwrap(), "Retries raised to 7.\n");
+
+    // Each command is a tool call with its exit code and output size; counted by outcome.
+    let ev: Value = app
+        .client
+        .get(app.url(&format!("/tasks/{}/events", t["id"].as_str().unwrap())))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let commands: Vec<&Value> = ev["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "tool_call_finished" && e["data"]["name"] == "run_command")
+        .collect();
+    assert_eq!(commands.len(), 2);
+    assert_eq!(
+        (commands[0]["data"]["exit_code"].as_i64(), commands[1]["data"]["exit_code"].as_i64()),
+        (Some(1), Some(0))
+    );
+    assert!(commands[1]["data"]["output_bytes"].as_u64().unwrap() > 0, "{}", commands[1]);
+    let metrics = app.client.get(app.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    assert!(metrics.contains("subagentd_sandbox_commands_total{outcome=\"exit\"} 1"), "{metrics}");
+    assert!(metrics.contains("subagentd_sandbox_commands_total{outcome=\"ok\"} 1"), "{metrics}");
+
+    // The shared tree is never changed: a later reader sees the commit as it is.
+    let read = json!({"subagent_type": "explore", "workspace": {"git": repo},
+        "prompt": "[mock:tool_turns=1] [mock:tool=read_file] [mock:args={\"path\": \"src/retry.rs\"}]"});
+    let e = run(&app, read).await;
+    assert!(tool_results(&app, &e).await[0].contains("3\t    5"), "the cached tree is as fetched");
+    assert!(e.get("diff").is_none(), "a reader has no diff: {e}");
+    let r = diff(&app, &e).await;
+    assert_eq!(r.status(), 404);
+    assert!(r.text().await.unwrap().contains("only read its workspace"));
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn two_tasks_on_one_commit_never_see_each_others_writes_and_readers_never_get_write_tools() {
+    let Some(srv) = git_server().await else { return };
+    if !has_bwrap() {
+        return;
+    }
+    let app = spawn_app_with(sb_config, true).await;
+    let repo = format!("{}/repo.git", srv.base);
+    let body = |who: &str| {
+        let calls = [
+            ("write_file", json!({"path": "mine.txt", "content": format!("{who}\n")})),
+            ("run_command", json!({"command": "sleep 1; cat mine.txt; ls"})),
+        ];
+        json!({"workspace": {"git": repo}, "prompt": script(&calls)})
+    };
+    let (a, b) = tokio::join!(run(&app, body("task A")), run(&app, body("task B")));
+    for (t, own, other) in [(&a, "task A", "task B"), (&b, "task B", "task A")] {
+        assert_eq!(t["status"], "completed", "{t}");
+        let out = &tool_results(&app, t).await[1];
+        assert!(out.contains(own) && !out.contains(other), "{out}");
+        let patch = diff(&app, t).await.text().await.unwrap();
+        assert!(patch.contains(&format!("+{own}")) && !patch.contains(other), "{patch}");
+    }
+    // explore, plan and research never get them, nor a read-only definition.
+    for agent in ["explore", "plan", "research"] {
+        let t = run(&app, json!({"subagent_type": agent, "workspace": {"git": repo}, "prompt": "look"})).await;
+        let tools = t["tools"].to_string();
+        assert!(
+            !tools.contains("write_file") && !tools.contains("edit_file") && !tools.contains("run_command"),
+            "{agent}: {tools}"
+        );
+    }
+    let r = app
+        .client
+        .put(app.url("/agents/reviewer"))
+        .json(&json!({"description": "reviews", "system_prompt": "review", "read_only": true}))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    let t = run(&app, json!({"subagent_type": "reviewer", "workspace": {"git": repo}, "prompt": "look"})).await;
+    assert!(!t["tools"].to_string().contains("write_file"), "{t}");
+    // With approval, a command waits for a decision like any side-effecting tool.
+    let calls = [("run_command", json!({"command": "echo approved"}))];
+    let t = run(&app, json!({"workspace": {"git": repo}, "approval": "propose", "prompt": script(&calls)})).await;
+    assert_eq!(t["status"], "requires_action", "{t}");
+    let acts = t["pending_actions"].to_string();
+    assert!(acts.contains("\"kind\":\"approval\"") && acts.contains("\"name\":\"run_command\""), "{t}");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_kill_dash_nine_after_two_edits_in_two_turns_loses_neither() {
+    let Some(srv) = git_server().await else { return };
+    if !has_bwrap() {
+        return;
+    }
+    let app = spawn_app_with(sb_config, false).await;
+    let repo = format!("{}/repo.git", srv.base);
+    let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let env = |d: &tempfile::TempDir| -> Vec<(String, String)> {
+        vec![
+            ("SUBAGENTD_DATA_DIR".into(), d.path().display().to_string()),
+            ("SUBAGENTD_WORKSPACE_GIT_ALLOW".into(), "127.0.0.1/32".into()),
+            ("SUBAGENTD_BUILTIN_TOOLS_OFF".into(), "web_fetch,web_search".into()),
+            ("SUBAGENTD_LEASE_SECONDS".into(), "2".into()),
+            ("SUBAGENTD_HEARTBEAT_SECONDS".into(), "1".into()),
+        ]
+    };
+    let spawn = |d: &tempfile::TempDir| {
+        let e = env(d);
+        let refs: Vec<(&str, &str)> = e.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        spawn_binary(&["worker"], &app.db.url, &refs)
+    };
+    let a = spawn(&da);
+    workers_up(&app.db.pool, 1, Duration::from_secs(30)).await;
+    let calls = [
+        ("edit_file", json!({"path": "src/retry.rs", "old_string": "    5", "new_string": "    7"})),
+        ("write_file", json!({"path": "NOTES.md", "content": "second turn\n"})),
+        ("run_command", json!({"command": "sleep 4; cat src/retry.rs NOTES.md"})),
+    ];
+    let t = app.submit(json!({"workspace": {"git": repo}, "prompt": script(&calls), "max_turns": 10})).await;
+    let id: uuid::Uuid = t["id"].as_str().unwrap().parse().unwrap();
+    // Killed once the second turn's checkpoint (with its changes) is written.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM task_events WHERE task_id = $1 AND kind = 'checkpoint' AND (data->>'turn')::int >= 2",
+        )
+        .bind(id)
+        .fetch_one(&app.db.pool)
+        .await
+        .unwrap();
+        if n > 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the second turn never checkpointed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut a = a;
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(a.child.id() as i32, libc::SIGKILL) };
+    let _ = a.child.wait();
+    let _b = spawn(&db);
+    let done = loop {
+        let d = app.get_task(t["id"].as_str().unwrap()).await;
+        if !matches!(d["status"].as_str(), Some("queued" | "running")) {
+            break d;
+        }
+        assert!(Instant::now() < deadline + Duration::from_secs(60), "the rescued run never ended: {d}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(done["status"], "completed", "{done}");
+    let attempt: i32 =
+        sqlx::query_scalar("SELECT attempt FROM tasks WHERE id = $1").bind(id).fetch_one(&app.db.pool).await.unwrap();
+    assert!(attempt >= 2, "the run was rescued: attempt {attempt}");
+    let results = tool_results(&app, &done).await;
+    let last = results.last().unwrap();
+    assert!(last.contains("    7") && last.contains("second turn"), "the rescued run has both edits: {last}");
+    let patch = diff(&app, &done).await.text().await.unwrap();
+    assert!(patch.contains("+    7") && patch.contains("+second turn"), "{patch}");
+    assert_eq!(done["diff"]["files_changed"], 2, "{done}");
+    app.stop().await;
+}

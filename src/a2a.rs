@@ -154,6 +154,11 @@ impl Shown<'_> {
                             "description": "the final answer, valid against the task's output_schema",
                             "parts": [{"data": o, "mediaType": "application/json"}]}));
         }
+        if let (Some(stats), Some(patch)) = (&t.diff, &t.patch) {
+            out.push(json!({"artifactId": "diff", "name": "diff",
+                            "description": "the task's changes to its copy of its workspace, as a unified diff (git apply takes it)",
+                            "parts": [{"text": patch, "mediaType": "text/x-diff"}], "metadata": stats}));
+        }
         out
     }
 

@@ -60,7 +60,7 @@ fn sandbox_of(cfg: &Config) -> Option<Arc<crate::tools::sandbox::Sandbox>> {
         write_bytes: cfg.sandbox_write_mb << 20,
         tmp_bytes: cfg.sandbox_tmp_mb << 20,
     };
-    match crate::tools::sandbox::Sandbox::probe(&cfg.sandbox_bwrap, limits, cfg.sandbox_max_commands) {
+    match crate::tools::sandbox::Sandbox::probe(&cfg.sandbox_bwrap, limits, cfg.sandbox_max_commands, &dir) {
         Ok(s) => {
             tracing::info!(limits = %s.describe(), "run_command runs in the sandbox");
             Some(Arc::new(s))

@@ -35,11 +35,15 @@ impl TaskCopy {
         base: &Path,
         root: &Path,
         (write_bytes, diff_max): (u64, u64),
+        owner: Option<u32>,
     ) -> Result<TaskCopy, String> {
         let mut saved = retrying(|| diffs::changes_of(pool, task)).await.map_err(|e| e.to_string())?;
         if saved.is_none() {
             if let Some(p) = parent {
-                saved = retrying(|| diffs::changes_of(pool, p)).await.map_err(|e| e.to_string())?;
+                // Only onto the tree they were made over (the resumed ref may have moved since).
+                if retrying(|| diffs::same_version(pool, task, p)).await.map_err(|e| e.to_string())? {
+                    saved = retrying(|| diffs::changes_of(pool, p)).await.map_err(|e| e.to_string())?;
+                }
             }
         }
         let changed = saved.is_some();
@@ -53,6 +57,7 @@ impl TaskCopy {
             if let Some((archive, deleted)) = saved {
                 copy::apply(&d, &Changes { archive, deleted })?;
             }
+            crate::tools::sandbox::hand_over(&d, owner)?;
             Ok::<_, std::io::Error>((bytes, manifest, d.canonicalize()?))
         })
         .await

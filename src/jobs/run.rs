@@ -255,7 +255,9 @@ impl Runner {
         let Some(shared) = tools.workspace.take() else { return Ok(()) };
         let root = self.cfg.sandbox_dir.clone().unwrap_or_else(|| self.cfg.data_dir.join("sandboxes"));
         let caps = (self.cfg.sandbox_write_mb << 20, self.cfg.sandbox_diff_max_kb << 10);
-        let c = super::copy::TaskCopy::make(&self.pool, row.id, opts.resume_from, &shared.path, &root, caps).await?;
+        let owner = self.tool_caller.sandbox.as_ref().and_then(|s| s.uid());
+        let c =
+            super::copy::TaskCopy::make(&self.pool, row.id, opts.resume_from, &shared.path, &root, caps, owner).await?;
         let c = Arc::new(c);
         tools.workspace = Some(crate::tools::files::Root {
             path: c.dir.clone(),

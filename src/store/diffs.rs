@@ -39,6 +39,19 @@ pub async fn changes_of(pool: &PgPool, task: uuid::Uuid) -> Result<Option<(Vec<u
     Ok(row.and_then(|(c, d)| c.map(|c| (c, d))))
 }
 
+/// Do tasks `a` and `b` read the same workspace version (a resumed task may start from its
+/// parent's changes only then)?
+pub async fn same_version(pool: &PgPool, a: uuid::Uuid, b: uuid::Uuid) -> Result<bool, StoreError> {
+    Ok(sqlx::query_scalar(
+        "SELECT (SELECT workspace_version FROM tasks WHERE id = $1) IS NOT DISTINCT FROM
+                (SELECT workspace_version FROM tasks WHERE id = $2)",
+    )
+    .bind(a)
+    .bind(b)
+    .fetch_one(pool)
+    .await?)
+}
+
 /// Save the run's diff and its counts (on the task), fenced; false if the lease is gone.
 pub async fn save_diff(pool: &PgPool, f: Fence, diff: &str, stats: &Value) -> Result<bool, StoreError> {
     let n: i64 = sqlx::query_scalar(

@@ -77,6 +77,10 @@ pub struct TaskView {
     /// While `requires_action`: what it waits for, each to be answered by its own `id`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pending_actions: Option<Vec<ActionRow>>,
+    /// The diff itself, read with a single task's view (a door shows it: A2A's `diff` artifact);
+    /// never in the JSON view (`GET /tasks/{id}/diff` serves it).
+    #[serde(skip)]
+    pub patch: Option<String>,
 }
 
 impl TaskView {
@@ -102,7 +106,11 @@ impl TaskView {
 
     /// The view of one row (see `of`).
     pub async fn one(pool: &sqlx::PgPool, row: TaskRow) -> Result<TaskView, crate::store::StoreError> {
-        Ok(TaskView::of(pool, vec![row]).await?.pop().unwrap_or_default())
+        let mut v = TaskView::of(pool, vec![row]).await?.pop().unwrap_or_default();
+        if v.diff.is_some() {
+            v.patch = crate::store::diffs::diff_of(pool, &v.tenant, v.id).await?.flatten();
+        }
+        Ok(v)
     }
 }
 
@@ -169,6 +177,7 @@ impl From<TaskRow> for TaskView {
             trace_id: r.traceparent.as_deref().map(|t| crate::telemetry::trace_id(t).to_string()),
             waiting_for: r.waiting_for.filter(|_| r.status == TaskStatus::Queued),
             pending_actions: None,
+            patch: None,
             webhook: r.webhook_url.as_ref().map(|u| {
                 let d = r.webhook.clone().unwrap_or_else(|| json!({}));
                 json!({"url": u, "status": d["status"], "attempts": d["attempts"].as_i64().unwrap_or(0),

@@ -13,6 +13,17 @@ use super::files::{normalize, relative, resolve};
 
 /// Lines of the edited region `edit_file` shows back.
 const SNIPPET_LINES: usize = 8;
+/// The largest file `edit_file` takes (a bigger one is rewritten with write_file, or by a command).
+const MAX_EDIT_BYTES: u64 = 16 << 20;
+
+/// Give what the service made in the copy to the copy's owner (the sandbox's uid, when the
+/// service runs as root), so that commands can change it too.
+fn hand_over(root: &Path, made: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    if let Ok(m) = root.metadata() {
+        let _ = std::os::unix::fs::lchown(made, Some(m.uid()), Some(m.gid()));
+    }
+}
 
 /// The directory `dirs` names under `root`, made where missing; each existing step checked.
 fn make_dirs(root: &Path, dirs: &Path) -> Result<PathBuf, String> {
@@ -37,6 +48,7 @@ fn make_dirs(root: &Path, dirs: &Path) -> Result<PathBuf, String> {
             Ok(_) => return Err(format!("{:?} is a file, not a directory", relative(root, &next))),
             Err(e) if e.kind() == ErrorKind::NotFound => {
                 std::fs::create_dir(&next).map_err(|e| format!("{:?} cannot be made: {e}", relative(root, &next)))?;
+                hand_over(root, &next);
                 cur = next;
             }
             Err(e) => return Err(format!("{:?}: {e}", relative(root, &next))),
@@ -45,16 +57,25 @@ fn make_dirs(root: &Path, dirs: &Path) -> Result<PathBuf, String> {
     Ok(cur)
 }
 
-/// Replace (or create) the file at `path` with `bytes`, not following a link.
-fn put(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+/// Replace (or create) the file at `path` with `bytes`, not following a link nor waiting on a
+/// FIFO: a regular file only.
+fn put(root: &Path, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let existed = path.symlink_metadata().is_ok();
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
-        .truncate(true)
         .mode(0o644)
-        .custom_flags(libc::O_NOFOLLOW)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(path)?;
-    f.write_all(bytes)
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    f.set_len(0)?;
+    f.write_all(bytes)?;
+    if !existed {
+        hand_over(root, path);
+    }
+    Ok(())
 }
 
 /// `write_file`: the whole file, created with its directories if new.
@@ -80,7 +101,7 @@ pub fn write_file(root: &Path, rel: &str, content: &str) -> Result<String, Strin
         Ok(_) => true,
         Err(_) => false,
     };
-    put(&target, content.as_bytes()).map_err(|e| format!("{shown:?} cannot be written: {e}"))?;
+    put(root, &target, content.as_bytes()).map_err(|e| format!("{shown:?} cannot be written: {e}"))?;
     Ok(format!(
         "{} {shown:?}: {} bytes, {} lines.",
         if existed { "Replaced" } else { "Created" },
@@ -99,7 +120,12 @@ pub fn edit_file(root: &Path, rel: &str, old: &str, new: &str, all: bool) -> Res
     if old == new {
         return Err("old_string and new_string are the same: nothing would change".into());
     }
-    let bytes = std::fs::read(&path).map_err(|e| format!("{shown:?} cannot be read: {e}"))?;
+    let mut bytes = vec![];
+    let mut f = super::files::open_regular(&path).map_err(|e| format!("{shown:?} cannot be read: {e}"))?;
+    if f.metadata().map(|m| m.len()).unwrap_or(0) > MAX_EDIT_BYTES {
+        return Err(format!("{shown:?} is larger than 16 MiB: rewrite it with write_file or change it with a command"));
+    }
+    std::io::Read::read_to_end(&mut f, &mut bytes).map_err(|e| format!("{shown:?} cannot be read: {e}"))?;
     let text =
         String::from_utf8(bytes).map_err(|_| format!("{shown:?} is not UTF-8 text; rewrite it with write_file"))?;
     let n = text.matches(old).count();
@@ -117,7 +143,7 @@ pub fn edit_file(root: &Path, rel: &str, old: &str, new: &str, all: bool) -> Res
     }
     let at = text.find(old).unwrap_or(0);
     let changed = if all { text.replace(old, new) } else { text.replacen(old, new, 1) };
-    put(&path, changed.as_bytes()).map_err(|e| format!("{shown:?} cannot be written: {e}"))?;
+    put(root, &path, changed.as_bytes()).map_err(|e| format!("{shown:?} cannot be written: {e}"))?;
     // The first edited region as it reads now, its lines numbered.
     let first = text[..at].matches('\n').count();
     let lines: Vec<&str> = changed.lines().collect();

@@ -50,6 +50,17 @@ pub struct Copy {
     pub lock: tokio::sync::Mutex<()>,
 }
 
+/// Open `path` to read it, never following a link at its end nor waiting on a FIFO: a regular
+/// file only (a command in the sandbox can make a FIFO or a device name in a task's copy).
+pub fn open_regular(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    Ok(f)
+}
+
 /// The bytes of the files under `dir` (not following links; `.git` counted too).
 pub fn tree_bytes(dir: &Path) -> u64 {
     walkdir::WalkDir::new(dir)
@@ -299,7 +310,7 @@ fn read_file(
     if path.is_dir() {
         return Err(format!("{shown:?} is a directory (list it with list_directory)"));
     }
-    let file = std::fs::File::open(&path).map_err(|e| format!("{shown:?} cannot be read: {e}"))?;
+    let file = open_regular(&path).map_err(|e| format!("{shown:?} cannot be read: {e}"))?;
     let size = file.metadata().map(|m| m.len()).unwrap_or(0);
     let mut reader = std::io::BufReader::new(file);
     let head = reader.fill_buf().map_err(|e| format!("{shown:?} cannot be read: {e}"))?;

@@ -74,8 +74,23 @@ pub struct Sandbox {
     limits: Limits,
     permits: Arc<tokio::sync::Semaphore>,
     cgroups: Option<Cgroups>,
-    /// This process runs as root (the kernel exempts its processes from `RLIMIT_NPROC`).
-    root: bool,
+    /// The uid and gid commands run as on the host when this process runs as root (`nobody`):
+    /// never root's files, and `RLIMIT_NPROC` counts them.
+    uid: Option<u32>,
+}
+
+/// The host uid (and gid) sandboxed commands run as when the service runs as root.
+pub const SANDBOX_UID: u32 = 65534;
+
+/// Give the tree at `dir` (not following links) to `uid`, the sandbox's, so that commands may
+/// change it. Nothing to do when the service does not run as root.
+pub fn hand_over(dir: &Path, uid: Option<u32>) -> std::io::Result<()> {
+    let Some(uid) = uid else { return Ok(()) };
+    for e in walkdir::WalkDir::new(dir).follow_links(false) {
+        let e = e.map_err(std::io::Error::other)?;
+        std::os::unix::fs::lchown(e.path(), Some(uid), Some(uid))?;
+    }
+    Ok(())
 }
 
 impl std::fmt::Debug for Sandbox {
@@ -87,29 +102,42 @@ impl std::fmt::Debug for Sandbox {
 impl Sandbox {
     /// The sandbox, if it starts on this host: `bwrap` runs `true` in it once. The error says
     /// why not (no `bwrap`, no user namespaces…).
-    pub fn probe(bwrap: &str, limits: Limits, max_commands: usize) -> Result<Sandbox, String> {
+    /// `dir`: where tasks' copies live (the probe makes its copy there: the sandbox's uid must
+    /// be able to reach it).
+    pub fn probe(bwrap: &str, limits: Limits, max_commands: usize, dir: &Path) -> Result<Sandbox, String> {
         let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         let sb = Sandbox {
             bwrap: bwrap.to_string(),
             limits,
             permits: Arc::new(tokio::sync::Semaphore::new(if max_commands == 0 { cores } else { max_commands })),
             cgroups: Cgroups::find(),
-            root: unsafe { libc::geteuid() } == 0,
+            uid: (unsafe { libc::geteuid() } == 0).then_some(SANDBOX_UID),
         };
-        let dir = tempfile::tempdir().map_err(|e| format!("no temporary directory: {e}"))?;
-        let out = std::process::Command::new(&sb.bwrap)
-            .args(sb.args(dir.path(), "true"))
-            .env_clear()
-            .stdin(std::process::Stdio::null())
-            .output()
-            .map_err(|e| format!("{:?} cannot be run: {e}", sb.bwrap))?;
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let probe =
+            tempfile::Builder::new().prefix("probe-").tempdir_in(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        std::fs::set_permissions(probe.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .and_then(|_| hand_over(probe.path(), sb.uid))
+            .map_err(|e| format!("{}: {e}", probe.path().display()))?;
+        let mut cmd = std::process::Command::new(&sb.bwrap);
+        cmd.args(sb.args(probe.path(), "touch probe")).env_clear().stdin(std::process::Stdio::null());
+        if let Some(uid) = sb.uid {
+            // std drops the supplementary groups too when root sets a uid.
+            std::os::unix::process::CommandExt::uid(&mut cmd, uid);
+            std::os::unix::process::CommandExt::gid(&mut cmd, uid);
+        }
+        let out = cmd.output().map_err(|e| format!("{:?} cannot be run: {e}", sb.bwrap))?;
         if !out.status.success() {
             return Err(format!(
-                "{} could not make a sandbox ({}): {}",
+                "{} could not make a sandbox over {} ({}): {}",
                 sb.bwrap,
+                dir.display(),
                 out.status,
                 String::from_utf8_lossy(&out.stderr).trim()
             ));
+        }
+        if !probe.path().join("probe").exists() {
+            return Err(format!("a command in the sandbox could not write its copy under {}", dir.display()));
         }
         Ok(sb)
     }
@@ -119,10 +147,18 @@ impl Sandbox {
         let how = match &self.cgroups {
             Some(Cgroups::V1 { .. }) => "cgroup v1",
             Some(Cgroups::V2 { .. }) => "cgroup v2",
-            None if self.root => "rlimits (no cgroup; processes unbounded for root)",
             None => "rlimits (no cgroup)",
         };
-        format!("memory and processes by {how}, {} commands at once", self.permits.available_permits())
+        let who = match self.uid {
+            Some(u) => format!("as uid {u}"),
+            None => "as this process's uid".to_string(),
+        };
+        format!("commands {who}, memory and processes by {how}, {} at once", self.permits.available_permits())
+    }
+
+    /// The host uid commands run as, when not this process's.
+    pub fn uid(&self) -> Option<u32> {
+        self.uid
     }
 
     /// The largest timeout a command may have.
@@ -178,12 +214,18 @@ impl Sandbox {
                 "--size",
                 &self.limits.tmp_bytes.max(1 << 20).to_string(),
                 "--tmpfs",
+                "/dev/shm",
+                "--size",
+                &self.limits.tmp_bytes.max(1 << 20).to_string(),
+                "--tmpfs",
                 "/tmp",
                 "--bind",
                 &copy.to_string_lossy(),
                 "/workspace",
                 "--chdir",
                 "/workspace",
+                "--remount-ro",
+                "/",
                 "--clearenv",
                 "--setenv",
                 "PATH",
@@ -272,8 +314,9 @@ impl Sandbox {
             cpu: timeout.as_secs() + 1,
             fsize: self.limits.write_bytes,
             address: (group.is_none()).then_some(self.limits.memory_bytes),
-            nproc: (group.is_none() && !self.root).then_some(self.limits.processes),
+            nproc: group.is_none().then_some(self.limits.processes),
         };
+        let uid = self.uid;
         // SAFETY: between fork and exec only async-signal-safe calls: open/write/close of paths
         // made before the fork, and setrlimit.
         unsafe {
@@ -285,7 +328,14 @@ impl Sandbox {
                     }
                     libc::close(fd);
                 }
-                rl.apply()
+                rl.apply()?;
+                // Root no more: the sandbox runs as `nobody` on the host.
+                if let Some(u) = uid {
+                    if libc::setgroups(0, std::ptr::null()) != 0 || libc::setgid(u) != 0 || libc::setuid(u) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                Ok(())
             });
         }
         let mut child = cmd.spawn().map_err(|e| format!("{} cannot be run: {e}", self.bwrap))?;
@@ -627,7 +677,8 @@ mod tests {
             write_bytes: 8 << 20,
             tmp_bytes: 4 << 20,
         };
-        match Sandbox::probe("bwrap", limits, 2) {
+        let dir = std::env::temp_dir().join("subagentd-sandbox-unit");
+        match Sandbox::probe("bwrap", limits, 2, &dir) {
             Ok(s) => Some(s),
             Err(e) if std::env::var("SUBAGENTD_REQUIRE_TOOLS").is_ok_and(|v| v == "1") => {
                 panic!("the sandbox does not start, and SUBAGENTD_REQUIRE_TOOLS=1 requires it: {e}")
@@ -639,7 +690,15 @@ mod tests {
         }
     }
 
+    /// A copy the sandbox's uid may reach and write.
+    fn copy_dir() -> tempfile::TempDir {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(d.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        d
+    }
+
     async fn run(sb: &Sandbox, copy: &Path, command: &str, secs: u64) -> (String, Outcome) {
+        hand_over(copy, sb.uid).unwrap();
         let (out, outcome) = sb.run(copy, 64 << 20, command, Duration::from_secs(secs), 16 * 1024).await;
         (out.content, outcome)
     }
@@ -647,7 +706,7 @@ mod tests {
     #[tokio::test]
     async fn a_command_sees_its_copy_and_nothing_of_the_host() {
         let Some(sb) = sandbox() else { return };
-        let dir = tempfile::tempdir().unwrap();
+        let dir = copy_dir();
         let copy = dir.path().join("copy");
         std::fs::create_dir(&copy).unwrap();
         std::fs::write(copy.join("test.sh"), "echo running; test \"$(cat value)\" = 2\n").unwrap();
@@ -685,7 +744,7 @@ mod tests {
     #[tokio::test]
     async fn no_network_not_even_the_hosts_loopback() {
         let Some(sb) = sandbox() else { return };
-        let dir = tempfile::tempdir().unwrap();
+        let dir = copy_dir();
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         listener.set_nonblocking(true).unwrap();
         let port = listener.local_addr().unwrap().port();
@@ -703,7 +762,7 @@ mod tests {
     #[tokio::test]
     async fn limits_end_a_command_with_a_sentence_and_the_next_one_runs() {
         let Some(sb) = sandbox() else { return };
-        let dir = tempfile::tempdir().unwrap();
+        let dir = copy_dir();
         let copy = dir.path();
 
         let started = Instant::now();

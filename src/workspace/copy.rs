@@ -63,10 +63,37 @@ enum Node {
     Link(PathBuf),
 }
 
-fn node(p: &Path) -> Option<Node> {
+/// `root/rel`, if every directory on the way is a real directory (not a link): a command in the
+/// sandbox may have put a link where the other tree has a directory, and nothing here follows one.
+fn under(root: &Path, rel: &Path) -> Option<PathBuf> {
+    let mut cur = root.to_path_buf();
+    for c in rel.parent().unwrap_or(Path::new("")).components() {
+        match c {
+            std::path::Component::Normal(n) => cur.push(n),
+            _ => return None,
+        }
+        if !cur.symlink_metadata().ok()?.is_dir() {
+            return None;
+        }
+    }
+    rel.file_name().map(|n| cur.join(n))
+}
+
+/// The bytes of the regular file `root/rel` (no link followed, no FIFO waited on), at most `max`.
+fn read_under(root: &Path, rel: &Path, max: u64) -> std::io::Result<Vec<u8>> {
+    let p = under(root, rel).ok_or_else(|| std::io::Error::other("a link on the way"))?;
+    let mut f = crate::tools::files::open_regular(&p)?;
+    let mut out = vec![];
+    (&mut f).take(max).read_to_end(&mut out)?;
+    Ok(out)
+}
+
+/// What `rel` is in the tree at `root` (nothing, if a link stands on the way).
+fn node(root: &Path, rel: &Path) -> Option<Node> {
+    let p = under(root, rel)?;
     let m = p.symlink_metadata().ok()?;
     if m.file_type().is_symlink() {
-        return std::fs::read_link(p).ok().map(Node::Link);
+        return std::fs::read_link(&p).ok().map(Node::Link);
     }
     m.is_file().then(|| Node::File { executable: m.permissions().mode() & 0o111 != 0 })
 }
@@ -84,22 +111,50 @@ fn all_paths(root: &Path) -> BTreeSet<PathBuf> {
         .collect()
 }
 
-/// The paths of the copy its `.gitignore` files do not ignore (not `.git`).
+/// The paths of the copy its `.gitignore` files do not ignore (not `.git`). The rules are read
+/// here (regular files only, 1 MiB at most each), never through a link.
 fn kept_paths(root: &Path) -> BTreeSet<PathBuf> {
-    ignore::WalkBuilder::new(root)
-        .hidden(false)
-        .parents(false)
-        .git_global(false)
-        .git_exclude(false)
-        .ignore(false)
-        .require_git(false)
-        .follow_links(false)
-        .filter_entry(|e| e.file_name() != ".git")
-        .build()
-        .filter_map(Result::ok)
-        .filter(|e| e.depth() > 0 && !e.file_type().is_some_and(|t| t.is_dir()))
-        .filter_map(|e| e.path().strip_prefix(root).ok().map(Path::to_path_buf))
-        .collect()
+    use ignore::gitignore::{Gitignore, GitignoreBuilder};
+    let ignored = |rules: &[(PathBuf, Gitignore)], rel: &Path, dir: bool| {
+        let mut out = false;
+        for (at, g) in rules {
+            if let Ok(sub) = rel.strip_prefix(at) {
+                match g.matched(sub, dir) {
+                    ignore::Match::Ignore(_) => out = true,
+                    ignore::Match::Whitelist(_) => out = false,
+                    ignore::Match::None => {}
+                }
+            }
+        }
+        out
+    };
+    let (mut rules, mut out) = (Vec::<(PathBuf, Gitignore)>::new(), BTreeSet::new());
+    let mut it = walkdir::WalkDir::new(root).follow_links(false).sort_by_file_name().into_iter();
+    while let Some(entry) = it.next() {
+        let Ok(e) = entry else { continue };
+        let Ok(rel) = e.path().strip_prefix(root).map(Path::to_path_buf) else { continue };
+        let dir = e.file_type().is_dir();
+        if e.depth() > 0 && (e.file_name() == ".git" || ignored(&rules, &rel, dir)) {
+            if dir {
+                it.skip_current_dir();
+            }
+            continue;
+        }
+        if !dir {
+            out.insert(rel);
+            continue;
+        }
+        if let Ok(text) = read_under(root, &rel.join(".gitignore"), 1 << 20) {
+            let mut b = GitignoreBuilder::new(e.path());
+            for line in String::from_utf8_lossy(&text).lines() {
+                let _ = b.add_line(None, line);
+            }
+            if let Ok(g) = b.build() {
+                rules.push((rel, g));
+            }
+        }
+    }
+    out
 }
 
 /// How a path differs between the starting tree and the copy.
@@ -115,17 +170,16 @@ fn compare(base: &Path, copy: &Path, manifest: &Manifest) -> BTreeMap<PathBuf, C
     let before = all_paths(base);
     let mut out = BTreeMap::new();
     for rel in before.iter().chain(kept_paths(copy).difference(&before)) {
-        let (a, b) = (node(&base.join(rel)), node(&copy.join(rel)));
+        let (a, b) = (node(base, rel), node(copy, rel));
         let change = match (a, b) {
             (None, Some(n)) => Change::Added(n),
             (Some(n), None) => Change::Deleted(n),
             (Some(x), Some(y)) if x != y => Change::Modified(x, y),
             (Some(Node::File { .. }), Some(n @ Node::File { .. })) => {
-                let same_stamp = manifest
-                    .0
-                    .get(rel)
-                    .is_some_and(|s| copy.join(rel).symlink_metadata().is_ok_and(|m| stamp(&m) == *s));
-                if same_stamp || same_bytes(&base.join(rel), &copy.join(rel)) {
+                let same_stamp = manifest.0.get(rel).is_some_and(|s| {
+                    under(copy, rel).and_then(|p| p.symlink_metadata().ok()).is_some_and(|m| stamp(&m) == *s)
+                });
+                if same_stamp || same_bytes(base, copy, rel) {
                     continue;
                 }
                 Change::Modified(n.clone(), n)
@@ -137,11 +191,8 @@ fn compare(base: &Path, copy: &Path, manifest: &Manifest) -> BTreeMap<PathBuf, C
     out
 }
 
-fn same_bytes(a: &Path, b: &Path) -> bool {
-    match (std::fs::metadata(a), std::fs::metadata(b)) {
-        (Ok(x), Ok(y)) if x.len() != y.len() => false,
-        _ => matches!((std::fs::read(a), std::fs::read(b)), (Ok(x), Ok(y)) if x == y),
-    }
+fn same_bytes(base: &Path, copy: &Path, rel: &Path) -> bool {
+    matches!((read_under(base, rel, u64::MAX), read_under(copy, rel, u64::MAX)), (Ok(x), Ok(y)) if x == y)
 }
 
 /// The copy's changes since it was made from `base` (or rebuilt), to save with a checkpoint.
@@ -161,7 +212,7 @@ pub fn changes(base: &Path, copy: &Path, manifest: &Manifest, max: u64) -> std::
                 if matches!(c, Change::Modified(Node::Link(_), _)) {
                     deleted.push(rel.to_string_lossy().into_owned());
                 }
-                let data = std::fs::read(copy.join(&rel))?;
+                let data = read_under(copy, &rel, max.saturating_add(1))?;
                 size += data.len() as u64;
                 if size > max {
                     return Ok(None);
@@ -191,7 +242,7 @@ pub fn changes(base: &Path, copy: &Path, manifest: &Manifest, max: u64) -> std::
 pub fn apply(copy: &Path, changes: &Changes) -> std::io::Result<()> {
     for rel in &changes.deleted {
         let p = crate::tools::files::normalize(rel).map_err(std::io::Error::other)?;
-        let full = copy.join(p);
+        let full = under(copy, &p).ok_or_else(|| std::io::Error::other(format!("{rel}: a link on the way")))?;
         match full.symlink_metadata() {
             Ok(m) if m.is_dir() => std::fs::remove_dir_all(&full)?,
             Ok(_) => std::fs::remove_file(&full)?,
@@ -245,16 +296,15 @@ fn mode(n: &Node) -> &'static str {
 }
 
 /// A node's contents as a diff shows them: a link's target, a file's text; `None` if binary.
-fn contents(p: &Path, n: &Node) -> Option<String> {
+fn contents(root: &Path, rel: &Path, n: &Node) -> Option<String> {
     match n {
         Node::Link(t) => Some(t.to_string_lossy().into_owned()),
         Node::File { .. } => {
-            let mut head = vec![0u8; SNIFF];
-            let k = std::fs::File::open(p).and_then(|mut f| f.read(&mut head)).ok()?;
-            if head[..k].contains(&0) {
+            let bytes = read_under(root, rel, u64::MAX).ok()?;
+            if bytes[..bytes.len().min(SNIFF)].contains(&0) {
                 return None;
             }
-            String::from_utf8(std::fs::read(p).ok()?).ok()
+            String::from_utf8(bytes).ok()
         }
     }
 }
@@ -265,6 +315,12 @@ pub fn diff(base: &Path, copy: &Path, manifest: &Manifest, max: u64) -> (String,
     let (mut out, mut stats) = (String::new(), Stats::default());
     for (rel, c) in compare(base, copy, manifest) {
         let name = rel.to_string_lossy().into_owned();
+        // A name git would quote (a newline could forge a section of the patch) is named, not diffed.
+        if name.chars().any(|ch| ch.is_control() || ch == '"' || ch == '\\') || rel.to_str().is_none() {
+            stats.files_changed += 1;
+            stats.omitted.push(format!("{name:?} (a name git would quote)"));
+            continue;
+        }
         let (a, b) = match &c {
             Change::Added(n) => (None, Some(n)),
             Change::Deleted(n) => (Some(n), None),
@@ -273,14 +329,14 @@ pub fn diff(base: &Path, copy: &Path, manifest: &Manifest, max: u64) -> (String,
         // A link replaced by a file (or the reverse) is a deletion and an addition.
         if let (Some(x), Some(y)) = (a, b) {
             if matches!(x, Node::Link(_)) != matches!(y, Node::Link(_)) {
-                let mut part = section(&name, &base.join(&rel), &copy.join(&rel), Some(x), None, &mut stats);
-                part.push_str(&section(&name, &base.join(&rel), &copy.join(&rel), None, Some(y), &mut stats));
+                let mut part = section(&name, (base, copy, &rel), Some(x), None, &mut stats);
+                part.push_str(&section(&name, (base, copy, &rel), None, Some(y), &mut stats));
                 stats.files_changed += 1;
                 push(&mut out, &mut stats, part, &name, max);
                 continue;
             }
         }
-        let part = section(&name, &base.join(&rel), &copy.join(&rel), a, b, &mut stats);
+        let part = section(&name, (base, copy, &rel), a, b, &mut stats);
         stats.files_changed += 1;
         push(&mut out, &mut stats, part, &name, max);
     }
@@ -297,7 +353,13 @@ fn push(out: &mut String, stats: &mut Stats, part: String, name: &str, max: u64)
 }
 
 /// One path's part of the diff; counts its lines into `stats`.
-fn section(name: &str, old: &Path, new: &Path, a: Option<&Node>, b: Option<&Node>, stats: &mut Stats) -> String {
+fn section(
+    name: &str,
+    (old, new, rel): (&Path, &Path, &Path),
+    a: Option<&Node>,
+    b: Option<&Node>,
+    stats: &mut Stats,
+) -> String {
     let mut s = format!("diff --git a/{name} b/{name}\n");
     match (a, b) {
         (None, Some(n)) => s.push_str(&format!("new file mode {}\n", mode(n))),
@@ -307,9 +369,9 @@ fn section(name: &str, old: &Path, new: &Path, a: Option<&Node>, b: Option<&Node
         }
         _ => {}
     }
-    let text = |p: &Path, n: Option<&Node>| match n {
+    let text = |root: &Path, n: Option<&Node>| match n {
         None => Some(String::new()),
-        Some(n) => contents(p, n),
+        Some(n) => contents(root, rel, n),
     };
     let (Some(x), Some(y)) = (text(old, a), text(new, b)) else {
         stats.binary_files += 1;
@@ -422,6 +484,31 @@ mod tests {
         let archive = b.into_inner().unwrap().finish().unwrap();
         assert!(apply(&copy, &Changes { archive, deleted: vec![] }).is_err());
         assert!(apply(&copy, &Changes { archive: vec![], deleted: vec!["../outside".into()] }).is_err());
-        assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
+        std::fs::write(outside.join("keep"), "k").unwrap();
+        assert!(apply(&copy, &Changes { archive: vec![], deleted: vec!["out/keep".into()] }).is_err());
+        assert!(outside.join("keep").exists(), "nothing deleted through a link");
+    }
+
+    #[test]
+    fn links_fifos_and_linked_rules_in_the_copy_are_never_followed_on_the_host() {
+        let dir = tempfile::tempdir().unwrap();
+        let (base, copy, secret) = (dir.path().join("base"), dir.path().join("copy"), dir.path().join("secret"));
+        write(&base.join("d/x.txt"), "in the tree\n");
+        write(&secret.join("x.txt"), "host secret\n");
+        let (_, manifest) = make(&base, &copy).unwrap();
+        // A command swaps a directory for a link out, makes a FIFO and links its rules to /dev/zero.
+        std::fs::remove_dir_all(copy.join("d")).unwrap();
+        std::os::unix::fs::symlink(&secret, copy.join("d")).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", copy.join(".gitignore")).unwrap();
+        let fifo = std::ffi::CString::new(copy.join("pipe").to_str().unwrap()).unwrap();
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+        let (d, _) = diff(&base, &copy, &manifest, 1 << 20);
+        assert!(!d.contains("host secret"), "{d}");
+        assert!(d.contains("deleted file mode 100644") && d.contains("-in the tree"), "{d}");
+        let c = changes(&base, &copy, &manifest, 1 << 20).unwrap().unwrap();
+        assert!(c.deleted.contains(&"d/x.txt".to_string()), "{:?}", c.deleted);
+        write(&copy.join("bad\nname"), "x\n");
+        let (d, s) = diff(&base, &copy, &manifest, 1 << 20);
+        assert!(!d.contains("bad\nname") && s.omitted.iter().any(|o| o.contains("git would quote")), "{d}");
     }
 }

@@ -276,3 +276,82 @@ async fn a_kill_dash_nine_after_two_edits_in_two_turns_loses_neither() {
     assert_eq!(done["diff"]["files_changed"], 2, "{done}");
     app.stop().await;
 }
+
+#[tokio::test]
+async fn the_mcp_result_and_the_a2a_task_carry_the_patch() {
+    let Some(srv) = git_server().await else { return };
+    if !has_bwrap() {
+        return;
+    }
+    let app = spawn_app_with(sb_config, true).await;
+    let repo = format!("{}/repo.git", srv.base);
+    let host = app.base.trim_start_matches("http://").to_string();
+    let edit = [("edit_file", json!({"path": "src/retry.rs", "old_string": "    5", "new_string": "    7"}))];
+    let mcp = |body: Value, sid: Option<String>| {
+        let mut r = app
+            .client
+            .post(app.url("/mcp"))
+            .header("accept", "application/json, text/event-stream")
+            .header("host", &host)
+            .header("origin", &app.base)
+            .header("mcp-protocol-version", "2025-11-25");
+        if let Some(s) = sid {
+            r = r.header("mcp-session-id", s);
+        }
+        r.json(&body).send()
+    };
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                      "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}});
+    let r = mcp(init, None).await.unwrap();
+    let sid = r.headers()["mcp-session-id"].to_str().unwrap().to_string();
+    let list = mcp(json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}), Some(sid.clone())).await.unwrap();
+    assert!(list.text().await.unwrap().contains("\"patch\""), "the output schema names the patch");
+    let args =
+        json!({"subagent_type": "general", "description": "fix", "workspace": {"git": repo}, "prompt": script(&edit)});
+    let r = mcp(
+        json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "task", "arguments": args}}),
+        Some(sid),
+    )
+    .await
+    .unwrap();
+    let v: Value = r.json().await.unwrap();
+    let diff = &v["result"]["structuredContent"]["diff"];
+    assert_eq!(diff["files_changed"], 1, "{v}");
+    assert!(diff["patch"].as_str().unwrap_or_default().contains("+    7"), "{v}");
+
+    let send = json!({"jsonrpc": "2.0", "id": 5, "method": "SendMessage",
+                      "params": {"message": {"messageId": "m-1", "role": "ROLE_USER", "parts": [{"text": script(&edit)}],
+                                             "metadata": {"workspace": {"git": repo}}},
+                                 "configuration": {"blocking": true}}});
+    let a2a = |body: Value| {
+        app.client
+            .post(app.url("/a2a/agents/general"))
+            .header("a2a-version", "1.0")
+            .header("origin", &app.base)
+            .json(&body)
+            .send()
+    };
+    let r: Value = a2a(send).await.unwrap().json().await.unwrap();
+    let id = r["result"]["task"]["id"].as_str().or(r["result"]["id"].as_str()).unwrap_or_default().to_string();
+    assert!(!id.is_empty(), "{r}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let task = loop {
+        let g: Value = a2a(json!({"jsonrpc": "2.0", "id": 6, "method": "GetTask", "params": {"id": id}}))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if g["result"]["status"]["state"] == "TASK_STATE_COMPLETED" {
+            break g;
+        }
+        assert!(Instant::now() < deadline, "{g}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let artifacts = task["result"]["artifacts"].as_array().cloned().unwrap_or_default();
+    let d = artifacts.iter().find(|a| a["artifactId"] == "diff").unwrap_or_else(|| panic!("{task}"));
+    assert_eq!(d["parts"][0]["mediaType"], "text/x-diff");
+    assert!(d["parts"][0]["text"].as_str().unwrap().contains("+    7"), "{d}");
+    assert_eq!(d["metadata"]["lines_added"], 1, "{d}");
+    app.stop().await;
+}

@@ -226,6 +226,10 @@ class Tasks(_Resource):
     async def messages(self, task_id: str) -> List[m.Message]:
         return await self._c._many(m.Message, Req("GET", f"/tasks/{task_id}/messages", repeatable=True), "messages")
 
+    async def diff(self, task_id: str) -> str:
+        """The task's patch (a unified diff, `git apply` takes it) once its run ended."""
+        return (await self._c._send(Req("GET", f"/tasks/{task_id}/diff", repeatable=True))).text
+
     async def calls(self, task_id: str) -> List[m.Call]:
         return await self._c._many(m.Call, Req("GET", f"/tasks/{task_id}/calls", repeatable=True), "calls")
 

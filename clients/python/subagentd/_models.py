@@ -29,6 +29,7 @@ class Task(Model):
     max_turns: Optional[int] = None
     tools: Optional[List[str]] = None
     workspace: Optional[Dict[str, Any]] = None
+    diff: Optional[DiffStats] = None
     summary: Optional[str] = None
     output: Optional[Any] = None
     error: Optional[Dict[str, Any]] = None
@@ -50,8 +51,8 @@ class Task(Model):
     trace_id: Optional[str] = None
     webhook: Optional[Dict[str, Any]] = None
     extra: Dict[str, Any] = _dc.field(default_factory=dict)
-    _fields = ["id", "tenant", "status", "stop_reason", "subagent_type", "description", "model", "fallback_models", "fallback_on", "answered_model", "priority", "run_at", "prompt", "max_turns", "tools", "workspace", "summary", "output", "error", "turns", "usage", "cost_usd", "cost_complete", "usage_estimated", "waiting_for", "pending_actions", "attempt", "metadata", "created_at", "started_at", "finished_at", "queue_ms", "run_ms", "parent_task_id", "trace_id", "webhook"]
-    _nested = {"pending_actions": ("PendingAction", True)}
+    _fields = ["id", "tenant", "status", "stop_reason", "subagent_type", "description", "model", "fallback_models", "fallback_on", "answered_model", "priority", "run_at", "prompt", "max_turns", "tools", "workspace", "diff", "summary", "output", "error", "turns", "usage", "cost_usd", "cost_complete", "usage_estimated", "waiting_for", "pending_actions", "attempt", "metadata", "created_at", "started_at", "finished_at", "queue_ms", "run_ms", "parent_task_id", "trace_id", "webhook"]
+    _nested = {"diff": ("DiffStats", False), "pending_actions": ("PendingAction", True)}
     _required = ["attempt", "cost_complete", "cost_usd", "created_at", "id", "metadata", "model", "prompt", "status", "subagent_type", "turns", "usage"]
 
 @dataclass(repr=False)
@@ -405,3 +406,18 @@ class Secret(Model):
     _fields = ["name", "host", "created_at", "updated_at"]
     _nested = {}
     _required = ["created_at", "host", "name", "updated_at"]
+
+@dataclass(repr=False)
+class DiffStats(Model):
+    """With a writable copy of its workspace (write_file, edit_file, run_command), once its run ended: the counts of its diff (`GET /tasks/{id}/diff`). Absent otherwise."""
+
+    files_changed: Optional[int] = None
+    lines_added: Optional[int] = None
+    lines_removed: Optional[int] = None
+    binary_files: Optional[int] = None
+    bytes: Optional[int] = None
+    omitted: Optional[List[str]] = None
+    extra: Dict[str, Any] = _dc.field(default_factory=dict)
+    _fields = ["files_changed", "lines_added", "lines_removed", "binary_files", "bytes", "omitted"]
+    _nested = {}
+    _required = ["binary_files", "bytes", "files_changed", "lines_added", "lines_removed"]

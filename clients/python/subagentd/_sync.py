@@ -227,6 +227,10 @@ class Tasks(_Resource):
     def messages(self, task_id: str) -> List[m.Message]:
         return self._c._many(m.Message, Req("GET", f"/tasks/{task_id}/messages", repeatable=True), "messages")
 
+    def diff(self, task_id: str) -> str:
+        """The task's patch (a unified diff, `git apply` takes it) once its run ended."""
+        return (self._c._send(Req("GET", f"/tasks/{task_id}/diff", repeatable=True))).text
+
     def calls(self, task_id: str) -> List[m.Call]:
         return self._c._many(m.Call, Req("GET", f"/tasks/{task_id}/calls", repeatable=True), "calls")
 

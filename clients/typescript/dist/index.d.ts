@@ -156,6 +156,8 @@ export declare class Tasks extends Resource {
         after?: number;
     }): AsyncGenerator<Event>;
     messages(id: string): Promise<Message[]>;
+    /** The task's patch (a unified diff, `git apply` takes it) once its run ended. */
+    diff(id: string): Promise<string>;
     calls(id: string): Promise<Call[]>;
 }
 export declare class Agents extends Resource {

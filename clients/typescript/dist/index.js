@@ -319,6 +319,11 @@ export class Tasks extends Resource {
     async messages(id) {
         return (await this.c.json({ method: "GET", path: `/tasks/${id}/messages`, repeatable: true })).messages;
     }
+    /** The task's patch (a unified diff, `git apply` takes it) once its run ended. */
+    async diff(id) {
+        const r = await this.c.send({ method: "GET", path: `/tasks/${id}/diff`, repeatable: true });
+        return r.text();
+    }
     async calls(id) {
         return (await this.c.json({ method: "GET", path: `/tasks/${id}/calls`, repeatable: true })).calls;
     }

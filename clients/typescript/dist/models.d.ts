@@ -16,6 +16,7 @@ export interface Task {
     max_turns?: number | null;
     tools?: string[];
     workspace?: Record<string, unknown>;
+    diff?: DiffStats;
     summary?: string | null;
     output?: unknown;
     error?: Record<string, unknown> | null;
@@ -304,6 +305,17 @@ export interface Secret {
     host: string;
     created_at: string;
     updated_at: string;
+    /** Fields this version does not know yet. */
+    [field: string]: unknown;
+}
+/** With a writable copy of its workspace (write_file, edit_file, run_command), once its run ended: the counts of its diff (`GET /tasks/{id}/diff`). Absent otherwise. */
+export interface DiffStats {
+    files_changed: number;
+    lines_added: number;
+    lines_removed: number;
+    binary_files: number;
+    bytes: number;
+    omitted?: string[];
     /** Fields this version does not know yet. */
     [field: string]: unknown;
 }

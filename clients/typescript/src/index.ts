@@ -392,6 +392,12 @@ export class Tasks extends Resource {
     return (await this.c.json<{ messages: Message[] }>({ method: "GET", path: `/tasks/${id}/messages`, repeatable: true })).messages;
   }
 
+  /** The task's patch (a unified diff, `git apply` takes it) once its run ended. */
+  async diff(id: string): Promise<string> {
+    const r = await this.c.send({ method: "GET", path: `/tasks/${id}/diff`, repeatable: true });
+    return r.text();
+  }
+
   async calls(id: string): Promise<Call[]> {
     return (await this.c.json<{ calls: Call[] }>({ method: "GET", path: `/tasks/${id}/calls`, repeatable: true })).calls;
   }

@@ -190,7 +190,8 @@ pub fn follow(
     tokio::spawn(async move {
         let end = produce(&ctx, &tx, start, until, progress, related).await;
         let msg = match end {
-            Ok(mut result) => {
+            Ok(result) => {
+                let mut result = super::tools::with_patch(&ctx.st, &ctx.tenant, result).await;
                 if let Some(task) = related {
                     result["_meta"] = json!({RELATED_TASK: {"taskId": task}});
                 }

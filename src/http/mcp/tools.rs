@@ -27,7 +27,20 @@ pub fn task_output_schema() -> Value {
             "usage": {"type": "object"},
             "cost_usd": {"type": "number"},
             "error": {"type": ["object", "null"]},
-            "pending_actions": {"type": "array", "description": "while paused: what the task waits for"}
+            "pending_actions": {"type": "array", "description": "while paused: what the task waits for"},
+            "diff": {
+                "type": "object",
+                "description": "with a writable copy of its workspace, once its run ended: the counts of its changes and `patch`, the unified diff (git apply takes it; as GET /tasks/{id}/diff)",
+                "properties": {
+                    "files_changed": {"type": "integer"},
+                    "lines_added": {"type": "integer"},
+                    "lines_removed": {"type": "integer"},
+                    "binary_files": {"type": "integer"},
+                    "bytes": {"type": "integer"},
+                    "omitted": {"type": "array", "items": {"type": "string"}},
+                    "patch": {"type": "string"}
+                }
+            }
         },
         "required": ["task_id", "status"]
     })
@@ -157,7 +170,27 @@ fn structured(t: &TaskView) -> Value {
     if let Some(p) = &t.pending_actions {
         s["pending_actions"] = json!(p);
     }
+    if let Some(d) = &t.diff {
+        s["diff"] = d.clone();
+    }
     s
+}
+
+/// A task's result with its patch: where `structuredContent` has a task's diff counts, the
+/// diff itself goes beside them (`diff.patch`).
+pub async fn with_patch(st: &crate::http::AppState, tenant: &str, mut v: Value) -> Value {
+    let Some(id) = v["structuredContent"]["diff"]
+        .is_object()
+        .then(|| v["structuredContent"]["task_id"].as_str().and_then(|s| s.parse::<uuid::Uuid>().ok()))
+        .flatten()
+    else {
+        return v;
+    };
+    let scope = crate::http::auth::Scope::Tenant(tenant.to_string());
+    if let Ok(crate::tasks::Diff::Text(patch)) = st.tasks.diff(&scope, id).await {
+        v["structuredContent"]["diff"]["patch"] = Value::String(patch);
+    }
+    v
 }
 
 /// How to answer a paused task without elicitation.

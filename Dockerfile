@@ -1,5 +1,5 @@
 # Multi-stage build: compile in the Rust image, run in a small Debian image as a non-root user.
-#   docker build -t subagentd .        (or podman build)
+#   docker build -t subagentd .        (or podman build --format docker: the OCI default drops HEALTHCHECK)
 FROM rust:1-bookworm AS build
 WORKDIR /src
 # The dependencies first, in a layer of their own: a change to the service's sources does not
@@ -17,13 +17,14 @@ COPY benches ./benches
 COPY openapi.yaml subagentd.example.toml ./
 RUN touch src/main.rs src/lib.rs && cargo build --release --locked --bin subagentd
 
-# The image: the one binary, CA certificates, a user of its own. State lives only in
+# The image: the one binary, CA certificates, bubblewrap (run_command's sandbox), a user of its own. State lives only in
 # PostgreSQL (DATABASE_URL), so the root filesystem may be mounted read-only.
 FROM debian:bookworm-slim
 RUN apt-get update \
- && apt-get install -y --no-install-recommends ca-certificates \
+ && apt-get install -y --no-install-recommends ca-certificates bubblewrap \
  && rm -rf /var/lib/apt/lists/* \
- && useradd --system --uid 10001 --home-dir /var/lib/subagentd --create-home subagentd
+ && useradd --system --uid 10001 --home-dir /var/lib/subagentd --create-home subagentd \
+ && install -d -o 10001 -g 10001 /var/lib/subagentd/.subagentd
 COPY --from=build /src/target/release/subagentd /usr/local/bin/subagentd
 USER 10001
 WORKDIR /var/lib/subagentd

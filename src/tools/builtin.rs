@@ -194,6 +194,14 @@ fn build(t: BuiltinTool) -> (&'static str, Arc<Value>) {
                 "additionalProperties": false
             }),
         ),
+        _ => return build_writes(t),
+    };
+    (description, Arc::new(parameters))
+}
+
+/// The schemas of the tools that change a task's copy.
+fn build_writes(t: BuiltinTool) -> (&'static str, Arc<Value>) {
+    let (description, parameters) = match t {
         BuiltinTool::WriteFile => (
             "Write a whole file of your copy of the workspace (created with its directories if new, replaced if \
              not). Paths are relative to the root. Prefer edit_file for a change to an existing file.",
@@ -236,6 +244,7 @@ fn build(t: BuiltinTool) -> (&'static str, Arc<Value>) {
                 "additionalProperties": false
             }),
         ),
+        _ => ("", json!({"type": "object"})),
     };
     (description, Arc::new(parameters))
 }

@@ -82,14 +82,6 @@ pub fn run(tool: BuiltinTool, root: &Path, args: &Value, max_result: usize) -> T
         BuiltinTool::Glob => glob(root, text("pattern")),
         BuiltinTool::Grep => grep(root, text("pattern"), text("path")),
         BuiltinTool::ReadFile => read_file(root, text("path"), number("offset"), number("limit"), max_result),
-        BuiltinTool::WriteFile => super::edit::write_file(root, text("path"), text("content")),
-        BuiltinTool::EditFile => super::edit::edit_file(
-            root,
-            text("path"),
-            text("old_string"),
-            text("new_string"),
-            args.get("replace_all").and_then(Value::as_bool).unwrap_or(false),
-        ),
         _ => Err(format!("{} is not a workspace tool", tool.as_str())),
     };
     match out {

@@ -320,6 +320,10 @@ impl TaskTools {
         let (root, args, max) = (w.path.clone(), call.arguments.clone(), self.caller.max_result_bytes);
         let out = if tool == builtin::BuiltinTool::RunCommand {
             self.command(w, call).await
+        } else if tool.writes_workspace() {
+            tokio::task::spawn_blocking(move || edit::run(tool, &root, &args))
+                .await
+                .unwrap_or_else(|e| tool_error(format!("{} failed: {e}", call.name)))
         } else {
             tokio::task::spawn_blocking(move || files::run(tool, &root, &args, max))
                 .await

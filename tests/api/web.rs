@@ -187,7 +187,7 @@ async fn site() -> (Site, String) {
 fn web_config(c: &mut subagentd::config::Config, base: &str) {
     c.tool_allow = "*, 127.0.0.1/32".into();
     // The web tools on; the workspace tools are tests/api/workspaces.rs's.
-    c.builtin_tools_off = "list_directory,glob,grep,read_file".into();
+    c.builtin_tools_off = "list_directory,glob,grep,read_file,write_file,edit_file,run_command".into();
     c.web_search_url = Some(base.to_string());
     c.admin_token = Some(ADMIN.into());
     c.default_model = Some("mock/m".into());

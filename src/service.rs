@@ -41,13 +41,20 @@ fn tools_of(cfg: &Config) -> std::io::Result<(crate::tools::Caller, Arc<crate::w
 }
 
 /// The sandbox `run_command` runs in, unless turned off or unable to start here (said in the
-/// log). Copies left by an earlier process on this data directory are removed.
+/// log). Each process keeps its tasks' copies under `<sandbox-dir>/<pid>`; the copies left by a
+/// process that is gone are removed.
 fn sandbox_of(cfg: &Config) -> Option<Arc<crate::tools::sandbox::Sandbox>> {
     let off = cfg.builtin_tools_off.split(',').any(|t| t.trim() == "run_command");
-    let dir = cfg.sandbox_dir.clone().unwrap_or_else(|| cfg.data_dir.join("sandboxes"));
-    if let Ok(entries) = std::fs::read_dir(&dir) {
+    let dir = crate::jobs::copy::process_dir(cfg);
+    if let Ok(entries) = std::fs::read_dir(dir.parent().unwrap_or(&dir)) {
         for e in entries.flatten() {
-            let _ = std::fs::remove_dir_all(e.path());
+            let alive = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()).is_some_and(|pid| {
+                // SAFETY: kill(2) with signal 0 only asks whether the process exists.
+                unsafe { libc::kill(pid, 0) == 0 || *libc::__errno_location() == libc::EPERM }
+            });
+            if !alive {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
         }
     }
     if off {

@@ -12,6 +12,13 @@ use sqlx::PgPool;
 use crate::store::{diffs, retrying, Fence, StoreError};
 use crate::workspace::copy::{self, Changes, Manifest};
 
+/// Where this process keeps its tasks' copies: `<sandbox-dir>/<pid>` (`<data-dir>/sandboxes` by
+/// default), so that processes sharing a data directory never remove each other's.
+pub fn process_dir(cfg: &crate::config::Config) -> PathBuf {
+    let root = cfg.sandbox_dir.clone().unwrap_or_else(|| cfg.data_dir.join("sandboxes"));
+    root.join(std::process::id().to_string())
+}
+
 pub struct TaskCopy {
     /// The shared tree it was made from.
     pub base: PathBuf,

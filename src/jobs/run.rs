@@ -253,7 +253,7 @@ impl Runner {
         tools: &mut TaskTools,
     ) -> Result<(), String> {
         let Some(shared) = tools.workspace.take() else { return Ok(()) };
-        let root = self.cfg.sandbox_dir.clone().unwrap_or_else(|| self.cfg.data_dir.join("sandboxes"));
+        let root = super::copy::process_dir(&self.cfg);
         let caps = (self.cfg.sandbox_write_mb << 20, self.cfg.sandbox_diff_max_kb << 10);
         let owner = self.tool_caller.sandbox.as_ref().and_then(|s| s.uid());
         let c =

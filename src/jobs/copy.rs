@@ -94,12 +94,8 @@ impl TaskCopy {
                 tracing::warn!(dir = %self.dir.display(), "a task's changes are past its write allowance: not saved");
                 None
             }
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, "a task's changes could not be read");
-                self.dirty.store(true, Ordering::SeqCst);
-                None
-            }
-            Err(e) => {
+            failed => {
+                let e = failed.map_or_else(|j| j.to_string(), |r| r.err().map(|e| e.to_string()).unwrap_or_default());
                 tracing::warn!(error = %e, "a task's changes could not be read");
                 self.dirty.store(true, Ordering::SeqCst);
                 None

@@ -259,13 +259,7 @@ fn watch(
 
 /// Bytes of the files under `dir`.
 pub fn dir_size(dir: &Path) -> u64 {
-    walkdir::WalkDir::new(dir)
-        .into_iter()
-        .filter_map(Result::ok)
-        .filter_map(|e| e.metadata().ok())
-        .filter(|m| m.is_file())
-        .map(|m| m.len())
-        .sum()
+    crate::tools::files::tree_bytes(dir)
 }
 
 /// Writes a tree out: directories and files first, each created new (never through anything

@@ -190,8 +190,7 @@ pub fn follow(
     tokio::spawn(async move {
         let end = produce(&ctx, &tx, start, until, progress, related).await;
         let msg = match end {
-            Ok(result) => {
-                let mut result = super::tools::with_patch(&ctx.st, &ctx.tenant, result).await;
+            Ok(mut result) => {
                 if let Some(task) = related {
                     result["_meta"] = json!({RELATED_TASK: {"taskId": task}});
                 }

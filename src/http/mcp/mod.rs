@@ -186,7 +186,6 @@ async fn message(
         Err(e) => return e.into_response(),
     };
     let version = asked.or_else(|| SUPPORTED.iter().find(|s| **s == session.protocol_version).copied());
-    let (st2, tenant2) = (st.clone(), tenant.clone());
     let ctx = Ctx {
         st,
         tenant,
@@ -206,7 +205,7 @@ async fn message(
             StatusCode::ACCEPTED.into_response()
         }
         Incoming::Request { id, method, params } => match request(ctx, &id, &method, params).await {
-            Ok(Reply::Json(v)) => json_reply(&rpc::result(&id, tools::with_patch(&st2, &tenant2, v).await)),
+            Ok(Reply::Json(v)) => json_reply(&rpc::result(&id, v)),
             Ok(Reply::Stream(rx)) => stream(rx),
             Ok(Reply::Refused(e)) => ApiError::from(e).into_response(),
             Err(e) => json_reply(&rpc::error(Some(&id), &e)),

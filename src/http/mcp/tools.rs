@@ -172,25 +172,12 @@ fn structured(t: &TaskView) -> Value {
     }
     if let Some(d) = &t.diff {
         s["diff"] = d.clone();
+        // A single task's view carries its patch (`TaskView::one`).
+        if let Some(p) = &t.patch {
+            s["diff"]["patch"] = Value::String(p.clone());
+        }
     }
     s
-}
-
-/// A task's result with its patch: where `structuredContent` has a task's diff counts, the
-/// diff itself goes beside them (`diff.patch`).
-pub async fn with_patch(st: &crate::http::AppState, tenant: &str, mut v: Value) -> Value {
-    let Some(id) = v["structuredContent"]["diff"]
-        .is_object()
-        .then(|| v["structuredContent"]["task_id"].as_str().and_then(|s| s.parse::<uuid::Uuid>().ok()))
-        .flatten()
-    else {
-        return v;
-    };
-    let scope = crate::http::auth::Scope::Tenant(tenant.to_string());
-    if let Ok(crate::tasks::Diff::Text(patch)) = st.tasks.diff(&scope, id).await {
-        v["structuredContent"]["diff"]["patch"] = Value::String(patch);
-    }
-    v
 }
 
 /// How to answer a paused task without elicitation.

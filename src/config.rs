@@ -283,6 +283,17 @@ pub struct Config {
     #[arg(long, env = "SUBAGENTD_MCP_WAIT_SECONDS", default_value_t = 50, global = true)]
     pub mcp_wait_seconds: u64,
 
+    /// How long an MCP call of `task` (or `task_wait`) that asked for progress (a
+    /// `progressToken`) is held for its task, in seconds, with a progress notification at least
+    /// every 20 s (clients that reset their timeout on progress get the answer in one call).
+    #[arg(long, env = "SUBAGENTD_MCP_PROGRESS_WAIT_SECONDS", default_value_t = 600, global = true)]
+    pub mcp_progress_wait_seconds: u64,
+
+    /// MCP sessions not seen for this many days are forgotten (a later request naming one is
+    /// adopted as a fresh session); 0 keeps them forever.
+    #[arg(long, env = "SUBAGENTD_MCP_SESSION_IDLE_DAYS", default_value_t = 30, global = true)]
+    pub mcp_session_idle_days: u32,
+
     /// Offer one MCP tool per agent type (`agent_<name>`) besides `task`.
     #[arg(long, env = "SUBAGENTD_MCP_TOOL_PER_AGENT", global = true)]
     pub mcp_tool_per_agent: bool,

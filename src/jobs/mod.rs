@@ -59,6 +59,7 @@ pub async fn run_worker(worker: Arc<Worker>, shutdown: CancellationToken, grace:
             pool: runner.pool.clone(),
             days: cfg.retention_days,
             ledger_days: cfg.ledger_retention_days,
+            mcp_idle_days: cfg.mcp_session_idle_days,
             every,
         }
         .start(background.clone()),

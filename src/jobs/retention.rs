@@ -1,6 +1,7 @@
 //! Retention: purges the conversations and events of tasks finished `retention_days` ago
-//! (every 10 minutes), and ledger rows older than `ledger_retention_days` (hourly; the daily
-//! rollups keep their sums). A day count of 0 keeps them forever.
+//! (every 10 minutes), ledger rows older than `ledger_retention_days` (hourly; the daily
+//! rollups keep their sums), and MCP sessions idle for `mcp_session_idle_days` (every 10
+//! minutes, whatever the other windows). A day count of 0 keeps them forever.
 
 use std::time::Duration;
 
@@ -15,6 +16,7 @@ pub struct Retention {
     pub pool: PgPool,
     pub days: u32,
     pub ledger_days: u32,
+    pub mcp_idle_days: u32,
     /// How often it wakes to see whether a purge is due.
     pub every: Duration,
 }
@@ -24,6 +26,7 @@ pub struct Retention {
 pub struct Purged {
     pub tasks: u64,
     pub calls: u64,
+    pub sessions: u64,
 }
 
 impl Retention {
@@ -32,6 +35,7 @@ impl Retention {
         let mut p = Purged::default();
         // Web fetch counts are needed for a minute; an hour's are kept.
         crate::store::tenants::purge_web_fetch_counts(&self.pool).await?;
+        p.sessions = self.purge_sessions().await?;
         if self.days > 0 {
             p.tasks = self.purge_conversations().await?;
         }
@@ -41,12 +45,19 @@ impl Retention {
         Ok(p)
     }
 
-    async fn purge_conversations(&self) -> Result<u64, StoreError> {
-        // MCP sessions idle for a day go with them (a client that comes back starts another).
-        let sessions = crate::store::mcp::purge_idle(&self.pool, 1).await?;
-        if sessions > 0 {
-            tracing::info!(sessions, "forgot MCP sessions idle for a day");
+    /// MCP sessions idle past their window (a client that comes back is adopted afresh).
+    async fn purge_sessions(&self) -> Result<u64, StoreError> {
+        if self.mcp_idle_days == 0 {
+            return Ok(0);
         }
+        let n = crate::store::mcp::purge_idle(&self.pool, self.mcp_idle_days as i32).await?;
+        if n > 0 {
+            tracing::info!(sessions = n, days = self.mcp_idle_days, "forgot idle MCP sessions");
+        }
+        Ok(n)
+    }
+
+    async fn purge_conversations(&self) -> Result<u64, StoreError> {
         let n = retention::purge_finished(&self.pool, self.days as i32).await?;
         if n > 0 {
             tracing::info!(tasks = n, "purged conversations and events past retention");
@@ -64,9 +75,15 @@ impl Retention {
 
     pub fn start(self, stop: CancellationToken) -> JoinHandle<()> {
         tokio::spawn(async move {
-            let (mut next, mut next_ledger) = (Instant::now(), Instant::now());
+            let (mut next, mut next_ledger, mut next_sessions) = (Instant::now(), Instant::now(), Instant::now());
             loop {
                 tokio::select! { _ = tokio::time::sleep(self.every) => {}, _ = stop.cancelled() => return }
+                if Instant::now() >= next_sessions {
+                    next_sessions = Instant::now() + Duration::from_secs(600);
+                    if let Err(e) = self.purge_sessions().await {
+                        tracing::warn!(error = %e, "MCP session purge failed");
+                    }
+                }
                 if self.days > 0 && Instant::now() >= next {
                     next = Instant::now() + Duration::from_secs(600);
                     if let Err(e) = self.purge_conversations().await {

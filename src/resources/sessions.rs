@@ -5,7 +5,7 @@
 use serde_json::Value;
 
 use super::{Error, Resources};
-pub use crate::store::mcp::McpSession;
+pub use crate::store::mcp::{Found as McpFound, McpSession};
 pub use crate::store::sessions::Session;
 use crate::store::{mcp, sessions};
 
@@ -30,9 +30,23 @@ impl Resources {
         Ok(sessions::delete(&self.p.pool, value).await?)
     }
 
-    /// The MCP session `id` of `tenant` (another tenant's is not found), noted as seen.
-    pub async fn mcp_session(&self, tenant: &str, id: &str) -> Result<Option<McpSession>, Error> {
+    /// The MCP session `id` as `tenant` sees it (another tenant's is gone), noted as seen.
+    pub async fn mcp_session(&self, tenant: &str, id: &str) -> Result<mcp::Found, Error> {
         Ok(mcp::get(&self.p.pool, tenant, id).await?)
+    }
+
+    /// Adopt an unknown session id as a fresh session of `tenant`; `None` if it was taken.
+    pub async fn adopt_mcp_session(&self, tenant: &str, id: &str, version: &str) -> Result<Option<McpSession>, Error> {
+        Ok(mcp::adopt(&self.p.pool, id, tenant, version).await?)
+    }
+
+    /// Note a call held open for its task (`key`: its idempotency key), or that it answered.
+    pub async fn mcp_call(&self, session: &McpSession, key: &str, open: bool) -> Result<(), Error> {
+        match open {
+            true => mcp::call_started(&self.p.pool, &session.id, &session.tenant, key).await?,
+            false => mcp::call_answered(&self.p.pool, &session.id, key).await?,
+        }
+        Ok(())
     }
 
     pub async fn start_mcp_session(
@@ -46,8 +60,9 @@ impl Resources {
         Ok(mcp::create(&self.p.pool, id, tenant, version, capabilities, client_info).await?)
     }
 
-    /// End an MCP session; false if there was none of `tenant`'s.
-    pub async fn end_mcp_session(&self, tenant: &str, id: &str) -> Result<bool, Error> {
-        Ok(mcp::delete(&self.p.pool, tenant, id).await?)
+    /// End an MCP session; `None` if there was no live one of `tenant`'s, else the idempotency
+    /// keys of the tasks its calls in flight started.
+    pub async fn end_mcp_session(&self, tenant: &str, id: &str) -> Result<Option<Vec<String>>, Error> {
+        Ok(mcp::end(&self.p.pool, tenant, id).await?)
     }
 }

@@ -1,7 +1,8 @@
 //! `mcp_sessions`: the MCP door's sessions — whose they are, the protocol version negotiated and
 //! what the client can do — so that any replica serves any request of a session. A JSON-RPC
 //! request's task is found by its idempotency key (`mcp:<session>:<request id>`), and a pending
-//! action by its id, so neither needs a table of its own.
+//! action by its id, so neither needs a table of its own. `mcp_calls` names the calls a session
+//! holds open, so that ending the session cancels their tasks.
 
 use serde_json::Value;
 use sqlx::PgPool;
@@ -38,31 +39,108 @@ pub async fn create(
     Ok(())
 }
 
-/// The session `id` of `tenant` (another tenant's is not found), noting that it was seen.
-pub async fn get(pool: &PgPool, tenant: &str, id: &str) -> Result<Option<McpSession>, StoreError> {
-    Ok(sqlx::query_as(
-        "UPDATE mcp_sessions SET last_seen_at = now() WHERE id = $1 AND tenant = $2
-         RETURNING id, tenant, protocol_version, client_capabilities",
+/// What the service knows of a session id a request names.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Found {
+    Live(McpSession),
+    /// Its client ended it (`DELETE`), or it is another tenant's.
+    Gone,
+    /// No such session (never made here, or purged after its idle days).
+    Unknown,
+}
+
+/// The session `id` as `tenant` sees it, noting that it was seen when it is live.
+pub async fn get(pool: &PgPool, tenant: &str, id: &str) -> Result<Found, StoreError> {
+    let row: Option<(McpSession, bool)> = sqlx::query_as::<_, (String, String, String, Value, bool)>(
+        "WITH seen AS (
+             UPDATE mcp_sessions SET last_seen_at = now()
+             WHERE id = $1 AND tenant = $2 AND ended_at IS NULL
+             RETURNING id, tenant, protocol_version, client_capabilities, true AS live)
+         SELECT * FROM seen
+         UNION ALL
+         SELECT id, tenant, protocol_version, client_capabilities, false FROM mcp_sessions
+         WHERE id = $1 AND NOT EXISTS (SELECT 1 FROM seen)",
     )
     .bind(id)
     .bind(tenant)
     .fetch_optional(pool)
+    .await?
+    .map(|(id, tenant, protocol_version, client_capabilities, live)| {
+        (McpSession { id, tenant, protocol_version, client_capabilities }, live)
+    });
+    Ok(match row {
+        Some((s, true)) => Found::Live(s),
+        Some((_, false)) => Found::Gone,
+        None => Found::Unknown,
+    })
+}
+
+/// Adopt a session id the service does not know as a fresh session of `tenant`, with no client
+/// capabilities; `None` if the id was taken meanwhile (by another tenant, or ended).
+pub async fn adopt(pool: &PgPool, id: &str, tenant: &str, version: &str) -> Result<Option<McpSession>, StoreError> {
+    Ok(sqlx::query_as(
+        "INSERT INTO mcp_sessions (id, tenant, protocol_version, client_info)
+         VALUES ($1, $2, $3, '{\"adopted\": true}')
+         ON CONFLICT (id) DO NOTHING
+         RETURNING id, tenant, protocol_version, client_capabilities",
+    )
+    .bind(id)
+    .bind(tenant)
+    .bind(version)
+    .fetch_optional(pool)
     .await?)
 }
 
-/// End a session; false if there was none of `tenant`'s.
-pub async fn delete(pool: &PgPool, tenant: &str, id: &str) -> Result<bool, StoreError> {
-    Ok(sqlx::query("DELETE FROM mcp_sessions WHERE id = $1 AND tenant = $2")
+/// End a session, kept as ended; `None` if there was no live one of `tenant`'s, else the
+/// idempotency keys of its calls still in flight (their tasks are the caller's to cancel).
+pub async fn end(pool: &PgPool, tenant: &str, id: &str) -> Result<Option<Vec<String>>, StoreError> {
+    let mut tx = pool.begin().await?;
+    let ended =
+        sqlx::query("UPDATE mcp_sessions SET ended_at = now() WHERE id = $1 AND tenant = $2 AND ended_at IS NULL")
+            .bind(id)
+            .bind(tenant)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+    if ended == 0 {
+        return Ok(None);
+    }
+    let keys = sqlx::query_scalar("DELETE FROM mcp_calls WHERE session_id = $1 RETURNING request_key")
         .bind(id)
-        .bind(tenant)
-        .execute(pool)
-        .await?
-        .rows_affected()
-        > 0)
+        .fetch_all(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(Some(keys))
 }
 
-/// Forget sessions not seen for `days`; how many.
+/// Note a call of session `id` held open for its task (`key`: the task's idempotency key).
+pub async fn call_started(pool: &PgPool, id: &str, tenant: &str, key: &str) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO mcp_calls (session_id, request_key, tenant) VALUES ($1, $2, $3)
+         ON CONFLICT (session_id, request_key) DO NOTHING",
+    )
+    .bind(id)
+    .bind(key)
+    .bind(tenant)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// The call answered (or its client went away): ending its session no longer touches its task.
+pub async fn call_answered(pool: &PgPool, id: &str, key: &str) -> Result<(), StoreError> {
+    sqlx::query("DELETE FROM mcp_calls WHERE session_id = $1 AND request_key = $2")
+        .bind(id)
+        .bind(key)
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+/// Forget sessions not seen for `days` (live or ended), and calls noted a day ago (no call is
+/// held that long: those a replica held when it died); how many sessions.
 pub async fn purge_idle(pool: &PgPool, days: i32) -> Result<u64, StoreError> {
+    sqlx::query("DELETE FROM mcp_calls WHERE started_at < now() - interval '1 day'").execute(pool).await?;
     Ok(sqlx::query("DELETE FROM mcp_sessions WHERE last_seen_at < now() - make_interval(days => $1)")
         .bind(days)
         .execute(pool)

@@ -402,7 +402,7 @@ async fn refusals_per_agent_tools_and_task_pages_through_the_python_sdk() {
 }
 
 /// A raw JSON-RPC POST to `/mcp`.
-async fn post(
+pub async fn post(
     base: &str,
     key: &str,
     session: Option<&str>,

@@ -81,8 +81,9 @@ async fn a_retention_pass_purges_what_is_past_retention_and_keeps_the_rest() {
             .await
             .unwrap();
     }
-    let r = Retention { pool: db.pool.clone(), days: 30, ledger_days: 0, every: Duration::from_secs(1) };
-    assert_eq!(r.pass().await.unwrap(), Purged { tasks: 1, calls: 0 });
+    let r =
+        Retention { pool: db.pool.clone(), days: 30, ledger_days: 0, mcp_idle_days: 30, every: Duration::from_secs(1) };
+    assert_eq!(r.pass().await.unwrap(), Purged { tasks: 1, calls: 0, sessions: 0 });
     let left: Vec<Uuid> = sqlx::query_scalar("SELECT task_id FROM task_events").fetch_all(&db.pool).await.unwrap();
     assert_eq!(left, vec![new]);
 }

@@ -1,8 +1,9 @@
 // The MCP door as the official TypeScript SDK's client sees it (tests/api/mcp.rs runs this):
 //   node mcp_client.mjs SCENARIO URL KEY
 // plain: a plain call of `task`. abort: a call the client gives up on (its AbortSignal fires:
-// the SDK sends notifications/cancelled). Prints one JSON object of facts, exits non-zero on a
-// failed check.
+// the SDK sends notifications/cancelled). long: a call of a 3-minute task with the SDK's default
+// 60 s timeout, reset on every progress notification (`resetTimeoutOnProgress`). Prints one JSON
+// object of facts, exits non-zero on a failed check.
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 
@@ -49,6 +50,24 @@ if (scenario === 'plain') {
   // session ends.
   await new Promise((r) => setTimeout(r, 1000));
   facts = { aborted };
+} else if (scenario === 'long') {
+  const start = Date.now();
+  const at = [];
+  const r = await client.callTool(
+    { name: 'task', arguments: { subagent_type: 'general', description: 'three minutes', prompt: 'slow [mock:delay_ms=180000] [mock:reply=worth the wait]' } },
+    undefined,
+    { onprogress: (p) => at.push({ ms: Date.now() - start, progress: p.progress }), resetTimeoutOnProgress: true },
+  );
+  const end = Date.now() - start;
+  check(!r.isError, r);
+  const text = r.content.filter((c) => c.type === 'text').map((c) => c.text).join('');
+  const times = [0, ...at.map((p) => p.ms), end];
+  const gaps = times.slice(1).map((t, i) => t - times[i]);
+  const values = at.map((p) => p.progress);
+  facts = {
+    text, status: r.structuredContent.status, ms: end, notifications: at.length, max_gap_ms: Math.max(...gaps),
+    growing: values.every((v, i) => i === 0 || v > values[i - 1]),
+  };
 } else {
   check(false, `no scenario ${scenario}`);
 }

@@ -43,6 +43,12 @@ struct TaskArgs {
     output_schema: Option<Value>,
     #[serde(default)]
     workspace: Option<crate::kinds::WorkspaceSpec>,
+    /// Answer at once with the task's id; the task runs on whatever the session does.
+    #[serde(default)]
+    run_in_background: bool,
+    /// A finished task whose conversation this call continues (`resume_from`).
+    #[serde(default)]
+    resume: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -76,52 +82,15 @@ pub async fn call(ctx: Ctx, id: Value, params: Value) -> Result<Reply, RpcError>
                 Ok(a) => a,
                 Err(e) => return Ok(Reply::Json(tools::bad_arguments(&e.to_string()))),
             };
-            let subagent_type = match (agent, a.subagent_type) {
-                (Some(name), None) => Some(name.to_string()),
-                (Some(_), Some(_)) => {
-                    return Ok(Reply::Json(tools::bad_arguments("subagent_type: this tool's agent type is its name")))
-                }
-                (None, None) => return Ok(Reply::Json(tools::bad_arguments("missing field `subagent_type`"))),
-                (None, t) => t,
+            let how = match (augmented, a.run_in_background) {
+                (true, _) => How::Augmented,
+                (false, true) => How::Background,
+                (false, false) => How::Held(progress),
             };
-            let request = TaskRequest {
-                prompt: a.prompt,
-                subagent_type,
-                description: Some(a.description),
-                model: a.model,
-                max_turns: a.max_turns,
-                parent_context: a.parent_context,
-                output_schema: a.output_schema,
-                workspace: a.workspace,
-                ..TaskRequest::default()
-            };
-            let s = Submission {
-                idempotency_key: Some(ctx.key_of(&id)),
-                depth: ctx.depth.clone(),
-                traceparent: ctx.traceparent.clone(),
-                api_key: ctx.key_prefix.clone(),
-                ..Submission::new(ctx.tenant.clone(), request)
-            };
-            if augmented {
-                // The answer to a task-augmented call is the task, or an error: a refusal starts
-                // no task, so it is a JSON-RPC error naming the problem's code.
-                return match ctx.st.tasks.create(s, None).await {
-                    Ok(c) => Ok(Reply::Json(json!({"task": tools::mcp_task(&ctx, &c.task)}))),
-                    Err(e) if e.is_client_error() => {
-                        Err(RpcError::params(format!("{}: {e}", e.code())).with(json!({"code": e.code()})))
-                    }
-                    Err(e) => Err(internal(e)),
-                };
+            match submission(&ctx, &id, agent, a) {
+                Ok(s) => task(ctx, id, s, how).await,
+                Err(reply) => Ok(Reply::Json(reply)),
             }
-            let bound = Duration::from_secs(ctx.st.tasks.config().mcp_wait_seconds);
-            if progress.is_none() && !ctx.elicits() {
-                return Ok(Reply::Json(match ctx.st.tasks.create(s, Some(bound)).await {
-                    Ok(c) => tools::result(&c.task),
-                    Err(e) if e.is_client_error() => tools::refused(&e),
-                    Err(e) => return Err(internal(e)),
-                }));
-            }
-            Ok(follow(ctx, id, Start::Submit(Box::new(s)), Until::Bound(bound), progress, None))
         }
         ("task_get" | "task_wait" | "task_cancel", _) => {
             let a: IdArgs = match serde_json::from_value(args) {
@@ -137,7 +106,7 @@ pub async fn call(ctx: Ctx, id: Value, params: Value) -> Result<Reply, RpcError>
                 "task_get" => room.get(&scope, task).await,
                 "task_cancel" => room.cancel(&scope, task).await,
                 _ => {
-                    let bound = Duration::from_secs(ctx.st.tasks.config().mcp_wait_seconds);
+                    let bound = bound(&ctx, progress.is_some());
                     if progress.is_some() || ctx.elicits() {
                         return Ok(follow(ctx, id, Start::Task(task), Until::Bound(bound), progress, None));
                     }
@@ -151,6 +120,113 @@ pub async fn call(ctx: Ctx, id: Value, params: Value) -> Result<Reply, RpcError>
             }))
         }
         (other, _) => Err(RpcError::params(format!("unknown tool: {other}"))),
+    }
+}
+
+/// The submission a call of `task` (or of `agent_<name>`) makes, or the tool result refusing its
+/// arguments.
+fn submission(ctx: &Ctx, id: &Value, agent: Option<&str>, a: TaskArgs) -> Result<Submission, Value> {
+    let resume_from = match a.resume.as_deref().map(str::parse::<Uuid>) {
+        None => None,
+        Some(Ok(t)) => Some(t),
+        Some(Err(_)) => return Err(tools::bad_arguments("resume: not a task id")),
+    };
+    let subagent_type = match (agent, a.subagent_type) {
+        (Some(name), None) => Some(name.to_string()),
+        (Some(_), Some(_)) => return Err(tools::bad_arguments("subagent_type: this tool's agent type is its name")),
+        // A resumed task keeps its agent type unless the call names one.
+        (None, None) if resume_from.is_some() => None,
+        (None, None) => return Err(tools::bad_arguments("missing field `subagent_type`")),
+        (None, t) => t,
+    };
+    let request = TaskRequest {
+        prompt: a.prompt,
+        subagent_type,
+        description: Some(a.description),
+        model: a.model,
+        max_turns: a.max_turns,
+        parent_context: a.parent_context,
+        output_schema: a.output_schema,
+        workspace: a.workspace,
+        resume_from,
+        ..TaskRequest::default()
+    };
+    Ok(Submission {
+        // A background call is a request like any other: its retry starts no second task.
+        idempotency_key: Some(ctx.key_of(id)),
+        depth: ctx.depth.clone(),
+        traceparent: ctx.traceparent.clone(),
+        api_key: ctx.key_prefix.clone(),
+        ..Submission::new(ctx.tenant.clone(), request)
+    })
+}
+
+/// How long a call waits for its task: longer when the client asked for progress (it resets its
+/// timeout on each notification).
+fn bound(ctx: &Ctx, progress: bool) -> Duration {
+    let c = ctx.st.tasks.config();
+    Duration::from_secs(if progress { c.mcp_progress_wait_seconds } else { c.mcp_wait_seconds })
+}
+
+/// How a call of `task` is answered.
+enum How {
+    /// An MCP task at once (the call named `task`).
+    Augmented,
+    /// The task's id at once (`run_in_background`).
+    Background,
+    /// Held for the task's end, within a bound (with progress for this token).
+    Held(Option<Value>),
+}
+
+/// Start the task of a `task` call and answer: at once for a task-augmented or background call,
+/// else after waiting for it (on a stream when there is progress to send or a client to ask). A
+/// call held open is noted under its session until it answers, so that ending the session
+/// cancels its task.
+async fn task(ctx: Ctx, id: Value, s: Submission, how: How) -> Result<Reply, RpcError> {
+    let progress = match how {
+        How::Held(p) => p,
+        How::Augmented => return augmented(&ctx, s).await,
+        How::Background => {
+            return Ok(Reply::Json(match ctx.st.tasks.create(s, None).await {
+                Ok(c) => tools::started(&c.task, ctx.st.tasks.config().mcp_wait_seconds),
+                Err(e) if e.is_client_error() => tools::refused(&e),
+                Err(e) => return Err(internal(e)),
+            }))
+        }
+    };
+    let key = ctx.key_of(&id);
+    if let Err(e) = ctx.st.res.mcp_call(&ctx.session, &key, true).await {
+        tracing::warn!(error = %e, "could not note an MCP call in flight");
+    }
+    let bound = bound(&ctx, progress.is_some());
+    if progress.is_none() && !ctx.elicits() {
+        let r = match ctx.st.tasks.create(s, Some(bound)).await {
+            Ok(c) => tools::result(&c.task),
+            Err(e) if e.is_client_error() => tools::refused(&e),
+            Err(e) => return Err(internal(e)),
+        };
+        answered_call(&ctx, &key).await;
+        return Ok(Reply::Json(r));
+    }
+    Ok(follow(ctx, id, Start::Submit(Box::new(s)), Until::Bound(bound), progress, None))
+}
+
+/// The answer to a task-augmented call: the task, or an error (a refusal starts no task, so it is
+/// a JSON-RPC error naming the problem's code).
+async fn augmented(ctx: &Ctx, s: Submission) -> Result<Reply, RpcError> {
+    match ctx.st.tasks.create(s, None).await {
+        Ok(c) => Ok(Reply::Json(json!({"task": tools::mcp_task(ctx, &c.task)}))),
+        Err(e) if e.is_client_error() => {
+            Err(RpcError::params(format!("{}: {e}", e.code())).with(json!({"code": e.code()})))
+        }
+        Err(e) => Err(internal(e)),
+    }
+}
+
+/// A held call answered: its task no longer goes with its session.
+async fn answered_call(ctx: &Ctx, key: &str) {
+    if let Err(e) = ctx.st.res.mcp_call(&ctx.session, key, false).await {
+        tracing::warn!(error = %e, "could not note an MCP call answered");
     }
 }
 
@@ -187,8 +263,17 @@ pub fn follow(
 ) -> Reply {
     // Bounded: a client that stops reading holds the producer back, not memory.
     let (tx, rx) = mpsc::channel::<Value>(8);
+    // A call that starts its task is held open until it answers (`task`'s noting).
+    let held = match &start {
+        Start::Submit(s) => s.idempotency_key.clone(),
+        Start::Task(_) => None,
+    };
     tokio::spawn(async move {
         let end = produce(&ctx, &tx, start, until, progress, related).await;
+        // A client that went away leaves its call noted: ending its session cancels the task.
+        if let Some(key) = held.filter(|_| !tx.is_closed()) {
+            answered_call(&ctx, &key).await;
+        }
         let msg = match end {
             Ok(mut result) => {
                 if let Some(task) = related {
@@ -239,6 +324,11 @@ async fn produce(
     };
     // Text messages sent in the turn now running: progress between its turn's numbers.
     let mut texts_in_turn = (0u32, 0u32);
+    let mut sent = Progress::default();
+    // With a token, a notification at least every BEAT: a client that resets its timeout on
+    // progress holds the call as long as the task runs.
+    let beat = tokio::time::sleep(BEAT);
+    tokio::pin!(beat);
     let out_of_time = async move {
         match deadline {
             Some(d) => tokio::time::sleep_until(d).await,
@@ -253,6 +343,19 @@ async fn produce(
             ev = events.next() => ev,
             _ = &mut out_of_time => None,
             _ = tx.closed() => return Err(RpcError::internal()),
+            _ = &mut beat, if progress.is_some() => {
+                let token = progress.as_ref().expect("beats only with a token");
+                let p = sent.next(None);
+                let mut n = json!({"progressToken": token, "progress": p, "message": "still running"});
+                if max_turns > 0 {
+                    n["total"] = json!(max_turns);
+                }
+                if tx.send(rpc::notification("notifications/progress", n)).await.is_err() {
+                    return Err(RpcError::internal());
+                }
+                beat.as_mut().reset(tokio::time::Instant::now() + BEAT);
+                continue;
+            }
         };
         let ev = match ev {
             None => break,
@@ -266,6 +369,7 @@ async fn produce(
                 // Progress must grow with every notification: turn n's text counts from n - 1
                 // towards n (its checkpoint), never reaching it.
                 let p = f64::from(d.turn.saturating_sub(1)) + 1.0 - 1.0 / f64::from(1 + texts_in_turn.1);
+                let p = sent.next(Some(p));
                 let mut n = json!({"progressToken": token, "progress": p, "message": d.text});
                 if max_turns > 0 {
                     n["total"] = json!(max_turns);
@@ -273,6 +377,7 @@ async fn produce(
                 if tx.send(rpc::notification("notifications/progress", n)).await.is_err() {
                     return Err(RpcError::internal());
                 }
+                beat.as_mut().reset(tokio::time::Instant::now() + BEAT);
                 continue;
             }
         };
@@ -282,7 +387,8 @@ async fn produce(
             Some(EventKind::Checkpoint) => {
                 if let Some(token) = &progress {
                     let turn = ev.event().and_then(|e| e.turn()).unwrap_or(0);
-                    let mut p = json!({"progressToken": token, "progress": turn,
+                    let at = sent.next(Some(f64::from(turn)));
+                    let mut p = json!({"progressToken": token, "progress": at,
                                        "message": format!("turn {turn} of {max_turns} done")});
                     if max_turns > 0 {
                         p["total"] = json!(max_turns);
@@ -290,6 +396,7 @@ async fn produce(
                     if tx.send(rpc::notification("notifications/progress", p)).await.is_err() {
                         return Err(RpcError::internal());
                     }
+                    beat.as_mut().reset(tokio::time::Instant::now() + BEAT);
                 }
             }
             Some(EventKind::RequiresAction) => {
@@ -312,6 +419,29 @@ async fn produce(
     }
     let now = room.get(&scope, task.id).await.map_err(|_| RpcError::internal())?;
     Ok(tools::result(&now))
+}
+
+/// The longest a call with a progress token goes without a notification (MCP clients that reset
+/// their timeout on progress are told at least every 20 s).
+const BEAT: Duration = Duration::from_secs(15);
+
+/// The progress values a call has sent: each one greater than the last, as MCP requires.
+#[derive(Default)]
+struct Progress {
+    last: f64,
+}
+
+impl Progress {
+    /// `wanted` if it is past the last value sent, else a step towards the next whole turn
+    /// (half the way there, so it never reaches it).
+    fn next(&mut self, wanted: Option<f64>) -> f64 {
+        let p = match wanted {
+            Some(w) if w > self.last => w,
+            _ => self.last + (self.last.floor() + 1.0 - self.last) / 2.0,
+        };
+        self.last = p;
+        p
+    }
 }
 
 /// The question that answers one pending action, as an `elicitation/create` request whose id

@@ -40,7 +40,7 @@ use super::extract::ApiBytes;
 pub(crate) use super::jsonrpc as rpc;
 use super::{AppState, Tenant};
 use crate::kinds::Answerer;
-use crate::resources::sessions::McpSession;
+use crate::resources::sessions::{McpFound, McpSession};
 use crate::tasks::Scope;
 use rpc::{Incoming, RpcError};
 
@@ -177,7 +177,7 @@ async fn message(
         let e = RpcError::new(rpc::INVALID_REQUEST, "no Mcp-Session-Id: send `initialize` first");
         return http_error(StatusCode::BAD_REQUEST, &e);
     };
-    let session = match session(&st, &tenant, sid).await {
+    let session = match session(&st, &tenant, sid, asked).await {
         Ok(Some(s)) => s,
         Ok(None) => {
             let e = RpcError::new(-32001, "session not found: initialize a new one");
@@ -246,16 +246,36 @@ async fn notified(ctx: &Ctx, method: &str, params: &Value) {
     }
 }
 
-/// A session of `tenant` (another tenant's is not found), cached a few seconds.
-async fn session(st: &AppState, tenant: &str, id: &str) -> Result<Option<McpSession>, ApiError> {
+/// A session of `tenant`, cached a few seconds. One its client ended, or another tenant's, is not
+/// found; an id the service does not know (purged after its idle days, or from before a
+/// restore) is adopted as a fresh session with no client capabilities, at the version the
+/// request names: Claude Code keeps its session id for the life of a terminal and does not
+/// initialize again after a 404.
+async fn session(st: &AppState, tenant: &str, id: &str, asked: Option<&str>) -> Result<Option<McpSession>, ApiError> {
     if let Some(s) = st.mcp_sessions.get(id).filter(|s| s.tenant == tenant) {
         return Ok(Some(s));
     }
-    let s = st.res.mcp_session(tenant, id).await?;
+    let s = match st.res.mcp_session(tenant, id).await? {
+        McpFound::Live(s) => Some(s),
+        McpFound::Gone => None,
+        McpFound::Unknown if adoptable(id) => {
+            let s = st.res.adopt_mcp_session(tenant, id, asked.unwrap_or(V_2025_11_25)).await?;
+            if s.is_some() {
+                tracing::info!(tenant, "adopted an MCP session the service no longer knew");
+            }
+            s
+        }
+        McpFound::Unknown => None,
+    };
     if let Some(s) = &s {
         st.mcp_sessions.put(id, s.clone());
     }
     Ok(s)
+}
+
+/// An id as `initialize` makes them (48 hex digits): only such an id is adopted.
+fn adoptable(id: &str) -> bool {
+    id.len() == 48 && id.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 async fn initialize(st: &AppState, tenant: &str, id: &Value, params: &Value) -> Response {
@@ -299,8 +319,16 @@ async fn end_session(State(st): State<AppState>, Tenant(tenant): Tenant, headers
     };
     st.mcp_sessions.remove(sid);
     match st.res.end_mcp_session(&tenant, sid).await {
-        Ok(true) => StatusCode::NO_CONTENT.into_response(),
-        Ok(false) => http_error(StatusCode::NOT_FOUND, &RpcError::new(-32001, "session not found")),
+        Ok(Some(in_flight)) => {
+            // The tasks of calls still held open go with the session; background ones run on.
+            for key in in_flight {
+                if let Err(e) = st.tasks.cancel_by_key(&tenant, &key).await {
+                    tracing::warn!(error = %e, "cancelling an ended MCP session's task failed");
+                }
+            }
+            StatusCode::NO_CONTENT.into_response()
+        }
+        Ok(None) => http_error(StatusCode::NOT_FOUND, &RpcError::new(-32001, "session not found")),
         Err(e) => ApiError::from(e).into_response(),
     }
 }

@@ -68,6 +68,8 @@ fn task_input(agents: &[(String, String)]) -> Value {
             "max_turns": {"type": "integer", "minimum": 1, "description": "Turn budget (clamped to 50)."},
             "parent_context": {"type": "string", "description": "Context from the caller, put into the sub-agent's system prompt."},
             "output_schema": {"type": "object", "description": "A JSON Schema the final answer must satisfy; its value comes back as `output`."},
+            "run_in_background": {"type": "boolean", "description": "Answer at once with the task_id instead of waiting: the sub-agent runs on its own (even after this session ends); follow it with task_wait (its result) or task_get (a look)."},
+            "resume": {"type": "string", "description": "The task_id of a finished task to continue: its sub-agent goes on with its whole conversation and this prompt (the same agent type and model unless given)."},
             "workspace": {
                 "type": "object",
                 "description": "Code for the sub-agent to read with list_directory, glob, grep and read_file: a git repository at a ref ({\"git\": URL, \"ref\": branch, tag or commit, \"secret\": the name of a stored token for a private one}) or an uploaded workspace ({\"name\": …}).",
@@ -106,7 +108,8 @@ pub async fn list(ctx: &Ctx) -> Result<Value, RpcError> {
                 "Launch a sub-agent with a fresh conversation and its type's tools to do one focused task, and get \
                  back a single summary (you do not see its tool calls). Sub-agents cannot start sub-agents. If the \
                  task takes longer than the call waits, the result says it is still running and names its task_id: \
-                 follow it with task_wait.\n\nAgent types:\n{}",
+                 follow it with task_wait. With run_in_background the call answers at once with the task_id (run \
+                 several in parallel that way); resume continues a finished task with a new prompt.\n\nAgent types:\n{}",
                 lines.join("\n")
             ),
             "inputSchema": task_input(&agents),
@@ -225,6 +228,16 @@ pub fn result(t: &TaskView) -> Value {
         ),
     };
     json!({"content": [{"type": "text", "text": text}], "structuredContent": structured(t), "isError": is_error})
+}
+
+/// The answer to a `run_in_background` call: the task's id, and how to follow it.
+pub fn started(t: &TaskView, wait_seconds: u64) -> Value {
+    let text = format!(
+        "Started task {id} in the background (now {status}); it runs on its own. To get its result, call task_wait          with task_id \"{id}\" (each call waits up to about {wait_seconds} s; call it again while it runs);          task_get looks without waiting, and task_cancel stops it.",
+        id = t.id,
+        status = t.status.as_str(),
+    );
+    json!({"content": [{"type": "text", "text": text}], "structuredContent": structured(t), "isError": false})
 }
 
 /// A refusal as a tool's error result: it names the problem's code (and the field at fault), and

@@ -27,6 +27,7 @@ mod lists;
 mod live;
 mod liveness;
 mod mcp;
+mod mcp_clients;
 mod mcp_life;
 mod observe;
 mod openapi;

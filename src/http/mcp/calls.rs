@@ -55,6 +55,10 @@ struct TaskArgs {
 #[serde(deny_unknown_fields)]
 struct IdArgs {
     task_id: String,
+    /// `task_wait` only: wait at most this long (for clients that give a call less than the
+    /// door's bound).
+    #[serde(default)]
+    wait_seconds: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -106,7 +110,8 @@ pub async fn call(ctx: Ctx, id: Value, params: Value) -> Result<Reply, RpcError>
                 "task_get" => room.get(&scope, task).await,
                 "task_cancel" => room.cancel(&scope, task).await,
                 _ => {
-                    let bound = bound(&ctx, progress.is_some());
+                    let bound =
+                        bound(&ctx, progress.is_some()).min(Duration::from_secs(a.wait_seconds.unwrap_or(u64::MAX)));
                     if progress.is_some() || ctx.elicits() {
                         return Ok(follow(ctx, id, Start::Task(task), Until::Bound(bound), progress, None));
                     }

@@ -132,13 +132,18 @@ pub async fn list(ctx: &Ctx) -> Result<Value, RpcError> {
     }
     for (name, what) in [
         ("task_get", "A task started earlier: its status and, once it ended, its summary."),
-        ("task_wait", "Wait (about as long as a `task` call does) for a task started earlier, and get its result."),
+        ("task_wait", "Wait (about as long as a `task` call does, or wait_seconds) for a task started earlier, and get its result."),
         ("task_cancel", "Cancel a task started earlier; the result is the task as it stands."),
     ] {
+        let mut input = id_input("The task_id a `task` call returned.");
+        if name == "task_wait" {
+            input["properties"]["wait_seconds"] = json!({"type": "integer", "minimum": 0,
+                "description": "Wait at most this long (default and most: about as long as a `task` call waits); less when your tool calls time out sooner."});
+        }
         tools.push(json!({
             "name": name,
             "description": what,
-            "inputSchema": id_input("The task_id a `task` call returned."),
+            "inputSchema": input,
             "outputSchema": task_output_schema(),
             "annotations": {"readOnlyHint": name == "task_get", "destructiveHint": name == "task_cancel"},
         }));
@@ -233,7 +238,9 @@ pub fn result(t: &TaskView) -> Value {
 /// The answer to a `run_in_background` call: the task's id, and how to follow it.
 pub fn started(t: &TaskView, wait_seconds: u64) -> Value {
     let text = format!(
-        "Started task {id} in the background (now {status}); it runs on its own. To get its result, call task_wait          with task_id \"{id}\" (each call waits up to about {wait_seconds} s; call it again while it runs);          task_get looks without waiting, and task_cancel stops it.",
+        "Started task {id} in the background (now {status}); it runs on its own. To get its result, call task_wait \
+         with task_id \"{id}\" (each call waits up to about {wait_seconds} s, less with wait_seconds if your tool \
+         calls time out sooner; call it again while it runs); task_get looks without waiting, and task_cancel stops it.",
         id = t.id,
         status = t.status.as_str(),
     );

@@ -260,7 +260,7 @@ async fn an_admission_refusal_is_a_rejected_task_and_nothing_is_stored() {
 }
 
 /// A raw JSON-RPC POST to `path`.
-async fn rpc(base: &str, path: &str, key: Option<&str>, headers: &[(&str, &str)], body: &str) -> reqwest::Response {
+pub async fn rpc(base: &str, path: &str, key: Option<&str>, headers: &[(&str, &str)], body: &str) -> reqwest::Response {
     let mut r = reqwest::Client::new()
         .post(format!("{base}{path}"))
         .header("content-type", "application/json")
@@ -306,17 +306,29 @@ async fn the_door_checks_version_origin_tenant_depth_and_envelopes() {
     let missing = c.get(format!("{}/a2a/agents/nosuch/.well-known/agent-card.json", r.base)).send().await.unwrap();
     assert_eq!(missing.status(), 404);
 
-    // Version 1.0 only: none named is 0.3.
-    let v: Value = rpc(&r.base, "/a2a", Some(&a), &[], &send("x", "m0")).await.json().await.unwrap();
-    assert_eq!((v["error"]["code"].as_i64(), v["id"].as_i64()), (Some(-32009), Some(7)));
-    assert_eq!(v["error"]["data"][0]["reason"], "VERSION_NOT_SUPPORTED");
-    let rest = c.get(format!("{}/a2a/v1/tasks", r.base)).bearer_auth(&a).send().await.unwrap();
-    assert_eq!(rest.status(), 400);
-    let v: Value = rest.json().await.unwrap();
-    assert_eq!(v["error"]["status"], "FAILED_PRECONDITION");
-    assert_eq!(v["error"]["details"][0]["reason"], "VERSION_NOT_SUPPORTED");
-    let old = rpc(&r.base, "/a2a", Some(&a), &[("a2a-version", "0.3")], &send("x", "m0")).await;
-    assert_eq!(old.json::<Value>().await.unwrap()["error"]["code"], -32009);
+    // 1.0, and 0.3 for a request that names none (issue 46): a version neither speaks is
+    // refused, in 1.0's shape.
+    for version in ["2.0", "0.2"] {
+        let v: Value =
+            rpc(&r.base, "/a2a", Some(&a), &[("a2a-version", version)], &send("x", "m0")).await.json().await.unwrap();
+        assert_eq!((v["error"]["code"].as_i64(), v["id"].as_i64()), (Some(-32009), Some(7)), "{version}");
+        assert_eq!(v["error"]["data"][0]["reason"], "VERSION_NOT_SUPPORTED");
+        let rest = c
+            .get(format!("{}/a2a/v1/tasks", r.base))
+            .bearer_auth(&a)
+            .header("a2a-version", version)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(rest.status(), 400);
+        let v: Value = rest.json().await.unwrap();
+        assert_eq!(v["error"]["status"], "FAILED_PRECONDITION");
+        assert_eq!(v["error"]["details"][0]["reason"], "VERSION_NOT_SUPPORTED");
+    }
+    // With none named, a 1.0 method name is not a 0.3 one: the error says how to ask for 1.0.
+    let old: Value = rpc(&r.base, "/a2a", Some(&a), &[], &send("x", "m0")).await.json().await.unwrap();
+    assert_eq!(old["error"]["code"], -32601, "{old}");
+    assert!(old["error"]["message"].as_str().unwrap().contains("A2A-Version: 1.0"), "{old}");
     let by_query = c.get(format!("{}/a2a/v1/tasks?A2A-Version=1.0", r.base)).bearer_auth(&a).send().await.unwrap();
     assert_eq!(by_query.status(), 200);
 

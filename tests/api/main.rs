@@ -6,6 +6,8 @@ mod faults;
 mod helpers;
 
 mod a2a;
+mod a2a_clients;
+mod a2a_compat;
 mod agents;
 mod architecture;
 mod batching;

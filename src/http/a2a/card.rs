@@ -66,6 +66,8 @@ fn card(st: &AppState, base: &str, agent: Option<&Described>, skills: &[Describe
             format!("{base}/a2a"),
         ),
     };
+    // One card for both versions: 1.0's `supportedInterfaces` beside 0.3's `url`,
+    // `preferredTransport`, `protocolVersion` and `additionalInterfaces` (0.3 over JSON-RPC).
     let mut c = json!({
         "name": name,
         "description": description,
@@ -75,27 +77,64 @@ fn card(st: &AppState, base: &str, agent: Option<&Described>, skills: &[Describe
             {"url": root, "protocolBinding": "JSONRPC", "protocolVersion": crate::a2a::VERSION},
             {"url": format!("{root}/v1"), "protocolBinding": "HTTP+JSON", "protocolVersion": crate::a2a::VERSION},
         ],
+        "url": root,
+        "preferredTransport": "JSONRPC",
+        "protocolVersion": V03,
+        "additionalInterfaces": [{"url": root, "transport": "JSONRPC"}],
+        "supportsAuthenticatedExtendedCard": true,
         "capabilities": {"streaming": true, "pushNotifications": true, "extendedAgentCard": true},
         "defaultInputModes": ["text/plain", "application/json"],
         "defaultOutputModes": ["text/plain", "application/json"],
         "skills": skills.iter().map(skill).collect::<Vec<_>>(),
     });
     if st.auth.mode != Mode::None {
-        c["securitySchemes"] = json!({"bearer": {"httpAuthSecurityScheme": {
-            "scheme": "Bearer", "description": "An API key of the service: `Authorization: Bearer sk_…`"}}});
+        // 1.0's scheme (`httpAuthSecurityScheme`) and 0.3's (`type: http`) in one object: each
+        // version's parser reads its own and ignores the other's.
+        let about = "An API key of the service: `Authorization: Bearer sk_…`";
+        c["securitySchemes"] = json!({"bearer": {
+            "httpAuthSecurityScheme": {"scheme": "Bearer", "description": about},
+            "type": "http", "scheme": "bearer", "description": about}});
         c["securityRequirements"] = json!([{"schemes": {"bearer": {"list": []}}}]);
+        c["security"] = json!([{"bearer": []}]);
     }
     c
 }
+
+/// The 0.3 version the card names for clients that read `protocolVersion`.
+const V03: &str = "0.3.0";
 
 const ABOUT: &str = "A message starts a task that runs with a fresh conversation and its type's tools, and \
     returns one summary (a text artifact; a structured output as a data artifact). Options such as `model`, \
     `max_turns` or `output_schema` go in the message's metadata under the names of POST /tasks. A task that waits \
     for a decision is input-required: answer it with a data part {\"actions\": [...]}.";
 
-fn reply(v: Value) -> Response {
-    let mut r = (StatusCode::OK, v.to_string()).into_response();
-    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+/// A card with caching headers: `max-age` and an `ETag` of its bytes, and 304 to an
+/// `If-None-Match` naming it. Its URLs follow the request's host, so caches key on those too; a
+/// tenant's own agent's card is private to that key.
+fn reply(v: Value, headers: &HeaderMap, private: bool) -> Response {
+    use sha2::Digest;
+    let body = v.to_string();
+    let etag = format!("\"{}\"", hex::encode(&sha2::Sha256::digest(body.as_bytes())[..12]));
+    let matched = headers
+        .get_all(header::IF_NONE_MATCH)
+        .iter()
+        .filter_map(|h| h.to_str().ok())
+        .any(|h| h.split(',').map(|t| t.trim().trim_start_matches("W/")).any(|t| t == etag || t == "*"));
+    let mut r = match matched {
+        true => StatusCode::NOT_MODIFIED.into_response(),
+        false => (StatusCode::OK, body).into_response(),
+    };
+    let h = r.headers_mut();
+    if !matched {
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    }
+    h.insert(header::ETAG, HeaderValue::from_str(&etag).expect("hex is a header value"));
+    let (cache, vary) = match private {
+        true => ("private, max-age=300", "Host, X-Forwarded-Host, X-Forwarded-Proto, Authorization"),
+        false => ("public, max-age=300", "Host, X-Forwarded-Host, X-Forwarded-Proto"),
+    };
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static(cache));
+    h.insert(header::VARY, HeaderValue::from_static(vary));
     r
 }
 
@@ -103,7 +142,7 @@ fn reply(v: Value) -> Response {
 pub async fn shared(State(st): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
     let skills = st.res.described(None).await?;
     let base = super::super::origin::base_url(&headers, st.tasks.config().public_url.as_deref());
-    Ok(reply(card(&st, &base, None, &skills)))
+    Ok(reply(card(&st, &base, None, &skills), &headers, false))
 }
 
 /// `GET /a2a/agents/{name}/.well-known/agent-card.json`: public for the built-in types and the
@@ -115,7 +154,8 @@ pub async fn of_agent(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let mut all = st.res.described(None).await?;
-    if !all.iter().any(|d| d.name == name) {
+    let private = !all.iter().any(|d| d.name == name);
+    if private {
         if let Ok(Tenant(t)) = tenant {
             all = st.res.described(Some(&t)).await?;
         }
@@ -124,7 +164,7 @@ pub async fn of_agent(
         return Err(ApiError::not_found("agent type (a tenant's own agent's card needs its key)"));
     };
     let base = super::super::origin::base_url(&headers, st.tasks.config().public_url.as_deref());
-    Ok(reply(card(&st, &base, Some(&agent), std::slice::from_ref(&agent))))
+    Ok(reply(card(&st, &base, Some(&agent), std::slice::from_ref(&agent)), &headers, private))
 }
 
 /// `GetExtendedAgentCard`: the card with the tenant's own agents among the skills.

@@ -25,6 +25,7 @@ mod push;
 mod rest;
 mod send;
 mod stream;
+mod v03;
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -97,6 +98,13 @@ async fn check_origin(State(st): State<AppState>, req: Request, next: Next) -> R
     next.run(req).await
 }
 
+/// The protocol version a request is served in: 1.0, or 0.3 for a request that names none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Version {
+    V03,
+    V10,
+}
+
 /// A request's place: who asks, at which agent, from where.
 #[derive(Clone)]
 pub(crate) struct Ctx {
@@ -154,7 +162,7 @@ impl FromRequest<AppState> for Incoming {
 }
 
 impl Incoming {
-    /// The request's context and body, once its caller is known and its version is ours.
+    /// The request's context and body, once its caller is known.
     fn open(self, st: AppState) -> Result<Opened, A2aError> {
         let Tenant(tenant) = self.tenant?;
         let path = self.path?;
@@ -172,9 +180,9 @@ impl Incoming {
         Ok((ctx, body, path, self.query))
     }
 
-    /// The version the request names (`A2A-Version`, as a header or a query parameter): 1.0
-    /// only. None named means 0.3, which is not served.
-    fn version(&self) -> Result<(), A2aError> {
+    /// The version the request names (`A2A-Version`, as a header or a query parameter): 1.x is
+    /// served as 1.0, 0.3 (or none named, as the spec says) as 0.3; any other is refused.
+    fn version(&self) -> Result<Version, A2aError> {
         let named = self
             .headers
             .get("a2a-version")
@@ -184,19 +192,20 @@ impl Incoming {
             .map(|v| v.trim().to_string())
             .filter(|v| !v.is_empty())
             .unwrap_or_else(|| "0.3".to_string());
-        let major = named.split('.').next().unwrap_or("");
-        if major == "1" {
-            return Ok(());
+        let mut parts = named.split('.');
+        match (parts.next(), parts.next()) {
+            (Some("1"), _) => Ok(Version::V10),
+            (Some("0"), Some("3")) => Ok(Version::V03),
+            _ => Err(A2aError::new(
+                Kind::VersionNotSupported,
+                format!(
+                    "A2A version {named:?} is not supported: this agent serves {} (send `A2A-Version: {}`) and 0.3",
+                    crate::a2a::VERSION,
+                    crate::a2a::VERSION
+                ),
+            )
+            .meta("supported", format!("{}, 0.3", crate::a2a::VERSION))),
         }
-        Err(A2aError::new(
-            Kind::VersionNotSupported,
-            format!(
-                "A2A version {named:?} is not supported: this agent serves {} (send `A2A-Version: {}`)",
-                crate::a2a::VERSION,
-                crate::a2a::VERSION
-            ),
-        )
-        .meta("supported", crate::a2a::VERSION))
     }
 }
 
@@ -214,11 +223,48 @@ pub(crate) fn params<T: DeserializeOwned>(method: &str, mut v: Value) -> Result<
     serde_json::from_value(v).map_err(|e| A2aError::params(format!("{method}: {e}")))
 }
 
+/// ProtoJSON parsers take a field's proto name as well as its JSON name (`task_id` is `taskId`):
+/// the params' keys as their JSON names, where the JSON name is not there too. What the caller
+/// owns is left as it is: `metadata` (task options are named as `POST /tasks` names them), a
+/// data part's `data`.
+fn json_names(v: &mut Value) {
+    match v {
+        Value::Object(m) => {
+            let proto: Vec<String> = m.keys().filter(|k| k.contains('_')).cloned().collect();
+            for k in proto {
+                let mut camel = String::with_capacity(k.len());
+                let mut up = false;
+                for c in k.chars() {
+                    match c {
+                        '_' => up = true,
+                        c if up => {
+                            camel.extend(c.to_uppercase());
+                            up = false
+                        }
+                        c => camel.push(c),
+                    }
+                }
+                if let Some(val) = m.remove(&k) {
+                    m.entry(camel).or_insert(val);
+                }
+            }
+            for (k, val) in m.iter_mut() {
+                if !matches!(k.as_str(), "metadata" | "data") {
+                    json_names(val);
+                }
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(json_names),
+        _ => {}
+    }
+}
+
 /// Run one method of A2A 1.0.
-async fn dispatch(ctx: Ctx, method: &str, p: Value) -> Result<Out, A2aError> {
+async fn dispatch(ctx: Ctx, method: &str, mut p: Value) -> Result<Out, A2aError> {
     if !p.is_object() {
         return Err(A2aError::params(format!("{method}: params must be an object")));
     }
+    json_names(&mut p);
     // A request's tenant is empty or the key's own.
     match p.get("tenant") {
         None | Some(Value::Null) => {}
@@ -262,12 +308,21 @@ fn sse(
 }
 
 /// `POST /a2a` and `POST /a2a/agents/{name}`: one JSON-RPC request (no batches, no
-/// notifications), answered with JSON or, for the streaming methods, SSE.
+/// notifications), answered with JSON or, for the streaming methods, SSE — in 1.0, or in 0.3
+/// for a request that names no version.
 async fn rpc(State(st): State<AppState>, inc: Incoming) -> Response {
     let version = inc.version();
+    let v03 = matches!(version, Ok(Version::V03));
     let (ctx, body, _, _) = match inc.open(st) {
         Ok(x) => x,
         Err(e) => return e.rpc_response(None),
+    };
+    // 0.3 clients read a JSON-RPC error in an HTTP 200 (the HTTP layer's refusals aside).
+    let refuse = |e: A2aError, id: Option<&Value>| match v03
+        && e.transport.as_ref().is_none_or(|t| t.0 == StatusCode::BAD_REQUEST)
+    {
+        true => json_reply(&jsonrpc::error(id, &v03::error(&e))),
+        false => e.rpc_response(id),
     };
     let (id, method, p) = match jsonrpc::parse(&body) {
         Ok(jsonrpc::Incoming::Request { id, method, params }) => (id, method, params),
@@ -275,15 +330,18 @@ async fn rpc(State(st): State<AppState>, inc: Incoming) -> Response {
         // door): 400, with the JSON-RPC error.
         Ok(_) => {
             let e = A2aError::new(Kind::InvalidRequest, "invalid request: A2A takes requests (with an `id`) only");
-            return e.bad_request().rpc_response(None);
+            return refuse(e.bad_request(), None);
         }
         Err(e) => {
             let kind = if e.code == jsonrpc::PARSE_ERROR { Kind::Parse } else { Kind::InvalidRequest };
-            return A2aError::new(kind, e.message).bad_request().rpc_response(None);
+            return refuse(A2aError::new(kind, e.message).bad_request(), None);
         }
     };
     if let Err(e) = version {
         return e.rpc_response(Some(&id));
+    }
+    if v03 {
+        return rpc_03(ctx, id, &method, p).await;
     }
     match dispatch(ctx, &method, p).await {
         Ok(Out::Json(v)) => json_reply(&jsonrpc::result(&id, v)),
@@ -293,4 +351,45 @@ async fn rpc(State(st): State<AppState>, inc: Incoming) -> Response {
         }),
         Err(e) => e.rpc_response(Some(&id)),
     }
+}
+
+/// A 0.3 request: its method and params mapped onto 1.0's, the answer mapped back.
+async fn rpc_03(ctx: Ctx, id: Value, method: &str, p: Value) -> Response {
+    let refuse = |e: A2aError, id: &Value| match e.transport.is_some() {
+        true => e.rpc_response(Some(id)),
+        false => json_reply(&jsonrpc::error(Some(id), &v03::error(&e))),
+    };
+    let Some(core) = v03::method(method) else {
+        let hint = if dispatch_names(method) { " (a 1.0 method: send `A2A-Version: 1.0`)" } else { "" };
+        return refuse(A2aError::new(Kind::MethodNotFound, format!("method not found: {method}{hint}")), &id);
+    };
+    if !p.is_object() {
+        return refuse(A2aError::params(format!("{method}: params must be an object")), &id);
+    }
+    match dispatch(ctx, core, v03::params_in(core, p)).await {
+        Ok(Out::Json(v)) => json_reply(&jsonrpc::result(&id, v03::result_out(core, v))),
+        Ok(Out::Stream(rx)) => sse(rx, move |item| match item {
+            Ok(v) => Event::default().data(jsonrpc::result(&id, v03::event_out(&v)).to_string()),
+            Err(e) => Event::default().data(jsonrpc::error(Some(&id), &v03::error(&e)).to_string()),
+        }),
+        Err(e) => refuse(e, &id),
+    }
+}
+
+/// A method name of A2A 1.0.
+fn dispatch_names(method: &str) -> bool {
+    matches!(
+        method,
+        "SendMessage"
+            | "SendStreamingMessage"
+            | "GetTask"
+            | "ListTasks"
+            | "CancelTask"
+            | "SubscribeToTask"
+            | "CreateTaskPushNotificationConfig"
+            | "GetTaskPushNotificationConfig"
+            | "ListTaskPushNotificationConfigs"
+            | "DeleteTaskPushNotificationConfig"
+            | "GetExtendedAgentCard"
+    )
 }

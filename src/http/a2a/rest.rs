@@ -61,8 +61,10 @@ pub async fn extended_card(State(st): State<AppState>, inc: Incoming) -> Respons
 }
 
 async fn serve(st: AppState, inc: Incoming, route: Route) -> Response {
-    if let Err(e) = inc.version() {
-        return e.rest_response();
+    match inc.version() {
+        Ok(super::Version::V10) => {}
+        Ok(super::Version::V03) => return v03_rest().rest_response(),
+        Err(e) => return e.rest_response(),
     }
     let out = match inc.open(st) {
         Ok((ctx, body, path, query)) => match call(route, &body, &path, &query) {
@@ -79,6 +81,18 @@ async fn serve(st: AppState, inc: Incoming, route: Route) -> Response {
         }),
         Err(e) => e.rest_response(),
     }
+}
+
+/// A 0.3 request over HTTP+JSON (one that names no `A2A-Version`): 0.3 is served over JSON-RPC.
+fn v03_rest() -> A2aError {
+    A2aError::new(
+        Kind::VersionNotSupported,
+        format!(
+            "A2A 0.3 is served over JSON-RPC (POST /a2a); over HTTP+JSON this agent serves {v} (send `A2A-Version: {v}`)",
+            v = crate::a2a::VERSION
+        ),
+    )
+    .meta("supported", crate::a2a::VERSION)
 }
 
 /// The method a route runs and its params.

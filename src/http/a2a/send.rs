@@ -157,8 +157,27 @@ fn read_message(m: &Value) -> Result<Inbound, A2aError> {
         prompt: texts.join("\n\n"),
         actions,
         metadata,
-        stored: m.clone(),
+        stored: known(m),
     })
+}
+
+/// A field's value kept when it is there.
+fn keep(v: &Value, keys: &[&str]) -> Map<String, Value> {
+    keys.iter().filter_map(|k| v.get(*k).filter(|x| !x.is_null()).map(|x| ((*k).to_string(), x.clone()))).collect()
+}
+
+/// The message as it is stored and shown again: the fields A2A's `Message` has, and of each part
+/// those of a `Part`. A field the door does not know is ignored: never stored, never echoed.
+fn known(m: &Value) -> Value {
+    let mut out = keep(m, &["messageId", "contextId", "taskId", "role", "metadata", "extensions", "referenceTaskIds"]);
+    if let Some(parts) = m.get("parts").and_then(Value::as_array) {
+        let parts = parts
+            .iter()
+            .map(|p| Value::Object(keep(p, &["text", "raw", "url", "data", "mediaType", "filename", "metadata"])))
+            .collect();
+        out.insert("parts".into(), Value::Array(parts));
+    }
+    Value::Object(out)
 }
 
 /// The task's request: the metadata's options, the message's prompt, the agent type.

@@ -1,0 +1,274 @@
+//! The A2A door as clients of both versions reach it: one card for 0.3 and 1.0 (with caching
+//! headers), 0.3's JSON-RPC (no `A2A-Version`) mapped onto the same room operations as 1.0, and
+//! 1.0 params as protobuf JSON (proto field names, unknown fields ignored, never echoed). Raw
+//! HTTP against the real binary; the 0.3 clients themselves (a2a-sdk 0.3, ADK) are in
+//! `a2a_clients.rs`.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::a2a::rpc;
+use crate::helpers::*;
+use crate::mcp::{key, replica};
+
+const V1: (&str, &str) = ("a2a-version", "1.0");
+
+fn call(method: &str, params: Value) -> String {
+    json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).to_string()
+}
+
+fn msg03(id: &str, text: &str) -> Value {
+    json!({"kind": "message", "messageId": id, "role": "user", "parts": [{"kind": "text", "text": text}]})
+}
+
+/// The JSON `data:` lines of an SSE body.
+fn events(body: &str) -> Vec<Value> {
+    body.lines().filter_map(|l| l.strip_prefix("data:")).map(|d| serde_json::from_str(d.trim()).unwrap()).collect()
+}
+
+#[tokio::test]
+async fn one_card_serves_both_versions_and_caches() {
+    let db = test_db().await;
+    let r = replica(&db, &[("SUBAGENTD_DEFAULT_MODEL", "mock/m")]).await;
+    let c = reqwest::Client::new();
+    let url = format!("{}/.well-known/agent-card.json", r.base);
+    let get = |etag: Option<String>| {
+        let mut q = c.get(&url).header("host", "agents.example.com").header("x-forwarded-proto", "https");
+        if let Some(e) = etag {
+            q = q.header("if-none-match", e);
+        }
+        q.send()
+    };
+    let first = get(None).await.unwrap();
+    assert_eq!(first.status(), 200);
+    let etag = first.headers()["etag"].to_str().unwrap().to_string();
+    assert!(etag.starts_with('"') && etag.len() > 10, "{etag}");
+    assert_eq!(first.headers()["cache-control"], "public, max-age=300");
+    assert!(first.headers()["vary"].to_str().unwrap().contains("Host"));
+    let card: Value = first.json().await.unwrap();
+    // 1.0's interfaces and 0.3's fields side by side.
+    assert_eq!(card["supportedInterfaces"][0]["protocolVersion"], "1.0");
+    assert_eq!(card["url"], "https://agents.example.com/a2a");
+    assert_eq!(card["preferredTransport"], "JSONRPC");
+    assert_eq!(card["protocolVersion"], "0.3.0");
+    assert_eq!(
+        card["additionalInterfaces"],
+        json!([{"url": "https://agents.example.com/a2a", "transport": "JSONRPC"}])
+    );
+    assert_eq!(card["securitySchemes"]["bearer"]["type"], "http");
+    assert_eq!(card["securitySchemes"]["bearer"]["httpAuthSecurityScheme"]["scheme"], "Bearer");
+    assert_eq!(card["security"], json!([{"bearer": []}]));
+    // The same card again: 304, no body; a changed one (another host) is not.
+    let again = get(Some(etag.clone())).await.unwrap();
+    assert_eq!(again.status(), 304);
+    assert_eq!(again.headers()["etag"].to_str().unwrap(), etag);
+    assert!(again.bytes().await.unwrap().is_empty());
+    let list = get(Some(format!("\"other\", W/{etag}"))).await.unwrap();
+    assert_eq!(list.status(), 304, "a list naming it, weak or not");
+    let elsewhere =
+        c.get(&url).header("host", "other.example.com").header("if-none-match", &etag).send().await.unwrap();
+    assert_eq!(elsewhere.status(), 200);
+    let agent = c.get(format!("{}/a2a/agents/explore/.well-known/agent-card.json", r.base)).send().await.unwrap();
+    assert_eq!(agent.status(), 200);
+    assert!(agent.headers().contains_key("etag"));
+}
+
+#[tokio::test]
+async fn proto_field_names_are_read_and_unknown_fields_are_never_stored_or_echoed() {
+    let db = test_db().await;
+    let r = replica(&db, &[("SUBAGENTD_DEFAULT_MODEL", "mock/m")]).await;
+    let a = key(&r.base, "a").await;
+    // A message with proto names and fields no A2A object has.
+    let sent = call(
+        "SendMessage",
+        json!({"message": {"message_id": "p1", "role": "ROLE_USER", "context_id": "ctx-p", "bogus": {"x": 1},
+                           "parts": [{"text": "hi [mock:reply=read]", "weird": true}],
+                           "metadata": {"max_turns": 3}},
+               "configuration": {"history_length": 10, "return_immediately": false, "frob": 1}}),
+    );
+    let v: Value = rpc(&r.base, "/a2a", Some(&a), &[V1], &sent).await.json().await.unwrap();
+    let task = &v["result"]["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{v}");
+    assert_eq!(task["contextId"], "ctx-p");
+    let id = task["id"].as_str().unwrap().to_string();
+    let first = &task["history"][0];
+    assert_eq!(first["messageId"], "p1");
+    assert!(first.get("bogus").is_none() && first["parts"][0].get("weird").is_none(), "{first}");
+    // Stored without them: ListTasks and GetTask show none.
+    let listed: Value =
+        rpc(&r.base, "/a2a", Some(&a), &[V1], &call("ListTasks", json!({"page_size": 10, "history_length": 5})))
+            .await
+            .json()
+            .await
+            .unwrap();
+    let shown = listed["result"]["tasks"][0]["history"][0].to_string();
+    assert!(!shown.contains("bogus") && !shown.contains("weird"), "{shown}");
+    let stored: String = sqlx::query_scalar("SELECT messages::text FROM a2a_tasks").fetch_one(&db.pool).await.unwrap();
+    assert!(!stored.contains("bogus") && !stored.contains("weird"), "{stored}");
+    // CreateTaskPushNotificationConfig by its proto names (the TCK sends task_id).
+    let push =
+        call("CreateTaskPushNotificationConfig", json!({"task_id": id, "id": "c1", "url": "http://127.0.0.1:9/h"}));
+    let v: Value = rpc(&r.base, "/a2a", Some(&a), &[V1], &push).await.json().await.unwrap();
+    assert_eq!(v["result"]["taskId"], id.as_str(), "{v}");
+    let got = call("GetTaskPushNotificationConfig", json!({"task_id": id, "id": "c1"}));
+    let v: Value = rpc(&r.base, "/a2a", Some(&a), &[V1], &got).await.json().await.unwrap();
+    assert_eq!(v["result"]["url"], "http://127.0.0.1:9/h", "{v}");
+    // Task options in metadata keep their names, and an unknown one is still refused.
+    let bad = call(
+        "SendMessage",
+        json!({"message": {"messageId": "p2", "role": "ROLE_USER", "parts": [{"text": "x"}],
+                                                     "metadata": {"max_turnz": 3}}}),
+    );
+    let v: Value = rpc(&r.base, "/a2a", Some(&a), &[V1], &bad).await.json().await.unwrap();
+    assert_eq!(v["error"]["code"], -32602, "{v}");
+}
+
+#[tokio::test]
+async fn a_03_request_is_served_in_03_for_the_same_tasks_under_the_same_rules() {
+    let db = test_db().await;
+    let r = replica(&db, &[("SUBAGENTD_DEFAULT_MODEL", "mock/m")]).await;
+    let a = key(&r.base, "a").await;
+    // message/send, blocking: the task, kind-tagged, lowercase state, parts with their kind.
+    let v: Value = rpc(
+        &r.base,
+        "/a2a",
+        Some(&a),
+        &[],
+        &call("message/send", json!({"message": msg03("o1", "hi [mock:reply=from 0.3]")})),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    let t = &v["result"];
+    assert_eq!((t["kind"].as_str(), t["status"]["state"].as_str()), (Some("task"), Some("completed")), "{v}");
+    assert_eq!(t["artifacts"][0]["parts"][0], json!({"kind": "text", "text": "from 0.3"}));
+    assert_eq!(t["history"][0]["kind"], "message");
+    assert_eq!(t["history"][0]["role"], "user");
+    assert_eq!(t["status"]["message"]["role"], "agent");
+    let done = t["id"].as_str().unwrap().to_string();
+    // The same task through 1.0.
+    let v1: Value =
+        rpc(&r.base, "/a2a", Some(&a), &[V1], &call("GetTask", json!({"id": done}))).await.json().await.unwrap();
+    assert_eq!(v1["result"]["status"]["state"], "TASK_STATE_COMPLETED");
+    // Not blocking: at once; tasks/get follows it; tasks/cancel cancels it.
+    let slow = json!({"message": msg03("o2", "slow [mock:delay_ms=30000]"), "configuration": {"blocking": false}});
+    let v: Value = rpc(&r.base, "/a2a", Some(&a), &[], &call("message/send", slow)).await.json().await.unwrap();
+    let id = v["result"]["id"].as_str().unwrap().to_string();
+    assert!(["submitted", "working"].contains(&v["result"]["status"]["state"].as_str().unwrap()), "{v}");
+    let got: Value = rpc(&r.base, "/a2a", Some(&a), &[], &call("tasks/get", json!({"id": id, "historyLength": 1})))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(got["result"]["kind"], "task");
+    let cancelled: Value =
+        rpc(&r.base, "/a2a", Some(&a), &[], &call("tasks/cancel", json!({"id": id}))).await.json().await.unwrap();
+    assert_eq!(cancelled["result"]["status"]["state"], "canceled", "{cancelled}");
+    // Errors: 0.3's shape, in an HTTP 200.
+    for (body, code) in [
+        (call("tasks/cancel", json!({"id": done})), -32002),
+        (call("tasks/get", json!({"id": "nosuch"})), -32001),
+        (call("tasks/list", json!({})), -32601),
+        ("{not json".to_string(), -32700),
+        (
+            call(
+                "message/send",
+                json!({"message": {"kind": "message", "messageId": "o3", "role": "user",
+            "parts": [{"kind": "file", "file": {"bytes": "iVBORw0KGgo=", "mimeType": "image/png"}}]}}),
+            ),
+            -32005,
+        ),
+    ] {
+        let resp = rpc(&r.base, "/a2a", Some(&a), &[], &body).await;
+        assert_eq!(resp.status(), 200, "{body}");
+        let v: Value = resp.json().await.unwrap();
+        assert_eq!(v["error"]["code"], code, "{body}: {v}");
+        assert!(!v["error"]["data"].is_array(), "0.3 errors carry no ErrorInfo list: {v}");
+    }
+    // The rules hold: from inside a sub-agent, refused; no key, 401.
+    let deep = rpc(
+        &r.base,
+        "/a2a",
+        Some(&a),
+        &[("subagent-depth", "1")],
+        &call("message/send", json!({"message": msg03("o4", "x")})),
+    )
+    .await;
+    assert_eq!(deep.json::<Value>().await.unwrap()["error"]["code"], -32004);
+    let anon = rpc(&r.base, "/a2a", None, &[], &call("message/send", json!({"message": msg03("o5", "x")}))).await;
+    assert_eq!(anon.status(), 401);
+    // message/stream: the task, then status updates, the last one final.
+    let resp = rpc(
+        &r.base,
+        "/a2a",
+        Some(&a),
+        &[],
+        &call("message/stream", json!({"message": msg03("o6", "go [mock:tool_turns=1] [mock:reply=streamed]")})),
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+    let evs = events(&resp.text().await.unwrap());
+    let kinds: Vec<&str> = evs.iter().map(|e| e["result"]["kind"].as_str().unwrap_or("?")).collect();
+    assert_eq!(kinds.first(), Some(&"task"), "{kinds:?}");
+    let last = &evs.last().unwrap()["result"];
+    assert_eq!(
+        (last["kind"].as_str(), last["final"].as_bool(), last["status"]["state"].as_str()),
+        (Some("status-update"), Some(true), Some("completed")),
+        "{evs:?}"
+    );
+    assert!(evs.iter().any(|e| e["result"]["kind"] == "artifact-update"), "{kinds:?}");
+    assert_eq!(evs.iter().filter(|e| e["result"]["final"] == true).count(), 1);
+    // Push configs, nested as 0.3 nests them; one set without an id is the task's own.
+    let set = call(
+        "tasks/pushNotificationConfig/set",
+        json!({"taskId": done,
+        "pushNotificationConfig": {"url": "http://127.0.0.1:9/h", "authentication": {"schemes": ["Bearer"], "credentials": "k"}}}),
+    );
+    let v: Value = rpc(&r.base, "/a2a", Some(&a), &[], &set).await.json().await.unwrap();
+    assert_eq!(
+        v["result"],
+        json!({"taskId": done, "pushNotificationConfig": {"id": done, "url": "http://127.0.0.1:9/h",
+        "authentication": {"schemes": ["Bearer"]}}}),
+        "{v}"
+    );
+    let got: Value =
+        rpc(&r.base, "/a2a", Some(&a), &[], &call("tasks/pushNotificationConfig/get", json!({"id": done})))
+            .await
+            .json()
+            .await
+            .unwrap();
+    assert_eq!(got["result"]["pushNotificationConfig"]["url"], "http://127.0.0.1:9/h", "{got}");
+    let list: Value =
+        rpc(&r.base, "/a2a", Some(&a), &[], &call("tasks/pushNotificationConfig/list", json!({"id": done})))
+            .await
+            .json()
+            .await
+            .unwrap();
+    assert_eq!(list["result"].as_array().unwrap().len(), 1, "{list}");
+    let del = call("tasks/pushNotificationConfig/delete", json!({"id": done, "pushNotificationConfigId": done}));
+    let v: Value = rpc(&r.base, "/a2a", Some(&a), &[], &del).await.json().await.unwrap();
+    assert_eq!(v["result"], Value::Null, "{v}");
+    assert!(v.get("error").is_none());
+    let card: Value = rpc(&r.base, "/a2a", Some(&a), &[], &call("agent/getAuthenticatedExtendedCard", json!({})))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(card["result"]["protocolVersion"], "0.3.0", "{card}");
+    // One messageId, one task, whichever version retries it.
+    let again: Value = rpc(
+        &r.base,
+        "/a2a",
+        Some(&a),
+        &[],
+        &call("message/send", json!({"message": msg03("o1", "hi [mock:reply=from 0.3]")})),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(again["result"]["id"], done.as_str());
+    tokio::time::sleep(Duration::from_millis(10)).await;
+}

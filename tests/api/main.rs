@@ -15,6 +15,7 @@ mod browser;
 mod budgets;
 mod caching;
 mod chaos;
+mod claude_code;
 mod clients;
 mod console;
 mod contract;

@@ -99,6 +99,13 @@ pub fn parse(body: &[u8]) -> Result<Incoming, RpcError> {
     }
 }
 
+/// The id of a message that is not a valid request, where it can be read (an error then names
+/// the request it answers).
+pub fn id_of(body: &[u8]) -> Option<Value> {
+    let v: Value = serde_json::from_slice(body).ok()?;
+    v.get("id").filter(|id| id.is_string() || id.is_i64() || id.is_u64()).cloned()
+}
+
 pub fn result(id: &Value, result: Value) -> Value {
     json!({"jsonrpc": "2.0", "id": id, "result": result})
 }

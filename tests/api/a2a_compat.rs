@@ -114,6 +114,31 @@ async fn proto_field_names_are_read_and_unknown_fields_are_never_stored_or_echoe
     let got = call("GetTaskPushNotificationConfig", json!({"task_id": id, "id": "c1"}));
     let v: Value = rpc(&r.base, "/a2a", Some(&a), &[V1], &got).await.json().await.unwrap();
     assert_eq!(v["result"]["url"], "http://127.0.0.1:9/h", "{v}");
+    // The card's JSON-RPC URL with a trailing slash, as HTTP clients join it, is the same door.
+    let slash: Value =
+        rpc(&r.base, "/a2a/", Some(&a), &[V1], &call("GetTask", json!({"id": id}))).await.json().await.unwrap();
+    assert_eq!(slash["result"]["id"], id.as_str(), "{slash}");
+    // A body that is not JSON: ContentTypeNotSupported (415 over HTTP+JSON).
+    let typed = reqwest::Client::new()
+        .post(format!("{}/a2a", r.base))
+        .bearer_auth(&a)
+        .header("a2a-version", "1.0")
+        .header("content-type", "text/plain")
+        .body(call("GetTask", json!({"id": id})))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(typed.json::<Value>().await.unwrap()["error"]["code"], -32005);
+    let typed = reqwest::Client::new()
+        .post(format!("{}/a2a/v1/message:send", r.base))
+        .bearer_auth(&a)
+        .header("a2a-version", "1.0")
+        .header("content-type", "text/plain")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(typed.status(), 415);
     // Task options in metadata keep their names, and an unknown one is still refused.
     let bad = call(
         "SendMessage",
@@ -220,7 +245,7 @@ async fn a_03_request_is_served_in_03_for_the_same_tasks_under_the_same_rules() 
     );
     assert!(evs.iter().any(|e| e["result"]["kind"] == "artifact-update"), "{kinds:?}");
     assert_eq!(evs.iter().filter(|e| e["result"]["final"] == true).count(), 1);
-    // Push configs, nested as 0.3 nests them; one set without an id is the task's own.
+    // Push configs, nested as 0.3 nests them; one set without an id is the task's `default` one.
     let set = call(
         "tasks/pushNotificationConfig/set",
         json!({"taskId": done,
@@ -229,7 +254,7 @@ async fn a_03_request_is_served_in_03_for_the_same_tasks_under_the_same_rules() 
     let v: Value = rpc(&r.base, "/a2a", Some(&a), &[], &set).await.json().await.unwrap();
     assert_eq!(
         v["result"],
-        json!({"taskId": done, "pushNotificationConfig": {"id": done, "url": "http://127.0.0.1:9/h",
+        json!({"taskId": done, "pushNotificationConfig": {"id": "default", "url": "http://127.0.0.1:9/h",
         "authentication": {"schemes": ["Bearer"]}}}),
         "{v}"
     );
@@ -247,7 +272,7 @@ async fn a_03_request_is_served_in_03_for_the_same_tasks_under_the_same_rules() 
             .await
             .unwrap();
     assert_eq!(list["result"].as_array().unwrap().len(), 1, "{list}");
-    let del = call("tasks/pushNotificationConfig/delete", json!({"id": done, "pushNotificationConfigId": done}));
+    let del = call("tasks/pushNotificationConfig/delete", json!({"id": done, "pushNotificationConfigId": "default"}));
     let v: Value = rpc(&r.base, "/a2a", Some(&a), &[], &del).await.json().await.unwrap();
     assert_eq!(v["result"], Value::Null, "{v}");
     assert!(v.get("error").is_none());
@@ -257,6 +282,24 @@ async fn a_03_request_is_served_in_03_for_the_same_tasks_under_the_same_rules() 
         .await
         .unwrap();
     assert_eq!(card["result"]["protocolVersion"], "0.3.0", "{card}");
+    // Resubscribing to an ended task: its last state on the stream; to an unknown one, the error
+    // on the stream.
+    let resp = rpc(&r.base, "/a2a", Some(&a), &[], &call("tasks/resubscribe", json!({"id": done}))).await;
+    assert_eq!(resp.headers()["content-type"], "text/event-stream");
+    let evs = events(&resp.text().await.unwrap());
+    assert_eq!(evs.len(), 2, "{evs:?}");
+    assert_eq!((evs[0]["result"]["kind"].as_str(), evs[1]["result"]["final"].as_bool()), (Some("task"), Some(true)));
+    let resp = rpc(&r.base, "/a2a", Some(&a), &[], &call("tasks/resubscribe", json!({"id": "nosuch"}))).await;
+    assert_eq!((resp.status().as_u16(), resp.headers()["content-type"].to_str().unwrap()), (200, "text/event-stream"));
+    let evs = events(&resp.text().await.unwrap());
+    assert_eq!(evs[0]["error"]["code"], -32001, "{evs:?}");
+    // An invalid request that names its id is answered with it.
+    let v: Value = rpc(&r.base, "/a2a", Some(&a), &[], r#"{"jsonrpc":"1.0","id":"x-1","method":"tasks/get"}"#)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!((v["error"]["code"].as_i64(), v["id"].as_str()), (Some(-32600), Some("x-1")), "{v}");
     // One messageId, one task, whichever version retries it.
     let again: Value = rpc(
         &r.base,

@@ -81,7 +81,8 @@ fn card(st: &AppState, base: &str, agent: Option<&Described>, skills: &[Describe
         "preferredTransport": "JSONRPC",
         "protocolVersion": V03,
         "additionalInterfaces": [{"url": root, "transport": "JSONRPC"}],
-        "supportsAuthenticatedExtendedCard": true,
+        // 0.3's extended card is an authenticated one: there is none without keys.
+        "supportsAuthenticatedExtendedCard": st.auth.mode != Mode::None,
         "capabilities": {"streaming": true, "pushNotifications": true, "extendedAgentCard": true},
         "defaultInputModes": ["text/plain", "application/json"],
         "defaultOutputModes": ["text/plain", "application/json"],

@@ -45,6 +45,7 @@ impl Kind {
     fn http(self) -> StatusCode {
         match self {
             Kind::TaskNotFound | Kind::MethodNotFound => StatusCode::NOT_FOUND,
+            Kind::ContentTypeNotSupported => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Kind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
             _ => StatusCode::BAD_REQUEST,
         }

@@ -39,7 +39,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use serde::de::DeserializeOwned;
-use serde_json::Value;
+use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use super::auth::key_prefix;
@@ -54,7 +54,9 @@ use errors::{A2aError, Kind};
 pub fn router(st: AppState) -> Router<AppState> {
     let door = Router::new()
         .route("/a2a", post(rpc))
+        .route("/a2a/", post(rpc))
         .route("/a2a/agents/{name}", post(rpc))
+        .route("/a2a/agents/{name}/", post(rpc))
         .route("/a2a/v1/message:send", post(rest::send))
         .route("/a2a/v1/message:stream", post(rest::stream))
         .route("/a2a/v1/tasks", get(rest::list))
@@ -312,6 +314,7 @@ fn sse(
 /// for a request that names no version.
 async fn rpc(State(st): State<AppState>, inc: Incoming) -> Response {
     let version = inc.version();
+    let headers = inc.headers.clone();
     let v03 = matches!(version, Ok(Version::V03));
     let (ctx, body, _, _) = match inc.open(st) {
         Ok(x) => x,
@@ -324,17 +327,20 @@ async fn rpc(State(st): State<AppState>, inc: Incoming) -> Response {
         true => json_reply(&jsonrpc::error(id, &v03::error(&e))),
         false => e.rpc_response(id),
     };
+    if let Some(e) = content_type(&headers) {
+        return refuse(e, jsonrpc::id_of(&body).as_ref());
+    }
     let (id, method, p) = match jsonrpc::parse(&body) {
         Ok(jsonrpc::Incoming::Request { id, method, params }) => (id, method, params),
         // A body that is not a JSON-RPC request is refused at the HTTP level too (as at the MCP
-        // door): 400, with the JSON-RPC error.
+        // door): 400, with the JSON-RPC error (naming its id where it has one).
         Ok(_) => {
             let e = A2aError::new(Kind::InvalidRequest, "invalid request: A2A takes requests (with an `id`) only");
             return refuse(e.bad_request(), None);
         }
         Err(e) => {
             let kind = if e.code == jsonrpc::PARSE_ERROR { Kind::Parse } else { Kind::InvalidRequest };
-            return refuse(A2aError::new(kind, e.message).bad_request(), None);
+            return refuse(A2aError::new(kind, e.message).bad_request(), jsonrpc::id_of(&body).as_ref());
         }
     };
     if let Err(e) = version {
@@ -366,7 +372,24 @@ async fn rpc_03(ctx: Ctx, id: Value, method: &str, p: Value) -> Response {
     if !p.is_object() {
         return refuse(A2aError::params(format!("{method}: params must be an object")), &id);
     }
-    match dispatch(ctx, core, v03::params_in(core, p)).await {
+    let task = p.get("id").cloned().unwrap_or(Value::Null);
+    let out = match dispatch(ctx.clone(), core, v03::params_in(core, p)).await {
+        // A resubscription to an ended task: its last state, as its stream ended (0.3 clients
+        // resubscribe after a drop, and the task may have ended meanwhile).
+        Err(e) if core == "SubscribeToTask" && e.kind == Kind::UnsupportedOperation => {
+            match dispatch(ctx, "GetTask", json!({"id": task})).await {
+                Ok(Out::Json(t)) => {
+                    let end = json!({"statusUpdate": {"taskId": t["id"], "contextId": t["contextId"], "status": t["status"]}});
+                    Ok(Out::Stream(fixed(vec![Ok(json!({"task": t})), Ok(end)])))
+                }
+                other => other,
+            }
+        }
+        // On a stream, an error comes on the stream, as 0.3 clients read it.
+        Err(e) if v03::streams(method) && e.transport.is_none() => Ok(Out::Stream(fixed(vec![Err(e)]))),
+        other => other,
+    };
+    match out {
         Ok(Out::Json(v)) => json_reply(&jsonrpc::result(&id, v03::result_out(core, v))),
         Ok(Out::Stream(rx)) => sse(rx, move |item| match item {
             Ok(v) => Event::default().data(jsonrpc::result(&id, v03::event_out(&v)).to_string()),
@@ -374,6 +397,31 @@ async fn rpc_03(ctx: Ctx, id: Value, method: &str, p: Value) -> Response {
         }),
         Err(e) => refuse(e, &id),
     }
+}
+
+/// A stream of these items only.
+fn fixed(items: Vec<Result<Value, A2aError>>) -> mpsc::Receiver<Result<Value, A2aError>> {
+    let (tx, rx) = mpsc::channel(items.len().max(1));
+    for i in items {
+        let _ = tx.try_send(i);
+    }
+    rx
+}
+
+/// A body sent as something other than JSON (`Content-Type`, when there is one): not taken.
+pub(crate) fn content_type(headers: &HeaderMap) -> Option<A2aError> {
+    let ct = headers.get(header::CONTENT_TYPE)?.to_str().unwrap_or("?");
+    let media = ct.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    if media == "application/json" || media.ends_with("+json") {
+        return None;
+    }
+    Some(
+        A2aError::new(
+            Kind::ContentTypeNotSupported,
+            format!("Content-Type {ct:?}: the body is JSON (application/json)"),
+        )
+        .meta("contentType", ct),
+    )
 }
 
 /// A method name of A2A 1.0.

@@ -66,7 +66,10 @@ async fn serve(st: AppState, inc: Incoming, route: Route) -> Response {
         Ok(super::Version::V03) => return v03_rest().rest_response(),
         Err(e) => return e.rest_response(),
     }
+    let typed = super::content_type(&inc.headers);
     let out = match inc.open(st) {
+        // A body that is not JSON: 415 (an empty one, as a cancel may send, has no type to check).
+        Ok((_, body, _, _)) if !body.is_empty() && typed.is_some() => Err(typed.expect("checked")),
         Ok((ctx, body, path, query)) => match call(route, &body, &path, &query) {
             Ok((method, p)) => dispatch(ctx, method, p).await,
             Err(e) => Err(e),

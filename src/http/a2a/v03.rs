@@ -83,6 +83,9 @@ fn message_in(m: &Value) -> Value {
     Value::Object(out)
 }
 
+/// The id of a push config a 0.3 client sets without one.
+const DEFAULT_CONFIG: &str = "default";
+
 /// A 0.3 `PushNotificationConfig` as 1.0's `TaskPushNotificationConfig` of `task`.
 fn push_in(c: &Value, task: Option<&Value>) -> Value {
     let Some(o) = c.as_object() else { return c.clone() };
@@ -90,9 +93,10 @@ fn push_in(c: &Value, task: Option<&Value>) -> Value {
     copy(o, &mut out, &["id", "url", "token"]);
     if let Some(t) = task {
         out.insert("taskId".into(), t.clone());
-        // A 0.3 config set without an id is the task's own (its id the task's, as the SDKs do).
+        // A 0.3 config set without an id is the task's `default` one (the one a get without an
+        // id, or with `default`, reads).
         if !out.contains_key("id") {
-            out.insert("id".into(), t.clone());
+            out.insert("id".into(), json!(DEFAULT_CONFIG));
         }
     }
     if let Some(a) = o.get("authentication").and_then(Value::as_object) {
@@ -133,10 +137,9 @@ pub fn params_in(method: &str, p: Value) -> Value {
             return push_in(&config, Some(o.get("taskId").unwrap_or(&Value::Null)));
         }
         "GetTaskPushNotificationConfig" | "DeleteTaskPushNotificationConfig" => {
-            let task = o.get("id").cloned().unwrap_or(Value::Null);
             let config = o.get("pushNotificationConfigId").filter(|c| !c.is_null()).cloned();
-            out.insert("id".into(), config.unwrap_or_else(|| task.clone()));
-            out.insert("taskId".into(), task);
+            out.insert("id".into(), config.unwrap_or_else(|| json!(DEFAULT_CONFIG)));
+            out.insert("taskId".into(), o.get("id").cloned().unwrap_or(Value::Null));
         }
         "ListTaskPushNotificationConfigs" => {
             out.insert("taskId".into(), o.get("id").cloned().unwrap_or(Value::Null));
@@ -243,6 +246,11 @@ fn push_out(c: &Value) -> Value {
     json!({"taskId": o.get("taskId").cloned().unwrap_or(Value::Null), "pushNotificationConfig": config})
 }
 
+/// The 0.3 methods answered on a stream: their errors come on it too.
+pub fn streams(method: &str) -> bool {
+    matches!(method, "message/stream" | "tasks/resubscribe")
+}
+
 /// A stream's item (1.0 `StreamResponse`) as 0.3's event: the object itself, `kind`-tagged; a
 /// status update that ends the stream is `final`.
 pub fn event_out(v: &Value) -> Value {
@@ -347,6 +355,8 @@ mod tests {
         );
         let get = params_in("GetTaskPushNotificationConfig", json!({"id": "t", "pushNotificationConfigId": "c"}));
         assert_eq!(get, json!({"taskId": "t", "id": "c"}));
+        let get = params_in("GetTaskPushNotificationConfig", json!({"id": "t"}));
+        assert_eq!(get, json!({"taskId": "t", "id": "default"}));
         let shown = result_out(
             "ListTaskPushNotificationConfigs",
             json!({"configs": [

@@ -44,6 +44,7 @@ mod services;
 mod structured;
 mod submit;
 mod tasks;
+mod tck;
 mod tenants;
 mod tools;
 mod validation;

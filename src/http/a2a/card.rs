@@ -101,6 +101,29 @@ fn card(st: &AppState, base: &str, agent: Option<&Described>, skills: &[Describe
     c
 }
 
+/// A card without 0.3's fields: the extended card a 1.0 request asks for (the public card,
+/// fetched with no version named, serves both).
+pub fn only_v10(mut c: Value) -> Value {
+    if let Some(o) = c.as_object_mut() {
+        for k in [
+            "url",
+            "preferredTransport",
+            "protocolVersion",
+            "additionalInterfaces",
+            "supportsAuthenticatedExtendedCard",
+            "security",
+        ] {
+            o.remove(k);
+        }
+    }
+    if let Some(s) = c.pointer_mut("/securitySchemes/bearer").and_then(Value::as_object_mut) {
+        for k in ["type", "scheme", "description"] {
+            s.remove(k);
+        }
+    }
+    c
+}
+
 /// The 0.3 version the card names for clients that read `protocolVersion`.
 const V03: &str = "0.3.0";
 

@@ -332,6 +332,8 @@ async fn rpc(State(st): State<AppState>, inc: Incoming) -> Response {
     }
     let (id, method, p) = match jsonrpc::parse(&body) {
         Ok(jsonrpc::Incoming::Request { id, method, params }) => (id, method, params),
+        // 0.3 servers answer a request without an id (with a null one), as its SDKs do.
+        Ok(jsonrpc::Incoming::Notification { method, params }) if v03 => (Value::Null, method, params),
         // A body that is not a JSON-RPC request is refused at the HTTP level too (as at the MCP
         // door): 400, with the JSON-RPC error (naming its id where it has one).
         Ok(_) => {
@@ -349,7 +351,9 @@ async fn rpc(State(st): State<AppState>, inc: Incoming) -> Response {
     if v03 {
         return rpc_03(ctx, id, &method, p).await;
     }
+    let extended = method == "GetExtendedAgentCard";
     match dispatch(ctx, &method, p).await {
+        Ok(Out::Json(v)) if extended => json_reply(&jsonrpc::result(&id, card::only_v10(v))),
         Ok(Out::Json(v)) => json_reply(&jsonrpc::result(&id, v)),
         Ok(Out::Stream(rx)) => sse(rx, move |item| match item {
             Ok(v) => Event::default().data(jsonrpc::result(&id, v).to_string()),

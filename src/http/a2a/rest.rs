@@ -71,6 +71,11 @@ async fn serve(st: AppState, inc: Incoming, route: Route) -> Response {
         // A body that is not JSON: 415 (an empty one, as a cancel may send, has no type to check).
         Ok((_, body, _, _)) if !body.is_empty() && typed.is_some() => Err(typed.expect("checked")),
         Ok((ctx, body, path, query)) => match call(route, &body, &path, &query) {
+            // The extended card asked for in 1.0 is 1.0's alone.
+            Ok(("GetExtendedAgentCard", p)) => match dispatch(ctx, "GetExtendedAgentCard", p).await {
+                Ok(Out::Json(v)) => Ok(Out::Json(super::card::only_v10(v))),
+                other => other,
+            },
             Ok((method, p)) => dispatch(ctx, method, p).await,
             Err(e) => Err(e),
         },

@@ -10,7 +10,8 @@
 //!   conversation, as `resume_from`); an unknown one starts that context.
 //! - A message with a `taskId` answers that task's pause with a data part `{"actions": [...]}`
 //!   (the items `POST /tasks/{id}/actions` takes); to any other task it is refused.
-//! - The `messageId` is the idempotency key (`a2a:<messageId>`): a retry returns the first task.
+//! - The `messageId` and the message are the idempotency key (`a2a:<messageId>:<hash>`): a retry
+//!   returns the first task; another message under a used id is a new one.
 //! - An admission refusal (budget, queue) is a `TASK_STATE_REJECTED` task, not stored.
 
 use base64::Engine;
@@ -355,7 +356,7 @@ async fn submit(ctx: &Ctx, p: &SendParams, msg: &Inbound, how: How) -> Result<St
     let request = task_request(ctx, p.metadata.as_ref(), msg)?;
     let context = msg.context_id.clone().unwrap_or_else(|| Uuid::new_v4().to_string());
     let mut s = Submission {
-        idempotency_key: Some(format!("a2a:{}", msg.id)),
+        idempotency_key: Some(key(&msg.id, p.metadata.as_ref(), &msg.stored)),
         depth: ctx.depth.clone(),
         traceparent: ctx.traceparent.clone(),
         api_key: ctx.key_prefix.clone(),
@@ -383,6 +384,16 @@ async fn submit(ctx: &Ctx, p: &SendParams, msg: &Inbound, how: How) -> Result<St
     };
     let a2a = room.context(created.task.id).await?;
     Ok(Started::Task { view: Box::new(created.task), a2a, after: 0 })
+}
+
+/// A message's idempotency key: its `messageId` and what it says. A retry (the same message
+/// again) is its first task; another message that reuses the id is a message of its own, as the
+/// A2A conformance suite sends them (the spec lets a server deduplicate by `messageId`, it does
+/// not make a reused one an error).
+fn key(id: &str, request_meta: Option<&Value>, message: &Value) -> String {
+    use sha2::Digest;
+    let said = json!([request_meta, message]).to_string();
+    format!("a2a:{id}:{}", hex::encode(&sha2::Sha256::digest(said.as_bytes())[..8]))
 }
 
 /// The task an admission refused: `TASK_STATE_REJECTED`, the reason in its message and

@@ -73,6 +73,15 @@ fn parse_body(name: &str, headers: &HeaderMap, body: &Bytes) -> Result<AgentDefi
     match mime.as_str() {
         "text/markdown" => {
             let text = std::str::from_utf8(body).map_err(|_| ApiError::invalid("body", "is not UTF-8"))?;
+            // Markdown with no front matter is all system prompt, the agent named by the path.
+            let bare = text.trim_start_matches('\u{feff}');
+            let framed;
+            let text = if bare.starts_with("---") {
+                text
+            } else {
+                framed = format!("---\nname: {}\n---\n{bare}", serde_json::Value::String(name.to_string()));
+                framed.as_str()
+            };
             let d = parse_markdown("request", text).map_err(definition_error)?;
             if d.name != *name {
                 return Err(ApiError::invalid(

@@ -249,11 +249,29 @@ pub fn is_admin(parts: &Parts, st: &AppState) -> bool {
     }
 }
 
+/// `?tenant=` naming another tenant than the key's: only the admin token chooses a tenant.
+pub fn other_tenant() -> ApiError {
+    ApiError::new(
+        StatusCode::FORBIDDEN,
+        "tenant_forbidden",
+        "Another tenant's",
+        "`tenant` names another tenant than the API key's: only the admin token may choose a tenant",
+    )
+    .with(serde_json::json!({"errors": [{"field": "tenant", "message": "only the admin token may choose a tenant"}]}))
+}
+
 impl FromRequestParts<AppState> for Admin {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, st: &AppState) -> Result<Self, ApiError> {
         if st.tasks.config().admin_token.is_none() {
+            // Without credentials, a challenge as on every route that needs them; with some, the
+            // truth: there is no admin API here.
+            if bearer(parts).is_none() {
+                return Err(unauthorized(
+                    "the admin API needs the admin token (and is off here: set SUBAGENTD_ADMIN_TOKEN)",
+                ));
+            }
             return Err(ApiError::not_found("route (the admin API is off: set SUBAGENTD_ADMIN_TOKEN)"));
         }
         if is_admin(parts, st) {

@@ -20,6 +20,9 @@ impl<S: Send + Sync, T: DeserializeOwned, const LIST: bool> FromRequest<S> for A
             return Err(unsupported_media_type());
         }
         let ApiBytes(bytes) = ApiBytes::from_request(req, state).await?;
+        if let Some(at) = nul_field(&bytes) {
+            return Err(nul_refused(&at));
+        }
         let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
         if !LIST && first == Some(&b'[') {
             return Err(ApiError::invalid("body", "must be a JSON object"));
@@ -88,6 +91,39 @@ pub fn from_slice<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, serde_json::Er
         Some(v) => serde_json::from_value(v).map_err(|_| e),
         None => Err(e),
     })
+}
+
+/// Where a JSON body holds U+0000 (PostgreSQL's text and jsonb cannot): the path of the first
+/// string or key that does (`metadata.a`, `parts[0].text`), if any.
+pub fn nul_field(bytes: &[u8]) -> Option<String> {
+    // A NUL in JSON is always the escape `\u0000`: only a body that has one is walked.
+    if !bytes.windows(6).any(|w| w.eq_ignore_ascii_case(b"\\u0000")) {
+        return None;
+    }
+    let v: serde_json::Value = serde_json::from_slice(bytes).ok()?;
+    nul_in(&v, String::new())
+}
+
+/// The path of the first string or key in `v` that holds U+0000.
+pub fn nul_in(v: &serde_json::Value, at: String) -> Option<String> {
+    use serde_json::Value;
+    let join = |k: &str| if at.is_empty() { k.to_string() } else { format!("{at}.{k}") };
+    match v {
+        Value::String(s) if s.contains('\0') => Some(if at.is_empty() { "body".into() } else { at }),
+        Value::Array(a) => a.iter().enumerate().find_map(|(i, x)| nul_in(x, format!("{at}[{i}]"))),
+        Value::Object(o) => o.iter().find_map(|(k, x)| match k.contains('\0') {
+            true => Some(join(&k.replace('\0', "\\u0000"))),
+            false => nul_in(x, join(k)),
+        }),
+        _ => None,
+    }
+}
+
+/// The refusal of a value with U+0000: the field is the body's (its top-level key), the message
+/// says where in it.
+pub fn nul_refused(at: &str) -> ApiError {
+    let field = at.split(['.', '[']).next().filter(|f| !f.is_empty()).unwrap_or("body");
+    ApiError::invalid(field, format!("{at}: holds U+0000 (NUL), which cannot be stored"))
 }
 
 /// The body with every float that is a whole number (and fits an `i64`/`u64`) made an integer;
@@ -248,6 +284,14 @@ mod tests {
         let full = format!("[179769313486231570{}]", "0".repeat(291));
         let v: Vec<f64> = serde_json::from_str(&full).expect("reads back");
         assert_eq!(v[0], 1.7976931348623157e308);
+    }
+
+    #[test]
+    fn a_nul_is_found_where_it_is_and_an_escaped_backslash_is_not_one() {
+        assert_eq!(super::nul_field(br#"{"a": {"b": ["x", "y\u0000"]}}"#).as_deref(), Some("a.b[1]"));
+        assert_eq!(super::nul_field(br#"{"m": {"k\u0000": 1}}"#).as_deref(), Some("m.k\\u0000"));
+        assert_eq!(super::nul_field(br#"{"a": "\\u0000 is text"}"#), None);
+        assert_eq!(super::nul_field(br#"{"a": "plain"}"#), None);
     }
 
     #[test]

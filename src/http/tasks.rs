@@ -116,8 +116,15 @@ async fn read(
 async fn list(
     State(st): State<AppState>,
     scope: Scope,
-    ApiQuery(q): ApiQuery<ListRequest>,
+    ApiQuery(mut q): ApiQuery<ListRequest>,
 ) -> Result<Response, ApiError> {
+    // A tenant's key may name its own tenant (the default); another's is not its to read.
+    if let (Scope::Tenant(t), Some(named)) = (&scope, &q.tenant) {
+        if named != t {
+            return Err(super::auth::other_tenant());
+        }
+        q.tenant = None;
+    }
     Ok(Json(st.tasks.list(&scope, &q).await?).into_response())
 }
 

@@ -77,9 +77,9 @@ async fn usage(
     }
     let tenant = match (&caller, &q.tenant) {
         (Caller::Tenant(t), None) => Some(t.clone()),
-        (Caller::Tenant(_), Some(_)) => {
-            return Err(ApiError::bad_param("tenant", "only the admin token may choose a tenant"))
-        }
+        // A tenant's key may name its own tenant; another's is not its to read.
+        (Caller::Tenant(t), Some(named)) if named == t => Some(t.clone()),
+        (Caller::Tenant(_), Some(_)) => return Err(super::auth::other_tenant()),
         (Caller::Admin, t) => t.clone(),
     };
     let csv = match q.format.as_deref() {

@@ -185,11 +185,13 @@ impl Incoming {
     /// The version the request names (`A2A-Version`, as a header or a query parameter): 1.x is
     /// served as 1.0, 0.3 (or none named, as the spec says) as 0.3; any other is refused.
     fn version(&self) -> Result<Version, A2aError> {
-        let named = self
-            .headers
-            .get("a2a-version")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string)
+        let header = match self.headers.get("a2a-version").map(|v| v.to_str()) {
+            // A value that is not text names no version this agent speaks.
+            Some(Err(_)) => Some("(not text)".to_string()),
+            Some(Ok(v)) => Some(v.to_string()),
+            None => None,
+        };
+        let named = header
             .or_else(|| self.query.iter().find(|(k, _)| k.eq_ignore_ascii_case("a2a-version")).map(|(_, v)| v.clone()))
             .map(|v| v.trim().to_string())
             .filter(|v| !v.is_empty())
@@ -267,6 +269,9 @@ async fn dispatch(ctx: Ctx, method: &str, mut p: Value) -> Result<Out, A2aError>
         return Err(A2aError::params(format!("{method}: params must be an object")));
     }
     json_names(&mut p);
+    if let Some(at) = super::extract::nul_in(&p, String::new()) {
+        return Err(A2aError::params(format!("{at}: holds U+0000 (NUL), which cannot be stored")).meta("field", at));
+    }
     // A request's tenant is empty or the key's own.
     match p.get("tenant") {
         None | Some(Value::Null) => {}
@@ -330,6 +335,10 @@ async fn rpc(State(st): State<AppState>, inc: Incoming) -> Response {
     if let Some(e) = content_type(&headers) {
         return refuse(e, jsonrpc::id_of(&body).as_ref());
     }
+    // No body at all is no JSON-RPC message, in either version: 400.
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return A2aError::new(Kind::Parse, "parse error: the body is empty").bad_request().rpc_response(None);
+    }
     let (id, method, p) = match jsonrpc::parse(&body) {
         Ok(jsonrpc::Incoming::Request { id, method, params }) => (id, method, params),
         // 0.3 servers answer a request without an id (with a null one), as its SDKs do.
@@ -345,8 +354,9 @@ async fn rpc(State(st): State<AppState>, inc: Incoming) -> Response {
             return refuse(A2aError::new(kind, e.message).bad_request(), jsonrpc::id_of(&body).as_ref());
         }
     };
+    // A version neither 1.x nor 0.3: refused at the HTTP level too, as its header was.
     if let Err(e) = version {
-        return e.rpc_response(Some(&id));
+        return e.bad_request().rpc_response(Some(&id));
     }
     if v03 {
         return rpc_03(ctx, id, &method, p).await;

@@ -24,6 +24,8 @@ struct ConfigIn {
     token: Option<String>,
     #[serde(default)]
     authentication: Option<AuthIn>,
+    #[serde(default)]
+    tenant: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -46,6 +48,9 @@ fn visible(s: &str) -> bool {
 pub fn checked(ctx: &Ctx, v: &Value, task: Option<Uuid>) -> Result<PushConfig, A2aError> {
     let c: ConfigIn =
         serde_json::from_value(v.clone()).map_err(|e| bad("taskPushNotificationConfig", e.to_string()))?;
+    if c.tenant.as_ref().is_some_and(|t| !t.is_empty() && *t != ctx.tenant) {
+        return Err(bad("tenant", "must be empty or the API key's own tenant"));
+    }
     let url = c.url.filter(|u| !u.is_empty()).ok_or_else(|| bad("url", "required"))?;
     if url.len() > 2048 {
         return Err(bad("url", "must be at most 2048 characters"));

@@ -101,9 +101,15 @@ fn read_message(m: &Value) -> Result<Inbound, A2aError> {
     let mut actions = None;
     for (i, p) in parts.iter().enumerate() {
         let at = format!("message.parts[{i}]");
-        let media = p.get("mediaType").and_then(Value::as_str).unwrap_or("");
+        let media = match p.get("mediaType") {
+            None => "",
+            Some(Value::String(m)) => m.as_str(),
+            Some(_) => return Err(bad(&format!("{at}.mediaType"), "must be a string".into())),
+        };
         let is_text = media.starts_with("text/") || media == "application/json";
-        let present: Vec<&str> = ["text", "raw", "url", "data"].into_iter().filter(|k| p.get(*k).is_some()).collect();
+        // A field given as null is not given.
+        let present: Vec<&str> =
+            ["text", "raw", "url", "data"].into_iter().filter(|k| p.get(*k).is_some_and(|v| !v.is_null())).collect();
         match present.as_slice() {
             ["text"] => match &p["text"] {
                 Value::String(s) => texts.push(s.clone()),
@@ -284,7 +290,11 @@ async fn start(ctx: &Ctx, p: &SendParams, how: How) -> Result<Started, A2aError>
         }
     }
     let push = match p.configuration.as_ref().and_then(|c| c.task_push_notification_config.as_ref()) {
-        Some(c) => Some(push::checked(ctx, c, None)?),
+        Some(c) if c.is_object() => Some(push::checked(ctx, c, None)?),
+        Some(_) => {
+            return Err(A2aError::params("configuration.taskPushNotificationConfig: must be an object")
+                .meta("field", "configuration.taskPushNotificationConfig"))
+        }
         None => None,
     };
     let started = match &msg.task_id {

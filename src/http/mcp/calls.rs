@@ -75,6 +75,9 @@ struct CallParams {
 pub async fn call(ctx: Ctx, id: Value, params: Value) -> Result<Reply, RpcError> {
     let p: CallParams = serde_json::from_value(params).map_err(|e| RpcError::params(format!("tools/call: {e}")))?;
     let args = p.arguments.unwrap_or_else(|| json!({}));
+    if let Some(at) = crate::http::extract::nul_in(&args, String::new()) {
+        return Ok(Reply::Json(tools::bad_arguments(&format!("{at}: holds U+0000 (NUL), which cannot be stored"))));
+    }
     let progress = p.meta.as_ref().and_then(|m| m.get("progressToken")).cloned();
     let augmented = p.task.is_some() && ctx.tasks_supported();
     // An `agent_<name>` tool is not offered from inside a sub-agent; called anyway, the room
@@ -329,7 +332,8 @@ async fn produce(
     };
     // Text messages sent in the turn now running: progress between its turn's numbers.
     let mut texts_in_turn = (0u32, 0u32);
-    let mut sent = Progress::default();
+    let max_turns = task.max_turns.unwrap_or(0);
+    let mut note = Notifier { tx, token: progress.clone(), sent: Progress::default(), total: max_turns };
     // With a token, a notification at least every BEAT: a client that resets its timeout on
     // progress holds the call as long as the task runs.
     let beat = tokio::time::sleep(BEAT);
@@ -341,7 +345,6 @@ async fn produce(
         }
     };
     tokio::pin!(out_of_time);
-    let max_turns = task.max_turns.unwrap_or(0);
     let mut asked: Vec<Uuid> = vec![];
     loop {
         let ev = tokio::select! {
@@ -349,15 +352,7 @@ async fn produce(
             _ = &mut out_of_time => None,
             _ = tx.closed() => return Err(RpcError::internal()),
             _ = &mut beat, if progress.is_some() => {
-                let token = progress.as_ref().expect("beats only with a token");
-                let p = sent.next(None);
-                let mut n = json!({"progressToken": token, "progress": p, "message": "still running"});
-                if max_turns > 0 {
-                    n["total"] = json!(max_turns);
-                }
-                if tx.send(rpc::notification("notifications/progress", n)).await.is_err() {
-                    return Err(RpcError::internal());
-                }
+                note.send(None, "still running").await?;
                 beat.as_mut().reset(tokio::time::Instant::now() + BEAT);
                 continue;
             }
@@ -366,22 +361,16 @@ async fn produce(
             None => break,
             Some(Item::Event(ev)) => ev,
             Some(Item::Output(d)) => {
-                let Some(token) = &progress else { continue };
+                if progress.is_none() {
+                    continue;
+                }
                 if texts_in_turn.0 != d.turn {
                     texts_in_turn = (d.turn, 0);
                 }
                 texts_in_turn.1 += 1;
-                // Progress must grow with every notification: turn n's text counts from n - 1
-                // towards n (its checkpoint), never reaching it.
+                // Turn n's text counts from n - 1 towards n (its checkpoint), never reaching it.
                 let p = f64::from(d.turn.saturating_sub(1)) + 1.0 - 1.0 / f64::from(1 + texts_in_turn.1);
-                let p = sent.next(Some(p));
-                let mut n = json!({"progressToken": token, "progress": p, "message": d.text});
-                if max_turns > 0 {
-                    n["total"] = json!(max_turns);
-                }
-                if tx.send(rpc::notification("notifications/progress", n)).await.is_err() {
-                    return Err(RpcError::internal());
-                }
+                note.send(Some(p), &d.text).await?;
                 beat.as_mut().reset(tokio::time::Instant::now() + BEAT);
                 continue;
             }
@@ -389,20 +378,10 @@ async fn produce(
         // Matched on the kind (a row whose data does not read still counts); the data, typed,
         // only where it is used.
         match ev.known() {
-            Some(EventKind::Checkpoint) => {
-                if let Some(token) = &progress {
-                    let turn = ev.event().and_then(|e| e.turn()).unwrap_or(0);
-                    let at = sent.next(Some(f64::from(turn)));
-                    let mut p = json!({"progressToken": token, "progress": at,
-                                       "message": format!("turn {turn} of {max_turns} done")});
-                    if max_turns > 0 {
-                        p["total"] = json!(max_turns);
-                    }
-                    if tx.send(rpc::notification("notifications/progress", p)).await.is_err() {
-                        return Err(RpcError::internal());
-                    }
-                    beat.as_mut().reset(tokio::time::Instant::now() + BEAT);
-                }
+            Some(EventKind::Checkpoint) if progress.is_some() => {
+                let turn = ev.event().and_then(|e| e.turn()).unwrap_or(0);
+                note.send(Some(f64::from(turn)), &format!("turn {turn} of {max_turns} done")).await?;
+                beat.as_mut().reset(tokio::time::Instant::now() + BEAT);
             }
             Some(EventKind::RequiresAction) => {
                 let now = room.get(&scope, task.id).await.map_err(|_| RpcError::internal())?;
@@ -429,6 +408,25 @@ async fn produce(
 /// The longest a call with a progress token goes without a notification (MCP clients that reset
 /// their timeout on progress are told at least every 20 s).
 const BEAT: Duration = Duration::from_secs(15);
+
+/// A call's progress notifications (none without a token), the task's turn budget as their total.
+struct Notifier<'a> {
+    tx: &'a mpsc::Sender<Value>,
+    token: Option<Value>,
+    sent: Progress,
+    total: u32,
+}
+
+impl Notifier<'_> {
+    async fn send(&mut self, wanted: Option<f64>, message: &str) -> Result<(), RpcError> {
+        let Some(token) = &self.token else { return Ok(()) };
+        let mut n = json!({"progressToken": token, "progress": self.sent.next(wanted), "message": message});
+        if self.total > 0 {
+            n["total"] = json!(self.total);
+        }
+        self.tx.send(rpc::notification("notifications/progress", n)).await.map_err(|_| RpcError::internal())
+    }
+}
 
 /// The progress values a call has sent: each one greater than the last, as MCP requires.
 #[derive(Default)]

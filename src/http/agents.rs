@@ -76,7 +76,9 @@ fn parse_body(name: &str, headers: &HeaderMap, body: &Bytes) -> Result<AgentDefi
             // Markdown with no front matter is all system prompt, the agent named by the path.
             let bare = text.trim_start_matches('\u{feff}');
             let framed;
-            let text = if bare.starts_with("---") {
+            let framed_already =
+                (bare.starts_with("---\n") || bare.starts_with("---\r\n")) && bare[3..].contains("\n---");
+            let text = if framed_already {
                 text
             } else {
                 framed = format!("---\nname: {}\n---\n{bare}", serde_json::Value::String(name.to_string()));

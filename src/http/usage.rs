@@ -78,7 +78,7 @@ async fn usage(
     let tenant = match (&caller, &q.tenant) {
         (Caller::Tenant(t), None) => Some(t.clone()),
         // A tenant's key may name its own tenant; another's is not its to read.
-        (Caller::Tenant(t), Some(named)) if named == t => Some(t.clone()),
+        (Caller::Tenant(t), Some(named)) if named == t || named.is_empty() => Some(t.clone()),
         (Caller::Tenant(_), Some(_)) => return Err(super::auth::other_tenant()),
         (Caller::Admin, t) => t.clone(),
     };

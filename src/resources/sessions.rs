@@ -40,13 +40,15 @@ impl Resources {
         Ok(mcp::adopt(&self.p.pool, id, tenant, version).await?)
     }
 
-    /// Note a call held open for its task (`key`: its idempotency key), or that it answered.
-    pub async fn mcp_call(&self, session: &McpSession, key: &str, open: bool) -> Result<(), Error> {
-        match open {
-            true => mcp::call_started(&self.p.pool, &session.id, &session.tenant, key).await?,
-            false => mcp::call_answered(&self.p.pool, &session.id, key).await?,
-        }
-        Ok(())
+    /// Note a call held open for its task (`key`: its idempotency key): false if its session
+    /// has ended meanwhile.
+    pub async fn mcp_call_started(&self, session: &McpSession, key: &str) -> Result<bool, Error> {
+        Ok(mcp::call_started(&self.p.pool, &session.id, &session.tenant, key).await?)
+    }
+
+    /// A held call answered.
+    pub async fn mcp_call_answered(&self, session: &McpSession, key: &str) -> Result<(), Error> {
+        Ok(mcp::call_answered(&self.p.pool, &session.id, key).await?)
     }
 
     pub async fn start_mcp_session(

@@ -113,18 +113,20 @@ pub async fn end(pool: &PgPool, tenant: &str, id: &str) -> Result<Option<Vec<Str
     Ok(Some(keys))
 }
 
-/// Note a call of session `id` held open for its task (`key`: the task's idempotency key).
-pub async fn call_started(pool: &PgPool, id: &str, tenant: &str, key: &str) -> Result<(), StoreError> {
-    sqlx::query(
-        "INSERT INTO mcp_calls (session_id, request_key, tenant) VALUES ($1, $2, $3)
-         ON CONFLICT (session_id, request_key) DO NOTHING",
+/// Note a call of session `id` held open for its task (`key`: the task's idempotency key);
+/// false if the session has ended meanwhile (nothing is noted: the call must not start a task).
+pub async fn call_started(pool: &PgPool, id: &str, tenant: &str, key: &str) -> Result<bool, StoreError> {
+    Ok(sqlx::query_scalar(
+        "WITH live AS (SELECT 1 FROM mcp_sessions WHERE id = $1 AND tenant = $3 AND ended_at IS NULL),
+              noted AS (INSERT INTO mcp_calls (session_id, request_key, tenant) SELECT $1, $2, $3 FROM live
+                        ON CONFLICT (session_id, request_key) DO NOTHING)
+         SELECT EXISTS (SELECT 1 FROM live)",
     )
     .bind(id)
     .bind(key)
     .bind(tenant)
-    .execute(pool)
-    .await?;
-    Ok(())
+    .fetch_one(pool)
+    .await?)
 }
 
 /// The call answered (or its client went away): ending its session no longer touches its task.

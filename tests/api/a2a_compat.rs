@@ -282,6 +282,18 @@ async fn a_03_request_is_served_in_03_for_the_same_tasks_under_the_same_rules() 
         .await
         .unwrap();
     assert_eq!(card["result"]["protocolVersion"], "0.3.0", "{card}");
+    // A push config given with message/send is the task's `default` one too.
+    let with_push = json!({"message": msg03("o7", "p [mock:reply=x]"),
+                           "configuration": {"pushNotificationConfig": {"url": "http://127.0.0.1:9/h"}}});
+    let v: Value = rpc(&r.base, "/a2a", Some(&a), &[], &call("message/send", with_push)).await.json().await.unwrap();
+    let pushed = v["result"]["id"].as_str().unwrap().to_string();
+    let got: Value =
+        rpc(&r.base, "/a2a", Some(&a), &[], &call("tasks/pushNotificationConfig/get", json!({"id": pushed})))
+            .await
+            .json()
+            .await
+            .unwrap();
+    assert_eq!(got["result"]["pushNotificationConfig"]["id"], "default", "{got}");
     // Resubscribing to an ended task: its last state on the stream; to an unknown one, the error
     // on the stream.
     let resp = rpc(&r.base, "/a2a", Some(&a), &[], &call("tasks/resubscribe", json!({"id": done}))).await;

@@ -112,6 +112,12 @@ async fn a_session_outlives_the_old_purge_an_unknown_id_is_adopted_and_an_ended_
     .await
     .unwrap();
     assert_eq!(done["result"]["content"][0]["text"], "still here", "{done}");
+    // A NUL cannot be stored: refused, named, whatever the method.
+    let nul = json!({"jsonrpc": "2.0", "id": 9, "method": "initialize", "params": {"protocolVersion": "2025-11-25",
+        "capabilities": {}, "clientInfo": {"name": "a\u{0}b", "version": "1"}}});
+    let v: Value = post(&r.base, &a, None, &[], nul).await.json().await.unwrap();
+    assert_eq!(v["error"]["code"], -32602, "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("clientInfo.name"), "{v}");
     // An id not of the service's making is never adopted.
     assert_eq!(post(&r.base, &a, Some("nosuch"), &[], ping.clone()).await.status(), 404);
     // Ended by its client: 404 from then on, as the spec says, and not adopted.

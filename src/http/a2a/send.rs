@@ -366,7 +366,7 @@ async fn submit(ctx: &Ctx, p: &SendParams, msg: &Inbound, how: How) -> Result<St
     let request = task_request(ctx, p.metadata.as_ref(), msg)?;
     let context = msg.context_id.clone().unwrap_or_else(|| Uuid::new_v4().to_string());
     let mut s = Submission {
-        idempotency_key: Some(key(&msg.id, p.metadata.as_ref(), &msg.stored)),
+        idempotency_key: Some(key(&msg.id, ctx.agent.as_deref(), p.metadata.as_ref(), &msg.stored)),
         depth: ctx.depth.clone(),
         traceparent: ctx.traceparent.clone(),
         api_key: ctx.key_prefix.clone(),
@@ -400,9 +400,10 @@ async fn submit(ctx: &Ctx, p: &SendParams, msg: &Inbound, how: How) -> Result<St
 /// again) is its first task; another message that reuses the id is a message of its own, as the
 /// A2A conformance suite sends them (the spec lets a server deduplicate by `messageId`, it does
 /// not make a reused one an error).
-fn key(id: &str, request_meta: Option<&Value>, message: &Value) -> String {
+fn key(id: &str, agent: Option<&str>, request_meta: Option<&Value>, message: &Value) -> String {
     use sha2::Digest;
-    let said = json!([request_meta, message]).to_string();
+    // At a per-agent URL, that agent's: the same message to two agents is two tasks.
+    let said = json!([agent, request_meta, message]).to_string();
     format!("a2a:{id}:{}", hex::encode(&sha2::Sha256::digest(said.as_bytes())[..8]))
 }
 

@@ -93,11 +93,11 @@ fn push_in(c: &Value, task: Option<&Value>) -> Value {
     copy(o, &mut out, &["id", "url", "token"]);
     if let Some(t) = task {
         out.insert("taskId".into(), t.clone());
-        // A 0.3 config set without an id is the task's `default` one (the one a get without an
-        // id, or with `default`, reads).
-        if !out.contains_key("id") {
-            out.insert("id".into(), json!(DEFAULT_CONFIG));
-        }
+    }
+    // A 0.3 config given without an id (set, or with message/send) is the task's `default` one:
+    // the one a get without an id, or with `default`, reads.
+    if !out.contains_key("id") {
+        out.insert("id".into(), json!(DEFAULT_CONFIG));
     }
     if let Some(a) = o.get("authentication").and_then(Value::as_object) {
         let mut auth = Map::new();
@@ -350,7 +350,7 @@ mod tests {
         );
         assert_eq!(
             set,
-            json!({"taskId": "t", "id": "t", "url": "http://h/x",
+            json!({"taskId": "t", "id": "default", "url": "http://h/x",
                                "authentication": {"scheme": "Bearer", "credentials": "k"}})
         );
         let get = params_in("GetTaskPushNotificationConfig", json!({"id": "t", "pushNotificationConfigId": "c"}));

@@ -75,9 +75,6 @@ struct CallParams {
 pub async fn call(ctx: Ctx, id: Value, params: Value) -> Result<Reply, RpcError> {
     let p: CallParams = serde_json::from_value(params).map_err(|e| RpcError::params(format!("tools/call: {e}")))?;
     let args = p.arguments.unwrap_or_else(|| json!({}));
-    if let Some(at) = crate::http::extract::nul_in(&args, String::new()) {
-        return Ok(Reply::Json(tools::bad_arguments(&format!("{at}: holds U+0000 (NUL), which cannot be stored"))));
-    }
     let progress = p.meta.as_ref().and_then(|m| m.get("progressToken")).cloned();
     let augmented = p.task.is_some() && ctx.tasks_supported();
     // An `agent_<name>` tool is not offered from inside a sub-agent; called anyway, the room
@@ -203,18 +200,21 @@ async fn task(ctx: Ctx, id: Value, s: Submission, how: How) -> Result<Reply, Rpc
         }
     };
     let key = ctx.key_of(&id);
-    if let Err(e) = ctx.st.res.mcp_call(&ctx.session, &key, true).await {
-        tracing::warn!(error = %e, "could not note an MCP call in flight");
+    match ctx.st.res.mcp_call_started(&ctx.session, &key).await {
+        Ok(true) => {}
+        // Ended by its client since this request began: it starts nothing.
+        Ok(false) => return Err(RpcError::new(-32001, "session not found: it has ended; initialize a new one")),
+        Err(e) => tracing::warn!(error = %e, "could not note an MCP call in flight"),
     }
     let bound = bound(&ctx, progress.is_some());
     if progress.is_none() && !ctx.elicits() {
-        let r = match ctx.st.tasks.create(s, Some(bound)).await {
+        let r = ctx.st.tasks.create(s, Some(bound)).await;
+        answered_call(&ctx, &key).await;
+        return Ok(Reply::Json(match r {
             Ok(c) => tools::result(&c.task),
             Err(e) if e.is_client_error() => tools::refused(&e),
             Err(e) => return Err(internal(e)),
-        };
-        answered_call(&ctx, &key).await;
-        return Ok(Reply::Json(r));
+        }));
     }
     Ok(follow(ctx, id, Start::Submit(Box::new(s)), Until::Bound(bound), progress, None))
 }
@@ -233,7 +233,7 @@ async fn augmented(ctx: &Ctx, s: Submission) -> Result<Reply, RpcError> {
 
 /// A held call answered: its task no longer goes with its session.
 async fn answered_call(ctx: &Ctx, key: &str) {
-    if let Err(e) = ctx.st.res.mcp_call(&ctx.session, key, false).await {
+    if let Err(e) = ctx.st.res.mcp_call_answered(&ctx.session, key).await {
         tracing::warn!(error = %e, "could not note an MCP call answered");
     }
 }
@@ -435,12 +435,13 @@ struct Progress {
 }
 
 impl Progress {
-    /// `wanted` if it is past the last value sent, else a step towards the next whole turn
-    /// (half the way there, so it never reaches it).
+    /// `wanted` if it is past the last value sent, else a small step towards the next whole
+    /// turn that never reaches it (a thousandth, or half the way when that is less: thousands of
+    /// beats in one turn before the steps grow too small for an f64).
     fn next(&mut self, wanted: Option<f64>) -> f64 {
         let p = match wanted {
             Some(w) if w > self.last => w,
-            _ => self.last + (self.last.floor() + 1.0 - self.last) / 2.0,
+            _ => self.last + ((self.last.floor() + 1.0 - self.last) / 2.0).min(0.001),
         };
         self.last = p;
         p

@@ -168,6 +168,13 @@ async fn message(
         Ok(m) => m,
         Err(e) => return http_error(StatusCode::BAD_REQUEST, &e),
     };
+    // U+0000 cannot be stored (a session's capabilities, a task's arguments): refused, named.
+    if let Incoming::Request { id, params, .. } = &msg {
+        if let Some(at) = super::extract::nul_in(params, String::new()) {
+            let e = RpcError::params(format!("{at}: holds U+0000 (NUL), which cannot be stored"));
+            return json_reply(&rpc::error(Some(id), &e));
+        }
+    }
     if let Incoming::Request { id, method, params } = &msg {
         if method == "initialize" {
             return initialize(&st, &tenant, id, params).await;

@@ -1,4 +1,5 @@
-//! The A2A door: every agent type as a remote agent over the Agent2Agent protocol (1.0).
+//! The A2A door: every agent type as a remote agent over the Agent2Agent protocol (1.0, and 0.3
+//! over JSON-RPC for a request that names no version: `v03.rs` maps it onto the same methods).
 //! JSON-RPC 2.0 at `POST /a2a` (SSE for the streaming methods) and the HTTP+JSON binding under
 //! `/a2a/v1/`; each agent type is also an agent of its own at `/a2a/agents/{name}` (both
 //! bindings below it, and its own card). The service's card is at

@@ -32,7 +32,19 @@ fn python(var: &str, what: &str) -> Option<PathBuf> {
 }
 
 async fn client(p: PathBuf, scenario: &str, url: &str, key: &str) -> Value {
-    let args = vec![scenario.into(), "--url".into(), url.into(), "--key".into(), key.into()];
+    client_over(p, scenario, url, key, "jsonrpc").await
+}
+
+async fn client_over(p: PathBuf, scenario: &str, url: &str, key: &str, transport: &str) -> Value {
+    let args = vec![
+        scenario.into(),
+        "--url".into(),
+        url.into(),
+        "--key".into(),
+        key.into(),
+        "--transport".into(),
+        transport.into(),
+    ];
     let out = run_script(p, "a2a_clients.py", args, vec![]).await;
     assert_eq!(out["ok"], true, "{out}");
     out
@@ -79,6 +91,11 @@ async fn adk_1_and_a2a_sdk_0_3_send_get_and_cancel_in_a2a_0_3() {
     let (versions, methods) = wire(&out);
     assert!(versions.iter().all(|v| v == "none"), "0.3 clients name no version: {versions:?}");
     assert_eq!(methods, vec!["message/send"], "ADK 1 sends a blocking message/send");
+    // Over HTTP+JSON too (0.3's protobuf bodies on the same paths).
+    let rest = client_over(p.clone(), "sdk03", &r.base, &a, "rest").await;
+    assert_eq!(rest["transport"], "RestTransport", "{rest}");
+    assert!(rest["blocking"]["text"].as_str().unwrap().contains("hello from sdk03"), "{rest}");
+    assert_eq!(rest["nonblocking"]["state"], "canceled", "{rest}");
     let out = client(p, "sdk03", &r.base, &a).await;
     assert!(out["blocking"]["text"].as_str().unwrap().contains("hello from sdk03"), "{out}");
     assert_eq!(out["nonblocking"]["state"], "canceled", "{out}");

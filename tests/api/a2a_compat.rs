@@ -54,7 +54,8 @@ async fn one_card_serves_both_versions_and_caches() {
     assert_eq!(card["protocolVersion"], "0.3.0");
     assert_eq!(
         card["additionalInterfaces"],
-        json!([{"url": "https://agents.example.com/a2a", "transport": "JSONRPC"}])
+        json!([{"url": "https://agents.example.com/a2a", "transport": "JSONRPC"},
+               {"url": "https://agents.example.com/a2a", "transport": "HTTP+JSON"}])
     );
     assert_eq!(card["securitySchemes"]["bearer"]["type"], "http");
     assert_eq!(card["securitySchemes"]["bearer"]["httpAuthSecurityScheme"]["scheme"], "Bearer");
@@ -326,4 +327,102 @@ async fn a_03_request_is_served_in_03_for_the_same_tasks_under_the_same_rules() 
     .unwrap();
     assert_eq!(again["result"]["id"], done.as_str());
     tokio::time::sleep(Duration::from_millis(10)).await;
+}
+
+#[tokio::test]
+async fn a_03_request_over_http_json_reads_and_answers_the_03_protobuf_shapes() {
+    let db = test_db().await;
+    let r = replica(&db, &[("SUBAGENTD_DEFAULT_MODEL", "mock/m")]).await;
+    let a = key(&r.base, "a").await;
+    let c = reqwest::Client::new();
+    let post = |path: &str, body: Value| c.post(format!("{}/a2a/v1/{path}", r.base)).bearer_auth(&a).json(&body).send();
+    // message:send, 0.3's protobuf JSON (proto field names too): `content`, a file by URI, a data part.
+    let sent: Value = post(
+        "message:send",
+        json!({"message": {"message_id": "r1", "role": "ROLE_USER", "content": [
+            {"text": "hi [mock:reply=over rest]"}, {"data": {"data": {"k": 1}}}]}}),
+    )
+    .await
+    .unwrap()
+    .json()
+    .await
+    .unwrap();
+    let t = &sent["task"];
+    assert_eq!(t["status"]["state"], "TASK_STATE_COMPLETED", "{sent}");
+    assert_eq!(t["artifacts"][0]["parts"][0]["text"], "over rest");
+    assert_eq!(t["history"][0]["content"][1], json!({"data": {"data": {"k": 1}}}), "{t}");
+    assert!(t["history"][0].get("parts").is_none());
+    let id = t["id"].as_str().unwrap().to_string();
+    // Not blocking, then cancelled: CANCELLED as 0.3's protobuf spells it.
+    let slow: Value = post(
+        "message:send",
+        json!({"message": {"messageId": "r2", "role": "ROLE_USER", "content": [{"text": "slow [mock:delay_ms=30000]"}]},
+               "configuration": {"blocking": false}}),
+    )
+    .await
+    .unwrap()
+    .json()
+    .await
+    .unwrap();
+    let slow_id = slow["task"]["id"].as_str().unwrap().to_string();
+    let cancelled: Value = c
+        .post(format!("{}/a2a/v1/tasks/{slow_id}:cancel", r.base))
+        .bearer_auth(&a)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(cancelled["status"]["state"], "TASK_STATE_CANCELLED", "{cancelled}");
+    let got: Value = c
+        .get(format!("{}/a2a/v1/tasks/{id}?history_length=1", r.base))
+        .bearer_auth(&a)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(got["id"], id.as_str(), "{got}");
+    // A push config, named as 0.3 names it.
+    let made: Value = post(
+        &format!("tasks/{id}/pushNotificationConfigs"),
+        json!({"parent": format!("tasks/{id}"), "configId": "c1",
+               "config": {"pushNotificationConfig": {"url": "http://127.0.0.1:9/h"}}}),
+    )
+    .await
+    .unwrap()
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(made["name"], format!("tasks/{id}/pushNotificationConfigs/c1"), "{made}");
+    let listed: Value = c
+        .get(format!("{}/a2a/v1/tasks/{id}/pushNotificationConfigs", r.base))
+        .bearer_auth(&a)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed["configs"][0]["pushNotificationConfig"]["url"], "http://127.0.0.1:9/h", "{listed}");
+    // A stream: the protobuf's StreamResponse, the last status update final.
+    let resp = post(
+        "message:stream",
+        json!({"message": {"messageId": "r3", "role": "ROLE_USER", "content": [{"text": "go [mock:reply=streamed]"}]}}),
+    )
+    .await
+    .unwrap();
+    let evs = events(&resp.text().await.unwrap());
+    assert!(evs[0].get("task").is_some(), "{evs:?}");
+    let last = evs.last().unwrap();
+    assert_eq!(last["statusUpdate"]["final"], true, "{evs:?}");
+    assert_eq!(last["statusUpdate"]["status"]["state"], "TASK_STATE_COMPLETED");
+    // 0.3 has no task list; errors are google.rpc.Status bodies as for 1.0.
+    let list = c.get(format!("{}/a2a/v1/tasks", r.base)).bearer_auth(&a).send().await.unwrap();
+    assert_eq!(list.status(), 404);
+    let missing = c.get(format!("{}/a2a/v1/tasks/nosuch", r.base)).bearer_auth(&a).send().await.unwrap();
+    assert_eq!(missing.status(), 404);
+    assert_eq!(missing.json::<Value>().await.unwrap()["error"]["details"][0]["reason"], "TASK_NOT_FOUND");
 }

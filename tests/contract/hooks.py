@@ -62,12 +62,11 @@ def _positive(case):
 def map_case(ctx, case):
     label = f"{case.method.upper()} {case.operation.path}"
     body = case.body
-    if case.operation.path.rstrip("/") in ("/a2a", "/a2a/agents/{name}"):
-        # The document's JSON-RPC methods and bodies are 1.0's: a request naming no version is
-        # 0.3's, whose methods have other names and whose errors come in an HTTP 200, as 0.3
-        # clients and the 0.3 conformance suite expect (tests/api/a2a_compat.rs, tck.rs). The
-        # HTTP+JSON routes require the header: the schema says so, and the negative cases leave
-        # it out.
+    if case.operation.path.startswith("/a2a"):
+        # The document's methods and bodies are 1.0's: a request naming no version is 0.3's,
+        # whose methods and bodies have other names and shapes (and whose JSON-RPC errors come in
+        # an HTTP 200), as 0.3 clients and the 0.3 conformance suite expect
+        # (tests/api/a2a_compat.rs, tck.rs, a2a_clients.rs).
         case.headers = dict(case.headers or {})
         case.headers["A2A-Version"] = "1.0"
     if _positive(case):

@@ -7,7 +7,7 @@ Scenarios:
          Runner with an InMemorySessionService as the root agent. Works under ADK 1.x with
          a2a-sdk 0.3.x (A2A 0.3) and ADK 2.x with a2a-sdk 1.x (A2A 1.0): the A2A wire version is
          the installed a2a-sdk's, not this script's choice.
-  sdk03  a2a-sdk 0.3.x's own client (ClientFactory, JSON-RPC transport): a blocking
+  sdk03  a2a-sdk 0.3.x's own client (ClientFactory; JSON-RPC, or HTTP+JSON with --transport rest): a blocking
          `message/send`, then a slow one with `blocking: false`, `tasks/get`, `tasks/cancel`.
          Needs a2a-sdk 0.3.x (the a2a03 venv); under 1.x it exits 2 and says so.
 
@@ -227,8 +227,9 @@ async def sdk03(args):
             "additionalInterfaces": [(i.transport, i.url) for i in card.additional_interfaces or []],
             "streaming": card.capabilities.streaming,
         }
+        transport = TransportProtocol.http_json if args.transport == "rest" else TransportProtocol.jsonrpc
         config = ClientConfig(httpx_client=http, streaming=False, polling=False,
-                              supported_transports=[TransportProtocol.jsonrpc])
+                              supported_transports=[transport])
         client = ClientFactory(config).create(card)
         facts["transport"] = type(client._transport).__name__
         facts["rpc_url"] = client._transport.url
@@ -286,6 +287,8 @@ def main():
     p.add_argument("--url", required=True, help="the service's base URL (or a full agent card URL)")
     p.add_argument("--key", help="an API key, sent as a bearer token")
     p.add_argument("--agent", help="an agent type: use its own card, /a2a/agents/NAME/...")
+    p.add_argument("--transport", choices=["jsonrpc", "rest"], default="jsonrpc",
+                   help="sdk03: the binding the client uses (JSON-RPC, or HTTP+JSON)")
     args = p.parse_args()
     try:
         facts = asyncio.run(SCENARIOS[args.scenario](args))

@@ -80,7 +80,7 @@ fn card(st: &AppState, base: &str, agent: Option<&Described>, skills: &[Describe
         "url": root,
         "preferredTransport": "JSONRPC",
         "protocolVersion": V03,
-        "additionalInterfaces": [{"url": root, "transport": "JSONRPC"}],
+        "additionalInterfaces": [{"url": root, "transport": "JSONRPC"}, {"url": root, "transport": "HTTP+JSON"}],
         // 0.3's extended card is an authenticated one: there is none without keys.
         "supportsAuthenticatedExtendedCard": st.auth.mode != Mode::None,
         "capabilities": {"streaming": true, "pushNotifications": true, "extendedAgentCard": true},

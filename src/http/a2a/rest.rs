@@ -61,46 +61,34 @@ pub async fn extended_card(State(st): State<AppState>, inc: Incoming) -> Respons
 }
 
 async fn serve(st: AppState, inc: Incoming, route: Route) -> Response {
-    match inc.version() {
-        Ok(super::Version::V10) => {}
-        Ok(super::Version::V03) => return v03_rest().rest_response(),
+    // None named is 0.3, its bodies the 0.3 protobuf's JSON (`v03.rs`).
+    let v03 = match inc.version() {
+        Ok(super::Version::V10) => false,
+        Ok(super::Version::V03) => true,
         Err(e) => return e.rest_response(),
-    }
-    let typed = super::content_type(&inc.headers);
-    let out = match inc.open(st) {
-        // A body that is not JSON: 415 (an empty one, as a cancel may send, has no type to check).
-        Ok((_, body, _, _)) if !body.is_empty() && typed.is_some() => Err(typed.expect("checked")),
-        Ok((ctx, body, path, query)) => match call(route, &body, &path, &query) {
-            // The extended card asked for in 1.0 is 1.0's alone.
-            Ok(("GetExtendedAgentCard", p)) => match dispatch(ctx, "GetExtendedAgentCard", p).await {
-                Ok(Out::Json(v)) => Ok(Out::Json(super::card::only_v10(v))),
-                other => other,
-            },
-            Ok((method, p)) => dispatch(ctx, method, p).await,
-            Err(e) => Err(e),
-        },
-        Err(e) => Err(e),
     };
-    match out {
+    let typed = super::content_type(&inc.headers);
+    let (ctx, method, p) = match inc.open(st) {
+        // A body that is not JSON: 415 (an empty one, as a cancel may send, has no type to check).
+        Ok((_, body, _, _)) if !body.is_empty() && typed.is_some() => return typed.expect("checked").rest_response(),
+        Ok((ctx, body, path, query)) => match call(route, &body, &path, &query, v03) {
+            Ok((method, p)) => (ctx, method, p),
+            Err(e) => return e.rest_response(),
+        },
+        Err(e) => return e.rest_response(),
+    };
+    match dispatch(ctx, method, p).await {
+        Ok(Out::Json(v)) if v03 => json_reply(&super::v03::rest_out(method, v)),
+        // The extended card asked for in 1.0 is 1.0's alone.
+        Ok(Out::Json(v)) if method == "GetExtendedAgentCard" => json_reply(&super::card::only_v10(v)),
         Ok(Out::Json(v)) => json_reply(&v),
-        Ok(Out::Stream(rx)) => sse(rx, |item| match item {
+        Ok(Out::Stream(rx)) => sse(rx, move |item| match item {
+            Ok(v) if v03 => Event::default().data(super::v03::rest_event_out(&v).to_string()),
             Ok(v) => Event::default().data(v.to_string()),
             Err(e) => Event::default().event("error").data(e.status_body().to_string()),
         }),
         Err(e) => e.rest_response(),
     }
-}
-
-/// A 0.3 request over HTTP+JSON (one that names no `A2A-Version`): 0.3 is served over JSON-RPC.
-fn v03_rest() -> A2aError {
-    A2aError::new(
-        Kind::VersionNotSupported,
-        format!(
-            "A2A 0.3 is served over JSON-RPC (POST /a2a); over HTTP+JSON this agent serves {v} (send `A2A-Version: {v}`)",
-            v = crate::a2a::VERSION
-        ),
-    )
-    .meta("supported", crate::a2a::VERSION)
 }
 
 /// The method a route runs and its params.
@@ -109,11 +97,24 @@ fn call(
     body: &[u8],
     path: &HashMap<String, String>,
     query: &[(String, String)],
+    v03: bool,
 ) -> Result<(&'static str, Value), A2aError> {
     let id = || path.get("id").cloned().unwrap_or_default();
+    // A 0.3 body read as 1.0's params (its proto field names as JSON names first).
+    let as_10 = |f: fn(Value) -> Value| -> Result<Value, A2aError> {
+        let mut b = object(body)?;
+        if v03 {
+            super::json_names(&mut b);
+            b = f(b);
+        }
+        Ok(b)
+    };
     Ok(match route {
-        Route::Send => ("SendMessage", object(body)?),
-        Route::Stream => ("SendStreamingMessage", object(body)?),
+        Route::Send => ("SendMessage", as_10(super::v03::rest_send_in)?),
+        Route::Stream => ("SendStreamingMessage", as_10(super::v03::rest_send_in)?),
+        Route::List if v03 => {
+            return Err(A2aError::new(Kind::MethodNotFound, "A2A 0.3 has no task list (send `A2A-Version: 1.0`)"))
+        }
         Route::List => ("ListTasks", from_query(query)?),
         Route::TaskGet => match id().strip_suffix(":subscribe") {
             Some(task) => ("SubscribeToTask", json!({"id": task})),
@@ -141,7 +142,7 @@ fn call(
             (method, p)
         }
         Route::PushCreate => {
-            let mut p = object(body)?;
+            let mut p = as_10(super::v03::rest_push_in)?;
             same("taskId", &mut p, &id())?;
             ("CreateTaskPushNotificationConfig", p)
         }
@@ -196,7 +197,7 @@ fn from_query(query: &[(String, String)]) -> Result<Value, A2aError> {
     let mut m = Map::new();
     for (k, v) in query {
         let value = match k.as_str() {
-            "pageSize" | "historyLength" => match v.parse::<i64>() {
+            "pageSize" | "historyLength" | "page_size" | "history_length" => match v.parse::<i64>() {
                 Ok(n) => json!(n),
                 Err(_) => {
                     return Err(A2aError::params(format!("{k}: {v:?} is not an integer")).meta("field", k.clone()))

@@ -306,6 +306,192 @@ pub fn error(e: &A2aError) -> RpcError {
     r
 }
 
+// A2A 0.3 over HTTP+JSON: its bodies are the 0.3 protobuf's JSON (a message's parts are
+// `content`, a file part `{file: {fileWithUri | fileWithBytes, mimeType, name}}`, a data part
+// `{data: {data}}`, push configs named `tasks/{id}/pushNotificationConfigs/{config}`), read as the
+// official SDK's 0.3 layer reads them (`a2a/compat/v0_3/rest_handler.py`).
+
+/// A 0.3 protobuf part as 1.0 has it.
+fn rest_part_in(p: &Value) -> Value {
+    let Some(o) = p.as_object() else { return p.clone() };
+    let mut out = Map::new();
+    copy(o, &mut out, &["text", "metadata"]);
+    if let Some(f) = o.get("file").and_then(Value::as_object) {
+        for (from, to) in
+            [("fileWithUri", "url"), ("fileWithBytes", "raw"), ("mimeType", "mediaType"), ("name", "filename")]
+        {
+            if let Some(v) = f.get(from) {
+                out.insert(to.into(), v.clone());
+            }
+        }
+    }
+    if let Some(d) = o.get("data") {
+        out.insert("data".into(), d.get("data").cloned().unwrap_or(Value::Null));
+    }
+    Value::Object(out)
+}
+
+/// A 0.3 `SendMessageRequest` body as 1.0's params.
+pub fn rest_send_in(body: Value) -> Value {
+    let Some(o) = body.as_object() else { return body };
+    let mut out = Map::new();
+    copy(o, &mut out, &["metadata", "tenant"]);
+    if let Some(m) = o.get("message").and_then(Value::as_object) {
+        let mut msg = Map::new();
+        copy(m, &mut msg, &["messageId", "contextId", "taskId", "role", "metadata", "extensions"]);
+        let parts = m.get("content").and_then(Value::as_array).map(|c| c.iter().map(rest_part_in).collect());
+        msg.insert("parts".into(), parts.map(Value::Array).unwrap_or(Value::Null));
+        out.insert("message".into(), Value::Object(msg));
+    }
+    if let Some(c) = o.get("configuration").and_then(Value::as_object) {
+        let mut conf = Map::new();
+        copy(c, &mut conf, &["acceptedOutputModes", "historyLength"]);
+        // A protobuf bool left out is false: a configuration without `blocking: true` does not
+        // block (as the SDK's 0.3 layer reads it); no configuration at all blocks.
+        if c.get("blocking") != Some(&Value::Bool(true)) {
+            conf.insert("returnImmediately".into(), json!(true));
+        }
+        if let Some(push) = c.get("pushNotification") {
+            conf.insert("taskPushNotificationConfig".into(), push_in(push, None));
+        }
+        out.insert("configuration".into(), Value::Object(conf));
+    }
+    Value::Object(out)
+}
+
+/// A 0.3 `CreateTaskPushNotificationConfigRequest` body as 1.0's config (its task is the path's).
+pub fn rest_push_in(body: Value) -> Value {
+    let config = body.pointer("/config/pushNotificationConfig").cloned().unwrap_or_else(|| json!({}));
+    let mut c = push_in(&config, None);
+    if let Some(id) = body.get("configId").and_then(Value::as_str).filter(|i| !i.is_empty()) {
+        c["id"] = json!(id);
+    }
+    c
+}
+
+fn rest_part_out(p: &Value) -> Value {
+    let Some(o) = p.as_object() else { return p.clone() };
+    let mut out = Map::new();
+    if let Some(t) = o.get("text") {
+        out.insert("text".into(), t.clone());
+    } else if let Some(d) = o.get("data") {
+        out.insert("data".into(), json!({"data": d}));
+    } else {
+        let mut file = Map::new();
+        for (from, to) in
+            [("url", "fileWithUri"), ("raw", "fileWithBytes"), ("mediaType", "mimeType"), ("filename", "name")]
+        {
+            if let Some(v) = o.get(from) {
+                file.insert(to.into(), v.clone());
+            }
+        }
+        out.insert("file".into(), Value::Object(file));
+    }
+    copy(o, &mut out, &["metadata"]);
+    Value::Object(out)
+}
+
+fn rest_parts(o: &Map<String, Value>) -> Value {
+    Value::Array(
+        o.get("parts").and_then(Value::as_array).map(|p| p.iter().map(rest_part_out).collect()).unwrap_or_default(),
+    )
+}
+
+fn rest_message_out(m: &Value) -> Value {
+    let Some(o) = m.as_object() else { return m.clone() };
+    let mut out = Map::new();
+    copy(o, &mut out, &["messageId", "contextId", "taskId", "role", "metadata", "extensions"]);
+    out.insert("content".into(), rest_parts(o));
+    Value::Object(out)
+}
+
+fn rest_status_out(s: &Value) -> Value {
+    let Some(o) = s.as_object() else { return s.clone() };
+    let mut out = Map::new();
+    // 0.3's protobuf spells it CANCELLED.
+    let state = o.get("state").and_then(Value::as_str).unwrap_or("");
+    out.insert("state".into(), json!(if state == "TASK_STATE_CANCELED" { "TASK_STATE_CANCELLED" } else { state }));
+    copy(o, &mut out, &["timestamp"]);
+    if let Some(m) = o.get("message") {
+        out.insert("message".into(), rest_message_out(m));
+    }
+    Value::Object(out)
+}
+
+fn rest_artifact_out(a: &Value) -> Value {
+    let Some(o) = a.as_object() else { return a.clone() };
+    let mut out = Map::new();
+    copy(o, &mut out, &["artifactId", "name", "description", "metadata", "extensions"]);
+    out.insert("parts".into(), rest_parts(o));
+    Value::Object(out)
+}
+
+fn rest_task_out(t: &Value) -> Value {
+    let Some(o) = t.as_object() else { return t.clone() };
+    let mut out = Map::new();
+    copy(o, &mut out, &["id", "contextId", "metadata"]);
+    if let Some(s) = o.get("status") {
+        out.insert("status".into(), rest_status_out(s));
+    }
+    for (k, f) in [("history", rest_message_out as fn(&Value) -> Value), ("artifacts", rest_artifact_out)] {
+        if let Some(a) = o.get(k).and_then(Value::as_array) {
+            out.insert(k.into(), Value::Array(a.iter().map(f).collect()));
+        }
+    }
+    Value::Object(out)
+}
+
+fn rest_push_out(c: &Value) -> Value {
+    let nested = push_out(c);
+    let task = nested["taskId"].as_str().unwrap_or("").to_string();
+    let id = nested["pushNotificationConfig"]["id"].as_str().unwrap_or("").to_string();
+    json!({"name": format!("tasks/{task}/pushNotificationConfigs/{id}"), "pushNotificationConfig": nested["pushNotificationConfig"]})
+}
+
+/// A stream's item as 0.3's protobuf `StreamResponse`.
+pub fn rest_event_out(v: &Value) -> Value {
+    if let Some(t) = v.get("task") {
+        return json!({"task": rest_task_out(t)});
+    }
+    if let Some(m) = v.get("message") {
+        return json!({"message": rest_message_out(m)});
+    }
+    if let Some(u) = v.get("statusUpdate").and_then(Value::as_object) {
+        let mut out = Map::new();
+        copy(u, &mut out, &["taskId", "contextId", "metadata"]);
+        let status = u.get("status").map(rest_status_out).unwrap_or_else(|| json!({}));
+        let last = ["COMPLETED", "FAILED", "CANCELLED", "REJECTED", "INPUT_REQUIRED", "AUTH_REQUIRED"]
+            .iter()
+            .any(|s| status["state"].as_str() == Some(&format!("TASK_STATE_{s}")));
+        out.insert("status".into(), status);
+        out.insert("final".into(), json!(last));
+        return json!({"statusUpdate": out});
+    }
+    if let Some(u) = v.get("artifactUpdate").and_then(Value::as_object) {
+        let mut out = Map::new();
+        copy(u, &mut out, &["taskId", "contextId", "append", "lastChunk", "metadata"]);
+        if let Some(a) = u.get("artifact") {
+            out.insert("artifact".into(), rest_artifact_out(a));
+        }
+        return json!({"artifactUpdate": out});
+    }
+    v.clone()
+}
+
+/// A 1.0 method's result as the 0.3 HTTP+JSON binding answers it.
+pub fn rest_out(method: &str, v: Value) -> Value {
+    match method {
+        "SendMessage" => rest_event_out(&v),
+        "GetTask" | "CancelTask" => rest_task_out(&v),
+        "CreateTaskPushNotificationConfig" | "GetTaskPushNotificationConfig" => rest_push_out(&v),
+        "ListTaskPushNotificationConfigs" => json!({
+            "configs": v["configs"].as_array().map(|c| c.iter().map(rest_push_out).collect::<Vec<_>>()).unwrap_or_default(),
+            "nextPageToken": v["nextPageToken"],
+        }),
+        _ => v,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -368,6 +554,29 @@ mod tests {
                                   "authentication": {"schemes": ["Bearer"]}}}])
         );
         assert_eq!(method("tasks/resubscribe"), Some("SubscribeToTask"));
+        // Over HTTP+JSON, 0.3's protobuf shapes.
+        let body = rest_send_in(json!({"message": {"messageId": "m", "role": "ROLE_USER", "content": [
+            {"text": "hi"}, {"file": {"fileWithUri": "http://h/a.txt", "mimeType": "text/plain"}}, {"data": {"data": {"a": 1}}}]},
+            "configuration": {"blocking": false, "pushNotification": {"url": "http://h/x"}}}));
+        assert_eq!(
+            body["message"]["parts"],
+            json!([{"text": "hi"}, {"url": "http://h/a.txt", "mediaType": "text/plain"}, {"data": {"a": 1}}])
+        );
+        assert_eq!(
+            body["configuration"],
+            json!({"returnImmediately": true, "taskPushNotificationConfig": {"id": "default", "url": "http://h/x"}})
+        );
+        let t = rest_out(
+            "GetTask",
+            json!({"id": "t", "status": {"state": "TASK_STATE_CANCELED"},
+            "artifacts": [{"artifactId": "summary", "parts": [{"text": "s", "mediaType": "text/plain"}]}]}),
+        );
+        assert_eq!(
+            (t["status"]["state"].as_str(), t["artifacts"][0]["parts"][0]["text"].as_str()),
+            (Some("TASK_STATE_CANCELLED"), Some("s"))
+        );
+        let c = rest_out("GetTaskPushNotificationConfig", json!({"id": "c", "taskId": "t", "url": "http://h/x"}));
+        assert_eq!(c["name"], "tasks/t/pushNotificationConfigs/c");
         assert_eq!(method("tasks/list"), None);
     }
 }

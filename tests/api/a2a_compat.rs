@@ -14,6 +14,11 @@ use crate::mcp::{key, replica};
 
 const V1: (&str, &str) = ("a2a-version", "1.0");
 
+/// `rpc`'s answer as JSON.
+async fn rpc_json(base: &str, path: &str, key: Option<&str>, headers: &[(&str, &str)], body: &str) -> Value {
+    rpc(base, path, key, headers, body).await.json().await.unwrap()
+}
+
 fn call(method: &str, params: Value) -> String {
     json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).to_string()
 }
@@ -88,7 +93,7 @@ async fn proto_field_names_are_read_and_unknown_fields_are_never_stored_or_echoe
                            "metadata": {"max_turns": 3}},
                "configuration": {"history_length": 10, "return_immediately": false, "frob": 1}}),
     );
-    let v: Value = rpc(&r.base, "/a2a", Some(&a), &[V1], &sent).await.json().await.unwrap();
+    let v: Value = rpc_json(&r.base, "/a2a", Some(&a), &[V1], &sent).await;
     let task = &v["result"]["task"];
     assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{v}");
     assert_eq!(task["contextId"], "ctx-p");
@@ -98,11 +103,8 @@ async fn proto_field_names_are_read_and_unknown_fields_are_never_stored_or_echoe
     assert!(first.get("bogus").is_none() && first["parts"][0].get("weird").is_none(), "{first}");
     // Stored without them: ListTasks and GetTask show none.
     let listed: Value =
-        rpc(&r.base, "/a2a", Some(&a), &[V1], &call("ListTasks", json!({"page_size": 10, "history_length": 5})))
-            .await
-            .json()
-            .await
-            .unwrap();
+        rpc_json(&r.base, "/a2a", Some(&a), &[V1], &call("ListTasks", json!({"page_size": 10, "history_length": 5})))
+            .await;
     let shown = listed["result"]["tasks"][0]["history"][0].to_string();
     assert!(!shown.contains("bogus") && !shown.contains("weird"), "{shown}");
     let stored: String = sqlx::query_scalar("SELECT messages::text FROM a2a_tasks").fetch_one(&db.pool).await.unwrap();
@@ -110,14 +112,13 @@ async fn proto_field_names_are_read_and_unknown_fields_are_never_stored_or_echoe
     // CreateTaskPushNotificationConfig by its proto names (the TCK sends task_id).
     let push =
         call("CreateTaskPushNotificationConfig", json!({"task_id": id, "id": "c1", "url": "http://127.0.0.1:9/h"}));
-    let v: Value = rpc(&r.base, "/a2a", Some(&a), &[V1], &push).await.json().await.unwrap();
+    let v: Value = rpc_json(&r.base, "/a2a", Some(&a), &[V1], &push).await;
     assert_eq!(v["result"]["taskId"], id.as_str(), "{v}");
     let got = call("GetTaskPushNotificationConfig", json!({"task_id": id, "id": "c1"}));
-    let v: Value = rpc(&r.base, "/a2a", Some(&a), &[V1], &got).await.json().await.unwrap();
+    let v: Value = rpc_json(&r.base, "/a2a", Some(&a), &[V1], &got).await;
     assert_eq!(v["result"]["url"], "http://127.0.0.1:9/h", "{v}");
     // The card's JSON-RPC URL with a trailing slash, as HTTP clients join it, is the same door.
-    let slash: Value =
-        rpc(&r.base, "/a2a/", Some(&a), &[V1], &call("GetTask", json!({"id": id}))).await.json().await.unwrap();
+    let slash: Value = rpc_json(&r.base, "/a2a/", Some(&a), &[V1], &call("GetTask", json!({"id": id}))).await;
     assert_eq!(slash["result"]["id"], id.as_str(), "{slash}");
     // A body that is not JSON: ContentTypeNotSupported (415 over HTTP+JSON).
     let typed = reqwest::Client::new()
@@ -146,7 +147,7 @@ async fn proto_field_names_are_read_and_unknown_fields_are_never_stored_or_echoe
         json!({"message": {"messageId": "p2", "role": "ROLE_USER", "parts": [{"text": "x"}],
                                                      "metadata": {"max_turnz": 3}}}),
     );
-    let v: Value = rpc(&r.base, "/a2a", Some(&a), &[V1], &bad).await.json().await.unwrap();
+    let v: Value = rpc_json(&r.base, "/a2a", Some(&a), &[V1], &bad).await;
     assert_eq!(v["error"]["code"], -32602, "{v}");
 }
 
@@ -175,22 +176,17 @@ async fn a_03_request_is_served_in_03_for_the_same_tasks_under_the_same_rules() 
     assert_eq!(t["status"]["message"]["role"], "agent");
     let done = t["id"].as_str().unwrap().to_string();
     // The same task through 1.0.
-    let v1: Value =
-        rpc(&r.base, "/a2a", Some(&a), &[V1], &call("GetTask", json!({"id": done}))).await.json().await.unwrap();
+    let v1: Value = rpc_json(&r.base, "/a2a", Some(&a), &[V1], &call("GetTask", json!({"id": done}))).await;
     assert_eq!(v1["result"]["status"]["state"], "TASK_STATE_COMPLETED");
     // Not blocking: at once; tasks/get follows it; tasks/cancel cancels it.
     let slow = json!({"message": msg03("o2", "slow [mock:delay_ms=30000]"), "configuration": {"blocking": false}});
-    let v: Value = rpc(&r.base, "/a2a", Some(&a), &[], &call("message/send", slow)).await.json().await.unwrap();
+    let v: Value = rpc_json(&r.base, "/a2a", Some(&a), &[], &call("message/send", slow)).await;
     let id = v["result"]["id"].as_str().unwrap().to_string();
     assert!(["submitted", "working"].contains(&v["result"]["status"]["state"].as_str().unwrap()), "{v}");
-    let got: Value = rpc(&r.base, "/a2a", Some(&a), &[], &call("tasks/get", json!({"id": id, "historyLength": 1})))
-        .await
-        .json()
-        .await
-        .unwrap();
+    let got: Value =
+        rpc_json(&r.base, "/a2a", Some(&a), &[], &call("tasks/get", json!({"id": id, "historyLength": 1}))).await;
     assert_eq!(got["result"]["kind"], "task");
-    let cancelled: Value =
-        rpc(&r.base, "/a2a", Some(&a), &[], &call("tasks/cancel", json!({"id": id}))).await.json().await.unwrap();
+    let cancelled: Value = rpc_json(&r.base, "/a2a", Some(&a), &[], &call("tasks/cancel", json!({"id": id}))).await;
     assert_eq!(cancelled["result"]["status"]["state"], "canceled", "{cancelled}");
     // Errors: 0.3's shape, in an HTTP 200.
     for (body, code) in [
@@ -252,7 +248,7 @@ async fn a_03_request_is_served_in_03_for_the_same_tasks_under_the_same_rules() 
         json!({"taskId": done,
         "pushNotificationConfig": {"url": "http://127.0.0.1:9/h", "authentication": {"schemes": ["Bearer"], "credentials": "k"}}}),
     );
-    let v: Value = rpc(&r.base, "/a2a", Some(&a), &[], &set).await.json().await.unwrap();
+    let v: Value = rpc_json(&r.base, "/a2a", Some(&a), &[], &set).await;
     assert_eq!(
         v["result"],
         json!({"taskId": done, "pushNotificationConfig": {"id": "default", "url": "http://127.0.0.1:9/h",
@@ -260,40 +256,26 @@ async fn a_03_request_is_served_in_03_for_the_same_tasks_under_the_same_rules() 
         "{v}"
     );
     let got: Value =
-        rpc(&r.base, "/a2a", Some(&a), &[], &call("tasks/pushNotificationConfig/get", json!({"id": done})))
-            .await
-            .json()
-            .await
-            .unwrap();
+        rpc_json(&r.base, "/a2a", Some(&a), &[], &call("tasks/pushNotificationConfig/get", json!({"id": done}))).await;
     assert_eq!(got["result"]["pushNotificationConfig"]["url"], "http://127.0.0.1:9/h", "{got}");
     let list: Value =
-        rpc(&r.base, "/a2a", Some(&a), &[], &call("tasks/pushNotificationConfig/list", json!({"id": done})))
-            .await
-            .json()
-            .await
-            .unwrap();
+        rpc_json(&r.base, "/a2a", Some(&a), &[], &call("tasks/pushNotificationConfig/list", json!({"id": done}))).await;
     assert_eq!(list["result"].as_array().unwrap().len(), 1, "{list}");
     let del = call("tasks/pushNotificationConfig/delete", json!({"id": done, "pushNotificationConfigId": "default"}));
-    let v: Value = rpc(&r.base, "/a2a", Some(&a), &[], &del).await.json().await.unwrap();
+    let v: Value = rpc_json(&r.base, "/a2a", Some(&a), &[], &del).await;
     assert_eq!(v["result"], Value::Null, "{v}");
     assert!(v.get("error").is_none());
-    let card: Value = rpc(&r.base, "/a2a", Some(&a), &[], &call("agent/getAuthenticatedExtendedCard", json!({})))
-        .await
-        .json()
-        .await
-        .unwrap();
+    let card: Value =
+        rpc_json(&r.base, "/a2a", Some(&a), &[], &call("agent/getAuthenticatedExtendedCard", json!({}))).await;
     assert_eq!(card["result"]["protocolVersion"], "0.3.0", "{card}");
     // A push config given with message/send is the task's `default` one too.
     let with_push = json!({"message": msg03("o7", "p [mock:reply=x]"),
                            "configuration": {"pushNotificationConfig": {"url": "http://127.0.0.1:9/h"}}});
-    let v: Value = rpc(&r.base, "/a2a", Some(&a), &[], &call("message/send", with_push)).await.json().await.unwrap();
+    let v: Value = rpc_json(&r.base, "/a2a", Some(&a), &[], &call("message/send", with_push)).await;
     let pushed = v["result"]["id"].as_str().unwrap().to_string();
     let got: Value =
-        rpc(&r.base, "/a2a", Some(&a), &[], &call("tasks/pushNotificationConfig/get", json!({"id": pushed})))
-            .await
-            .json()
-            .await
-            .unwrap();
+        rpc_json(&r.base, "/a2a", Some(&a), &[], &call("tasks/pushNotificationConfig/get", json!({"id": pushed})))
+            .await;
     assert_eq!(got["result"]["pushNotificationConfig"]["id"], "default", "{got}");
     // Resubscribing to an ended task: its last state on the stream; to an unknown one, the error
     // on the stream.
@@ -307,11 +289,8 @@ async fn a_03_request_is_served_in_03_for_the_same_tasks_under_the_same_rules() 
     let evs = events(&resp.text().await.unwrap());
     assert_eq!(evs[0]["error"]["code"], -32001, "{evs:?}");
     // An invalid request that names its id is answered with it.
-    let v: Value = rpc(&r.base, "/a2a", Some(&a), &[], r#"{"jsonrpc":"1.0","id":"x-1","method":"tasks/get"}"#)
-        .await
-        .json()
-        .await
-        .unwrap();
+    let v: Value =
+        rpc_json(&r.base, "/a2a", Some(&a), &[], r#"{"jsonrpc":"1.0","id":"x-1","method":"tasks/get"}"#).await;
     assert_eq!((v["error"]["code"].as_i64(), v["id"].as_str()), (Some(-32600), Some("x-1")), "{v}");
     // One messageId, one task, whichever version retries it.
     let again: Value = rpc(

@@ -273,3 +273,25 @@ async fn a_client_that_resets_its_timeout_on_progress_gets_a_three_minute_tasks_
     assert!(out["max_gap_ms"].as_u64().unwrap() <= 20_000, "progress at least every 20 s: {out}");
     assert_eq!(out["growing"], true, "{out}");
 }
+
+#[tokio::test]
+async fn a_database_from_before_session_life_migrates_with_every_session_kept_and_live() {
+    let db = test_db().await;
+    let old = database_before(&db, 26).await;
+    let pool = old.pool.clone();
+    sqlx::query(
+        "INSERT INTO mcp_sessions (id, tenant, protocol_version, client_capabilities)
+         VALUES ('s1', 'acme', '2025-11-25', '{\"elicitation\": {}}')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    subagentd::db::MIGRATOR.run(&pool).await.unwrap();
+    match subagentd::store::mcp::get(&pool, "acme", "s1").await.unwrap() {
+        subagentd::store::mcp::Found::Live(s) => assert_eq!(s.client_capabilities, json!({"elicitation": {}})),
+        other => panic!("the session is {other:?}, not live"),
+    }
+    let calls: i64 = sqlx::query_scalar("SELECT count(*) FROM mcp_calls").fetch_one(&pool).await.unwrap();
+    assert_eq!(calls, 0);
+    old.drop().await;
+}

@@ -1128,15 +1128,24 @@ fn sockets(pid: u32) -> usize {
 
 /// Table sizes (MiB, with indexes and TOAST) and live / dead tuples of the tables that grow.
 async fn tables(pool: &sqlx::PgPool) -> Vec<(String, f64, i64, i64)> {
+    // A partitioned table's rows live in its partitions: they are summed under the parent's name.
     sqlx::query_as(
-        "SELECT relname::text, pg_total_relation_size(relid)::float8 / 1048576, n_live_tup, n_dead_tup
-         FROM pg_stat_user_tables
-         WHERE relname IN ('tasks', 'llm_calls', 'task_messages', 'task_events', 'usage_daily', 'workers')
-         ORDER BY relname",
+        "SELECT coalesce(p.relname, s.relname)::text AS name,
+                sum(pg_total_relation_size(s.relid))::float8 / 1048576, sum(s.n_live_tup)::int8, sum(s.n_dead_tup)::int8
+         FROM pg_stat_user_tables s
+         LEFT JOIN pg_inherits i ON i.inhrelid = s.relid LEFT JOIN pg_class p ON p.oid = i.inhparent
+         WHERE coalesce(p.relname, s.relname) IN
+             ('tasks', 'task_queue', 'llm_calls', 'task_messages', 'task_events', 'usage_daily', 'workers')
+         GROUP BY 1 ORDER BY 1",
     )
     .fetch_all(pool)
     .await
     .unwrap()
+}
+
+/// The server's WAL position, in bytes.
+async fn wal_bytes(pool: &sqlx::PgPool) -> i64 {
+    sqlx::query_scalar("SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::int8").fetch_one(pool).await.unwrap()
 }
 
 /// Scenario 8, the soak: `secs` (default 30 minutes) at about half the machine's capacity with a
@@ -1294,7 +1303,7 @@ async fn soak(env: &Env, report: &Report, secs: u64, rate: u64) {
         let live: i64 = t.iter().map(|x| x.2).sum();
         let mib: f64 = t.iter().map(|x| x.1).sum();
         if min == 2 {
-            first_tables = Some((mib, done));
+            first_tables = Some((mib, done, wal_bytes(&pool).await));
         }
         let line = format!(
             "| {min} | {:.0}/s | {:.1} | {:.1} | {:.1} | {:.1} | {} | {failed} | {r:.0} | {socks} | {mib:.0} | {:.1}% |",
@@ -1320,11 +1329,12 @@ async fn soak(env: &Env, report: &Report, secs: u64, rate: u64) {
     let t = tables(&pool).await;
     let done = by_status.iter().find(|(s, _)| s == "completed").map_or(0, |x| x.1);
     let mib: f64 = t.iter().map(|x| x.1).sum();
-    let (mib0, done0) = first_tables.unwrap_or((0.0, 0));
+    let (mib0, done0, wal0) = first_tables.unwrap_or((0.0, 0, 0));
+    let wal = (wal_bytes(&pool).await - wal0) as f64 / (done - done0).max(1) as f64;
     let after: Vec<f64> = rss.iter().skip(2).copied().collect();
     let (lo, hi) = after.iter().fold((f64::MAX, 0.0f64), |(a, b), x| (a.min(*x), b.max(*x)));
     let summary = format!(
-        "Soak: {secs} s at {rate} tasks/s offered ({background}/s background, {waiters}/s wait mode), provider 20 ms, 1 call in 100 answered 503, 2% of background tasks cancelled. Tasks by status at the end: {by_status:?}. Service RSS after minute 2: {lo:.0}–{hi:.0} MiB ({:+.1}% from its lowest). Tables: {mib:.0} MiB at the end, {:.2} KiB per task after minute 2.\n\nPer table at the end (MiB, live, dead): {}",
+        "Soak: {secs} s at {rate} tasks/s offered ({background}/s background, {waiters}/s wait mode), provider 20 ms, 1 call in 100 answered 503, 2% of background tasks cancelled. Tasks by status at the end: {by_status:?}. Service RSS after minute 2: {lo:.0}–{hi:.0} MiB ({:+.1}% from its lowest). Tables: {mib:.0} MiB at the end, {:.2} KiB per task after minute 2; WAL {wal:.0} bytes per task after minute 2.\n\nPer table at the end (MiB, live, dead): {}",
         (hi - lo) / lo * 100.0,
         (mib - mib0) * 1024.0 / (done - done0).max(1) as f64,
         t.iter().map(|(n, m, l, d)| format!("{n} {m:.0} / {l} / {d}")).collect::<Vec<_>>().join("; ")

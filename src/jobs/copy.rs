@@ -44,12 +44,12 @@ impl TaskCopy {
         (write_bytes, diff_max): (u64, u64),
         owner: Option<u32>,
     ) -> Result<TaskCopy, String> {
-        let mut saved = retrying(|| diffs::changes_of(pool, task)).await.map_err(|e| e.to_string())?;
+        let mut saved = retrying(pool, || diffs::changes_of(pool, task)).await.map_err(|e| e.to_string())?;
         if saved.is_none() {
             if let Some(p) = parent {
                 // Only onto the tree they were made over (the resumed ref may have moved since).
-                if retrying(|| diffs::same_version(pool, task, p)).await.map_err(|e| e.to_string())? {
-                    saved = retrying(|| diffs::changes_of(pool, p)).await.map_err(|e| e.to_string())?;
+                if retrying(pool, || diffs::same_version(pool, task, p)).await.map_err(|e| e.to_string())? {
+                    saved = retrying(pool, || diffs::changes_of(pool, p)).await.map_err(|e| e.to_string())?;
                 }
             }
         }
@@ -118,7 +118,7 @@ impl TaskCopy {
                 .await
                 .map_err(|e| StoreError::Db(sqlx::Error::Protocol(e.to_string())))?;
         let stats = serde_json::to_value(&stats).unwrap_or_default();
-        retrying(|| diffs::save_diff(pool, fence, &text, &stats)).await
+        retrying(pool, || diffs::save_diff(pool, fence, &text, &stats)).await
     }
 }
 

@@ -12,6 +12,7 @@ pub mod claim;
 pub mod copy;
 pub mod finish;
 pub mod heartbeat;
+pub mod partitions;
 pub mod presence;
 pub mod rescuer;
 pub mod retention;

@@ -1,5 +1,6 @@
-//! Retention: purges the conversations and events of tasks finished `retention_days` ago
-//! (every 10 minutes), ledger rows older than `ledger_retention_days` (hourly; the daily
+//! Retention: drops the day partitions of conversations and events written more than
+//! `retention_days` ago (a task still open keeps its rows: they are moved to today's), and
+//! purges the stored diffs of tasks finished that long ago (every 10 minutes), ledger rows older than `ledger_retention_days` (hourly; the daily
 //! rollups keep their sums), and MCP sessions idle for `mcp_session_idle_days` (every 10
 //! minutes, whatever the other windows). A day count of 0 keeps them forever.
 
@@ -24,7 +25,10 @@ pub struct Retention {
 /// What one pass purged.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Purged {
+    /// Tasks whose stored diffs were purged.
     pub tasks: u64,
+    /// History partitions dropped whole.
+    pub partitions: u64,
     pub calls: u64,
     pub sessions: u64,
 }
@@ -37,7 +41,7 @@ impl Retention {
         crate::store::tenants::purge_web_fetch_counts(&self.pool).await?;
         p.sessions = self.purge_sessions().await?;
         if self.days > 0 {
-            p.tasks = self.purge_conversations().await?;
+            (p.partitions, p.tasks) = self.purge_conversations().await?;
         }
         if self.ledger_days > 0 {
             p.calls = self.purge_ledger().await?;
@@ -57,12 +61,20 @@ impl Retention {
         Ok(n)
     }
 
-    async fn purge_conversations(&self) -> Result<u64, StoreError> {
+    async fn purge_conversations(&self) -> Result<(u64, u64), StoreError> {
+        let mut dropped = 0;
+        for parent in crate::store::partitions::HISTORY {
+            let gone = crate::store::partitions::drop_expired(&self.pool, parent, self.days).await?;
+            if !gone.is_empty() {
+                tracing::info!(table = parent, partitions = ?gone, "dropped history partitions past retention");
+            }
+            dropped += gone.len() as u64;
+        }
         let n = retention::purge_finished(&self.pool, self.days as i32).await?;
         if n > 0 {
-            tracing::info!(tasks = n, "purged conversations and events past retention");
+            tracing::info!(tasks = n, "purged stored diffs past retention");
         }
-        Ok(n)
+        Ok((dropped, n))
     }
 
     async fn purge_ledger(&self) -> Result<u64, StoreError> {

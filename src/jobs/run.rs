@@ -172,7 +172,7 @@ impl Runner {
         };
         let agent = AgentType::parse(&row.subagent_type).unwrap_or(AgentType::General);
         let load = |id| async move {
-            let raw = retrying(|| runs::messages(&self.pool, id))
+            let raw = retrying(&self.pool, || runs::messages(&self.pool, id))
                 .await
                 .map_err(|_| RunEnd::from(Outcome::Stopped(StopCause::LeaseLost)))?;
             raw.into_iter()
@@ -288,7 +288,7 @@ impl Runner {
         if open.is_empty() {
             return Ok(vec![]);
         }
-        let actions = retrying(|| crate::store::actions::of_pause(&self.pool, row.id, row.pauses))
+        let actions = retrying(&self.pool, || crate::store::actions::of_pause(&self.pool, row.id, row.pauses))
             .await
             .map_err(|_| RunEnd::from(Outcome::Stopped(StopCause::LeaseLost)))?;
         Ok(open
@@ -424,23 +424,24 @@ impl Runner {
             let failed = |e: WorkspaceError| Outcome::Failed { code: e.code(), message: e.to_string() };
             let lost = || Outcome::Stopped(StopCause::LeaseLost);
             let token = match &spec.secret {
-                Some(name) => match retrying(|| crate::store::workspaces::secret_value(&pool, &row.tenant, name)).await
-                {
-                    Ok(Some((v, host))) => {
-                        // Sent only to its own host (the secret may have changed since submission).
-                        let url = spec.git.as_deref().and_then(|u| url::Url::parse(u).ok());
-                        let url_host = url.and_then(|u| u.host_str().map(str::to_ascii_lowercase));
-                        if url_host.as_deref() != Some(host.as_str()) {
-                            let e = WorkspaceError::Refused(format!("the secret {name:?} is for host {host:?}"));
-                            return Err(failed(e));
+                Some(name) => {
+                    match retrying(&pool, || crate::store::workspaces::secret_value(&pool, &row.tenant, name)).await {
+                        Ok(Some((v, host))) => {
+                            // Sent only to its own host (the secret may have changed since submission).
+                            let url = spec.git.as_deref().and_then(|u| url::Url::parse(u).ok());
+                            let url_host = url.and_then(|u| u.host_str().map(str::to_ascii_lowercase));
+                            if url_host.as_deref() != Some(host.as_str()) {
+                                let e = WorkspaceError::Refused(format!("the secret {name:?} is for host {host:?}"));
+                                return Err(failed(e));
+                            }
+                            Some(v)
                         }
-                        Some(v)
+                        Ok(None) => {
+                            return Err(failed(WorkspaceError::Gone(format!("the secret {name:?} no longer exists"))))
+                        }
+                        Err(_) => return Err(lost()),
                     }
-                    Ok(None) => {
-                        return Err(failed(WorkspaceError::Gone(format!("the secret {name:?} no longer exists"))))
-                    }
-                    Err(_) => return Err(lost()),
-                },
+                }
                 None => None,
             };
             let version = match &row.workspace_version {
@@ -523,7 +524,7 @@ impl Runner {
             let secret = match self.secrets.get(&row.tenant) {
                 Some(s) => s,
                 None => {
-                    let s = retrying(|| tool_store::signing_secret(&self.pool, &row.tenant))
+                    let s = retrying(&self.pool, || tool_store::signing_secret(&self.pool, &row.tenant))
                         .await
                         .map_err(|_| Outcome::Stopped(StopCause::LeaseLost))?;
                     self.secrets.put(&row.tenant, s.clone());
@@ -533,7 +534,7 @@ impl Runner {
             t.tenant_secret = Some(secret);
         }
         if opts.tools.iter().any(|d| matches!(d.target, Target::Mcp { .. })) {
-            let sources = retrying(|| tool_store::sources(&self.pool, &row.tenant))
+            let sources = retrying(&self.pool, || tool_store::sources(&self.pool, &row.tenant))
                 .await
                 .map_err(|_| Outcome::Stopped(StopCause::LeaseLost))?;
             for s in sources {

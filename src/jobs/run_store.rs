@@ -89,7 +89,7 @@ impl PgRunStore {
         ch: &crate::workspace::copy::Changes,
     ) -> Result<Committed, StoreError> {
         let w = self.turn_write(cp);
-        let r = retrying(|| async {
+        let r = retrying(&self.pool, || async {
             let mut tx = self.pool.begin().await?;
             if !crate::store::diffs::save_changes(&mut tx, self.fence, &ch.archive, &ch.deleted).await? {
                 return Ok(Committed::LeaseLost);
@@ -122,7 +122,7 @@ impl PgRunStore {
         timeout_secs: f64,
     ) -> Result<Option<i32>, StoreError> {
         let turn = self.turn_write(cp);
-        let r = retrying(|| async {
+        let r = retrying(&self.pool, || async {
             let mut tx = self.pool.begin().await?;
             let c = turn.commit_alone(&mut tx).await?;
             if !matches!(c, Committed::Applied) {
@@ -166,10 +166,10 @@ impl PgRunStore {
             want_tokens: w.want_tokens.min(i64::MAX as u64) as i64,
             deadline,
         };
-        let waited = retrying(|| runs::wait_for_budget(&self.pool, self.fence, &row)).await?;
+        let waited = retrying(&self.pool, || runs::wait_for_budget(&self.pool, self.fence, &row)).await?;
         if waited {
             self.hub.publish(CH_EVENT, self.fence.id.to_string());
-            retrying(|| budget::wake(&self.pool, &self.tenant, self.budgets)).await?;
+            retrying(&self.pool, || budget::wake(&self.pool, &self.tenant, self.budgets)).await?;
         }
         Ok(waited)
     }
@@ -181,7 +181,7 @@ impl PgRunStore {
                 return Ok(false);
             }
         }
-        retrying(|| runs::release(&self.pool, self.fence)).await
+        retrying(&self.pool, || runs::release(&self.pool, self.fence)).await
     }
 }
 

@@ -134,7 +134,7 @@ impl Worker {
         let fence = Fence { id, lease: slot.start.lease };
         self.runs.spawn(async move {
             let _slot = slot;
-            match retrying(|| runs::release(&pool, fence)).await {
+            match retrying(&pool, || runs::release(&pool, fence)).await {
                 Ok(true) => hub.publish(CH_QUEUED, String::new()),
                 Ok(false) => {}
                 Err(e) => tracing::warn!(error = %e, "release failed; the lease will expire and the task be rescued"),

@@ -195,5 +195,5 @@ async fn write_batch<B: Batch>(pool: &PgPool, batch: Vec<Job<B>>) {
 
 /// One write by itself, retried through short outages (`retrying`).
 async fn alone<B: Batch>(pool: &PgPool, item: &B) -> Result<B::Out, StoreError> {
-    retrying(|| item.alone(pool)).await
+    retrying(pool, || item.alone(pool)).await
 }

@@ -17,6 +17,7 @@ pub mod diffs;
 pub mod events;
 pub mod mcp;
 pub mod overview;
+pub mod partitions;
 pub mod retention;
 pub mod runs;
 pub mod schedules;
@@ -78,6 +79,13 @@ impl StoreError {
         matches!(self, StoreError::Db(sqlx::Error::Database(d)) if d.code().is_some_and(|c| c.starts_with("22")))
     }
 
+    /// An insert found no partition for its row (23514, "no partition of relation ... found
+    /// for row"): `partitions::repair` creates them.
+    pub fn is_no_partition(&self) -> bool {
+        matches!(self, StoreError::Db(sqlx::Error::Database(d))
+            if d.code().as_deref() == Some("23514") && d.message().starts_with("no partition of relation"))
+    }
+
     /// Name of the unique constraint this error violated, if any.
     pub fn constraint(&self) -> Option<&str> {
         match self {
@@ -103,8 +111,9 @@ pub async fn ready(pool: &PgPool) -> Result<bool, StoreError> {
 }
 
 /// Retry a database write: through an unavailable database for up to `UNAVAILABLE_WAIT`, through
-/// other errors about 6 s in all (a lease outlives them).
-pub async fn retrying<T, F, Fut>(mut f: F) -> Result<T, StoreError>
+/// other errors about 6 s in all (a lease outlives them). A write that finds no history
+/// partition for its row has them created through `pool`, then is tried again.
+pub async fn retrying<T, F, Fut>(pool: &PgPool, mut f: F) -> Result<T, StoreError>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, StoreError>>,
@@ -115,6 +124,13 @@ where
     loop {
         match f().await {
             Ok(v) => return Ok(v),
+            // A history partition is missing: created on demand, then the write is tried again.
+            Err(e) if e.is_no_partition() && tries < 6 => {
+                tries += 1;
+                if !partitions::repair(pool).await {
+                    tokio::time::sleep(delay).await;
+                }
+            }
             // An unavailable database (a restart, a failover) is waited for as long as a lease:
             // the run keeps its place, and its lease is renewed once the database is back.
             Err(e) if e.is_unavailable() && started.elapsed() < UNAVAILABLE_WAIT => {

@@ -1,31 +1,27 @@
-//! Purges past retention: the conversations and events of finished tasks, and old ledger rows
-//! (the daily rollups keep their sums). Each runs a batch at a time.
+//! Purges past retention by row: the stored diffs of finished tasks, and old ledger rows (the
+//! daily rollups keep their sums). Each runs a batch at a time. Conversations and events go
+//! by whole partitions (`partitions`).
 
 use sqlx::PgPool;
 
 use super::StoreError;
 
-/// Delete the conversation and events of tasks finished more than `days` ago, a batch at a
-/// time; the tasks and the usage ledger stay. Returns how many tasks were purged.
+/// Delete the stored diffs of tasks finished more than `days` ago, a batch at a time (their
+/// conversations and events go with whole partitions: `partitions::drop_expired`). Returns how
+/// many tasks' diffs were purged.
 pub async fn purge_finished(pool: &PgPool, days: i32) -> Result<u64, StoreError> {
     let mut total = 0;
     loop {
-        let n: i64 = sqlx::query_scalar(
-            "WITH t AS (
-                SELECT id FROM tasks WHERE finished_at < now() - make_interval(days => $1)
-                AND (EXISTS (SELECT 1 FROM task_messages m WHERE m.task_id = tasks.id)
-                     OR EXISTS (SELECT 1 FROM task_events e WHERE e.task_id = tasks.id)
-                     OR EXISTS (SELECT 1 FROM task_diffs d WHERE d.task_id = tasks.id))
-                LIMIT 500
-             ), m AS (DELETE FROM task_messages WHERE task_id IN (SELECT id FROM t)),
-             e AS (DELETE FROM task_events WHERE task_id IN (SELECT id FROM t)),
-             d AS (DELETE FROM task_diffs WHERE task_id IN (SELECT id FROM t))
-             SELECT count(*) FROM t",
+        let n = sqlx::query(
+            "DELETE FROM task_diffs WHERE task_id IN (
+                SELECT d.task_id FROM task_diffs d JOIN tasks t ON t.id = d.task_id
+                WHERE t.finished_at < now() - make_interval(days => $1) LIMIT 500)",
         )
         .bind(days)
-        .fetch_one(pool)
-        .await?;
-        total += n as u64;
+        .execute(pool)
+        .await?
+        .rows_affected();
+        total += n;
         if n < 500 {
             return Ok(total);
         }

@@ -95,7 +95,7 @@ async fn run(
     let finish = Finish { return_task: hub.has_waiters(id), ..finish };
     let written = match last_turn {
         Some(turn) => committer.turns.write(TurnWrite { fin: Some(finish), ..turn }).await?,
-        None => retrying(|| runs::finish(pool, fence, &finish)).await?,
+        None => retrying(pool, || runs::finish(pool, fence, &finish)).await?,
     };
     Ok(Ended::Run(match written {
         Committed::Finished(task) => {

@@ -366,8 +366,22 @@ async fn retention_purges_old_conversations_and_events_but_keeps_tasks_and_the_l
         .unwrap();
     let fresh = app.post_json("/tasks?wait=true", json!({"prompt": "y", "model": "mock/m"})).await;
     let fresh: Value = fresh.json().await.unwrap();
-    let n = subagentd::store::retention::purge_finished(&app.db.pool, 30).await.unwrap();
-    assert_eq!(n, 1);
+    // Its conversation and events were written 40 days ago: they sit in that day's partitions,
+    // which retention drops whole.
+    for table in ["task_messages", "task_events"] {
+        sqlx::query("SELECT subagentd_partition($1, (now() AT TIME ZONE 'UTC' - interval '40 days')::date)")
+            .bind(table)
+            .execute(&app.db.pool)
+            .await
+            .unwrap();
+        sqlx::query(&format!("UPDATE {table} SET created_at = now() - interval '40 days' WHERE task_id = $1"))
+            .bind(id)
+            .execute(&app.db.pool)
+            .await
+            .unwrap();
+        let dropped = subagentd::store::partitions::drop_expired(&app.db.pool, table, 30).await.unwrap();
+        assert_eq!(dropped.len(), 1, "{table}: {dropped:?}");
+    }
     let count = |sql: &'static str, id: Uuid| {
         let pool = app.db.pool.clone();
         async move { sqlx::query_scalar::<_, i64>(sql).bind(id).fetch_one(&pool).await.unwrap() }

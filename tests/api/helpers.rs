@@ -405,6 +405,7 @@ pub async fn admin_key(app: &TestApp, admin: &str, tenant: &str) -> String {
 /// the release before that migration, to fill with rows and then migrate); `drop` removes it.
 pub struct OldDatabase {
     pub pool: PgPool,
+    pub url: String,
     name: String,
     admin: PgPool,
 }
@@ -420,13 +421,14 @@ pub async fn database_before(db: &TestDb, version: i64) -> OldDatabase {
     let name = format!("upg_{}", uuid::Uuid::new_v4().simple());
     let admin = subagentd::db::connect(&db.url.replace(&db.name, "postgres"), 1).await.unwrap();
     sqlx::query(&format!("CREATE DATABASE {name}")).execute(&admin).await.unwrap();
-    let pool = subagentd::db::connect(&db.url.replace(&db.name, &name), 2).await.unwrap();
+    let url = db.url.replace(&db.name, &name);
+    let pool = subagentd::db::connect(&url, 2).await.unwrap();
     let mut before = subagentd::db::MIGRATOR.iter().filter(|m| m.version < version).cloned().collect::<Vec<_>>();
     before.sort_by_key(|m| m.version);
     let old =
         sqlx::migrate::Migrator { migrations: std::borrow::Cow::Owned(before), ..sqlx::migrate::Migrator::DEFAULT };
     old.run(&pool).await.unwrap();
-    OldDatabase { pool, name, admin }
+    OldDatabase { pool, url, name, admin }
 }
 
 /// Say that a group of tests cannot run here for want of a program. Under `.ci/run`, which sets

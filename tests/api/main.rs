@@ -23,6 +23,7 @@ mod dbrestart;
 mod deploy;
 mod examples;
 mod health;
+mod history;
 mod holds;
 mod imports;
 mod lifecycle;

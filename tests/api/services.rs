@@ -74,18 +74,37 @@ async fn a_retention_pass_purges_what_is_past_retention_and_keeps_the_rest() {
     let db = test_db().await;
     let old = task(&db, "completed", "finished_at = now() - interval '40 days'").await;
     let new = task(&db, "completed", "").await;
-    for id in [old, new] {
-        sqlx::query("INSERT INTO task_events (task_id, seq, kind) VALUES ($1, 1, 'created')")
-            .bind(id)
-            .execute(&db.pool)
-            .await
-            .unwrap();
+    // Queued for 40 days (an open task): its rows are as old, and kept (moved to today's partition).
+    let open = task(&db, "queued", "").await;
+    sqlx::query("SELECT subagentd_partition('task_events', (now() AT TIME ZONE 'UTC' - interval '40 days')::date)")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    for (id, age) in [(old, "40 days"), (new, "0 days"), (open, "40 days")] {
+        sqlx::query(
+            "INSERT INTO task_events (task_id, seq, kind, created_at) VALUES ($1, 1, 'created', now() - $2::interval)",
+        )
+        .bind(id)
+        .bind(age)
+        .execute(&db.pool)
+        .await
+        .unwrap();
     }
     let r =
         Retention { pool: db.pool.clone(), days: 30, ledger_days: 0, mcp_idle_days: 30, every: Duration::from_secs(1) };
-    assert_eq!(r.pass().await.unwrap(), Purged { tasks: 1, calls: 0, sessions: 0 });
-    let left: Vec<Uuid> = sqlx::query_scalar("SELECT task_id FROM task_events").fetch_all(&db.pool).await.unwrap();
-    assert_eq!(left, vec![new]);
+    // The day partition 40 days old is dropped whole (task_messages had none that old).
+    assert_eq!(r.pass().await.unwrap(), Purged { tasks: 0, partitions: 1, calls: 0, sessions: 0 });
+    let mut left: Vec<Uuid> = sqlx::query_scalar("SELECT task_id FROM task_events").fetch_all(&db.pool).await.unwrap();
+    left.sort();
+    let mut want = vec![new, open];
+    want.sort();
+    assert_eq!(left, want);
+    let gone: Option<String> =
+        sqlx::query_scalar("SELECT relname::text FROM pg_class WHERE relname = 'task_events_p' || to_char((now() AT TIME ZONE 'UTC' - interval '40 days')::date, 'YYYYMMDD')")
+            .fetch_optional(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(gone, None, "the partition itself is gone, not emptied");
 }
 
 #[tokio::test]

@@ -273,6 +273,17 @@ impl Lifecycle {
     /// last place. A task that starts here (`new.start`) has its first provider call reserved
     /// in the same commit; then the second value is true.
     async fn admit(&self, limits: &Limits, p: &Prepared) -> Result<(Inserted, bool), TaskError> {
+        match self.admit_once(limits, p).await {
+            // The task's first event found no partition for today: created on demand (a
+            // fallback; they are kept days ahead), then the insert is made again.
+            Err(TaskError::Store(e)) if e.is_no_partition() && crate::store::partitions::repair(&self.p.pool).await => {
+                self.admit_once(limits, p).await
+            }
+            r => r,
+        }
+    }
+
+    async fn admit_once(&self, limits: &Limits, p: &Prepared) -> Result<(Inserted, bool), TaskError> {
         let new = &p.new;
         let first = new.start.as_ref().and_then(|s| s.first_call.as_ref());
         let scheduled = new.run_at.is_some();

@@ -1,0 +1,173 @@
+//! The history's daily partitions (migration 0028): created ahead, created on demand when an
+//! insert finds none, and dropped whole past retention (`DETACH ... CONCURRENTLY`, then `DROP`).
+//! Partitions are named `<parent>_pYYYYMMDD` and hold the UTC day they are named for.
+
+use std::time::Duration;
+
+use chrono::{NaiveDate, Utc};
+use sqlx::PgPool;
+
+use super::StoreError;
+
+/// The tables partitioned by the day their rows are written.
+pub const HISTORY: [&str; 2] = ["task_events", "task_messages"];
+
+/// How many days ahead the service keeps partitions.
+pub const AHEAD_DAYS: i32 = 7;
+
+/// A retention statement waits this long for a lock, then gives up until the next pass: the
+/// claim and inserts are never stalled longer.
+pub const LOCK_TIMEOUT: &str = "1s";
+
+/// Create the partitions from yesterday to `ahead` days on (one caller at a time). Returns the
+/// last UTC day covered.
+pub async fn ensure(pool: &PgPool, ahead: i32) -> Result<NaiveDate, StoreError> {
+    Ok(sqlx::query_scalar("SELECT subagentd_ensure_partitions($1)").bind(ahead).fetch_one(pool).await?)
+}
+
+/// How many whole days ahead of today (UTC) every history table has partitions (negative when
+/// even today's is missing).
+pub async fn reach(pool: &PgPool) -> Result<i64, StoreError> {
+    let mut least: Option<i64> = None;
+    let today = Utc::now().date_naive();
+    for parent in HISTORY {
+        let days = partitions(pool, parent).await?.into_iter().map(|p| p.day);
+        // Count contiguous days from today.
+        let set: std::collections::BTreeSet<NaiveDate> = days.collect();
+        let mut d = today;
+        while set.contains(&d) {
+            d = d.succ_opt().unwrap_or(d);
+            if d == NaiveDate::MAX {
+                break;
+            }
+        }
+        let ahead = (d - today).num_days() - 1;
+        least = Some(least.map_or(ahead, |l| l.min(ahead)));
+    }
+    Ok(least.unwrap_or(0))
+}
+
+/// One partition of a history table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Partition {
+    pub name: String,
+    pub day: NaiveDate,
+    /// A `DETACH ... CONCURRENTLY` that did not finish: it is finalized, then dropped.
+    pub detaching: bool,
+}
+
+/// The partitions of `parent` named the service's way, oldest first.
+pub async fn partitions(pool: &PgPool, parent: &str) -> Result<Vec<Partition>, StoreError> {
+    let rows: Vec<(String, bool)> = sqlx::query_as(
+        "SELECT c.relname::text, i.inhdetachpending FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+         WHERE i.inhparent = to_regclass($1) ORDER BY 1",
+    )
+    .bind(parent)
+    .fetch_all(pool)
+    .await?;
+    let prefix = format!("{parent}_p");
+    Ok(rows
+        .into_iter()
+        .filter_map(|(name, detaching)| {
+            let day = NaiveDate::parse_from_str(name.strip_prefix(&prefix)?, "%Y%m%d").ok()?;
+            Some(Partition { name, day, detaching })
+        })
+        .collect())
+}
+
+/// Drop the partitions of `parent` whose whole day is more than `days` days old. The rows of
+/// tasks still open (scheduled, queued, running or paused) are first moved to today's partition,
+/// so a long pause keeps its conversation. One replica at a time (a session advisory lock: the
+/// others skip the pass). Every statement runs with `LOCK_TIMEOUT`; one that times out leaves
+/// its partition, and the older ones after it, for the next pass. Returns the partitions dropped.
+pub async fn drop_expired(pool: &PgPool, parent: &str, days: u32) -> Result<Vec<String>, StoreError> {
+    let cutoff = Utc::now().date_naive() - chrono::Days::new(u64::from(days));
+    let mut expired: Vec<Partition> = partitions(pool, parent).await?.into_iter().filter(|p| p.day < cutoff).collect();
+    // A table has at most one detach pending: it is finished first.
+    expired.sort_by_key(|p| (!p.detaching, p.day));
+    if expired.is_empty() {
+        return Ok(vec![]);
+    }
+    let mut conn = pool.acquire().await?;
+    let mine: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock(hashtext('subagentd_retention'))")
+        .fetch_one(&mut *conn)
+        .await?;
+    if !mine {
+        return Ok(vec![]);
+    }
+    sqlx::query(&format!("SET lock_timeout = '{LOCK_TIMEOUT}'")).execute(&mut *conn).await?;
+    let mut dropped = vec![];
+    let mut failed = None;
+    for p in expired {
+        // The partition holds [day, day + 1): expired once day + 1 <= cutoff.
+        match drop_one(&mut conn, parent, &p).await {
+            Ok(()) => dropped.push(p.name),
+            Err(e) if is_lock_timeout(&e) => {
+                // Its detach stays pending, and no other can start: the rest wait for a later pass.
+                tracing::info!(partition = %p.name, "a lock was busy; the partition is dropped on a later pass");
+                break;
+            }
+            Err(e) => {
+                failed = Some(e);
+                break;
+            }
+        }
+    }
+    let reset = sqlx::query("RESET lock_timeout; SELECT pg_advisory_unlock(hashtext('subagentd_retention'))")
+        .execute(&mut *conn)
+        .await;
+    if reset.is_err() {
+        // A connection whose settings and locks are unknown is not given back to the pool.
+        let _ = conn.detach();
+    }
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(dropped),
+    }
+}
+
+async fn drop_one(conn: &mut sqlx::PgConnection, parent: &str, p: &Partition) -> Result<(), StoreError> {
+    if !p.detaching {
+        // Open tasks keep their rows: moved (an update of the partition key) to today.
+        sqlx::query(&format!(
+            "UPDATE {parent} SET created_at = now()
+             WHERE created_at >= $1::date::timestamp AT TIME ZONE 'UTC'
+               AND created_at < ($1::date + 1)::timestamp AT TIME ZONE 'UTC'
+               AND task_id IN (SELECT id FROM tasks
+                               WHERE status IN ('scheduled', 'queued', 'running', 'requires_action'))"
+        ))
+        .bind(p.day)
+        .execute(&mut *conn)
+        .await?;
+        sqlx::query(&format!("ALTER TABLE {parent} DETACH PARTITION {} CONCURRENTLY", p.name))
+            .execute(&mut *conn)
+            .await?;
+    } else {
+        // A detach a timeout interrupted (on this pass or an earlier one) is finished.
+        sqlx::query(&format!("ALTER TABLE {parent} DETACH PARTITION {} FINALIZE", p.name)).execute(&mut *conn).await?;
+    }
+    sqlx::query(&format!("DROP TABLE {}", p.name)).execute(&mut *conn).await?;
+    Ok(())
+}
+
+fn is_lock_timeout(e: &StoreError) -> bool {
+    // 55P03: lock_not_available (lock_timeout).
+    matches!(e, StoreError::Db(sqlx::Error::Database(d)) if d.code().as_deref() == Some("55P03"))
+}
+
+/// The fallback: an insert found no partition for its row (the service has not kept them ahead,
+/// or one was removed by hand). Creates them now; true if it could. It locks the parent tables
+/// briefly, so it runs only when an insert has failed.
+pub async fn repair(pool: &PgPool) -> bool {
+    match tokio::time::timeout(Duration::from_secs(10), ensure(pool, AHEAD_DAYS)).await {
+        Ok(Ok(until)) => {
+            tracing::warn!(%until, "an insert found no partition: history partitions created on demand");
+            true
+        }
+        Ok(Err(e)) => {
+            tracing::error!(error = %e, "history partitions could not be created on demand");
+            false
+        }
+        Err(_) => false,
+    }
+}

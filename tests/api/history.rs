@@ -1,0 +1,318 @@
+//! History by the day (#47): `task_events` and `task_messages` are partitioned by the day their
+//! rows are written; the service keeps partitions ahead and makes one on demand when an insert
+//! finds none; retention drops whole partitions while the claim and inserts go on; a database
+//! from the release before keeps every row.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use sqlx::PgPool;
+use subagentd::service::{Roles, Service};
+use subagentd::store::partitions;
+use uuid::Uuid;
+
+use crate::helpers::*;
+
+/// Today's UTC day as the partitions name it.
+async fn day(pool: &PgPool, days_ago: i32) -> String {
+    sqlx::query_scalar("SELECT to_char((now() AT TIME ZONE 'UTC')::date - $1, 'YYYYMMDD')")
+        .bind(days_ago)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// Detach and drop the given day's partition of every history table (as an operator's mistake
+/// would).
+async fn remove_day(pool: &PgPool, days_ago: i32) {
+    let d = day(pool, days_ago).await;
+    for parent in partitions::HISTORY {
+        sqlx::query(&format!("ALTER TABLE {parent} DETACH PARTITION {parent}_p{d}")).execute(pool).await.unwrap();
+        sqlx::query(&format!("DROP TABLE {parent}_p{d}")).execute(pool).await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn partitions_are_made_ahead_and_an_insert_into_a_missing_day_still_succeeds() {
+    let app = spawn_app().await;
+    let pool = &app.db.pool;
+    assert_eq!(partitions::reach(pool).await.unwrap(), i64::from(partitions::AHEAD_DAYS));
+    let metrics = app.client.get(app.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    assert!(metrics.contains("subagentd_history_partitions_ahead_days 7"), "{metrics}");
+    let kinds: Vec<String> = sqlx::query_scalar(
+        "SELECT relkind::text FROM pg_class WHERE relname IN ('task_events', 'task_messages') ORDER BY relname",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert_eq!(kinds, ["p", "p"], "both are partitioned tables");
+    let default: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_partitioned_table WHERE partdefid <> 0 AND partrelid IN ('task_events'::regclass, 'task_messages'::regclass)",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!(default, 0, "no DEFAULT partition");
+
+    // Today's partitions gone: a submission (its first event) makes them again and succeeds.
+    remove_day(pool, 0).await;
+    assert_eq!(partitions::reach(pool).await.unwrap(), -1);
+    let r = app.post_json("/tasks?wait=true", json!({"prompt": "x [mock:reply=one]", "model": "mock/m"})).await;
+    assert_eq!(r.status(), 200);
+    let t: Value = r.json().await.unwrap();
+    assert_eq!(t["status"], "completed", "{t}");
+    assert_eq!(t["summary"], "one");
+    assert!(partitions::reach(pool).await.unwrap() >= 0);
+
+    // Gone again while a run is under way: its checkpoint and its end (worker writes) make them.
+    let t = app.submit(json!({"prompt": "y [mock:reply=two] [mock:delay_ms=1500]", "model": "mock/m"})).await;
+    let id = t["id"].as_str().unwrap().to_string();
+    let started = Instant::now();
+    while app.get_task(&id).await["status"] != "running" {
+        assert!(started.elapsed() < Duration::from_secs(20), "the task never ran");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    remove_day(pool, 0).await;
+    let done = app.poll_until_terminal(&id, Duration::from_secs(30)).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["summary"], "two");
+    let events = app.get_json(&format!("/tasks/{id}/events")).await;
+    let kinds: Vec<&str> = events["events"].as_array().unwrap().iter().filter_map(|e| e["kind"].as_str()).collect();
+    assert!(kinds.contains(&"finished"), "the end's event is stored: {kinds:?}");
+    let messages: i64 = sqlx::query_scalar("SELECT count(*) FROM task_messages WHERE task_id = $1::uuid")
+        .bind(&id)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert!(messages >= 2, "the conversation is stored ({messages} messages)");
+    app.stop().await;
+}
+
+/// Old history: `days` partitions from 40 days ago, each with `rows` events and messages of
+/// finished tasks that exist nowhere else.
+async fn old_history(pool: &PgPool, days: i32, rows: i32) {
+    for ago in 40..40 + days {
+        for parent in partitions::HISTORY {
+            sqlx::query("SELECT subagentd_partition($1, (now() AT TIME ZONE 'UTC')::date - $2)")
+                .bind(parent)
+                .bind(ago)
+                .execute(pool)
+                .await
+                .unwrap();
+        }
+        let at = format!("now() - interval '{ago} days'");
+        sqlx::query(&format!(
+            "INSERT INTO task_events (task_id, seq, kind, created_at) SELECT gen_random_uuid(), 1, 'created', {at} FROM generate_series(1, $1)"
+        ))
+        .bind(rows)
+        .execute(pool)
+        .await
+        .unwrap();
+        sqlx::query(&format!(
+            "INSERT INTO task_messages (task_id, seq, turn, message, created_at) SELECT gen_random_uuid(), 1, 1, '{{}}', {at} FROM generate_series(1, $1)"
+        ))
+        .bind(rows)
+        .execute(pool)
+        .await
+        .unwrap();
+    }
+}
+
+async fn old_partitions(pool: &PgPool) -> Vec<String> {
+    let mut names = vec![];
+    let cutoff = chrono::Utc::now().date_naive() - chrono::Days::new(30);
+    for parent in partitions::HISTORY {
+        names.extend(
+            partitions::partitions(pool, parent).await.unwrap().into_iter().filter(|p| p.day < cutoff).map(|p| p.name),
+        );
+    }
+    names
+}
+
+#[tokio::test]
+async fn retention_drops_partitions_while_the_claim_and_inserts_go_on() {
+    // The service's own retention pass is off: this test runs the passes itself.
+    let app = spawn_app_with(|c| c.retention_days = 0, true).await;
+    let pool = app.db.pool.clone();
+    old_history(&pool, 3, 2000).await;
+    assert_eq!(old_partitions(&pool).await.len(), 6);
+    let held_day = day(&pool, 41).await;
+
+    // Tasks submitted and run all along, in wait mode, four at a time.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut load = vec![];
+    for k in 0..4 {
+        let (client, url, stop) = (app.client.clone(), app.url("/tasks?wait=true"), stop.clone());
+        load.push(tokio::spawn(async move {
+            let (mut ok, mut bad) = (0, vec![]);
+            let mut i = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                i += 1;
+                let r = client
+                    .post(&url)
+                    .json(&json!({"prompt": format!("{k}/{i} [mock:reply=ok]"), "model": "mock/m"}))
+                    .send()
+                    .await;
+                match r {
+                    Ok(r) if r.status() == 200 => {
+                        let v: Value = r.json().await.unwrap();
+                        if v["status"] == "completed" {
+                            ok += 1
+                        } else {
+                            bad.push(v.to_string())
+                        }
+                    }
+                    Ok(r) => bad.push(format!("{} {}", r.status(), r.text().await.unwrap_or_default())),
+                    Err(e) => bad.push(e.to_string()),
+                }
+            }
+            (ok, bad)
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // A reader holds one old partition: its drop waits no longer than the lock timeout, and it
+    // and the later days of its table are left for the next pass; the others go.
+    let mut reader = pool.begin().await.unwrap();
+    sqlx::query(&format!("SELECT count(*) FROM task_events_p{held_day}")).execute(&mut *reader).await.unwrap();
+    let mut dropped = vec![];
+    for parent in partitions::HISTORY {
+        dropped.extend(partitions::drop_expired(&pool, parent, 30).await.unwrap());
+    }
+    let next_day = day(&pool, 40).await;
+    assert_eq!(dropped.len(), 4, "the oldest events day and every messages day: {dropped:?}");
+    assert_eq!(old_partitions(&pool).await, [format!("task_events_p{held_day}"), format!("task_events_p{next_day}")]);
+    reader.commit().await.unwrap();
+    // The next pass finishes it (a detach the timeout interrupted is finalized) and the rest.
+    assert_eq!(
+        partitions::drop_expired(&pool, "task_events", 30).await.unwrap(),
+        [format!("task_events_p{held_day}"), format!("task_events_p{next_day}")]
+    );
+    assert!(old_partitions(&pool).await.is_empty());
+
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut total = 0;
+    for l in load {
+        let (ok, bad) = l.await.unwrap();
+        assert!(bad.is_empty(), "every request during retention succeeded: {bad:?}");
+        total += ok;
+    }
+    assert!(total > 0, "tasks ran throughout");
+    // Nothing was deleted row by row, and the history of the window is whole.
+    let deleted: i64 = sqlx::query_scalar(
+        "SELECT coalesce(sum(n_tup_del), 0)::int8 FROM pg_stat_user_tables WHERE relname LIKE 'task_events_p%' OR relname LIKE 'task_messages_p%'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(deleted, 0);
+    let tasks: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM tasks WHERE status = 'completed'").fetch_one(&pool).await.unwrap();
+    assert_eq!(tasks, total);
+    let without_events: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM tasks t WHERE NOT EXISTS (SELECT 1 FROM task_events e WHERE e.task_id = t.id)",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(without_events, 0);
+    app.stop().await;
+}
+
+/// A digest of every row of a table, in order.
+async fn digest(pool: &PgPool, cols: &str, table: &str) -> (i64, String) {
+    sqlx::query_as(&format!(
+        "SELECT count(*), coalesce(md5(string_agg(r::text, ',' ORDER BY r::text)), '') FROM (SELECT {cols} FROM {table}) r"
+    ))
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_database_from_the_release_before_keeps_every_event_and_message_and_its_queue_runs() {
+    let db = test_db().await;
+    let old = database_before(&db, 28).await;
+    let pool = old.pool.clone();
+    sqlx::query("INSERT INTO tenants (name) VALUES ('default')").execute(&pool).await.unwrap();
+    let (done, queued) = (Uuid::now_v7(), Uuid::now_v7());
+    sqlx::query(
+        "INSERT INTO tasks (id, tenant, status, subagent_type, prompt, model, options, finished_at, summary)
+         VALUES ($1, 'default', 'completed', 'general', 'p', 'mock/m', '{}', now() - interval '45 days', 'old'),
+                ($2, 'default', 'queued', 'general', 'q [mock:reply=carried]', 'mock/m', '{\"max_turns\": 3}', NULL, NULL)",
+    )
+    .bind(done)
+    .bind(queued)
+    .execute(&pool)
+    .await
+    .unwrap();
+    for (ago, seq) in [(45, 1), (44, 2), (2, 3)] {
+        let at = format!("now() - interval '{ago} days'");
+        sqlx::query(&format!(
+            "INSERT INTO task_events (task_id, seq, kind, data, created_at) VALUES ($1, $2, 'note', '{{\"n\": {seq}}}', {at})"
+        ))
+        .bind(done)
+        .bind(seq)
+        .execute(&pool)
+        .await
+        .unwrap();
+        sqlx::query(&format!(
+            "INSERT INTO task_messages (task_id, seq, turn, message, created_at) VALUES ($1, $2, 1, '{{\"role\": \"user\", \"content\": \"{seq}\"}}', {at})"
+        ))
+        .bind(done)
+        .bind(seq)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    sqlx::query("INSERT INTO task_events (task_id, seq, kind) VALUES ($1, 1, 'created')")
+        .bind(queued)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let ev = "task_id, seq, kind, data, created_at";
+    let msg = "task_id, seq, turn, message, created_at";
+    let before = (digest(&pool, ev, "task_events").await, digest(&pool, msg, "task_messages").await);
+    assert_eq!((before.0 .0, before.1 .0), (4, 3));
+
+    subagentd::db::MIGRATOR.run(&pool).await.unwrap();
+    let after = (digest(&pool, ev, "task_events").await, digest(&pool, msg, "task_messages").await);
+    assert_eq!(after, before, "every event and message, unchanged");
+    // A partition for each day the old rows were written on, and the days ahead.
+    let days: Vec<String> =
+        partitions::partitions(&pool, "task_events").await.unwrap().iter().map(|p| p.name.clone()).collect();
+    for ago in [45, 44, 2, 0, -7] {
+        assert!(days.contains(&format!("task_events_p{}", day(&pool, ago).await)), "{ago} days ago: {days:?}");
+    }
+
+    // The queue carries on: a service on the migrated database runs the queued task.
+    let cfg = test_config(&old.url);
+    let service = Service::start(
+        Arc::new(cfg),
+        pool.clone(),
+        subagentd::llm::Providers::with_builtin(),
+        Arc::new(subagentd::engine::definitions::FileAgents::default()),
+        Roles { api: true, workers: true },
+    )
+    .await
+    .expect("start service");
+    let started = Instant::now();
+    loop {
+        let (status, result): (String, Option<String>) =
+            sqlx::query_as("SELECT status, summary FROM tasks WHERE id = $1")
+                .bind(queued)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        if status == "completed" {
+            assert_eq!(result.as_deref(), Some("carried"));
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "the queued task never ran: {status}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    service.stop().await;
+    old.drop().await;
+}

@@ -5,7 +5,8 @@
 //! cargo bench --bench load                 # every scenario, then BENCHMARKS.md
 //! cargo bench --bench load -- throughput   # one scenario: throughput, concurrency, wait, admission, pgbench,
 //!                                          # waitsat, mcp, a2a, holds, live, priority, connections, flood, webfetch, workspace (and on request:
-//!                                          # soak, console)
+//!                                          # soak, console, history)
+//! BENCH_HISTORY_TASKS=N                    # history: N finished tasks of history (default 1,000,000)
 //! BENCH_SCHEDULED=N                        # throughput with N tasks scheduled a day ahead beside it
 //! BENCH_STREAM_PIECES=N                    # the fake streams its final answers in N pieces (when asked to stream)
 
@@ -210,6 +211,9 @@ impl Env {
                 "track_wal_io_timing=on".into(),
             ]
             .into_iter()
+            // The claim's planning time apart from its execution, for the history scenario only
+            // (it costs every statement a little).
+            .chain(std::env::args().any(|a| a == "history").then(|| "pg_stat_statements.track_planning=on".to_string()))
             // More of PostgreSQL's settings, for experiments: `BENCH_PG_SETTINGS='autovacuum=off;work_mem=8MB'`.
             .chain(
                 std::env::var("BENCH_PG_SETTINGS")
@@ -402,13 +406,7 @@ async fn print_top_statements(pool: &sqlx::PgPool, tasks: i64) {
 /// 1. Tasks/s completed end to end, background mode, one tool call then an answer, 0 ms provider.
 async fn throughput(env: &Env, report: &Report, secs: u64) {
     env.latency.store(0, Ordering::Relaxed);
-    let svc = env
-        .service(
-            "bench_tp",
-            &["serve"],
-            &[("SUBAGENTD_MAX_RUNNING", "256".into()), ("SUBAGENTD_DB_MAX_CONNECTIONS", "40".into())],
-        )
-        .await;
+    let svc = throughput_service(env, "bench_tp").await;
     let pool = subagentd::db::connect(&svc.db_url, 2).await.unwrap();
     // Tasks waiting for a time a day ahead, beside the load (`BENCH_SCHEDULED`): what they cost
     // while they wait.
@@ -426,6 +424,57 @@ async fn throughput(env: &Env, report: &Report, secs: u64) {
         let _ = sqlx::query("ANALYZE tasks").execute(&pool).await;
         println!("{n} scheduled tasks wait beside the load");
     }
+    let d = drive(&svc, &pool, secs).await;
+    let (rate, el) = (d.rate, d.el);
+    let line = format!(
+        "| 1. Throughput (background, 1 tool call + answer, provider 0 ms) | ≥ 500 tasks/s for 60 s | **{rate:.0} tasks/s** over {el:.0} s ({} completed; {} open at the end, {} not completed) | {} |",
+        d.completed,
+        d.open,
+        d.bad,
+        if rate >= 500.0 { "met" } else { "not met" }
+    );
+    println!("{line}\nDB transactions per completed task (incl. submission): {:.1}", d.per_task);
+    report.lock().unwrap().push(line);
+    report.lock().unwrap().push(format!("@per_task {:.1}", d.per_task));
+}
+
+/// The throughput scenario's service: 256 runs at once, 40 connections.
+async fn throughput_service(env: &Env, name: &str) -> Svc {
+    env.service(
+        name,
+        &["serve"],
+        &[("SUBAGENTD_MAX_RUNNING", "256".into()), ("SUBAGENTD_DB_MAX_CONNECTIONS", "40".into())],
+    )
+    .await
+}
+
+/// What one throughput run measured.
+struct Driven {
+    rate: f64,
+    el: f64,
+    completed: i64,
+    open: i64,
+    bad: i64,
+    per_task: f64,
+}
+
+/// Tasks finished since `since` (completed, and not completed), and those open now.
+async fn counts_since(pool: &sqlx::PgPool, since: chrono::DateTime<chrono::Utc>) -> (i64, i64, i64) {
+    sqlx::query_as(
+        "SELECT (SELECT count(*) FROM tasks WHERE finished_at >= $1 AND status = 'completed'),
+                (SELECT count(*) FROM tasks WHERE status IN ('queued', 'running')),
+                (SELECT count(*) FROM tasks WHERE finished_at >= $1 AND status IN ('failed', 'incomplete', 'cancelled'))",
+    )
+    .bind(since)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// Scenario 1's load against `svc` for `secs` after a 5 s warm-up: 32 submitters keeping a
+/// backlog of about 3,000, one tool call then an answer per task. Counts through the finished
+/// index (not the whole table), so a database full of history is measured the same way.
+async fn drive(svc: &Svc, pool: &sqlx::PgPool, secs: u64) -> Driven {
     let client = reqwest::Client::new();
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let submitted = Arc::new(AtomicU64::new(0));
@@ -465,38 +514,189 @@ async fn throughput(env: &Env, report: &Report, secs: u64) {
         }));
     }
     tokio::time::sleep(Duration::from_secs(5)).await; // warm-up
-    reset_statement_stats(&pool).await;
-    let (c0, _, _) = counts(&pool).await;
-    let x0 = commits(&pool).await;
+    reset_statement_stats(pool).await;
+    let since: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()").fetch_one(pool).await.unwrap();
+    let x0 = commits(pool).await;
     let cpu0 = cpu_seconds(svc.child.id());
     let t0 = Instant::now();
     tokio::time::sleep(Duration::from_secs(secs)).await;
-    let (c1, open, bad) = counts(&pool).await;
-    let x1 = commits(&pool).await;
+    let (completed, open, bad) = counts_since(pool, since).await;
+    let x1 = commits(pool).await;
     let cpu1 = cpu_seconds(svc.child.id());
     let el = t0.elapsed().as_secs_f64();
     stop.store(true, Ordering::Relaxed);
     for s in subs {
         let _ = s.await;
     }
-    let rate = (c1 - c0) as f64 / el;
-    print_top_statements(&pool, c1 - c0).await;
-    let per_task = (x1 - x0) as f64 / (c1 - c0).max(1) as f64;
-    let n = (c1 - c0).max(1) as f64;
+    let rate = completed as f64 / el;
+    print_top_statements(pool, completed).await;
+    let per_task = (x1 - x0) as f64 / completed.max(1) as f64;
+    let n = completed.max(1) as f64;
     let (pg_ms, svc_ms) = ((cpu1.0 - cpu0.0) * 1000.0 / n, (cpu1.1 - cpu0.1) * 1000.0 / n);
     println!(
         "CPU per completed task: PostgreSQL {pg_ms:.2} ms, service {svc_ms:.2} ms (PostgreSQL {:.0}%, service {:.0}% of one core)",
         (cpu1.0 - cpu0.0) / el * 100.0,
         (cpu1.1 - cpu0.1) / el * 100.0
     );
-    let line = format!(
-        "| 1. Throughput (background, 1 tool call + answer, provider 0 ms) | ≥ 500 tasks/s for 60 s | **{rate:.0} tasks/s** over {el:.0} s ({} completed; {open} open at the end, {bad} not completed) | {} |",
-        c1 - c0,
-        if rate >= 500.0 { "met" } else { "not met" }
+    Driven { rate, el, completed, open, bad, per_task }
+}
+
+/// The claim's two statements (the tenant walk, then the count and pick), per claim: calls, mean
+/// planning ms, mean execution ms (pg_stat_statements with `track_planning`).
+async fn claim_stats(pool: &sqlx::PgPool) -> (i64, f64, f64) {
+    sqlx::query_as(
+        "WITH s AS (SELECT query, calls, total_plan_time, total_exec_time FROM pg_stat_statements
+                    WHERE query LIKE 'WITH RECURSIVE qt AS%' OR query LIKE 'WITH lim AS%')
+         SELECT coalesce(max(calls) FILTER (WHERE query LIKE 'WITH RECURSIVE%'), 0)::int8,
+                coalesce(sum(total_plan_time) / nullif(max(calls) FILTER (WHERE query LIKE 'WITH RECURSIVE%'), 0), 0)::float8,
+                coalesce(sum(total_exec_time) / nullif(max(calls) FILTER (WHERE query LIKE 'WITH RECURSIVE%'), 0), 0)::float8
+         FROM s",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// Fill `n` finished tasks of history over 20 tenants and 40 days (ids ordered by time as the
+/// service's are), two ledger rows each, and events and messages in the soak's proportions (11
+/// and 5 per task) for the most recent `recent` (the rest as retention leaves them). In SQL, a
+/// million at a time. Returns the days the recent tasks span.
+async fn fill_history(pool: &sqlx::PgPool, n: i64, recent: i64) -> f64 {
+    let t = Instant::now();
+    sqlx::query("INSERT INTO tenants (name) SELECT 'h' || lpad(g::text, 2, '0') FROM generate_series(1, 20) g ON CONFLICT DO NOTHING")
+        .execute(pool)
+        .await
+        .unwrap();
+    const DAYS: f64 = 40.0;
+    let step = 1_000_000i64;
+    let mut from = 1i64;
+    while from <= n {
+        let to = (from + step - 1).min(n);
+        sqlx::query(
+            "INSERT INTO tasks (id, tenant, status, subagent_type, prompt, model, options, metadata, created_at, started_at,
+                                finished_at, summary, stop_reason, turns, input_tokens, output_tokens, cost_usd, attempt, last_event_seq)
+             SELECT (lpad(to_hex((extract(epoch FROM ts) * 1000)::int8), 12, '0') || '7' || substr(h, 1, 3) || '8' || substr(h, 4, 15))::uuid,
+                    'h' || lpad((g % 20 + 1)::text, 2, '0'), CASE WHEN g % 50 = 0 THEN 'cancelled' ELSE 'completed' END,
+                    'general', 'go', 'fake/gpt-4o', '{\"max_turns\": 5}', '{}', ts, ts, ts + interval '40 ms',
+                    CASE WHEN g % 50 = 0 THEN NULL ELSE 'done' END,
+                    CASE WHEN g % 50 = 0 THEN 'cancelled' ELSE 'final_answer' END, 2, 240, 60, 0.0009, 1, 11
+             FROM (SELECT g, now() - interval '1 hour' - (($3 - g)::float8 / $3) * make_interval(days => $4) AS ts,
+                          md5(g::text) AS h FROM generate_series($1::int8, $2::int8) g) s",
+        )
+        .bind(from)
+        .bind(to)
+        .bind(n)
+        .bind(DAYS as i32)
+        .execute(pool)
+        .await
+        .unwrap();
+        sqlx::query(
+            "INSERT INTO llm_calls (call_key, task_id, tenant, turn, attempt, try, provider, model, input_tokens,
+                                    output_tokens, cost_usd, latency_ms, outcome, created_at)
+             SELECT gen_random_uuid(), t.id, t.tenant, k, 1, 1, 'fake', 'gpt-4o', 120, 30, 0.00045, 1, 'ok', t.created_at
+             FROM tasks t, generate_series(1, 2) k
+             WHERE t.created_at >= now() - interval '1 hour' - (($3 - $1 + 1)::float8 / $3) * make_interval(days => $4)
+               AND t.created_at < now() - interval '1 hour' - (($3 - $2 - 1)::float8 / $3) * make_interval(days => $4)
+               AND t.tenant LIKE 'h%'",
+        )
+        .bind(from)
+        .bind(to)
+        .bind(n)
+        .bind(DAYS as i32)
+        .execute(pool)
+        .await
+        .unwrap();
+        println!("history: {to} of {n} tasks and their ledger rows in {:.0} s", t.elapsed().as_secs_f64());
+        from = to + 1;
+    }
+    let span = DAYS * recent.min(n) as f64 / n as f64;
+    // Partitions for the days the recent tasks' events and messages were written on.
+    sqlx::query(
+        "SELECT subagentd_partition(p, d::date) FROM unnest(ARRAY['task_events', 'task_messages']) p,
+                generate_series((now() AT TIME ZONE 'UTC')::date - $1, (now() AT TIME ZONE 'UTC')::date, interval '1 day') d",
+    )
+    .bind(span.ceil() as i32 + 1)
+    .execute(pool)
+    .await
+    .unwrap();
+    let recent_ids = "SELECT id, created_at FROM tasks WHERE tenant LIKE 'h%' ORDER BY created_at DESC LIMIT $1";
+    sqlx::query(&format!(
+        "INSERT INTO task_events (task_id, seq, kind, data, created_at)
+         SELECT t.id, k, (ARRAY['created', 'claimed', 'llm_call_started', 'llm_call_finished', 'checkpoint', 'tool_calls_started',
+                                'tool_call_finished', 'llm_call_started', 'llm_call_finished', 'checkpoint', 'finished'])[k],
+                jsonb_build_object('turn', (k + 1) / 5, 'model', 'fake/gpt-4o', 'input_tokens', 120, 'output_tokens', 30,
+                                   'latency_ms', 1, 'outcome', 'ok', 'attempt', 1, 'worker', 'w-' || substr(t.id::text, 1, 8)),
+                t.created_at + k * interval '3 ms'
+         FROM ({recent_ids}) t, generate_series(1, 11) k"
+    ))
+    .bind(recent)
+    .execute(pool)
+    .await
+    .unwrap();
+    sqlx::query(&format!(
+        "INSERT INTO task_messages (task_id, seq, turn, message, created_at)
+         SELECT t.id, k, (k + 1) / 2, jsonb_build_object('role', (ARRAY['system', 'user', 'assistant', 'tool', 'assistant'])[k],
+                'content', repeat('The sub-agent works through the task and reports back. ', 4)), t.created_at + k * interval '3 ms'
+         FROM ({recent_ids}) t, generate_series(1, 5) k"
+    ))
+    .bind(recent)
+    .execute(pool)
+    .await
+    .unwrap();
+    sqlx::query("ANALYZE").execute(pool).await.unwrap();
+    sqlx::query("CHECKPOINT").execute(pool).await.unwrap();
+    println!("history: filled in {:.0} s", t.elapsed().as_secs_f64());
+    span
+}
+
+/// Scenario 17, history at scale (on request: `BENCH_HISTORY_TASKS=<n> cargo bench --bench load
+/// -- history`; it needs tens of GB of disk at 10M): the throughput scenario on an empty database,
+/// then on one holding `n` finished tasks of history; the claim's planning and execution apart;
+/// then a retention pass with a window that expires part of the generated history.
+async fn history(env: &Env, report: &Report, n: i64, secs: u64) {
+    env.latency.store(0, Ordering::Relaxed);
+    let recent = std::env::var("BENCH_HISTORY_RECENT").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
+    let svc = throughput_service(env, "bench_hist_empty").await;
+    let pool = subagentd::db::connect(&svc.db_url, 2).await.unwrap();
+    let empty = drive(&svc, &pool, secs).await;
+    let (_, plan0, exec0) = claim_stats(&pool).await;
+    pool.close().await;
+    drop(svc);
+
+    let svc = throughput_service(env, "bench_hist").await;
+    let pool = subagentd::db::connect(&svc.db_url, 2).await.unwrap();
+    let span = fill_history(&pool, n, recent).await;
+    let disk: i64 = sqlx::query_scalar("SELECT pg_database_size(current_database())").fetch_one(&pool).await.unwrap();
+    let full = drive(&svc, &pool, secs).await;
+    let (claims, plan1, exec1) = claim_stats(&pool).await;
+
+    // Retention with a window half the recent tasks' span: whole partitions go, no row is deleted.
+    let window = ((span / 2.0).floor() as u32).max(1);
+    let deleted = "SELECT coalesce(sum(n_tup_del), 0)::int8 FROM pg_stat_user_tables
+                   WHERE relname IN ('tasks', 'llm_calls') OR relname LIKE 'task_events_p%' OR relname LIKE 'task_messages_p%'";
+    let d0: i64 = sqlx::query_scalar(deleted).fetch_one(&pool).await.unwrap();
+    let t = Instant::now();
+    let mut dropped = 0;
+    for parent in subagentd::store::partitions::HISTORY {
+        dropped += subagentd::store::partitions::drop_expired(&pool, parent, window).await.unwrap().len();
+    }
+    let pass = t.elapsed().as_secs_f64();
+    // The statistics collector reports a backend's counts at its transaction's end, within a second.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let d1: i64 = sqlx::query_scalar(deleted).fetch_one(&pool).await.unwrap();
+    let (x, y) = (empty.rate, full.rate);
+    let (a, b) = (plan0 + exec0, plan1 + exec1);
+    println!(
+        "history: claim planning {plan0:.3} -> {plan1:.3} ms, execution {exec0:.3} -> {exec1:.3} ms ({claims} claims with history); database {:.1} GB filled; retention window {window} days, pass {pass:.1} s",
+        disk as f64 / 1e9
     );
-    println!("{line}\nDB transactions per completed task (incl. submission): {per_task:.1}");
-    report.lock().unwrap().push(line);
-    report.lock().unwrap().push(format!("@per_task {per_task:.1}"));
+    let line = format!(
+        "history: {n} tasks; without {x:.0} tasks/s, with {y:.0} tasks/s, ratio {:.2}; claim {a:.3} -> {b:.3} ms mean; retention dropped {dropped} partitions, deleted {} history rows",
+        y / x.max(1.0),
+        d1 - d0
+    );
+    println!("{line}");
+    report.lock().unwrap().push(format!("@history {line}"));
 }
 
 /// Scenario 13, wait mode at saturation: `tasks` tasks, `callers` callers each waiting for its
@@ -2043,6 +2243,11 @@ async fn main() {
     let env_u64 = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
     STREAM_PIECES.store(env_u64("BENCH_STREAM_PIECES").unwrap_or(0), Ordering::Relaxed);
     STREAM_GAP_MS.store(env_u64("BENCH_STREAM_GAP_MS").unwrap_or(0), Ordering::Relaxed);
+    if which.iter().any(|w| w == "history") {
+        let n = std::env::var("BENCH_HISTORY_TASKS").ok().and_then(|s| s.parse().ok()).unwrap_or(1_000_000);
+        let secs = std::env::var("BENCH_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(60);
+        history(&env, &report, n, secs).await;
+    }
     if want("throughput") {
         throughput(&env, &report, std::env::var("BENCH_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(60)).await;
     }

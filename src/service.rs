@@ -111,10 +111,7 @@ impl Service {
         let listen = tokio::spawn(hub.clone().listen(pool.clone(), listener_stop.clone()));
         let publish = hub.start_publishing(pool.clone(), listener_stop.clone()).await;
         let refresh_live = tokio::spawn(hub.clone().refresh_live(listener_stop.clone()));
-        let partitions =
-            crate::jobs::partitions::Partitions { pool: pool.clone(), every: std::time::Duration::from_secs(3600) }
-                .start(listener_stop.clone())
-                .await;
+        let partitions = crate::jobs::partitions::keep(pool.clone(), listener_stop.clone()).await;
 
         let local_worker = roles.workers.then(|| {
             let (p, c) = (providers.clone(), tool_caller.clone());

@@ -87,6 +87,10 @@ pub const GAUGES: &[(&str, &str)] = &[
     ),
     ("subagentd_active_runs", "Sub-agents running in this process now."),
     (
+        "subagentd_history_partitions_ahead_days",
+        "How many whole days ahead (UTC) every history table has its day partitions, measured at start and hourly.",
+    ),
+    (
         "subagentd_waiters",
         "Requests of this process waiting for a task to end or pause (wait=true); event streams are not counted here.",
     ),

@@ -12,6 +12,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::store::{partitions, StoreError};
 
+/// Keep the partitions ahead in this process: a pass now, then hourly until `stop`.
+pub async fn keep(pool: PgPool, stop: CancellationToken) -> JoinHandle<()> {
+    Partitions { pool, every: Duration::from_secs(3600) }.start(stop).await
+}
+
 pub struct Partitions {
     pub pool: PgPool,
     pub every: Duration,

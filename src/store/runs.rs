@@ -25,6 +25,10 @@ pub async fn claim(
     default_max_running: Option<i32>,
 ) -> Result<Vec<TaskRow>, StoreError> {
     let mut tx = pool.begin().await?;
+    // Planned once per connection, not per claim: a custom plan's planning grew with the size of
+    // `tasks` (the planner probes the ends of its indexes), while the plan does not change with
+    // the parameters (#47).
+    sqlx::query("SET LOCAL plan_cache_mode = force_generic_plan").execute(&mut *tx).await?;
     // First lock the tenants to serve (skipping those another claimer holds) …
     let served: Vec<(String, Option<i32>)> = sqlx::query_as(
         "WITH RECURSIVE qt AS (

@@ -13,23 +13,32 @@
 -- under an advisory lock so one replica at a time), and on demand when an insert finds none.
 -- DETACH ... CONCURRENTLY needs PostgreSQL 14 or newer.
 
+-- A day's partition: made as a table of its own, then attached, so that only SHARE UPDATE
+-- EXCLUSIVE is taken on the parent (CREATE TABLE ... PARTITION OF would take ACCESS EXCLUSIVE
+-- and queue every read and insert behind a long reader). A table of the name not yet attached
+-- is attached.
 CREATE FUNCTION subagentd_partition(parent text, day date) RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
     part text := parent || '_p' || to_char(day, 'YYYYMMDD');
 BEGIN
-    IF to_regclass(part) IS NOT NULL THEN
+    IF to_regclass(part) IS NOT NULL
+       AND EXISTS (SELECT 1 FROM pg_inherits WHERE inhrelid = to_regclass(part)) THEN
         RETURN false;
     END IF;
-    EXECUTE format('CREATE TABLE %I PARTITION OF %I FOR VALUES FROM (%L) TO (%L)', part, parent,
+    IF to_regclass(part) IS NULL THEN
+        EXECUTE format('CREATE TABLE %I (LIKE %I INCLUDING DEFAULTS INCLUDING COMPRESSION)', part, parent);
+    END IF;
+    EXECUTE format('ALTER TABLE %I ATTACH PARTITION %I FOR VALUES FROM (%L) TO (%L)', parent, part,
                    day::timestamp AT TIME ZONE 'UTC', (day + 1)::timestamp AT TIME ZONE 'UTC');
     RETURN true;
 END $$;
 
 -- Partitions of every history table from yesterday to `ahead` days from now (UTC); returns the
--- last day covered. One caller at a time (a transaction-scoped advisory lock).
+-- last day covered. One caller at a time (a transaction-scoped advisory lock); a lock it cannot
+-- have within a second fails the call (55P03), to be tried again later, rather than queue.
 CREATE FUNCTION subagentd_ensure_partitions(ahead integer) RETURNS date
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET lock_timeout = '1s' AS $$
 DECLARE
     today date := (now() AT TIME ZONE 'UTC')::date;
     parent text;

@@ -80,10 +80,12 @@ impl StoreError {
     }
 
     /// An insert found no partition for its row (23514, "no partition of relation ... found
-    /// for row"): `partitions::repair` creates them.
+    /// for row"): `partitions::repair` creates them. A check constraint's violation has the same
+    /// code and names its constraint; this one names none (whatever the server's language).
     pub fn is_no_partition(&self) -> bool {
         matches!(self, StoreError::Db(sqlx::Error::Database(d))
-            if d.code().as_deref() == Some("23514") && d.message().starts_with("no partition of relation"))
+            if d.code().as_deref() == Some("23514")
+                && (d.constraint().is_none() || d.message().starts_with("no partition of relation")))
     }
 
     /// Name of the unique constraint this error violated, if any.
@@ -112,7 +114,8 @@ pub async fn ready(pool: &PgPool) -> Result<bool, StoreError> {
 
 /// Retry a database write: through an unavailable database for up to `UNAVAILABLE_WAIT`, through
 /// other errors about 6 s in all (a lease outlives them). A write that finds no history
-/// partition for its row has them created through `pool`, then is tried again.
+/// partition for its row has them created through `pool` (up to 10 s each time), then is tried
+/// again, at most 6 times.
 pub async fn retrying<T, F, Fut>(pool: &PgPool, mut f: F) -> Result<T, StoreError>
 where
     F: FnMut() -> Fut,

@@ -31,7 +31,7 @@ pub async fn reach(pool: &PgPool) -> Result<i64, StoreError> {
     let mut least: Option<i64> = None;
     let today = Utc::now().date_naive();
     for parent in HISTORY {
-        let days = partitions(pool, parent).await?.into_iter().map(|p| p.day);
+        let days = partitions(pool, parent).await?.into_iter().filter(|p| !p.detached).map(|p| p.day);
         // Count contiguous days from today.
         let set: std::collections::BTreeSet<NaiveDate> = days.collect();
         let mut d = today;
@@ -54,13 +54,20 @@ pub struct Partition {
     pub day: NaiveDate,
     /// A `DETACH ... CONCURRENTLY` that did not finish: it is finalized, then dropped.
     pub detaching: bool,
+    /// Detached, not dropped (its `DROP` failed): a table of the name that is no partition.
+    pub detached: bool,
 }
 
-/// The partitions of `parent` named the service's way, oldest first.
+/// The partitions of `parent` named the service's way, oldest first, and the tables of such a
+/// name that are no longer attached.
 pub async fn partitions(pool: &PgPool, parent: &str) -> Result<Vec<Partition>, StoreError> {
-    let rows: Vec<(String, bool)> = sqlx::query_as(
-        "SELECT c.relname::text, i.inhdetachpending FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-         WHERE i.inhparent = to_regclass($1) ORDER BY 1",
+    let rows: Vec<(String, Option<bool>)> = sqlx::query_as(
+        "SELECT c.relname::text, i.inhdetachpending FROM pg_class c
+         LEFT JOIN pg_inherits i ON i.inhrelid = c.oid
+         WHERE c.relkind = 'r' AND c.relnamespace = current_schema()::regnamespace
+           AND c.relname ~ ('^' || $1 || '_p[0-9]{8}$')
+           AND (i.inhparent IS NULL OR i.inhparent = to_regclass($1))
+         ORDER BY 1",
     )
     .bind(parent)
     .fetch_all(pool)
@@ -68,9 +75,9 @@ pub async fn partitions(pool: &PgPool, parent: &str) -> Result<Vec<Partition>, S
     let prefix = format!("{parent}_p");
     Ok(rows
         .into_iter()
-        .filter_map(|(name, detaching)| {
+        .filter_map(|(name, pending)| {
             let day = NaiveDate::parse_from_str(name.strip_prefix(&prefix)?, "%Y%m%d").ok()?;
-            Some(Partition { name, day, detaching })
+            Some(Partition { name, day, detaching: pending == Some(true), detached: pending.is_none() })
         })
         .collect())
 }
@@ -82,9 +89,11 @@ pub async fn partitions(pool: &PgPool, parent: &str) -> Result<Vec<Partition>, S
 /// its partition, and the older ones after it, for the next pass. Returns the partitions dropped.
 pub async fn drop_expired(pool: &PgPool, parent: &str, days: u32) -> Result<Vec<String>, StoreError> {
     let cutoff = Utc::now().date_naive() - chrono::Days::new(u64::from(days));
+    // A partition holds [day, day + 1): expired once day + 1 <= cutoff, i.e. its newest row is older than the window.
     let mut expired: Vec<Partition> = partitions(pool, parent).await?.into_iter().filter(|p| p.day < cutoff).collect();
-    // A table has at most one detach pending: it is finished first.
-    expired.sort_by_key(|p| (!p.detaching, p.day));
+    // A table has at most one detach pending: it is finished first (and tables left detached
+    // are dropped before anything else).
+    expired.sort_by_key(|p| (!p.detached, !p.detaching, p.day));
     if expired.is_empty() {
         return Ok(vec![]);
     }
@@ -95,40 +104,49 @@ pub async fn drop_expired(pool: &PgPool, parent: &str, days: u32) -> Result<Vec<
     if !mine {
         return Ok(vec![]);
     }
+    let outcome = drop_all(&mut conn, parent, expired).await;
+    // Whatever happened, the setting and the lock go before the connection is given back.
+    let reset = async {
+        sqlx::query("RESET lock_timeout").execute(&mut *conn).await?;
+        sqlx::query("SELECT pg_advisory_unlock(hashtext('subagentd_retention'))").execute(&mut *conn).await
+    }
+    .await;
+    if reset.is_err() {
+        // A connection whose settings and locks are unknown is not given back to the pool.
+        let _ = conn.detach();
+    }
+    outcome
+}
+
+/// Drop `expired` in order under `LOCK_TIMEOUT`, stopping at the first that times out.
+async fn drop_all(
+    conn: &mut sqlx::PgConnection,
+    parent: &str,
+    expired: Vec<Partition>,
+) -> Result<Vec<String>, StoreError> {
     sqlx::query(&format!("SET lock_timeout = '{LOCK_TIMEOUT}'")).execute(&mut *conn).await?;
     let mut dropped = vec![];
-    let mut failed = None;
     for p in expired {
-        // The partition holds [day, day + 1): expired once day + 1 <= cutoff.
-        match drop_one(&mut conn, parent, &p).await {
+        match drop_one(conn, parent, &p).await {
             Ok(()) => dropped.push(p.name),
             Err(e) if is_lock_timeout(&e) => {
                 // Its detach stays pending, and no other can start: the rest wait for a later pass.
                 tracing::info!(partition = %p.name, "a lock was busy; the partition is dropped on a later pass");
                 break;
             }
-            Err(e) => {
-                failed = Some(e);
-                break;
-            }
+            Err(e) => return Err(e),
         }
     }
-    let reset = sqlx::query("RESET lock_timeout; SELECT pg_advisory_unlock(hashtext('subagentd_retention'))")
-        .execute(&mut *conn)
-        .await;
-    if reset.is_err() {
-        // A connection whose settings and locks are unknown is not given back to the pool.
-        let _ = conn.detach();
-    }
-    match failed {
-        Some(e) => Err(e),
-        None => Ok(dropped),
-    }
+    Ok(dropped)
 }
 
 async fn drop_one(conn: &mut sqlx::PgConnection, parent: &str, p: &Partition) -> Result<(), StoreError> {
-    if !p.detaching {
-        // Open tasks keep their rows: moved (an update of the partition key) to today.
+    if p.detaching {
+        // A detach a timeout interrupted (on this pass or an earlier one) is finished.
+        sqlx::query(&format!("ALTER TABLE {parent} DETACH PARTITION {} FINALIZE", p.name)).execute(&mut *conn).await?;
+    } else if !p.detached {
+        // Open tasks keep their rows: moved (an update of the partition key) to today. Their
+        // times become the move's.
         sqlx::query(&format!(
             "UPDATE {parent} SET created_at = now()
              WHERE created_at >= $1::date::timestamp AT TIME ZONE 'UTC'
@@ -142,10 +160,8 @@ async fn drop_one(conn: &mut sqlx::PgConnection, parent: &str, p: &Partition) ->
         sqlx::query(&format!("ALTER TABLE {parent} DETACH PARTITION {} CONCURRENTLY", p.name))
             .execute(&mut *conn)
             .await?;
-    } else {
-        // A detach a timeout interrupted (on this pass or an earlier one) is finished.
-        sqlx::query(&format!("ALTER TABLE {parent} DETACH PARTITION {} FINALIZE", p.name)).execute(&mut *conn).await?;
     }
+    // A partition detached here or on an earlier pass whose drop failed.
     sqlx::query(&format!("DROP TABLE {}", p.name)).execute(&mut *conn).await?;
     Ok(())
 }

@@ -158,12 +158,19 @@ pub async fn conversation(pool: &PgPool, id: Uuid) -> Result<Vec<MessageRow>, St
         .await?)
 }
 
-/// The saved conversation of a task, in order.
+/// The saved conversation of a task, in order; none unless it is whole (from its first message,
+/// without a gap): retention drops a task's days one at a time, so a conversation that crossed
+/// midnight can be half gone for a day.
 pub async fn messages(pool: &PgPool, id: Uuid) -> Result<Vec<Value>, StoreError> {
-    Ok(sqlx::query_scalar("SELECT message FROM task_messages WHERE task_id = $1 ORDER BY seq")
-        .bind(id)
-        .fetch_all(pool)
-        .await?)
+    let rows: Vec<(i32, Value)> =
+        sqlx::query_as("SELECT seq, message FROM task_messages WHERE task_id = $1 ORDER BY seq")
+            .bind(id)
+            .fetch_all(pool)
+            .await?;
+    if rows.iter().enumerate().any(|(i, (seq, _))| *seq != i as i32 + 1) {
+        return Ok(vec![]);
+    }
+    Ok(rows.into_iter().map(|(_, m)| m).collect())
 }
 
 /// A turn's write that was not applied now: either the lease is gone (`LeaseLost`), or this is a

@@ -447,7 +447,7 @@ fn commit_turns_sql(whole: bool) -> String {
             FROM b
             WHERE id = b_id AND lease_token = b_lease
               AND NOT EXISTS (SELECT 1 FROM llm_calls WHERE call_key = b_key)
-            RETURNING b.*, tasks.tenant AS u_tenant, tasks.subagent_type AS u_agent,
+            RETURNING b.*, tasks.tenant AS u_tenant, tasks.subagent_type AS u_agent, tasks.created_at AS u_created,
                 coalesce(tasks.api_key, '') AS u_api_key, tasks.last_event_seq AS u_seq{whole_cols}
          ), c AS (
             INSERT INTO llm_calls (call_key, task_id, tenant, turn, attempt, try, provider, model, input_tokens,
@@ -467,7 +467,10 @@ fn commit_turns_sql(whole: bool) -> String {
             ON CONFLICT (tenant, day, model, agent_type, api_key, shard) DO UPDATE SET {ROLLUP_ADD}
          ), m AS (
             INSERT INTO task_messages (task_id, seq, turn, message)
-            SELECT b_id, (SELECT coalesce(max(seq), 0) FROM task_messages WHERE task_id = b_id) + x.k, b_cturn, x.msg
+            -- A task's messages are written after it was (a run's, or a retention move's, now()):
+            -- the bound on created_at spares the probe of every older day's partition.
+            SELECT b_id, (SELECT coalesce(max(seq), 0) FROM task_messages
+                          WHERE task_id = b_id AND created_at >= u_created - interval '1 day') + x.k, b_cturn, x.msg
             FROM u JOIN (SELECT mi, msg, row_number() OVER (PARTITION BY mi ORDER BY ord) AS k
                          FROM unnest($31::int8[], $32::jsonb[]) WITH ORDINALITY AS y(mi, msg, ord)) x ON x.mi = u.b_i
          ), e AS ({events}
@@ -577,7 +580,8 @@ fn commit_turn_sql(whole: bool) -> String {
             ON CONFLICT (tenant, day, model, agent_type, api_key, shard) DO UPDATE SET {ROLLUP_ADD}
          ), m AS (
             INSERT INTO task_messages (task_id, seq, turn, message)
-            SELECT $1, (SELECT coalesce(max(seq), 0) FROM task_messages WHERE task_id = $1) + x.ord, $4, x.msg
+            SELECT $1, (SELECT coalesce(max(seq), 0) FROM task_messages
+                        WHERE task_id = $1 AND created_at >= u.created_at - interval '1 day') + x.ord, $4, x.msg
             FROM u, unnest($16::jsonb[]) WITH ORDINALITY AS x(msg, ord)
          ), e AS (
             INSERT INTO task_events (task_id, seq, kind, data)
@@ -589,7 +593,7 @@ fn commit_turn_sql(whole: bool) -> String {
         returning = if whole {
             format!("{COLS}, {WEBHOOK}, last_event_seq")
         } else {
-            "tenant, subagent_type, api_key, last_event_seq".into()
+            "tenant, subagent_type, api_key, last_event_seq, created_at".into()
         },
         answer = if whole { format!("{COLS}, webhook") } else { "1".into() },
     )

@@ -572,32 +572,25 @@ async fn fill_history(pool: &sqlx::PgPool, n: i64, recent: i64) -> f64 {
     let mut from = 1i64;
     while from <= n {
         let to = (from + step - 1).min(n);
+        // The tasks and their two ledger rows each, in one statement (the ledger reads the
+        // tasks it writes for from the insert itself).
         sqlx::query(
-            "INSERT INTO tasks (id, tenant, status, subagent_type, prompt, model, options, metadata, created_at, started_at,
-                                finished_at, summary, stop_reason, turns, input_tokens, output_tokens, cost_usd, attempt, last_event_seq)
-             SELECT (lpad(to_hex((extract(epoch FROM ts) * 1000)::int8), 12, '0') || '7' || substr(h, 1, 3) || '8' || substr(h, 4, 15))::uuid,
-                    'h' || lpad((g % 20 + 1)::text, 2, '0'), CASE WHEN g % 50 = 0 THEN 'cancelled' ELSE 'completed' END,
-                    'general', 'go', 'fake/gpt-4o', '{\"max_turns\": 5}', '{}', ts, ts, ts + interval '40 ms',
-                    CASE WHEN g % 50 = 0 THEN NULL ELSE 'done' END,
-                    CASE WHEN g % 50 = 0 THEN 'cancelled' ELSE 'final_answer' END, 2, 240, 60, 0.0009, 1, 11
-             FROM (SELECT g, now() - interval '1 hour' - (($3 - g)::float8 / $3) * make_interval(days => $4) AS ts,
-                          md5(g::text) AS h FROM generate_series($1::int8, $2::int8) g) s",
-        )
-        .bind(from)
-        .bind(to)
-        .bind(n)
-        .bind(DAYS as i32)
-        .execute(pool)
-        .await
-        .unwrap();
-        sqlx::query(
-            "INSERT INTO llm_calls (call_key, task_id, tenant, turn, attempt, try, provider, model, input_tokens,
+            "WITH t AS (
+                INSERT INTO tasks (id, tenant, status, subagent_type, prompt, model, options, metadata, created_at, started_at,
+                                   finished_at, summary, stop_reason, turns, input_tokens, output_tokens, cost_usd, attempt, last_event_seq)
+                SELECT (lpad(to_hex((extract(epoch FROM ts) * 1000)::int8), 12, '0') || '7' || substr(h, 1, 3) || '8' || substr(h, 4, 15))::uuid,
+                       'h' || lpad((g % 20 + 1)::text, 2, '0'), CASE WHEN g % 50 = 0 THEN 'cancelled' ELSE 'completed' END,
+                       'general', 'go', 'fake/gpt-4o', '{\"max_turns\": 5}', '{}', ts, ts, ts + interval '40 ms',
+                       CASE WHEN g % 50 = 0 THEN NULL ELSE 'done' END,
+                       CASE WHEN g % 50 = 0 THEN 'cancelled' ELSE 'final_answer' END, 2, 240, 60, 0.0009, 1, 11
+                FROM (SELECT g, now() - interval '1 hour' - (($3 - g)::float8 / $3) * make_interval(days => $4) AS ts,
+                             md5(g::text) AS h FROM generate_series($1::int8, $2::int8) g) s
+                RETURNING id, tenant, created_at
+             )
+             INSERT INTO llm_calls (call_key, task_id, tenant, turn, attempt, try, provider, model, input_tokens,
                                     output_tokens, cost_usd, latency_ms, outcome, created_at)
              SELECT gen_random_uuid(), t.id, t.tenant, k, 1, 1, 'fake', 'gpt-4o', 120, 30, 0.00045, 1, 'ok', t.created_at
-             FROM tasks t, generate_series(1, 2) k
-             WHERE t.created_at >= now() - interval '1 hour' - (($3 - $1 + 1)::float8 / $3) * make_interval(days => $4)
-               AND t.created_at < now() - interval '1 hour' - (($3 - $2 - 1)::float8 / $3) * make_interval(days => $4)
-               AND t.tenant LIKE 'h%'",
+             FROM t, generate_series(1, 2) k",
         )
         .bind(from)
         .bind(to)

@@ -1,8 +1,9 @@
 //! Retention: drops the day partitions of conversations and events written more than
 //! `retention_days` ago (a task still open keeps its rows: they are moved to today's), and
-//! purges the stored diffs of tasks finished that long ago (every 10 minutes), ledger rows older than `ledger_retention_days` (hourly; the daily
-//! rollups keep their sums), and MCP sessions idle for `mcp_session_idle_days` (every 10
-//! minutes, whatever the other windows). A day count of 0 keeps them forever.
+//! purges the stored diffs of tasks finished that long ago (every 10 minutes); purges ledger
+//! rows older than `ledger_retention_days` (hourly; the daily rollups keep their sums), and MCP
+//! sessions idle for `mcp_session_idle_days` (every 10 minutes, whatever the other windows). A
+//! day count of 0 keeps them forever.
 
 use std::time::Duration;
 

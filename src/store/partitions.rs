@@ -31,17 +31,10 @@ pub async fn reach(pool: &PgPool) -> Result<i64, StoreError> {
     let mut least: Option<i64> = None;
     let today = Utc::now().date_naive();
     for parent in HISTORY {
-        let days = partitions(pool, parent).await?.into_iter().filter(|p| !p.detached).map(|p| p.day);
-        // Count contiguous days from today.
-        let set: std::collections::BTreeSet<NaiveDate> = days.collect();
-        let mut d = today;
-        while set.contains(&d) {
-            d = d.succ_opt().unwrap_or(d);
-            if d == NaiveDate::MAX {
-                break;
-            }
-        }
-        let ahead = (d - today).num_days() - 1;
+        let days: std::collections::BTreeSet<NaiveDate> =
+            partitions(pool, parent).await?.into_iter().filter(|p| !p.detached).map(|p| p.day).collect();
+        // The days from today on that follow one another without a gap.
+        let ahead = (0..).take_while(|k| days.contains(&(today + chrono::Days::new(*k)))).count() as i64 - 1;
         least = Some(least.map_or(ahead, |l| l.min(ahead)));
     }
     Ok(least.unwrap_or(0))

@@ -557,6 +557,18 @@ async fn claim_stats(pool: &sqlx::PgPool) -> (i64, f64, f64) {
     .unwrap()
 }
 
+/// The month partitions of `tasks` for the last `days` days (finished tasks written there).
+async fn month_partitions(pool: &sqlx::PgPool, days: i32) {
+    sqlx::query(
+        "SELECT subagentd_month_partition('tasks', d::date)
+         FROM generate_series(now() - make_interval(days => $1), now(), interval '1 day') d",
+    )
+    .bind(days)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
 /// Fill `n` finished tasks of history over 20 tenants and 40 days (ids ordered by time as the
 /// service's are), two ledger rows each, and events and messages in the soak's proportions (11
 /// and 5 per task) for the most recent `recent` (the rest as retention leaves them). In SQL, a
@@ -568,6 +580,7 @@ async fn fill_history(pool: &sqlx::PgPool, n: i64, recent: i64) -> f64 {
         .await
         .unwrap();
     const DAYS: f64 = 40.0;
+    month_partitions(pool, DAYS as i32 + 1).await;
     let step = 1_000_000i64;
     let mut from = 1i64;
     while from <= n {
@@ -577,10 +590,11 @@ async fn fill_history(pool: &sqlx::PgPool, n: i64, recent: i64) -> f64 {
         sqlx::query(
             "WITH t AS (
                 INSERT INTO tasks (id, tenant, status, subagent_type, prompt, model, options, metadata, created_at, started_at,
-                                   finished_at, summary, stop_reason, turns, input_tokens, output_tokens, cost_usd, attempt, last_event_seq)
+                                   finished_at, history_at, summary, stop_reason, turns, input_tokens, output_tokens, cost_usd, attempt,
+                                   last_event_seq)
                 SELECT (lpad(to_hex((extract(epoch FROM ts) * 1000)::int8), 12, '0') || '7' || substr(h, 1, 3) || '8' || substr(h, 4, 15))::uuid,
                        'h' || lpad((g % 20 + 1)::text, 2, '0'), CASE WHEN g % 50 = 0 THEN 'cancelled' ELSE 'completed' END,
-                       'general', 'go', 'fake/gpt-4o', '{\"max_turns\": 5}', '{}', ts, ts, ts + interval '40 ms',
+                       'general', 'go', 'fake/gpt-4o', '{\"max_turns\": 5}', '{}', ts, ts, ts + interval '40 ms', ts + interval '40 ms',
                        CASE WHEN g % 50 = 0 THEN NULL ELSE 'done' END,
                        CASE WHEN g % 50 = 0 THEN 'cancelled' ELSE 'final_answer' END, 2, 240, 60, 0.0009, 1, 11
                 FROM (SELECT g, now() - interval '1 hour' - (($3 - g)::float8 / $3) * make_interval(days => $4) AS ts,
@@ -1665,12 +1679,13 @@ async fn console(env: &Env, report: &Report) {
         env.service("bench_console", &["serve", "--no-workers"], &[("SUBAGENTD_ADMIN_TOKEN", ADMIN.into())]).await;
     let pool = subagentd::db::connect(&svc.db_url, 2).await.unwrap();
     let t0 = Instant::now();
+    month_partitions(&pool, 31).await;
     // Ids are UUID v7 of their creation time, as the service makes them.
     let fill = [
         "INSERT INTO tenants (name) SELECT 'tenant-' || g FROM generate_series(1, 20) g ON CONFLICT DO NOTHING",
         "INSERT INTO tasks (id, tenant, status, stop_reason, subagent_type, prompt, model, options, metadata, summary,
                             turns, input_tokens, output_tokens, cost_usd, attempt, last_event_seq, created_at,
-                            started_at, finished_at, error_code)
+                            started_at, finished_at, history_at, error_code)
          SELECT (lpad(to_hex((extract(epoch FROM c) * 1000)::bigint), 12, '0') || '7' || substr(h, 1, 3) || '8'
                  || substr(h, 4, 15))::uuid,
                 'tenant-' || (g % 20 + 1), s,
@@ -1681,6 +1696,7 @@ async fn console(env: &Env, report: &Report) {
                 CASE WHEN s IN ('completed', 'incomplete') THEN 'A summary of the findings, ' || g END,
                 5, 5000, 500, 0.0125, 1, 12, c, c + interval '1 second',
                 CASE WHEN s IN ('queued', 'running') THEN NULL ELSE c + interval '20 seconds' END,
+                CASE WHEN s IN ('queued', 'running') THEN 'infinity' ELSE c + interval '20 seconds' END,
                 CASE WHEN s = 'failed' THEN 'provider_unavailable' END
          FROM (SELECT g, now() - (1000000 - g) * interval '2.592 seconds' AS c, md5(g::text) AS h,
                       CASE WHEN g > 999950 THEN (ARRAY['queued', 'running'])[g % 2 + 1]

@@ -2,8 +2,8 @@
 //! `retention_days` ago (a task still open keeps its rows: they are moved to today's), and
 //! purges the stored diffs of tasks finished that long ago (every 10 minutes); purges ledger
 //! rows older than `ledger_retention_days` (hourly; the daily rollups keep their sums), and MCP
-//! sessions idle for `mcp_session_idle_days` (every 10 minutes, whatever the other windows). A
-//! day count of 0 keeps them forever.
+//! sessions idle for `mcp_session_idle_days` and idempotency keys past their 24 hours (every 10
+//! minutes, whatever the other windows). A day count of 0 keeps them forever.
 
 use std::time::Duration;
 
@@ -50,8 +50,10 @@ impl Retention {
         Ok(p)
     }
 
-    /// MCP sessions idle past their window (a client that comes back is adopted afresh).
+    /// MCP sessions idle past their window (a client that comes back is adopted afresh), and
+    /// idempotency keys past their 24 hours (whatever the windows).
     async fn purge_sessions(&self) -> Result<u64, StoreError> {
+        retention::purge_keys(&self.pool).await?;
         if self.mcp_idle_days == 0 {
             return Ok(0);
         }

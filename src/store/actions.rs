@@ -73,7 +73,7 @@ pub async fn pause(
         .collect();
     Ok(sqlx::query_scalar(
         "WITH u AS (
-            UPDATE tasks SET status = 'requires_action', lease_token = NULL,
+            UPDATE task_queue SET status = 'requires_action', lease_token = NULL,
                 lease_expires_at = NULL, worker_id = NULL, reserved_usd = 0, reserved_tokens = 0, pauses = pauses + 1,
                 paused_at = now(), last_event_seq = last_event_seq + 1
             WHERE id = $1 AND lease_token = $2
@@ -184,6 +184,16 @@ pub async fn answer(
     answers: &[Answer],
     by: &Answerer,
 ) -> Result<Result<Answered, Refused>, StoreError> {
+    super::on_move(|| answer_once(pool, tenant, task, answers, by)).await
+}
+
+async fn answer_once(
+    pool: &PgPool,
+    tenant: Option<&str>,
+    task: Uuid,
+    answers: &[Answer],
+    by: &Answerer,
+) -> Result<Result<Answered, Refused>, StoreError> {
     let mut tx = pool.begin().await?;
     let row: Option<(String, TaskStatus, i32)> = sqlx::query_as(
         "SELECT tenant, status, pauses FROM tasks WHERE id = $1 AND ($2::text IS NULL OR tenant = $2) FOR UPDATE",
@@ -275,10 +285,10 @@ async fn answered_event(conn: &mut PgConnection, task: Uuid, data: &Event) -> Re
 async fn resume(conn: &mut PgConnection, task: Uuid) -> Result<bool, StoreError> {
     let n: i64 = sqlx::query_scalar(&format!(
         "WITH u AS (
-            UPDATE tasks SET status = 'queued', attempt = attempt - 1, paused_ms = paused_ms + (extract(epoch FROM now() - paused_at) * 1000)::bigint,
+            UPDATE task_queue SET status = 'queued', attempt = attempt - 1, paused_ms = paused_ms + (extract(epoch FROM now() - paused_at) * 1000)::bigint,
                 paused_at = NULL, last_event_seq = last_event_seq + 1
             WHERE id = $1 AND status = 'requires_action'
-              AND NOT EXISTS (SELECT 1 FROM task_actions a WHERE a.task_id = tasks.id AND a.pause = tasks.pauses
+              AND NOT EXISTS (SELECT 1 FROM task_actions a WHERE a.task_id = task_queue.id AND a.pause = task_queue.pauses
                               AND a.answered_at IS NULL)
             RETURNING id, pauses, last_event_seq
          ), e AS (
@@ -300,7 +310,7 @@ pub async fn expire(pool: &PgPool) -> Result<Vec<Uuid>, StoreError> {
     // Tasks first, like `answer` (same lock order); one being answered right now is left for
     // the next sweep.
     let due: Vec<Uuid> = sqlx::query_scalar(
-        "SELECT id FROM tasks WHERE status = 'requires_action' AND id IN
+        "SELECT id FROM task_queue WHERE status = 'requires_action' AND id IN
             (SELECT task_id FROM task_actions WHERE answered_at IS NULL AND expires_at < now())
          ORDER BY id FOR UPDATE SKIP LOCKED",
     )

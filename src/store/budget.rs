@@ -175,7 +175,7 @@ pub async fn wake(pool: &PgPool, tenant: &str, d: SpendDefaults) -> Result<Vec<(
 /// Tenants with tasks waiting for budget, and how many wait.
 pub async fn waiting(pool: &PgPool) -> Result<Vec<(String, i64)>, StoreError> {
     Ok(sqlx::query_as(
-        "SELECT tenant, count(*) FROM tasks WHERE waiting_for IS NOT NULL AND status = 'queued' GROUP BY tenant",
+        "SELECT tenant, count(*) FROM task_queue WHERE waiting_for IS NOT NULL AND status = 'queued' GROUP BY tenant",
     )
     .fetch_all(pool)
     .await?)
@@ -185,7 +185,7 @@ pub async fn waiting(pool: &PgPool) -> Result<Vec<(String, i64)>, StoreError> {
 /// caller (`tasks::end`) wakes their waiters.
 pub async fn end_expired_waits(pool: &PgPool) -> Result<Vec<Uuid>, StoreError> {
     let sql = "WITH u AS (
-            UPDATE tasks SET status = 'incomplete', stop_reason = 'timeout', finished_at = now(), waiting_for = NULL,
+            UPDATE tasks SET status = 'incomplete', stop_reason = 'timeout', finished_at = now(), history_at = now(), waiting_for = NULL,
                 summary = '(sub-agent ' || subagent_type || ' stopped: its time limit was reached while it waited for budget)',
                 last_event_seq = last_event_seq + 1
             WHERE status = 'queued' AND waiting_for IS NOT NULL AND wait_deadline < now()
@@ -216,7 +216,7 @@ pub struct Use {
 /// matter, and the count runs under the tenant's row lock).
 pub async fn scheduled(conn: &mut PgConnection, tenant: &str, upto: i64) -> Result<i64, StoreError> {
     Ok(sqlx::query_scalar(
-        "SELECT count(*) FROM (SELECT 1 FROM tasks WHERE tenant = $1 AND status = 'scheduled' LIMIT $2) s",
+        "SELECT count(*) FROM (SELECT 1 FROM task_queue WHERE tenant = $1 AND status = 'scheduled' LIMIT $2) s",
     )
     .bind(tenant)
     .bind(upto)
@@ -231,10 +231,10 @@ pub async fn usage_now(conn: &mut PgConnection, tenant: &str) -> Result<Use, Sto
            coalesce((SELECT sum(cost_usd) FROM usage_daily, d WHERE tenant = $1 AND day = d.today), 0) AS usd_today,
            coalesce((SELECT sum(cost_usd) FROM usage_daily, d WHERE tenant = $1 AND day >= date_trunc('month', d.today)::date), 0) AS usd_this_month,
            coalesce((SELECT sum(input_tokens + output_tokens) FROM usage_daily, d WHERE tenant = $1 AND day = d.today), 0)::bigint AS tokens_today,
-           coalesce((SELECT sum(reserved_usd) FROM tasks WHERE tenant = $1 AND status = 'running'), 0) AS reserved_usd,
-           coalesce((SELECT sum(reserved_tokens) FROM tasks WHERE tenant = $1 AND status = 'running'), 0)::bigint AS reserved_tokens,
-           (SELECT count(*) FROM tasks WHERE tenant = $1 AND status = 'running') AS running,
-           (SELECT count(*) FROM tasks WHERE tenant = $1 AND status = 'queued') AS queued",
+           coalesce((SELECT sum(reserved_usd) FROM task_queue WHERE tenant = $1 AND status = 'running'), 0) AS reserved_usd,
+           coalesce((SELECT sum(reserved_tokens) FROM task_queue WHERE tenant = $1 AND status = 'running'), 0)::bigint AS reserved_tokens,
+           (SELECT count(*) FROM task_queue WHERE tenant = $1 AND status = 'running') AS running,
+           (SELECT count(*) FROM task_queue WHERE tenant = $1 AND status = 'queued') AS queued",
     )
     .bind(tenant)
     .fetch_one(conn)

@@ -16,7 +16,7 @@ pub async fn save_changes(
 ) -> Result<bool, StoreError> {
     let n = sqlx::query(
         "INSERT INTO task_diffs (task_id, tenant, changes, deleted)
-         SELECT id, tenant, $3, $4 FROM tasks WHERE id = $1 AND lease_token = $2
+         SELECT id, tenant, $3, $4 FROM task_queue WHERE id = $1 AND lease_token = $2
          ON CONFLICT (task_id) DO UPDATE SET changes = $3, deleted = $4, updated_at = now()",
     )
     .bind(f.id)
@@ -55,7 +55,7 @@ pub async fn same_version(pool: &PgPool, a: uuid::Uuid, b: uuid::Uuid) -> Result
 /// Save the run's diff and its counts (on the task), fenced; false if the lease is gone.
 pub async fn save_diff(pool: &PgPool, f: Fence, diff: &str, stats: &Value) -> Result<bool, StoreError> {
     let n: i64 = sqlx::query_scalar(
-        "WITH t AS (UPDATE tasks SET diff_stats = $4 WHERE id = $1 AND lease_token = $2 RETURNING id, tenant),
+        "WITH t AS (UPDATE task_queue SET diff_stats = $4 WHERE id = $1 AND lease_token = $2 RETURNING id, tenant),
          d AS (INSERT INTO task_diffs (task_id, tenant, diff) SELECT id, tenant, $3 FROM t
                ON CONFLICT (task_id) DO UPDATE SET diff = $3, updated_at = now())
          SELECT count(*) FROM t",

@@ -48,7 +48,7 @@ pub async fn after(pool: &PgPool, task: Uuid, after: i32, limit: i64) -> Result<
 pub async fn append(pool: &PgPool, f: Fence, events: &[Event]) -> Result<bool, StoreError> {
     let (kinds, datas): (Vec<EventKind>, Vec<Json<&Event>>) = events.iter().map(|e| (e.kind(), Json(e))).unzip();
     let sql = "WITH u AS (
-            UPDATE tasks SET last_event_seq = last_event_seq + cardinality($3::text[])
+            UPDATE task_queue SET last_event_seq = last_event_seq + cardinality($3::text[])
             WHERE id = $1 AND lease_token = $2
             RETURNING id, last_event_seq
          ), e AS (
@@ -103,7 +103,7 @@ static APPEND_MANY: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
             SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::int[]) WITH ORDINALITY AS b(b_id, b_lease, b_nev, b_i)
             ORDER BY b_id
          ), u AS (
-            UPDATE tasks SET last_event_seq = last_event_seq + b_nev FROM b
+            UPDATE task_queue SET last_event_seq = last_event_seq + b_nev FROM b
             WHERE id = b_id AND lease_token = b_lease
             RETURNING b_i, b_id, b_nev, last_event_seq AS u_seq
          ), e AS ({})

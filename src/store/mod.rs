@@ -88,6 +88,14 @@ impl StoreError {
                 && (d.constraint().is_none() || d.message().starts_with("no partition of relation")))
     }
 
+    /// The row a statement meant to lock or change left the queue for the history (its task
+    /// ended) after the statement's snapshot: PostgreSQL cannot follow a row into another
+    /// partition and answers a serialization failure (40001). Run again, the statement sees
+    /// the ended task.
+    pub fn is_moved(&self) -> bool {
+        matches!(self, StoreError::Db(sqlx::Error::Database(d)) if d.code().as_deref() == Some("40001"))
+    }
+
     /// Name of the unique constraint this error violated, if any.
     pub fn constraint(&self) -> Option<&str> {
         match self {
@@ -149,6 +157,22 @@ where
                 delay = (delay * 2).min(Duration::from_secs(3));
             }
             Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Run `f` again while the task it locks moved out of the queue under it (`is_moved`), a few
+/// times: the HTTP writes that may meet a task ending at the same moment (a cancel, an answer).
+pub async fn on_move<T, F, Fut>(mut f: F) -> Result<T, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, StoreError>>,
+{
+    let mut tries = 0;
+    loop {
+        match f().await {
+            Err(e) if e.is_moved() && tries < 5 => tries += 1,
+            other => return other,
         }
     }
 }

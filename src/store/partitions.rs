@@ -144,7 +144,7 @@ async fn drop_one(conn: &mut sqlx::PgConnection, parent: &str, p: &Partition) ->
             "UPDATE {parent} SET created_at = now()
              WHERE created_at >= $1::date::timestamp AT TIME ZONE 'UTC'
                AND created_at < ($1::date + 1)::timestamp AT TIME ZONE 'UTC'
-               AND task_id IN (SELECT id FROM tasks
+               AND task_id IN (SELECT id FROM task_queue
                                WHERE status IN ('scheduled', 'queued', 'running', 'requires_action'))"
         ))
         .bind(p.day)

@@ -15,7 +15,7 @@ pub async fn purge_finished(pool: &PgPool, days: i32) -> Result<u64, StoreError>
         let n = sqlx::query(
             "DELETE FROM task_diffs WHERE task_id IN (
                 SELECT d.task_id FROM task_diffs d JOIN tasks t ON t.id = d.task_id
-                WHERE t.finished_at < now() - make_interval(days => $1) LIMIT 500)",
+                WHERE t.history_at < now() - make_interval(days => $1) LIMIT 500)",
         )
         .bind(days)
         .execute(pool)
@@ -37,6 +37,25 @@ pub async fn purge_ledger(pool: &PgPool, days: i32) -> Result<u64, StoreError> {
                 SELECT id FROM llm_calls WHERE created_at < now() - make_interval(days => $1) ORDER BY id LIMIT 5000)",
         )
         .bind(days)
+        .execute(pool)
+        .await?
+        .rows_affected();
+        total += n;
+        if n < 5000 {
+            return Ok(total);
+        }
+    }
+}
+
+/// Forget idempotency keys past their 24 hours (a key then names no task: `tasks::insert`),
+/// a batch at a time. Not history: the table holds a day of keys.
+pub async fn purge_keys(pool: &PgPool) -> Result<u64, StoreError> {
+    let mut total = 0;
+    loop {
+        let n = sqlx::query(
+            "DELETE FROM task_keys WHERE (tenant, key) IN (
+                SELECT tenant, key FROM task_keys WHERE created_at < now() - interval '24 hours' LIMIT 5000)",
+        )
         .execute(pool)
         .await?
         .rows_affected();

@@ -32,9 +32,9 @@ pub async fn claim(
     // First lock the tenants to serve (skipping those another claimer holds) …
     let served: Vec<(String, Option<i32>)> = sqlx::query_as(
         "WITH RECURSIVE qt AS (
-            (SELECT tenant FROM tasks WHERE status = 'queued' ORDER BY tenant LIMIT 1)
+            (SELECT tenant FROM task_queue WHERE status = 'queued' ORDER BY tenant LIMIT 1)
             UNION ALL
-            SELECT (SELECT t.tenant FROM tasks t WHERE t.status = 'queued' AND t.tenant > qt.tenant ORDER BY t.tenant LIMIT 1)
+            SELECT (SELECT t.tenant FROM task_queue t WHERE t.status = 'queued' AND t.tenant > qt.tenant ORDER BY t.tenant LIMIT 1)
             FROM qt WHERE qt.tenant IS NOT NULL
          )
          SELECT tn.name, coalesce(tn.max_running, $1) FROM tenants tn
@@ -59,7 +59,7 @@ pub async fn claim(
             -- Materialized: counted once per tenant, not once per candidate row (inlined, this
             -- count ran for each of a batch's rows: 1.2 s for 1,000 claims with 4,000 running).
             SELECT tenant, max_running,
-                (SELECT count(*) FROM tasks r WHERE r.tenant = lim.tenant AND r.status = 'running') AS running
+                (SELECT count(*) FROM task_queue r WHERE r.tenant = lim.tenant AND r.status = 'running') AS running
             FROM lim
          ), room AS (
             SELECT tenant, running,
@@ -69,7 +69,7 @@ pub async fn claim(
             -- Within a tenant: higher priority first, then arrival (tasks_tenant_queued_prio_idx).
             SELECT c.id, room.running + row_number() OVER (PARTITION BY room.tenant ORDER BY c.priority DESC, c.id) AS load
             FROM room, LATERAL (
-                SELECT id, priority FROM tasks q
+                SELECT id, priority FROM task_queue q
                 WHERE q.status = 'queued' AND q.tenant = room.tenant AND q.waiting_for IS NULL
                 ORDER BY q.priority DESC, q.id LIMIT least(room.free, $1) FOR UPDATE SKIP LOCKED
             ) c
@@ -77,7 +77,7 @@ pub async fn claim(
             -- The least busy tenant first: each pick goes to whoever would then run the fewest.
             SELECT id FROM pick ORDER BY load, id LIMIT $1
          ), u AS (
-            UPDATE tasks t SET status = 'running', attempt = t.attempt + 1, lease_token = gen_random_uuid(),
+            UPDATE task_queue t SET status = 'running', attempt = t.attempt + 1, lease_token = gen_random_uuid(),
                 lease_expires_at = now() + make_interval(secs => $2), started_at = coalesce(t.started_at, now()),
                 worker_id = $3, last_event_seq = t.last_event_seq + 1
             FROM chosen WHERE t.id = chosen.id
@@ -122,16 +122,16 @@ pub async fn heartbeat(pool: &PgPool, held: &[Fence], lease_secs: f64) -> Result
         "WITH h AS (
             SELECT * FROM unnest($1::uuid[], $2::uuid[]) AS h(id, lease)
          ), l AS (
-            SELECT t.id FROM tasks t JOIN h ON t.id = h.id AND t.lease_token = h.lease
+            SELECT t.id FROM task_queue t JOIN h ON t.id = h.id AND t.lease_token = h.lease
             ORDER BY t.id FOR UPDATE OF t SKIP LOCKED
          ), u AS (
-            UPDATE tasks t SET lease_expires_at = now() + make_interval(secs => $3)
+            UPDATE task_queue t SET lease_expires_at = now() + make_interval(secs => $3)
             FROM l WHERE t.id = l.id
             RETURNING t.id, t.cancel_requested
          )
          SELECT id, cancel_requested, true AS renewed FROM u
          UNION ALL
-         SELECT t.id, false, false FROM tasks t JOIN h ON t.id = h.id AND t.lease_token = h.lease
+         SELECT t.id, false, false FROM task_queue t JOIN h ON t.id = h.id AND t.lease_token = h.lease
          WHERE t.id NOT IN (SELECT id FROM l)",
     )
     .bind(&ids)
@@ -197,7 +197,7 @@ async fn settle_unapplied(
 /// (NOTIFY), which wake those that now fit. (An index probe on an index that is mostly empty.)
 const WAKE_WAITERS: &str = "w AS (
             SELECT pg_notify('subagentd_budget', u.tenant) FROM u
-            WHERE EXISTS (SELECT 1 FROM tasks q WHERE q.tenant = u.tenant AND q.waiting_for IS NOT NULL
+            WHERE EXISTS (SELECT 1 FROM task_queue q WHERE q.tenant = u.tenant AND q.waiting_for IS NOT NULL
                           AND q.status = 'queued')
          )";
 
@@ -442,10 +442,11 @@ fn commit_turns_sql(whole: bool) -> String {
                 error_code = CASE WHEN b_status IS NULL THEN error_code ELSE b_ecode END,
                 error_message = CASE WHEN b_status IS NULL THEN error_message ELSE b_emsg END,
                 finished_at = CASE WHEN b_status IS NULL THEN finished_at ELSE now() END,
+                history_at = CASE WHEN b_status IS NULL THEN history_at ELSE now() END,
                 lease_token = CASE WHEN b_status IS NULL THEN lease_token END,
                 lease_expires_at = CASE WHEN b_status IS NULL THEN lease_expires_at END
             FROM b
-            WHERE id = b_id AND lease_token = b_lease
+            WHERE id = b_id AND lease_token = b_lease AND history_at = 'infinity'
               AND NOT EXISTS (SELECT 1 FROM llm_calls WHERE call_key = b_key)
             RETURNING b.*, tasks.tenant AS u_tenant, tasks.subagent_type AS u_agent, tasks.created_at AS u_created,
                 coalesce(tasks.api_key, '') AS u_api_key, tasks.last_event_seq AS u_seq{whole_cols}
@@ -476,7 +477,7 @@ fn commit_turns_sql(whole: bool) -> String {
          ), e AS ({events}
          ), w AS (
             SELECT pg_notify('subagentd_budget', t.u_tenant) FROM (SELECT DISTINCT u_tenant FROM u) t
-            WHERE EXISTS (SELECT 1 FROM tasks q WHERE q.tenant = t.u_tenant AND q.waiting_for IS NOT NULL
+            WHERE EXISTS (SELECT 1 FROM task_queue q WHERE q.tenant = t.u_tenant AND q.waiting_for IS NOT NULL
                           AND q.status = 'queued')
          )
          SELECT b_i{answer} FROM u, (SELECT count(*) FROM w) AS woken",
@@ -561,9 +562,10 @@ fn commit_turn_sql(whole: bool) -> String {
                 error_code = CASE WHEN $23::text IS NULL THEN error_code ELSE $26 END,
                 error_message = CASE WHEN $23::text IS NULL THEN error_message ELSE $27 END,
                 finished_at = CASE WHEN $23::text IS NULL THEN finished_at ELSE now() END,
+                history_at = CASE WHEN $23::text IS NULL THEN history_at ELSE now() END,
                 lease_token = CASE WHEN $23::text IS NULL THEN lease_token END,
                 lease_expires_at = CASE WHEN $23::text IS NULL THEN lease_expires_at END
-            WHERE id = $1 AND lease_token = $2
+            WHERE id = $1 AND lease_token = $2 AND history_at = 'infinity'
               AND NOT EXISTS (SELECT 1 FROM llm_calls WHERE call_key = $20)
             RETURNING {returning}
          ), c AS (
@@ -655,9 +657,9 @@ fn finish_sql(whole: bool) -> String {
     format!(
         "WITH u AS (
             UPDATE tasks SET status = $3, stop_reason = $4, summary = $5, error_code = $6, error_message = $7,
-                output = $10::jsonb, finished_at = now(), lease_token = NULL, lease_expires_at = NULL,
+                output = $10::jsonb, finished_at = now(), history_at = now(), lease_token = NULL, lease_expires_at = NULL,
                 reserved_usd = 0, reserved_tokens = 0, last_event_seq = last_event_seq + cardinality($8::text[])
-            WHERE id = $1 AND lease_token = $2
+            WHERE id = $1 AND lease_token = $2 AND history_at = 'infinity'
             RETURNING {returning}
          ), e AS (
             INSERT INTO task_events (task_id, seq, kind, data)
@@ -699,7 +701,7 @@ pub async fn finish(pool: &PgPool, f: Fence, fin: &Finish) -> Result<Committed, 
 /// Give a task back to the queue without counting the attempt (graceful drain).
 pub async fn release(pool: &PgPool, f: Fence) -> Result<bool, StoreError> {
     let sql = "WITH u AS (
-            UPDATE tasks SET status = 'queued', attempt = attempt - 1, lease_token = NULL, lease_expires_at = NULL,
+            UPDATE task_queue SET status = 'queued', attempt = attempt - 1, lease_token = NULL, lease_expires_at = NULL,
                 worker_id = NULL, reserved_usd = 0, reserved_tokens = 0, last_event_seq = last_event_seq + 1
             WHERE id = $1 AND lease_token = $2
             RETURNING id, last_event_seq
@@ -727,7 +729,7 @@ pub struct BudgetWaitRow {
 /// `budget_wait` event. False (nothing written) if the lease is no longer held.
 pub async fn wait_for_budget(pool: &PgPool, f: Fence, w: &BudgetWaitRow) -> Result<bool, StoreError> {
     let sql = "WITH u AS (
-            UPDATE tasks SET status = 'queued', attempt = attempt - 1, lease_token = NULL, lease_expires_at = NULL,
+            UPDATE task_queue SET status = 'queued', attempt = attempt - 1, lease_token = NULL, lease_expires_at = NULL,
                 worker_id = NULL, reserved_usd = 0, reserved_tokens = 0, last_event_seq = last_event_seq + 1,
                 waiting_for = 'budget', waiting_since = now(), wait_need_usd = $3, wait_need_tokens = $4,
                 wait_want_usd = $5, wait_want_tokens = $6, wait_deadline = $7
@@ -765,7 +767,7 @@ pub async fn wait_for_budget(pool: &PgPool, f: Fence, w: &BudgetWaitRow) -> Resu
 pub async fn rescue(pool: &PgPool, max_attempts: i32, grace_secs: f64) -> Result<Vec<(Uuid, TaskStatus)>, StoreError> {
     let mut tx = pool.begin().await?;
     let ids: Vec<Uuid> = sqlx::query_scalar(&format!(
-        "SELECT id FROM tasks WHERE status = 'running'
+        "SELECT id FROM task_queue WHERE status = 'running'
            AND ((lease_expires_at < now() AND now() > pg_postmaster_start_time() + make_interval(secs => $1::float8))
                 OR worker_id IN ({}))
          ORDER BY lease_expires_at LIMIT 500 FOR UPDATE SKIP LOCKED",
@@ -788,9 +790,10 @@ pub async fn rescue(pool: &PgPool, max_attempts: i32, grace_secs: f64) -> Result
                     THEN 'the worker running this task stopped responding ' || t.attempt || ' time(s)'
                     ELSE t.error_message END,
                 finished_at = CASE WHEN t.cancel_requested OR t.attempt >= $1 THEN now() ELSE NULL END,
+                history_at = CASE WHEN t.cancel_requested OR t.attempt >= $1 THEN now() ELSE 'infinity' END,
                 lease_token = NULL, lease_expires_at = NULL, worker_id = NULL,
                 reserved_usd = 0, reserved_tokens = 0, last_event_seq = t.last_event_seq + 1
-            WHERE t.id = ANY($2)
+            WHERE t.id = ANY($2) AND t.history_at = 'infinity'
             RETURNING t.id, t.status, t.last_event_seq, t.attempt
          ), e AS (
             INSERT INTO task_events (task_id, seq, kind, data)
@@ -812,7 +815,7 @@ const RECORD_INTERRUPTED: &str = "WITH est AS (
                least(coalesce((e.data->>'prompt_tokens')::bigint, 0), t.reserved_tokens) AS inp,
                coalesce((e.data->>'turn')::int, t.turns + 1) AS turn, coalesce((e.data->>'try')::int, 1) AS try,
                coalesce((extract(epoch FROM now() - e.created_at) * 1000)::int, 0) AS latency_ms
-        FROM tasks t
+        FROM task_queue t
         LEFT JOIN LATERAL (SELECT data, created_at FROM task_events
                            WHERE task_id = t.id AND kind = 'llm_call_started' ORDER BY seq DESC LIMIT 1) e ON true
         WHERE t.id = ANY($1) AND t.reserved_tokens > 0
@@ -824,7 +827,7 @@ const RECORD_INTERRUPTED: &str = "WITH est AS (
                'the worker was lost while the call was in flight: usage estimated from its reservation', true
         FROM est
      ), u AS (
-        UPDATE tasks t SET input_tokens = t.input_tokens + est.inp,
+        UPDATE task_queue t SET input_tokens = t.input_tokens + est.inp,
             output_tokens = t.output_tokens + est.reserved_tokens - est.inp,
             cost_usd = t.cost_usd + est.reserved_usd, estimated_calls = t.estimated_calls + 1
         FROM est WHERE t.id = est.id

@@ -212,8 +212,7 @@ async fn insert_once(conn: &mut PgConnection, t: &NewTask, retried: bool) -> Res
         None if !retried => {
             // A key is remembered for 24 hours: an older task gives its key up.
             let freed = sqlx::query(
-                "UPDATE tasks SET idempotency_key = NULL
-                 WHERE tenant = $1 AND idempotency_key = $2 AND created_at < now() - interval '24 hours'",
+                "DELETE FROM task_keys WHERE tenant = $1 AND key = $2 AND created_at < now() - interval '24 hours'",
             )
             .bind(&t.tenant)
             .bind(&t.idempotency_key)
@@ -252,15 +251,25 @@ fn bind_common<'q>(q: Query<'q>, t: &'q NewTask) -> Query<'q> {
 const INSERT_COLS: &str = "id, tenant, subagent_type, description, prompt, model, options, metadata, idempotency_key, \
     request_hash, parent_task_id, max_cost_usd, max_tokens, traceparent, webhook_url, last_event_seq, api_key, priority";
 
+/// A task's idempotency key ($9), taken in the statement that inserts the task: a key names one
+/// task (task_keys' primary key; `tasks` is partitioned and cannot hold that unique index).
+const KEY_CTE: &str = "k AS (
+            INSERT INTO task_keys (tenant, key, task_id) SELECT $2, $9, $1 WHERE $9::text IS NOT NULL
+            ON CONFLICT DO NOTHING RETURNING 1
+         )";
+
+/// The task is inserted when it has no key or took its key.
+const KEY_FREE: &str = "($9::text IS NULL OR EXISTS (SELECT 1 FROM k))";
+
 /// A queued task ($17 its priority) and its `created` event; with a start time ahead ($18), a
 /// scheduled one.
 static INSERT_QUEUED: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
-        "WITH t AS (
+        "WITH {KEY_CTE}, t AS (
             INSERT INTO tasks ({INSERT_COLS}, status, run_at)
-            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, 1, $16, $17,
-                    CASE WHEN $18::timestamptz IS NULL THEN 'queued' ELSE 'scheduled' END, $18)
-            ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+            SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, 1, $16, $17,
+                    CASE WHEN $18::timestamptz IS NULL THEN 'queued' ELSE 'scheduled' END, $18
+            WHERE {KEY_FREE}
             RETURNING {COLS}, {NEW_WEBHOOK}
          ), e AS (
             INSERT INTO task_events (task_id, seq, kind, data)
@@ -279,7 +288,7 @@ static INSERT_QUEUED: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| 
 /// transaction's start, which may have waited for the tenant's lock.
 static INSERT_STARTED: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
-        "WITH pre AS (
+        "WITH {KEY_CTE}, pre AS (
             SELECT coalesce($19::numeric IS NOT NULL
                 AND ($12::numeric IS NULL OR $19 <= $12) AND ($13::bigint IS NULL OR $20::bigint <= $13)
                 AND (SELECT coalesce(usd_per_day, $22::numeric) IS NULL AND coalesce(usd_per_month, $23::numeric) IS NULL
@@ -293,8 +302,7 @@ static INSERT_STARTED: std::sync::LazyLock<String> = std::sync::LazyLock::new(||
                     'running', 1, $16::uuid, clock_timestamp() + make_interval(secs => $18::float8), now(), $17::text,
                     CASE WHEN pre.reserved THEN $19 ELSE 0 END,
                     CASE WHEN pre.reserved THEN $20 ELSE 0 END
-            FROM pre
-            ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+            FROM pre WHERE {KEY_FREE}
             RETURNING {COLS}, {NEW_WEBHOOK}
          ), w AS (
             INSERT INTO webhook_deliveries (task_id, event) SELECT id, 'task.finished' FROM t WHERE webhook_url IS NOT NULL
@@ -318,7 +326,10 @@ struct StartedRow {
 }
 
 async fn existing(conn: &mut PgConnection, t: &NewTask) -> Result<Inserted, StoreError> {
-    let sql = format!("SELECT {COLS}, {WEBHOOK} FROM tasks WHERE tenant = $1 AND idempotency_key = $2");
+    let sql = format!(
+        "SELECT {COLS}, {WEBHOOK} FROM tasks
+         WHERE tenant = $1 AND id = (SELECT task_id FROM task_keys WHERE tenant = $1 AND key = $2)"
+    );
     let row: TaskRow = sqlx::query_as(&sql).bind(&t.tenant).bind(&t.idempotency_key).fetch_one(conn).await?;
     Ok(Inserted::Existing(row))
 }
@@ -326,8 +337,9 @@ async fn existing(conn: &mut PgConnection, t: &NewTask) -> Result<Inserted, Stor
 /// The task an idempotency key (still within its 24 hours) belongs to.
 pub async fn by_idempotency_key(pool: &PgPool, tenant: &str, key: &str) -> Result<Option<TaskRow>, StoreError> {
     let sql = format!(
-        "SELECT {COLS}, {WEBHOOK} FROM tasks WHERE tenant = $1 AND idempotency_key = $2
-         AND created_at >= now() - interval '24 hours'"
+        "SELECT {COLS}, {WEBHOOK} FROM tasks
+         WHERE tenant = $1 AND id = (SELECT task_id FROM task_keys WHERE tenant = $1 AND key = $2
+                                     AND created_at >= now() - interval '24 hours')"
     );
     Ok(sqlx::query_as(&sql).bind(tenant).bind(key).fetch_optional(pool).await?)
 }
@@ -465,7 +477,7 @@ pub async fn cancel_matching(
     f: &CancelFilter,
 ) -> Result<Vec<(Uuid, TaskStatus)>, StoreError> {
     let sql = "WITH old AS (
-            SELECT id, status FROM tasks
+            SELECT id, status FROM task_queue
             WHERE tenant = $1 AND ($2::uuid IS NULL OR id = $2) AND status = ANY($3)
               AND ($4::jsonb IS NULL OR metadata @> $4)
               AND NOT (status = 'running' AND cancel_requested)
@@ -475,12 +487,13 @@ pub async fn cancel_matching(
                 status = CASE WHEN old.status <> 'running' THEN 'cancelled' ELSE t.status END,
                 stop_reason = CASE WHEN old.status <> 'running' THEN 'cancelled' ELSE t.stop_reason END,
                 finished_at = CASE WHEN old.status <> 'running' THEN now() ELSE t.finished_at END,
+                history_at = CASE WHEN old.status <> 'running' THEN now() ELSE t.history_at END,
                 waiting_for = NULL, paused_at = NULL,
                 paused_ms = t.paused_ms + CASE WHEN t.paused_at IS NULL THEN 0
                     ELSE (extract(epoch FROM now() - t.paused_at) * 1000)::bigint END,
                 cancel_requested = true,
                 last_event_seq = t.last_event_seq + 1
-            FROM old WHERE t.id = old.id
+            FROM old WHERE t.id = old.id AND t.history_at = 'infinity'
             RETURNING t.id, t.last_event_seq, old.status AS old_status
          ), e AS (
             INSERT INTO task_events (task_id, seq, kind, data)
@@ -488,16 +501,20 @@ pub async fn cancel_matching(
             FROM u
          )
          SELECT id, old_status FROM u";
-    Ok(sqlx::query_as(sql).bind(tenant).bind(f.id).bind(&f.statuses).bind(&f.metadata).fetch_all(pool).await?)
+    // A task ending at this moment is seen ended when the statement runs again (`on_move`).
+    super::on_move(|| async {
+        Ok(sqlx::query_as(sql).bind(tenant).bind(f.id).bind(&f.statuses).bind(&f.metadata).fetch_all(pool).await?)
+    })
+    .await
 }
 
 /// Tasks scheduled, queued and running, across tenants (partial-index scans).
 pub async fn open_counts(pool: &PgPool) -> Result<Vec<(TaskStatus, i64)>, StoreError> {
     Ok(sqlx::query_as(
-        "SELECT 'scheduled', count(*) FROM tasks WHERE status = 'scheduled'
-         UNION ALL SELECT 'queued', count(*) FROM tasks WHERE status = 'queued'
-         UNION ALL SELECT 'running', count(*) FROM tasks WHERE status = 'running'
-         UNION ALL SELECT 'requires_action', count(*) FROM tasks WHERE status = 'requires_action'",
+        "SELECT 'scheduled', count(*) FROM task_queue WHERE status = 'scheduled'
+         UNION ALL SELECT 'queued', count(*) FROM task_queue WHERE status = 'queued'
+         UNION ALL SELECT 'running', count(*) FROM task_queue WHERE status = 'running'
+         UNION ALL SELECT 'requires_action', count(*) FROM task_queue WHERE status = 'requires_action'",
     )
     .fetch_all(pool)
     .await?)
@@ -583,10 +600,10 @@ pub async fn webhook_attempted(
 pub async fn queue_due(pool: &PgPool, limit: i64) -> Result<Vec<Uuid>, StoreError> {
     Ok(sqlx::query_scalar(
         "WITH due AS (
-            SELECT id FROM tasks WHERE status = 'scheduled' AND run_at <= now()
+            SELECT id FROM task_queue WHERE status = 'scheduled' AND run_at <= now()
             ORDER BY run_at LIMIT $1 FOR UPDATE SKIP LOCKED
          ), u AS (
-            UPDATE tasks t SET status = 'queued', last_event_seq = t.last_event_seq + 1
+            UPDATE task_queue t SET status = 'queued', last_event_seq = t.last_event_seq + 1
             FROM due WHERE t.id = due.id
             RETURNING t.id, t.last_event_seq, t.run_at
          ), e AS (
@@ -602,5 +619,5 @@ pub async fn queue_due(pool: &PgPool, limit: i64) -> Result<Vec<Uuid>, StoreErro
 
 /// When the next scheduled task is due, if any is.
 pub async fn next_run_at(pool: &PgPool) -> Result<Option<DateTime<Utc>>, StoreError> {
-    Ok(sqlx::query_scalar("SELECT min(run_at) FROM tasks WHERE status = 'scheduled'").fetch_one(pool).await?)
+    Ok(sqlx::query_scalar("SELECT min(run_at) FROM task_queue WHERE status = 'scheduled'").fetch_one(pool).await?)
 }

@@ -49,7 +49,7 @@ pub fn dead_sql(grace: &str) -> String {
 pub async fn forget_dead(pool: &sqlx::PgPool, grace_secs: f64) -> Result<u64, StoreError> {
     let sql = format!(
         "DELETE FROM workers WHERE id IN ({}) AND NOT EXISTS
-             (SELECT 1 FROM tasks t WHERE t.worker_id = workers.id AND t.status = 'running')",
+             (SELECT 1 FROM task_queue t WHERE t.worker_id = workers.id AND t.status = 'running')",
         dead_sql("$1")
     );
     Ok(sqlx::query(&sql).bind(grace_secs).execute(pool).await?.rows_affected())

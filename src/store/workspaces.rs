@@ -124,7 +124,7 @@ pub async fn archive(pool: &PgPool, tenant: &str, name: &str, hash: &str) -> Res
 /// attempt (another replica, a resume, a rescue) reads it back. Fenced on the lease.
 pub async fn record_version(pool: &PgPool, f: Fence, version: &str) -> Result<Option<String>, StoreError> {
     Ok(sqlx::query_scalar(
-        "UPDATE tasks SET workspace_version = coalesce(workspace_version, $3)
+        "UPDATE task_queue SET workspace_version = coalesce(workspace_version, $3)
          WHERE id = $1 AND lease_token = $2 RETURNING workspace_version",
     )
     .bind(f.id)

@@ -71,6 +71,17 @@ async fn assert_invariants(app: &TestApp, ids: &[Uuid]) {
     .await
     .unwrap();
     assert!(mismatched.is_empty(), "task usage differs from the ledger: {mismatched:?}");
+    // Each ended task is one row, moved out of the queue (#47): none lost or left behind mid-move.
+    let placed: Vec<(Uuid, i64, bool)> = sqlx::query_as(
+        "SELECT id, count(*), bool_or(tableoid = 'task_queue'::regclass) FROM tasks WHERE id = ANY($1) GROUP BY id",
+    )
+    .bind(ids)
+    .fetch_all(&app.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(placed.len(), ids.len(), "tasks missing");
+    let misplaced: Vec<_> = placed.iter().filter(|(_, n, queued)| *n != 1 || *queued).collect();
+    assert!(misplaced.is_empty(), "tasks in two places or still queued: {misplaced:?}");
 }
 
 async fn submit_many(app: &TestApp, n: usize, prompt: &str) -> Vec<Uuid> {
@@ -359,7 +370,11 @@ async fn retention_purges_old_conversations_and_events_but_keeps_tasks_and_the_l
     let t = app.post_json("/tasks?wait=true", json!({"prompt": "x", "model": "mock/m"})).await;
     let t: Value = t.json().await.unwrap();
     let id: Uuid = t["id"].as_str().unwrap().parse().unwrap();
-    sqlx::query("UPDATE tasks SET finished_at = now() - interval '40 days' WHERE id = $1")
+    sqlx::query("SELECT subagentd_month_partition('tasks', (now() - interval '40 days')::date)")
+        .execute(&app.db.pool)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE tasks SET finished_at = now() - interval '40 days', history_at = now() - interval '40 days' WHERE id = $1")
         .bind(id)
         .execute(&app.db.pool)
         .await

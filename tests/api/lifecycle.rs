@@ -77,9 +77,10 @@ async fn task(db: &TestDb, status: TaskStatus, extra: &str) -> Uuid {
         .unwrap();
     let id = Uuid::now_v7();
     sqlx::query(
-        "INSERT INTO tasks (id, tenant, status, subagent_type, prompt, model, options, finished_at)
+        "INSERT INTO tasks (id, tenant, status, subagent_type, prompt, model, options, finished_at, history_at)
          VALUES ($1, $2, $3, 'general', 'p', 'mock/m', '{\"max_turns\": 3}',
-                 CASE WHEN $3 IN ('queued', 'running', 'requires_action') THEN NULL ELSE now() END)",
+                 CASE WHEN $3 IN ('queued', 'running', 'requires_action') THEN NULL ELSE now() END,
+                 CASE WHEN $3 IN ('queued', 'running', 'requires_action') THEN 'infinity' ELSE now() END)",
     )
     .bind(id)
     .bind(ACME)

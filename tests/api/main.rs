@@ -37,6 +37,7 @@ mod observe;
 mod openapi;
 mod pauses;
 mod providers;
+mod queue;
 mod ratelimit;
 mod sandbox;
 mod schedules;

@@ -25,16 +25,23 @@ pub(crate) async fn task(db: &TestDb, status: &str, extra: &str) -> Uuid {
         .await
         .unwrap();
     let id = Uuid::now_v7();
-    let finished = if matches!(status, "queued" | "running") { "NULL" } else { "now()" };
+    let finished =
+        if matches!(status, "scheduled" | "queued" | "running" | "requires_action") { "NULL" } else { "now()" };
     sqlx::query(&format!(
-        "INSERT INTO tasks (id, tenant, status, subagent_type, prompt, model, options, finished_at)
-         VALUES ($1, 'default', $2, 'general', 'p [mock:reply=ok]', 'mock/m', '{{\"max_turns\": 3}}', {finished})"
+        "INSERT INTO tasks (id, tenant, status, subagent_type, prompt, model, options, finished_at, history_at)
+         VALUES ($1, 'default', $2, 'general', 'p [mock:reply=ok]', 'mock/m', '{{\"max_turns\": 3}}', {finished},
+                 coalesce({finished}::timestamptz, 'infinity'))"
     ))
     .bind(id)
     .bind(status)
     .execute(&db.pool)
     .await
     .unwrap();
+    // The months an `extra` may move a finished task back into.
+    sqlx::query("SELECT subagentd_month_partition('tasks', (now() - make_interval(months => k))::date) FROM generate_series(1, 3) k")
+        .execute(&db.pool)
+        .await
+        .unwrap();
     if !extra.is_empty() {
         sqlx::query(&format!("UPDATE tasks SET {extra} WHERE id = $1")).bind(id).execute(&db.pool).await.unwrap();
     }
@@ -72,7 +79,9 @@ async fn a_rescuer_pass_requeues_an_expired_lease_and_fails_a_task_out_of_attemp
 #[tokio::test]
 async fn a_retention_pass_purges_what_is_past_retention_and_keeps_the_rest() {
     let db = test_db().await;
-    let old = task(&db, "completed", "finished_at = now() - interval '40 days'").await;
+    let old =
+        task(&db, "completed", "finished_at = now() - interval '40 days', history_at = now() - interval '40 days'")
+            .await;
     let new = task(&db, "completed", "").await;
     // Queued for 40 days (an open task): its rows are as old, and kept (moved to today's partition).
     let open = task(&db, "queued", "").await;
@@ -160,7 +169,7 @@ async fn a_task_holds_a_lease_token_only_while_it_runs() {
     assert!(e.to_string().contains("tasks_lease_only_while_running"), "{e}");
     // Leaving 'running' the way the service does (the lease cleared with it) is allowed, and the
     // old lease's fenced writes then match nothing.
-    sqlx::query("UPDATE tasks SET status = 'completed', lease_token = NULL, finished_at = now() WHERE id = $1")
+    sqlx::query("UPDATE tasks SET status = 'completed', lease_token = NULL, finished_at = now(), history_at = now() WHERE id = $1")
         .bind(id)
         .execute(&db.pool)
         .await

@@ -134,6 +134,19 @@ CREATE INDEX tasks_tenant_status_id_idx ON tasks (tenant, status, id)
     WHERE status = ANY (ARRAY['incomplete', 'failed', 'cancelled']);
 CREATE INDEX tasks_waiting_idx ON tasks (tenant, id) WHERE waiting_for IS NOT NULL;
 
+-- The budget functions (0008, 0013) read and write only open tasks: they name the queue, where
+-- they find them without visiting the history's partitions.
+DO $$
+DECLARE
+    f record;
+BEGIN
+    FOR f IN SELECT p.oid FROM pg_proc p
+             WHERE p.pronamespace = current_schema()::regnamespace
+               AND p.proname IN ('budget_reserve', 'budget_rooms', 'budget_wake', 'budget_reserve_call') LOOP
+        EXECUTE regexp_replace(pg_get_functiondef(f.oid), '\mtasks\M', 'task_queue', 'g');
+    END LOOP;
+END $$;
+
 DO $$
 DECLARE
     v record;

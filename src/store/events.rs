@@ -104,7 +104,7 @@ static APPEND_MANY: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
             ORDER BY b_id
          ), u AS (
             UPDATE task_queue SET last_event_seq = last_event_seq + b_nev FROM b
-            WHERE id = b_id AND lease_token = b_lease
+            WHERE id = b_id AND lease_token = b_lease AND id = ANY($1)
             RETURNING b_i, b_id, b_nev, last_event_seq AS u_seq
          ), e AS ({})
          SELECT b_i FROM u",

@@ -22,12 +22,12 @@ pub struct Now {
 pub async fn now(pool: &PgPool, tenant: Option<&str>) -> Result<Now, StoreError> {
     Ok(sqlx::query_as(
         "SELECT
-            (SELECT count(*) FROM tasks WHERE status = 'scheduled' AND ($1::text IS NULL OR tenant = $1)) AS scheduled,
-            (SELECT count(*) FROM tasks WHERE status = 'queued' AND ($1::text IS NULL OR tenant = $1)) AS queued,
-            (SELECT count(*) FROM tasks WHERE status = 'running' AND ($1::text IS NULL OR tenant = $1)) AS running,
-            (SELECT count(*) FROM tasks WHERE status = 'requires_action' AND ($1::text IS NULL OR tenant = $1))
+            (SELECT count(*) FROM task_queue WHERE status = 'scheduled' AND ($1::text IS NULL OR tenant = $1)) AS scheduled,
+            (SELECT count(*) FROM task_queue WHERE status = 'queued' AND ($1::text IS NULL OR tenant = $1)) AS queued,
+            (SELECT count(*) FROM task_queue WHERE status = 'running' AND ($1::text IS NULL OR tenant = $1)) AS running,
+            (SELECT count(*) FROM task_queue WHERE status = 'requires_action' AND ($1::text IS NULL OR tenant = $1))
                 AS requires_action,
-            (SELECT count(*) FROM tasks WHERE waiting_for IS NOT NULL AND status = 'queued'
+            (SELECT count(*) FROM task_queue WHERE waiting_for IS NOT NULL AND status = 'queued'
                 AND ($1::text IS NULL OR tenant = $1)) AS waiting_for_budget",
     )
     .bind(tenant)
@@ -46,7 +46,7 @@ pub struct Finished {
 pub async fn finished_last_hour(pool: &PgPool, tenant: Option<&str>) -> Result<Vec<Finished>, StoreError> {
     Ok(sqlx::query_as(
         "SELECT date_trunc('minute', finished_at) AS minute, status, count(*) AS tasks FROM tasks
-         WHERE finished_at > now() - interval '1 hour' AND ($1::text IS NULL OR tenant = $1)
+         WHERE finished_at > now() - interval '1 hour' AND history_at > now() - interval '1 hour' AND ($1::text IS NULL OR tenant = $1)
          GROUP BY 1, 2 ORDER BY 1, 2",
     )
     .bind(tenant)
@@ -97,7 +97,7 @@ pub async fn spend(pool: &PgPool, tenant: Option<&str>, d: SpendDefaults) -> Res
             FROM usage_daily, d WHERE day >= date_trunc('month', d.today)::date AND ($1::text IS NULL OR tenant = $1)
             GROUP BY tenant
          ), r AS (
-            SELECT tenant, sum(reserved_usd) AS reserved FROM tasks
+            SELECT tenant, sum(reserved_usd) AS reserved FROM task_queue
             WHERE status = 'running' AND ($1::text IS NULL OR tenant = $1) GROUP BY tenant
          )
          SELECT t.name AS tenant, coalesce(s.today_usd, 0) AS today_usd, coalesce(s.month_usd, 0) AS month_usd,
@@ -126,7 +126,7 @@ pub struct Replica {
 
 pub async fn replicas(pool: &PgPool, tenant: Option<&str>) -> Result<Vec<Replica>, StoreError> {
     Ok(sqlx::query_as(
-        "SELECT worker_id AS worker, count(*) AS running, max(lease_expires_at) AS lease_expires_at FROM tasks
+        "SELECT worker_id AS worker, count(*) AS running, max(lease_expires_at) AS lease_expires_at FROM task_queue
          WHERE status = 'running' AND worker_id IS NOT NULL AND ($1::text IS NULL OR tenant = $1)
          GROUP BY worker_id ORDER BY worker_id",
     )

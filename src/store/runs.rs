@@ -123,16 +123,17 @@ pub async fn heartbeat(pool: &PgPool, held: &[Fence], lease_secs: f64) -> Result
             SELECT * FROM unnest($1::uuid[], $2::uuid[]) AS h(id, lease)
          ), l AS (
             SELECT t.id FROM task_queue t JOIN h ON t.id = h.id AND t.lease_token = h.lease
+            WHERE t.id = ANY($1)
             ORDER BY t.id FOR UPDATE OF t SKIP LOCKED
          ), u AS (
             UPDATE task_queue t SET lease_expires_at = now() + make_interval(secs => $3)
-            FROM l WHERE t.id = l.id
+            FROM l WHERE t.id = l.id AND t.id = ANY($1)
             RETURNING t.id, t.cancel_requested
          )
          SELECT id, cancel_requested, true AS renewed FROM u
          UNION ALL
          SELECT t.id, false, false FROM task_queue t JOIN h ON t.id = h.id AND t.lease_token = h.lease
-         WHERE t.id NOT IN (SELECT id FROM l)",
+         WHERE t.id = ANY($1) AND t.id NOT IN (SELECT id FROM l)",
     )
     .bind(&ids)
     .bind(&leases)
@@ -446,7 +447,7 @@ fn commit_turns_sql(whole: bool) -> String {
                 lease_token = CASE WHEN b_status IS NULL THEN lease_token END,
                 lease_expires_at = CASE WHEN b_status IS NULL THEN lease_expires_at END
             FROM b
-            WHERE id = b_id AND lease_token = b_lease AND history_at = 'infinity'
+            WHERE id = b_id AND lease_token = b_lease AND history_at = 'infinity' AND id = ANY($1)
               AND NOT EXISTS (SELECT 1 FROM llm_calls WHERE call_key = b_key)
             RETURNING b.*, tasks.tenant AS u_tenant, tasks.subagent_type AS u_agent, tasks.created_at AS u_created,
                 coalesce(tasks.api_key, '') AS u_api_key, tasks.last_event_seq AS u_seq{whole_cols}

@@ -155,6 +155,11 @@ BEGIN
         EXECUTE format('CREATE VIEW %I AS %s', v.name, v.def);
     END LOOP;
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'subagentd_dashboards') THEN
-        GRANT SELECT ON v_task_outcomes, v_task_latency TO subagentd_dashboards;
+        FOR v IN SELECT * FROM saved_views LOOP
+            EXECUTE format('GRANT SELECT ON %I TO subagentd_dashboards', v.name);
+        END LOOP;
     END IF;
 END $$;
+
+-- Autovacuum never analyzes a partitioned parent: its statistics are made here once.
+ANALYZE tasks;

@@ -184,11 +184,15 @@ pub async fn waiting(pool: &PgPool) -> Result<Vec<(String, i64)>, StoreError> {
 /// End the budget waits that ran past their task's time limit (`incomplete` / `timeout`); its
 /// caller (`tasks::end`) wakes their waiters.
 pub async fn end_expired_waits(pool: &PgPool) -> Result<Vec<Uuid>, StoreError> {
+    super::on_move(|| end_expired_waits_once(pool)).await
+}
+
+async fn end_expired_waits_once(pool: &PgPool) -> Result<Vec<Uuid>, StoreError> {
     let sql = "WITH u AS (
             UPDATE tasks SET status = 'incomplete', stop_reason = 'timeout', finished_at = now(), history_at = now(), waiting_for = NULL,
                 summary = '(sub-agent ' || subagent_type || ' stopped: its time limit was reached while it waited for budget)',
                 last_event_seq = last_event_seq + 1
-            WHERE status = 'queued' AND waiting_for IS NOT NULL AND wait_deadline < now()
+            WHERE status = 'queued' AND waiting_for IS NOT NULL AND wait_deadline < now() AND history_at = 'infinity'
             RETURNING id, last_event_seq
          ), e AS (
             INSERT INTO task_events (task_id, seq, kind, data)

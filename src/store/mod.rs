@@ -161,20 +161,27 @@ where
     }
 }
 
-/// Run `f` again while the task it locks moved out of the queue under it (`is_moved`), a few
-/// times: the HTTP writes that may meet a task ending at the same moment (a cancel, an answer).
+/// Run `f` again while a task it locks moved out of the queue under it (`is_moved`): the writes
+/// that may meet a task ending at the same moment (a cancel, an answer, the claim, heartbeats,
+/// the timers). Each run takes a new snapshot, so it sees the moved task ended; a cancel over
+/// many tasks of a busy tenant may meet several ends, so it waits a little more each time (5 ms
+/// doubling to 200 ms, at most 20 runs: about 3 s).
 pub async fn on_move<T, F, Fut>(mut f: F) -> Result<T, StoreError>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, StoreError>>,
 {
-    let mut tries = 0;
-    loop {
+    let mut delay = Duration::from_millis(5);
+    for _ in 0..19 {
         match f().await {
-            Err(e) if e.is_moved() && tries < 5 => tries += 1,
+            Err(e) if e.is_moved() => {
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_millis(200));
+            }
             other => return other,
         }
     }
+    f().await
 }
 
 /// How long a write waits for an unavailable database before it gives up.

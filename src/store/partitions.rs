@@ -25,8 +25,8 @@ pub async fn ensure(pool: &PgPool, ahead: i32) -> Result<NaiveDate, StoreError> 
     Ok(sqlx::query_scalar("SELECT subagentd_ensure_partitions($1)").bind(ahead).fetch_one(pool).await?)
 }
 
-/// How many whole days ahead of today (UTC) every history table has partitions (negative when
-/// even today's is missing).
+/// How many whole days ahead of today (UTC) every history table has partitions, `tasks`' month
+/// partitions included (negative when even today's is missing).
 pub async fn reach(pool: &PgPool) -> Result<i64, StoreError> {
     let mut least: Option<i64> = None;
     let today = Utc::now().date_naive();
@@ -37,7 +37,18 @@ pub async fn reach(pool: &PgPool) -> Result<i64, StoreError> {
         let ahead = (0..).take_while(|k| days.contains(&(today + chrono::Days::new(*k)))).count() as i64 - 1;
         least = Some(least.map_or(ahead, |l| l.min(ahead)));
     }
-    Ok(least.unwrap_or(0))
+    // And the month partitions of `tasks`, which a task ending on those days moves into.
+    let months: std::collections::BTreeSet<String> = sqlx::query_scalar(
+        "SELECT c.relname::text FROM pg_class c JOIN pg_inherits i ON i.inhrelid = c.oid
+         WHERE i.inhparent = to_regclass('tasks') AND c.relname ~ '^tasks_p[0-9]{6}$'",
+    )
+    .fetch_all(pool)
+    .await?
+    .into_iter()
+    .collect();
+    let month_of = |k: u64| format!("tasks_p{}", (today + chrono::Days::new(k)).format("%Y%m"));
+    let ahead = (0..).take_while(|k| months.contains(&month_of(*k))).count() as i64 - 1;
+    Ok(least.map_or(ahead, |l| l.min(ahead)))
 }
 
 /// One partition of a history table.

@@ -24,6 +24,17 @@ pub async fn claim(
     worker: &str,
     default_max_running: Option<i32>,
 ) -> Result<Vec<TaskRow>, StoreError> {
+    // A queued task cancelled under the claim has left the queue: claimed again, it is not seen.
+    super::on_move(|| claim_once(pool, limit, lease_secs, worker, default_max_running)).await
+}
+
+async fn claim_once(
+    pool: &PgPool,
+    limit: i64,
+    lease_secs: f64,
+    worker: &str,
+    default_max_running: Option<i32>,
+) -> Result<Vec<TaskRow>, StoreError> {
     let mut tx = pool.begin().await?;
     // Planned once per connection, not per claim: a custom plan's planning grew with the size of
     // `tasks` (the planner probes the ends of its indexes), while the plan does not change with
@@ -114,6 +125,12 @@ pub struct Beat {
 /// Renew the leases this worker holds. Returns, per task still held, whether a cancel was
 /// requested and whether it was renewed; a task missing from the answer has lost its lease.
 pub async fn heartbeat(pool: &PgPool, held: &[Fence], lease_secs: f64) -> Result<Vec<Beat>, StoreError> {
+    // One of these runs ending under the beat moves its row: beaten again, it is missing (lost
+    // to this beat, which is right: it has ended).
+    super::on_move(|| heartbeat_once(pool, held, lease_secs)).await
+}
+
+async fn heartbeat_once(pool: &PgPool, held: &[Fence], lease_secs: f64) -> Result<Vec<Beat>, StoreError> {
     let mut held = held.to_vec();
     held.sort_by_key(|f| f.id);
     let ids: Vec<Uuid> = held.iter().map(|f| f.id).collect();
@@ -766,6 +783,10 @@ pub async fn wait_for_budget(pool: &PgPool, f: Fence, w: &BudgetWaitRow) -> Resu
 /// becomes that spend. Then each task is queued again (or failed, out of attempts; or cancelled,
 /// if that was asked), with its `rescued` event. All in one transaction.
 pub async fn rescue(pool: &PgPool, max_attempts: i32, grace_secs: f64) -> Result<Vec<(Uuid, TaskStatus)>, StoreError> {
+    super::on_move(|| rescue_once(pool, max_attempts, grace_secs)).await
+}
+
+async fn rescue_once(pool: &PgPool, max_attempts: i32, grace_secs: f64) -> Result<Vec<(Uuid, TaskStatus)>, StoreError> {
     let mut tx = pool.begin().await?;
     let ids: Vec<Uuid> = sqlx::query_scalar(&format!(
         "SELECT id FROM task_queue WHERE status = 'running'

@@ -221,9 +221,13 @@ async fn insert_once(conn: &mut PgConnection, t: &NewTask, retried: bool) -> Res
             if freed.rows_affected() > 0 {
                 return Box::pin(insert_once(conn, t, true)).await;
             }
-            existing(conn, t).await
+            match existing(conn, t).await? {
+                Some(row) => Ok(Inserted::Existing(row)),
+                // The key was purged (past its 24 hours) between the insert and this read.
+                None => Box::pin(insert_once(conn, t, true)).await,
+            }
         }
-        None => existing(conn, t).await,
+        None => existing(conn, t).await?.map(Inserted::Existing).ok_or(StoreError::Db(sqlx::Error::RowNotFound)),
     }
 }
 
@@ -325,13 +329,13 @@ struct StartedRow {
     reserved: bool,
 }
 
-async fn existing(conn: &mut PgConnection, t: &NewTask) -> Result<Inserted, StoreError> {
+/// The task the key names now (none if the key was purged in the meantime).
+async fn existing(conn: &mut PgConnection, t: &NewTask) -> Result<Option<TaskRow>, StoreError> {
     let sql = format!(
         "SELECT {COLS}, {WEBHOOK} FROM tasks
          WHERE tenant = $1 AND id = (SELECT task_id FROM task_keys WHERE tenant = $1 AND key = $2)"
     );
-    let row: TaskRow = sqlx::query_as(&sql).bind(&t.tenant).bind(&t.idempotency_key).fetch_one(conn).await?;
-    Ok(Inserted::Existing(row))
+    Ok(sqlx::query_as(&sql).bind(&t.tenant).bind(&t.idempotency_key).fetch_optional(conn).await?)
 }
 
 /// The task an idempotency key (still within its 24 hours) belongs to.
@@ -598,6 +602,10 @@ pub async fn webhook_attempted(
 /// Queue the scheduled tasks whose time has come (at most `limit`), each with a `queued` event;
 /// their ids. Any replica may run it: each task is queued once (`SKIP LOCKED`).
 pub async fn queue_due(pool: &PgPool, limit: i64) -> Result<Vec<Uuid>, StoreError> {
+    super::on_move(|| queue_due_once(pool, limit)).await
+}
+
+async fn queue_due_once(pool: &PgPool, limit: i64) -> Result<Vec<Uuid>, StoreError> {
     Ok(sqlx::query_scalar(
         "WITH due AS (
             SELECT id FROM task_queue WHERE status = 'scheduled' AND run_at <= now()

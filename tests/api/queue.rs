@@ -269,3 +269,26 @@ async fn a_database_from_the_release_before_keeps_every_task_and_key_and_its_que
     service.stop().await;
     old.drop().await;
 }
+
+#[tokio::test]
+async fn a_task_ending_in_a_month_without_its_partition_still_ends() {
+    let app = spawn_app().await;
+    let pool = &app.db.pool;
+    let reach = subagentd::store::partitions::reach(pool).await.unwrap();
+    assert_eq!(reach, i64::from(subagentd::store::partitions::AHEAD_DAYS));
+    // This month's partition gone (as an operator's mistake would have it): the gauge says so.
+    let month: String = sqlx::query_scalar("SELECT 'tasks_p' || to_char(now() AT TIME ZONE 'UTC', 'YYYYMM')")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    sqlx::query(&format!("ALTER TABLE tasks DETACH PARTITION {month}")).execute(pool).await.unwrap();
+    sqlx::query(&format!("DROP TABLE {month}")).execute(pool).await.unwrap();
+    assert_eq!(subagentd::store::partitions::reach(pool).await.unwrap(), -1);
+    // A run's end moves its task into the month: the partition is made on demand, and it ends.
+    let done = app.wait_task(json!({"prompt": "ok [mock:reply=fine]", "model": "mock/m"})).await;
+    assert_eq!(done["status"], "completed");
+    let rows = placement(pool).await;
+    assert_eq!(rows.len(), 1);
+    assert_eq!((rows[0].1.as_str(), rows[0].2.as_str()), ("completed", month.as_str()));
+    app.stop().await;
+}

@@ -172,9 +172,16 @@ where
     Fut: std::future::Future<Output = Result<T, StoreError>>,
 {
     let mut delay = Duration::from_millis(5);
-    for _ in 0..19 {
+    for run in 1..20 {
         match f().await {
             Err(e) if e.is_moved() => {
+                if run == 5 {
+                    // Rare: a heartbeat waiting this long may cost a short lease.
+                    tracing::warn!(
+                        runs = run,
+                        "a write met tasks moving out of the queue 5 times running; trying again"
+                    );
+                }
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_millis(200));
             }

@@ -559,17 +559,21 @@ async fn claim_stats(pool: &sqlx::PgPool) -> (i64, f64, f64) {
     .unwrap()
 }
 
-/// The month partitions of `tasks` for the last `days` days (finished tasks written there).
+/// The month partitions of `tasks` and the ledger's day partitions for the last `days` days
+/// (finished tasks and their calls are written there).
 async fn month_partitions(pool: &sqlx::PgPool, days: i32) {
-    sqlx::query(
+    for sql in [
         "SELECT subagentd_month_partition('tasks', d::date)
          FROM generate_series(now() - make_interval(days => $1), now(), interval '1 day') d",
-    )
-    .bind(days)
-    .execute(pool)
-    .await
-    .unwrap();
+        "SELECT subagentd_partition('llm_calls', d::date)
+         FROM generate_series((now() AT TIME ZONE 'UTC')::date - $1, (now() AT TIME ZONE 'UTC')::date, interval '1 day') d",
+    ] {
+        sqlx::query(sql).bind(days).execute(pool).await.unwrap();
+    }
 }
+
+/// The days the history scenario's tasks span.
+const DAYS: f64 = 40.0;
 
 /// Fill `n` finished tasks of history over 20 tenants and 40 days (ids ordered by time as the
 /// service's are), two ledger rows each, and events and messages in the soak's proportions (11
@@ -581,7 +585,6 @@ async fn fill_history(pool: &sqlx::PgPool, n: i64, recent: i64) -> f64 {
         .execute(pool)
         .await
         .unwrap();
-    const DAYS: f64 = 40.0;
     month_partitions(pool, DAYS as i32 + 1).await;
     let step = 1_000_000i64;
     let mut from = 1i64;
@@ -605,8 +608,9 @@ async fn fill_history(pool: &sqlx::PgPool, n: i64, recent: i64) -> f64 {
              )
              INSERT INTO llm_calls (call_key, task_id, tenant, turn, attempt, try, provider, model, input_tokens,
                                     output_tokens, cost_usd, latency_ms, outcome, created_at)
-             SELECT gen_random_uuid(), t.id, t.tenant, k, 1, 1, 'fake', 'gpt-4o', 120, 30, 0.00045, 1, 'ok', t.created_at
-             FROM t, generate_series(1, 2) k",
+             SELECT key, id, tenant, k, 1, 1, 'fake', 'gpt-4o', 120, 30, 0.00045, 1, 'ok', subagentd_uuid_time(key)
+             FROM (SELECT subagentd_uuidv7(t.created_at + k * interval '10 ms') AS key, t.*, k
+                   FROM t, generate_series(1, 2) k) c",
         )
         .bind(from)
         .bind(to)
@@ -683,14 +687,19 @@ async fn history(env: &Env, report: &Report, n: i64, secs: u64) {
 
     // Retention with a window half the recent tasks' span: whole partitions go, no row is deleted.
     let window = ((span / 2.0).floor() as u32).max(1);
+    // Rows deleted from the history's partitions (not the queue, whose every move out is a delete).
     let deleted = "SELECT coalesce(sum(n_tup_del), 0)::int8 FROM pg_stat_user_tables
-                   WHERE relname IN ('tasks', 'llm_calls') OR relname LIKE 'task_events_p%' OR relname LIKE 'task_messages_p%'";
+                   WHERE relname LIKE 'tasks_p%' OR relname LIKE 'llm_calls_p%' OR relname LIKE 'task_events_p%'
+                      OR relname LIKE 'task_messages_p%'";
     let d0: i64 = sqlx::query_scalar(deleted).fetch_one(&pool).await.unwrap();
     let t = Instant::now();
     let mut dropped = 0;
     for parent in subagentd::store::partitions::HISTORY {
         dropped += subagentd::store::partitions::drop_expired(&pool, parent, window).await.unwrap().len();
     }
+    // And the ledger with a window half its days (its rows span the whole fill).
+    let ledger = subagentd::store::partitions::LEDGER;
+    dropped += subagentd::store::partitions::drop_expired(&pool, ledger, (DAYS / 2.0) as u32).await.unwrap().len();
     let pass = t.elapsed().as_secs_f64();
     // The statistics collector reports a backend's counts at its transaction's end, within a second.
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -1711,10 +1720,10 @@ async fn console(env: &Env, report: &Report) {
                 worker_id = 'host-' || (abs(hashtext(id::text)) % 3) WHERE status = 'running'",
         "INSERT INTO llm_calls (call_key, task_id, tenant, turn, attempt, try, provider, model, input_tokens,
                                 output_tokens, cached_tokens, cost_usd, latency_ms, http_status, outcome, created_at)
-         SELECT gen_random_uuid(), t.id, t.tenant, k, 1, 1, 'fake', split_part(t.model, '/', 2), 1000, 100, 0, 0.0025,
-                800, 200, CASE WHEN k = 5 AND t.status = 'failed' THEN 'error' ELSE 'ok' END,
-                t.created_at + k * interval '3 seconds'
-         FROM tasks t, generate_series(1, 5) k",
+         SELECT key, id, tenant, k, 1, 1, 'fake', split_part(model, '/', 2), 1000, 100, 0, 0.0025,
+                800, 200, CASE WHEN k = 5 AND status = 'failed' THEN 'error' ELSE 'ok' END, subagentd_uuid_time(key)
+         FROM (SELECT subagentd_uuidv7(t.created_at + k * interval '3 seconds') AS key, t.id, t.tenant, t.model, t.status, k
+               FROM tasks t, generate_series(1, 5) k) c",
         "INSERT INTO usage_daily (day, tenant, model, agent_type, api_key, shard, calls, ok, failed, input_tokens,
                                   output_tokens, cached_tokens, cost_usd)
          SELECT (c.created_at AT TIME ZONE 'UTC')::date, c.tenant, c.provider || '/' || c.model, t.subagent_type, '', 0,

@@ -1,7 +1,8 @@
 //! Retention: drops the day partitions of conversations and events written more than
 //! `retention_days` ago (a task still open keeps its rows: they are moved to today's), and
-//! purges the stored diffs of tasks finished that long ago (every 10 minutes); purges ledger
-//! rows older than `ledger_retention_days` (hourly; the daily rollups keep their sums), and MCP
+//! purges the stored diffs of tasks finished that long ago (every 10 minutes); drops the
+//! ledger's day partitions older than `ledger_retention_days` (hourly; the daily rollups keep
+//! their sums, the tasks their totals), and MCP
 //! sessions idle for `mcp_session_idle_days` and idempotency keys past their 24 hours (every 10
 //! minutes, whatever the other windows). A day count of 0 keeps them forever.
 
@@ -30,7 +31,8 @@ pub struct Purged {
     pub tasks: u64,
     /// History partitions dropped whole.
     pub partitions: u64,
-    pub calls: u64,
+    /// Ledger partitions dropped whole.
+    pub ledger_partitions: u64,
     pub sessions: u64,
 }
 
@@ -45,7 +47,7 @@ impl Retention {
             (p.partitions, p.tasks) = self.purge_conversations().await?;
         }
         if self.ledger_days > 0 {
-            p.calls = self.purge_ledger().await?;
+            p.ledger_partitions = self.purge_ledger().await?;
         }
         Ok(p)
     }
@@ -80,12 +82,15 @@ impl Retention {
         Ok((dropped, n))
     }
 
+    /// The ledger's days past its window, whole (the rollups keep their sums, the tasks their
+    /// totals).
     async fn purge_ledger(&self) -> Result<u64, StoreError> {
-        let n = retention::purge_ledger(&self.pool, self.ledger_days as i32).await?;
-        if n > 0 {
-            tracing::info!(calls = n, "purged ledger rows past retention (rollups keep them)");
+        let ledger = crate::store::partitions::LEDGER;
+        let gone = crate::store::partitions::drop_expired(&self.pool, ledger, self.ledger_days).await?;
+        if !gone.is_empty() {
+            tracing::info!(partitions = ?gone, "dropped ledger partitions past retention (rollups keep their sums)");
         }
-        Ok(n)
+        Ok(gone.len() as u64)
     }
 
     pub fn start(self, stop: CancellationToken) -> JoinHandle<()> {

@@ -184,7 +184,7 @@ pub async fn answer(
     answers: &[Answer],
     by: &Answerer,
 ) -> Result<Result<Answered, Refused>, StoreError> {
-    super::on_move(|| answer_once(pool, tenant, task, answers, by)).await
+    super::on_move(pool, || answer_once(pool, tenant, task, answers, by)).await
 }
 
 async fn answer_once(

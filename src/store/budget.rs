@@ -184,7 +184,7 @@ pub async fn waiting(pool: &PgPool) -> Result<Vec<(String, i64)>, StoreError> {
 /// End the budget waits that ran past their task's time limit (`incomplete` / `timeout`); its
 /// caller (`tasks::end`) wakes their waiters.
 pub async fn end_expired_waits(pool: &PgPool) -> Result<Vec<Uuid>, StoreError> {
-    super::on_move(|| end_expired_waits_once(pool)).await
+    super::on_move(pool, || end_expired_waits_once(pool)).await
 }
 
 async fn end_expired_waits_once(pool: &PgPool) -> Result<Vec<Uuid>, StoreError> {

@@ -1,5 +1,6 @@
 //! `llm_calls`: the usage ledger, one row per provider call attempt. Rows are written by the
-//! run's fenced statements (`runs::commit_turns`), read here, and purged by `retention`.
+//! run's fenced statements (`runs::commit_turns`), read here, and dropped by the day past
+//! `--ledger-retention-days` (`partitions`).
 
 use chrono::{DateTime, Utc};
 use rust_decimal::Decimal;
@@ -48,20 +49,42 @@ pub struct CallRow {
     #[sqlx(default)]
     #[serde(skip)]
     pub reserved_tokens: i64,
-    /// Set by the database; `None` on a row about to be written.
+    /// The time in `call_key` (the database files the row under it); `None` on a row about to
+    /// be written.
     #[sqlx(default)]
     pub created_at: Option<DateTime<Utc>>,
 }
 
-/// A task's ledger, in order.
-pub async fn of_task(pool: &PgPool, task: Uuid) -> Result<Vec<CallRow>, StoreError> {
+/// A task's ledger, in order. `since`: the task's creation (its calls are later, give or take a
+/// worker's clock: a day's margin), so the read visits only the days since.
+pub async fn of_task(pool: &PgPool, task: Uuid, since: DateTime<Utc>) -> Result<Vec<CallRow>, StoreError> {
     Ok(sqlx::query_as(
         "SELECT call_key, turn, attempt, try, provider, model, input_tokens, output_tokens, cached_tokens,
                 cache_write_tokens, web_searches::int8 AS web_searches, cost_usd,
                 latency_ms, http_status, outcome, error, usage_estimated, created_at
-         FROM llm_calls WHERE task_id = $1 ORDER BY id",
+         FROM llm_calls WHERE task_id = $1 AND created_at >= $2 - interval '1 day' ORDER BY id",
     )
     .bind(task)
+    .bind(since)
     .fetch_all(pool)
     .await?)
+}
+
+/// The time in a call key (a UUIDv7): its ledger row's `created_at`, as the database's
+/// `subagentd_uuid_time` reads it (migration 0030), to the millisecond. The epoch for a key of
+/// another version.
+pub fn key_time(key: Uuid) -> DateTime<Utc> {
+    let ms = key.get_timestamp().map_or(0, |t| {
+        let (secs, nanos) = t.to_unix();
+        secs as i64 * 1000 + i64::from(nanos / 1_000_000)
+    });
+    DateTime::from_timestamp_millis(ms).unwrap_or_default()
+}
+
+/// The span of days `keys`' rows are in, a second wider at each end: bounds that let a
+/// statement over a batch of keys visit only those days' partitions.
+pub fn key_days(keys: &[Uuid]) -> (DateTime<Utc>, DateTime<Utc>) {
+    let times = keys.iter().map(|k| key_time(*k));
+    let (lo, hi) = (times.clone().min().unwrap_or_default(), times.max().unwrap_or_default());
+    (lo - chrono::Duration::seconds(1), hi + chrono::Duration::seconds(1))
 }

@@ -165,13 +165,16 @@ where
 /// that may meet a task ending at the same moment (a cancel, an answer, the claim, heartbeats,
 /// the timers). Each run takes a new snapshot, so it sees the moved task ended; a cancel over
 /// many tasks of a busy tenant may meet several ends, so it waits a little more each time (5 ms
-/// doubling to 200 ms, at most 20 runs: about 3 s).
-pub async fn on_move<T, F, Fut>(mut f: F) -> Result<T, StoreError>
+/// doubling to 200 ms, at most 20 runs: about 3 s). A write that finds no partition for its row
+/// (an end into a month, a rescued call into a day, that is missing) has them made through
+/// `pool` once, as `retrying` does, and runs again.
+pub async fn on_move<T, F, Fut>(pool: &PgPool, mut f: F) -> Result<T, StoreError>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, StoreError>>,
 {
     let mut delay = Duration::from_millis(5);
+    let mut repaired = false;
     for run in 1..20 {
         match f().await {
             Err(e) if e.is_moved() => {
@@ -184,6 +187,12 @@ where
                 }
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_millis(200));
+            }
+            Err(e) if e.is_no_partition() && !repaired => {
+                repaired = true;
+                if !partitions::repair(pool).await {
+                    return Err(e);
+                }
             }
             other => return other,
         }

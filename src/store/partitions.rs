@@ -1,6 +1,6 @@
-//! The history's daily partitions (migration 0028): created ahead, created on demand when an
-//! insert finds none, and dropped whole past retention (`DETACH ... CONCURRENTLY`, then `DROP`).
-//! Partitions are named `<parent>_pYYYYMMDD` and hold the UTC day they are named for.
+//! The history's daily partitions (migrations 0028 and 0030): created ahead, created on demand
+//! when an insert finds none, and dropped whole past retention (`DETACH ... CONCURRENTLY`, then
+//! `DROP`). Partitions are named `<parent>_pYYYYMMDD` and hold the UTC day they are named for.
 
 use std::time::Duration;
 
@@ -9,8 +9,16 @@ use sqlx::PgPool;
 
 use super::StoreError;
 
-/// The tables partitioned by the day their rows are written.
+/// A task's conversation and events: partitioned by the day their rows are written, kept
+/// `--retention-days`.
 pub const HISTORY: [&str; 2] = ["task_events", "task_messages"];
+
+/// The ledger: partitioned by the day of each call (its key's time), kept
+/// `--ledger-retention-days`.
+pub const LEDGER: &str = "llm_calls";
+
+/// Every table partitioned by the day.
+pub const DAILY: [&str; 3] = ["task_events", "task_messages", LEDGER];
 
 /// How many days ahead the service keeps partitions.
 pub const AHEAD_DAYS: i32 = 7;
@@ -30,7 +38,7 @@ pub async fn ensure(pool: &PgPool, ahead: i32) -> Result<NaiveDate, StoreError> 
 pub async fn reach(pool: &PgPool) -> Result<i64, StoreError> {
     let mut least: Option<i64> = None;
     let today = Utc::now().date_naive();
-    for parent in HISTORY {
+    for parent in DAILY {
         let days: std::collections::BTreeSet<NaiveDate> =
             partitions(pool, parent).await?.into_iter().filter(|p| !p.detached).map(|p| p.day).collect();
         // The days from today on that follow one another without a gap.
@@ -86,9 +94,10 @@ pub async fn partitions(pool: &PgPool, parent: &str) -> Result<Vec<Partition>, S
         .collect())
 }
 
-/// Drop the partitions of `parent` whose whole day is more than `days` days old. The rows of
-/// tasks still open (scheduled, queued, running or paused) are first moved to today's partition,
-/// so a long pause keeps its conversation. One replica at a time (a session advisory lock: the
+/// Drop the partitions of `parent` whose whole day is more than `days` days old. In `HISTORY`,
+/// the rows of tasks still open (scheduled, queued, running or paused) are first moved to today's
+/// partition, so a long pause keeps its conversation; the ledger's go with their day, as its rows
+/// were deleted by their time before (the task keeps its totals). One replica at a time (a session advisory lock: the
 /// others skip the pass). Every statement runs with `LOCK_TIMEOUT`; one that times out leaves
 /// its partition, and the older ones after it, for the next pass. Returns the partitions dropped.
 pub async fn drop_expired(pool: &PgPool, parent: &str, days: u32) -> Result<Vec<String>, StoreError> {
@@ -149,18 +158,20 @@ async fn drop_one(conn: &mut sqlx::PgConnection, parent: &str, p: &Partition) ->
         // A detach a timeout interrupted (on this pass or an earlier one) is finished.
         sqlx::query(&format!("ALTER TABLE {parent} DETACH PARTITION {} FINALIZE", p.name)).execute(&mut *conn).await?;
     } else if !p.detached {
-        // Open tasks keep their rows: moved (an update of the partition key) to today. Their
-        // times become the move's.
-        sqlx::query(&format!(
-            "UPDATE {parent} SET created_at = now()
-             WHERE created_at >= $1::date::timestamp AT TIME ZONE 'UTC'
-               AND created_at < ($1::date + 1)::timestamp AT TIME ZONE 'UTC'
-               AND task_id IN (SELECT id FROM task_queue
-                               WHERE status IN ('scheduled', 'queued', 'running', 'requires_action'))"
-        ))
-        .bind(p.day)
-        .execute(&mut *conn)
-        .await?;
+        if HISTORY.contains(&parent) {
+            // Open tasks keep their rows: moved (an update of the partition key) to today.
+            // Their times become the move's.
+            sqlx::query(&format!(
+                "UPDATE {parent} SET created_at = now()
+                 WHERE created_at >= $1::date::timestamp AT TIME ZONE 'UTC'
+                   AND created_at < ($1::date + 1)::timestamp AT TIME ZONE 'UTC'
+                   AND task_id IN (SELECT id FROM task_queue
+                                   WHERE status IN ('scheduled', 'queued', 'running', 'requires_action'))"
+            ))
+            .bind(p.day)
+            .execute(&mut *conn)
+            .await?;
+        }
         sqlx::query(&format!("ALTER TABLE {parent} DETACH PARTITION {} CONCURRENTLY", p.name))
             .execute(&mut *conn)
             .await?;

@@ -1,6 +1,6 @@
-//! Purges past retention by row: the stored diffs of finished tasks, and old ledger rows (the
-//! daily rollups keep their sums). Each runs a batch at a time. Conversations and events go
-//! by whole partitions (`partitions`).
+//! Purges past retention by row: the stored diffs of finished tasks, and idempotency keys past
+//! their day. Each runs a batch at a time. Conversations, events and the ledger go by whole
+//! partitions (`partitions`).
 
 use sqlx::PgPool;
 
@@ -23,25 +23,6 @@ pub async fn purge_finished(pool: &PgPool, days: i32) -> Result<u64, StoreError>
         .rows_affected();
         total += n;
         if n < 500 {
-            return Ok(total);
-        }
-    }
-}
-
-/// Delete ledger rows older than `days`, a batch at a time (the rollups keep their sums).
-pub async fn purge_ledger(pool: &PgPool, days: i32) -> Result<u64, StoreError> {
-    let mut total = 0;
-    loop {
-        let n = sqlx::query(
-            "DELETE FROM llm_calls WHERE id IN (
-                SELECT id FROM llm_calls WHERE created_at < now() - make_interval(days => $1) ORDER BY id LIMIT 5000)",
-        )
-        .bind(days)
-        .execute(pool)
-        .await?
-        .rows_affected();
-        total += n;
-        if n < 5000 {
             return Ok(total);
         }
     }

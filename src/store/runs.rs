@@ -25,7 +25,7 @@ pub async fn claim(
     default_max_running: Option<i32>,
 ) -> Result<Vec<TaskRow>, StoreError> {
     // A queued task cancelled under the claim has left the queue: claimed again, it is not seen.
-    super::on_move(|| claim_once(pool, limit, lease_secs, worker, default_max_running)).await
+    super::on_move(pool, || claim_once(pool, limit, lease_secs, worker, default_max_running)).await
 }
 
 async fn claim_once(
@@ -127,7 +127,7 @@ pub struct Beat {
 pub async fn heartbeat(pool: &PgPool, held: &[Fence], lease_secs: f64) -> Result<Vec<Beat>, StoreError> {
     // One of these runs ending under the beat moves its row: beaten again, it is missing (lost
     // to this beat, which is right: it has ended).
-    super::on_move(|| heartbeat_once(pool, held, lease_secs)).await
+    super::on_move(pool, || heartbeat_once(pool, held, lease_secs)).await
 }
 
 async fn heartbeat_once(pool: &PgPool, held: &[Fence], lease_secs: f64) -> Result<Vec<Beat>, StoreError> {
@@ -168,12 +168,21 @@ pub struct MessageRow {
     pub created_at: chrono::DateTime<chrono::Utc>,
 }
 
-/// A task's saved conversation with each message's place and time.
-pub async fn conversation(pool: &PgPool, id: Uuid) -> Result<Vec<MessageRow>, StoreError> {
-    Ok(sqlx::query_as("SELECT seq, turn, message, created_at FROM task_messages WHERE task_id = $1 ORDER BY seq")
-        .bind(id)
-        .fetch_all(pool)
-        .await?)
+/// A task's saved conversation with each message's place and time. `since`: the task's
+/// creation (its messages are written after it), so the read visits only the days since.
+pub async fn conversation(
+    pool: &PgPool,
+    id: Uuid,
+    since: chrono::DateTime<chrono::Utc>,
+) -> Result<Vec<MessageRow>, StoreError> {
+    Ok(sqlx::query_as(
+        "SELECT seq, turn, message, created_at FROM task_messages
+         WHERE task_id = $1 AND created_at >= $2 - interval '1 day' ORDER BY seq",
+    )
+    .bind(id)
+    .bind(since)
+    .fetch_all(pool)
+    .await?)
 }
 
 /// The saved conversation of a task, in order; none unless it is whole (from its first message,
@@ -201,7 +210,8 @@ async fn settle_unapplied(
 ) -> Result<Committed, StoreError> {
     let whole = fin.is_some_and(|f| f.return_task);
     let sql = format!(
-        "SELECT {COLS}, {WEBHOOK} FROM tasks WHERE id = $1 AND EXISTS (SELECT 1 FROM llm_calls WHERE call_key = $2)"
+        "SELECT {COLS}, {WEBHOOK} FROM tasks WHERE id = $1
+         AND EXISTS (SELECT 1 FROM llm_calls WHERE call_key = $2 AND created_at = subagentd_uuid_time($2))"
     );
     let done: Option<TaskRow> = sqlx::query_as(&sql).bind(f.id).bind(call.call_key).fetch_optional(&mut *conn).await?;
     Ok(match (done, fin) {
@@ -323,6 +333,8 @@ async fn commit_turns_on(conn: &mut sqlx::PgConnection, writes: &[&TurnWrite]) -
             e_data.push(Json(e));
         }
     }
+    // The days the writes' ledger rows go in: a retried write is looked for there only.
+    let (since, until) = super::calls::key_days(&keys);
     let sql: &str = &COMMIT_TURNS[usize::from(whole)];
     let rows = sqlx::query(sql)
         .bind(&ids) // 1
@@ -360,6 +372,8 @@ async fn commit_turns_on(conn: &mut sqlx::PgConnection, writes: &[&TurnWrite]) -
         .bind(&e_of) // 33
         .bind(&e_kind) // 34
         .bind(&e_data) // 35
+        .bind(since) // 36
+        .bind(until) // 37
         .fetch_all(&mut *conn)
         .await?;
     let mut done: Vec<Option<Committed>> = (0..n).map(|_| None).collect();
@@ -465,15 +479,16 @@ fn commit_turns_sql(whole: bool) -> String {
                 lease_expires_at = CASE WHEN b_status IS NULL THEN lease_expires_at END
             FROM b
             WHERE id = b_id AND lease_token = b_lease AND history_at = 'infinity' AND id = ANY($1)
-              AND NOT EXISTS (SELECT 1 FROM llm_calls WHERE call_key = b_key)
+              AND NOT EXISTS (SELECT 1 FROM llm_calls WHERE call_key = b_key AND created_at = subagentd_uuid_time(b_key)
+                              AND created_at BETWEEN $36 AND $37)
             RETURNING b.*, tasks.tenant AS u_tenant, tasks.subagent_type AS u_agent, tasks.created_at AS u_created,
                 coalesce(tasks.api_key, '') AS u_api_key, tasks.last_event_seq AS u_seq{whole_cols}
          ), c AS (
             INSERT INTO llm_calls (call_key, task_id, tenant, turn, attempt, try, provider, model, input_tokens,
                 output_tokens, cached_tokens, cache_write_tokens, cost_usd, latency_ms, http_status, outcome, error,
-                usage_estimated, web_searches)
+                usage_estimated, web_searches, created_at)
             SELECT b_key, b_id, u_tenant, b_cturn, b_attempt, b_try, b_provider, b_model, b_in, b_out, b_cached, b_cw,
-                b_cost, b_latency, b_http, b_outcome, b_error, b_est, b_ws FROM u
+                b_cost, b_latency, b_http, b_outcome, b_error, b_est, b_ws, subagentd_uuid_time(b_key) FROM u
          ), r AS (
             INSERT INTO usage_daily AS d (day, tenant, model, agent_type, api_key, shard, calls, ok, failed, input_tokens,
                 output_tokens, cached_tokens, cache_write_tokens, cost_usd, estimated_calls)
@@ -584,13 +599,13 @@ fn commit_turn_sql(whole: bool) -> String {
                 lease_token = CASE WHEN $23::text IS NULL THEN lease_token END,
                 lease_expires_at = CASE WHEN $23::text IS NULL THEN lease_expires_at END
             WHERE id = $1 AND lease_token = $2 AND history_at = 'infinity'
-              AND NOT EXISTS (SELECT 1 FROM llm_calls WHERE call_key = $20)
+              AND NOT EXISTS (SELECT 1 FROM llm_calls WHERE call_key = $20 AND created_at = subagentd_uuid_time($20))
             RETURNING {returning}
          ), c AS (
             INSERT INTO llm_calls (call_key, task_id, tenant, turn, attempt, try, provider, model, input_tokens,
                 output_tokens, cached_tokens, cache_write_tokens, cost_usd, latency_ms, http_status, outcome, error,
-                usage_estimated, web_searches)
-            SELECT $20, $1, tenant, $4, $5, $6, $7, $19, $8, $9, $10, $30, $11, $12, $13, $14, $15, $28, $31 FROM u
+                usage_estimated, web_searches, created_at)
+            SELECT $20, $1, tenant, $4, $5, $6, $7, $19, $8, $9, $10, $30, $11, $12, $13, $14, $15, $28, $31, subagentd_uuid_time($20) FROM u
          ), r AS (
             INSERT INTO usage_daily AS d (day, tenant, model, agent_type, api_key, shard, calls, ok, failed, input_tokens,
                 output_tokens, cached_tokens, cache_write_tokens, cost_usd, estimated_calls)
@@ -783,7 +798,7 @@ pub async fn wait_for_budget(pool: &PgPool, f: Fence, w: &BudgetWaitRow) -> Resu
 /// becomes that spend. Then each task is queued again (or failed, out of attempts; or cancelled,
 /// if that was asked), with its `rescued` event. All in one transaction.
 pub async fn rescue(pool: &PgPool, max_attempts: i32, grace_secs: f64) -> Result<Vec<(Uuid, TaskStatus)>, StoreError> {
-    super::on_move(|| rescue_once(pool, max_attempts, grace_secs)).await
+    super::on_move(pool, || rescue_once(pool, max_attempts, grace_secs)).await
 }
 
 async fn rescue_once(pool: &PgPool, max_attempts: i32, grace_secs: f64) -> Result<Vec<(Uuid, TaskStatus)>, StoreError> {
@@ -843,11 +858,13 @@ const RECORD_INTERRUPTED: &str = "WITH est AS (
         WHERE t.id = ANY($1) AND t.reserved_tokens > 0
      ), c AS (
         INSERT INTO llm_calls (call_key, task_id, tenant, turn, attempt, try, provider, model, input_tokens,
-            output_tokens, cached_tokens, cost_usd, latency_ms, http_status, outcome, error, usage_estimated)
-        SELECT gen_random_uuid(), id, tenant, turn, attempt, try, provider, model, inp, reserved_tokens - inp, 0,
+            output_tokens, cached_tokens, cost_usd, latency_ms, http_status, outcome, error, usage_estimated, created_at)
+        SELECT k, id, tenant, turn, attempt, try, provider, model, inp, reserved_tokens - inp, 0,
                CASE WHEN reserved_usd > 0 THEN reserved_usd END, latency_ms, NULL, 'interrupted',
-               'the worker was lost while the call was in flight: usage estimated from its reservation', true
-        FROM est
+               'the worker was lost while the call was in flight: usage estimated from its reservation', true,
+               subagentd_uuid_time(k)
+        -- A key of its own for each row (the volatile call keeps the subquery apart), and its time.
+        FROM (SELECT subagentd_uuidv7(now()) AS k, est.* FROM est) est
      ), u AS (
         UPDATE task_queue t SET input_tokens = t.input_tokens + est.inp,
             output_tokens = t.output_tokens + est.reserved_tokens - est.inp,

@@ -506,7 +506,7 @@ pub async fn cancel_matching(
          )
          SELECT id, old_status FROM u";
     // A task ending at this moment is seen ended when the statement runs again (`on_move`).
-    super::on_move(|| async {
+    super::on_move(pool, || async {
         Ok(sqlx::query_as(sql).bind(tenant).bind(f.id).bind(&f.statuses).bind(&f.metadata).fetch_all(pool).await?)
     })
     .await
@@ -602,7 +602,7 @@ pub async fn webhook_attempted(
 /// Queue the scheduled tasks whose time has come (at most `limit`), each with a `queued` event;
 /// their ids. Any replica may run it: each task is queued once (`SKIP LOCKED`).
 pub async fn queue_due(pool: &PgPool, limit: i64) -> Result<Vec<Uuid>, StoreError> {
-    super::on_move(|| queue_due_once(pool, limit)).await
+    super::on_move(pool, || queue_due_once(pool, limit)).await
 }
 
 async fn queue_due_once(pool: &PgPool, limit: i64) -> Result<Vec<Uuid>, StoreError> {

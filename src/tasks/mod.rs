@@ -302,14 +302,14 @@ impl Lifecycle {
 
     /// The ledger of the caller's task `id`: one row per provider call try.
     pub async fn calls(&self, scope: &Scope, id: Uuid) -> Result<Vec<CallRow>, TaskError> {
-        self.row(scope, id).await?;
-        Ok(crate::store::calls::of_task(&self.p.pool, id).await?)
+        let row = self.row(scope, id).await?;
+        Ok(crate::store::calls::of_task(&self.p.pool, id, row.created_at).await?)
     }
 
     /// The conversation of the caller's task `id` as checkpointed, each message with its turn.
     pub async fn messages(&self, scope: &Scope, id: Uuid) -> Result<Vec<MessageRow>, TaskError> {
-        self.row(scope, id).await?;
-        Ok(crate::store::runs::conversation(&self.p.pool, id).await?)
+        let row = self.row(scope, id).await?;
+        Ok(crate::store::runs::conversation(&self.p.pool, id, row.created_at).await?)
     }
 
     /// A task's diff: its run's changes to its copy of its workspace, from the starting tree.

@@ -31,7 +31,7 @@ async fn held(db: &TestDb, lease: Uuid) -> Fence {
 /// Turn 1 of a run: one call of `input` tokens at $0.01, two messages, one event.
 fn turn(fence: Fence, input: i64, message: Value) -> TurnWrite {
     let call = CallRow {
-        call_key: Uuid::new_v4(),
+        call_key: Uuid::now_v7(),
         turn: 1,
         attempt: 1,
         try_no: 1,
@@ -253,7 +253,7 @@ async fn a_turn_committed_alone_writes_what_the_same_turn_in_a_batch_writes() {
         let mut w = turn(f, 100, json!({"role": "user", "content": "fine"}));
         w.turn = Some(turn_no);
         w.call = CallRow {
-            call_key: Uuid::new_v4(),
+            call_key: Uuid::now_v7(),
             turn: turn_no,
             cached_tokens: 7,
             cache_write_tokens: 3,

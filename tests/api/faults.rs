@@ -373,7 +373,15 @@ async fn a_task_past_its_time_limit_ends_incomplete_with_timeout() {
 
 #[tokio::test]
 async fn retention_purges_old_conversations_and_events_but_keeps_tasks_and_the_ledger() {
-    let app = spawn_app().await;
+    // The service's own passes are off: this test runs them.
+    let app = spawn_app_with(
+        |c| {
+            c.retention_days = 0;
+            c.ledger_retention_days = 0;
+        },
+        true,
+    )
+    .await;
     let t = app.post_json("/tasks?wait=true", json!({"prompt": "x", "model": "mock/m"})).await;
     let t: Value = t.json().await.unwrap();
     let id: Uuid = t["id"].as_str().unwrap().parse().unwrap();
@@ -418,12 +426,22 @@ async fn retention_purges_old_conversations_and_events_but_keeps_tasks_and_the_l
     // The ledger has its own, longer retention; the rollups keep its sums.
     let rollup_before: i64 =
         sqlx::query_scalar("SELECT sum(calls)::bigint FROM usage_daily").fetch_one(&app.db.pool).await.unwrap();
-    sqlx::query("UPDATE llm_calls SET created_at = now() - interval '500 days' WHERE task_id = $1")
-        .bind(id)
+    // Its call made 500 days ago: filed under that day (a row's time is its key's).
+    sqlx::query("SELECT subagentd_partition('llm_calls', (now() AT TIME ZONE 'UTC' - interval '500 days')::date)")
         .execute(&app.db.pool)
         .await
         .unwrap();
-    assert_eq!(subagentd::store::retention::purge_ledger(&app.db.pool, 400).await.unwrap(), 1);
+    sqlx::query(
+        "UPDATE llm_calls SET (call_key, created_at) =
+             (SELECT k, subagentd_uuid_time(k) FROM (SELECT subagentd_uuidv7(now() - interval '500 days') AS k) g)
+         WHERE task_id = $1",
+    )
+    .bind(id)
+    .execute(&app.db.pool)
+    .await
+    .unwrap();
+    let dropped = subagentd::store::partitions::drop_expired(&app.db.pool, "llm_calls", 400).await.unwrap();
+    assert_eq!(dropped.len(), 1, "{dropped:?}");
     assert_eq!(count("SELECT count(*) FROM llm_calls WHERE task_id = $1", id).await, 0);
     let rollup_after: i64 =
         sqlx::query_scalar("SELECT sum(calls)::bigint FROM usage_daily").fetch_one(&app.db.pool).await.unwrap();

@@ -1,5 +1,5 @@
-//! History by the day (#47): `task_events` and `task_messages` are partitioned by the day their
-//! rows are written; the service keeps partitions ahead and makes one on demand when an insert
+//! History by the day (#47): `task_events`, `task_messages` and the ledger (`llm_calls`) are
+//! partitioned by the day their rows are written; the service keeps partitions ahead and makes one on demand when an insert
 //! finds none; retention drops whole partitions while the claim and inserts go on; a database
 //! from the release before keeps every row.
 
@@ -23,11 +23,11 @@ async fn day(pool: &PgPool, days_ago: i32) -> String {
         .unwrap()
 }
 
-/// Detach and drop the given day's partition of every history table (as an operator's mistake
-/// would).
+/// Detach and drop the given day's partition of every daily table, the ledger's too (as an
+/// operator's mistake would).
 async fn remove_day(pool: &PgPool, days_ago: i32) {
     let d = day(pool, days_ago).await;
-    for parent in partitions::HISTORY {
+    for parent in partitions::DAILY {
         sqlx::query(&format!("ALTER TABLE {parent} DETACH PARTITION {parent}_p{d}")).execute(pool).await.unwrap();
         sqlx::query(&format!("DROP TABLE {parent}_p{d}")).execute(pool).await.unwrap();
     }
@@ -86,7 +86,30 @@ async fn partitions_are_made_ahead_and_an_insert_into_a_missing_day_still_succee
         .await
         .unwrap();
     assert!(messages >= 2, "the conversation is stored ({messages} messages)");
+    let calls = app.get_json(&format!("/tasks/{id}/calls")).await;
+    assert_eq!(calls["calls"].as_array().unwrap().len(), 1, "the call is in the ledger: {calls}");
     app.stop().await;
+}
+
+/// An old ledger: `days` partitions from 410 days ago, each with `rows` calls (keys of their day).
+async fn old_ledger(pool: &PgPool, days: i32, rows: i32) {
+    for ago in 410..410 + days {
+        sqlx::query("SELECT subagentd_partition('llm_calls', (now() AT TIME ZONE 'UTC')::date - $1)")
+            .bind(ago)
+            .execute(pool)
+            .await
+            .unwrap();
+        sqlx::query(
+            "INSERT INTO llm_calls (call_key, task_id, tenant, turn, attempt, try, provider, model, latency_ms, outcome, created_at)
+             SELECT k, gen_random_uuid(), 'default', 1, 1, 1, 'mock', 'm', 1, 'ok', subagentd_uuid_time(k)
+             FROM (SELECT subagentd_uuidv7(now() - make_interval(days => $1)) AS k FROM generate_series(1, $2)) g",
+        )
+        .bind(ago)
+        .bind(rows)
+        .execute(pool)
+        .await
+        .unwrap();
+    }
 }
 
 /// Old history: `days` partitions from 40 days ago, each with `rows` events and messages of
@@ -133,9 +156,17 @@ async fn old_partitions(pool: &PgPool) -> Vec<String> {
 #[tokio::test]
 async fn retention_drops_partitions_while_the_claim_and_inserts_go_on() {
     // The service's own retention pass is off: this test runs the passes itself.
-    let app = spawn_app_with(|c| c.retention_days = 0, true).await;
+    let app = spawn_app_with(
+        |c| {
+            c.retention_days = 0;
+            c.ledger_retention_days = 0;
+        },
+        true,
+    )
+    .await;
     let pool = app.db.pool.clone();
     old_history(&pool, 3, 2000).await;
+    old_ledger(&pool, 3, 2000).await;
     assert_eq!(old_partitions(&pool).await.len(), 6);
     assert_eq!(partitions::reach(&pool).await.unwrap(), i64::from(partitions::AHEAD_DAYS), "old days do not count");
     let held_day = day(&pool, 41).await;
@@ -181,7 +212,8 @@ async fn retention_drops_partitions_while_the_claim_and_inserts_go_on() {
     // What the window holds of the tasks finished so far: no pass may take any of it.
     let mark: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()").fetch_one(&pool).await.unwrap();
     let window = "SELECT (SELECT count(*) FROM task_events e JOIN tasks t ON t.id = e.task_id WHERE t.finished_at < $1)
-                       + (SELECT count(*) FROM task_messages m JOIN tasks t ON t.id = m.task_id WHERE t.finished_at < $1)";
+                       + (SELECT count(*) FROM task_messages m JOIN tasks t ON t.id = m.task_id WHERE t.finished_at < $1)
+                       + (SELECT count(*) FROM llm_calls c JOIN tasks t ON t.id = c.task_id WHERE t.finished_at < $1)";
     let held: i64 = sqlx::query_scalar(window).bind(mark).fetch_one(&pool).await.unwrap();
     assert!(held > 0, "tasks ran before the passes");
 
@@ -202,6 +234,15 @@ async fn retention_drops_partitions_while_the_claim_and_inserts_go_on() {
         [format!("task_events_p{held_day}"), format!("task_events_p{next_day}")]
     );
     assert!(old_partitions(&pool).await.is_empty());
+    // And the ledger's days past its 400-day window, whole, while the runs write theirs.
+    let ledger = partitions::drop_expired(&pool, partitions::LEDGER, 400).await.unwrap();
+    assert_eq!(ledger.len(), 3, "{ledger:?}");
+    let old_calls: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM llm_calls WHERE created_at < now() - interval '400 days'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(old_calls, 0);
 
     tokio::time::sleep(Duration::from_millis(500)).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -334,4 +375,134 @@ async fn a_conversation_half_gone_is_not_resumed_from() {
     assert_eq!(subagentd::store::runs::messages(&db.pool, whole).await.unwrap().len(), 3);
     // Its first day dropped, the rest kept a day longer: read as no longer stored.
     assert!(subagentd::store::runs::messages(&db.pool, half).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_ledger_from_the_release_before_keeps_every_row_and_its_days_go_whole() {
+    let db = test_db().await;
+    let old = database_before(&db, 30).await;
+    let pool = old.pool.clone();
+    sqlx::query("INSERT INTO tenants (name) VALUES ('default')").execute(&pool).await.unwrap();
+    sqlx::query("SELECT subagentd_month_partition('tasks', (now() - interval '2 days')::date)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let (done, queued) = (Uuid::now_v7(), Uuid::now_v7());
+    sqlx::query(
+        "INSERT INTO tasks (id, tenant, status, subagent_type, prompt, model, options, created_at, finished_at, history_at, summary)
+         VALUES ($1, 'default', 'completed', 'general', 'p', 'mock/m', '{}', now() - interval '301 days',
+                 now() - interval '2 days', now() - interval '2 days', 'old')",
+    )
+    .bind(done)
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO tasks (id, tenant, status, subagent_type, prompt, model, options)
+         VALUES ($1, 'default', 'queued', 'general', 'q [mock:reply=carried]', 'mock/m', '{\"max_turns\": 3}')",
+    )
+    .bind(queued)
+    .execute(&pool)
+    .await
+    .unwrap();
+    // Rows as the release before wrote them: random keys, the insert's own time.
+    for (turn, ago) in [(1, 300), (2, 45), (3, 2)] {
+        sqlx::query(&format!(
+            "INSERT INTO llm_calls (call_key, task_id, tenant, turn, attempt, try, provider, model, input_tokens,
+                 output_tokens, cost_usd, latency_ms, outcome, created_at)
+             VALUES (gen_random_uuid(), $1, 'default', $2, 1, 1, 'mock', 'm', 10, 2, 0.001, 5, 'ok',
+                     now() - interval '{ago} days')"
+        ))
+        .bind(done)
+        .bind(turn)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    let before = digest(&pool, "*", "llm_calls").await;
+    assert_eq!(before.0, 3);
+
+    subagentd::db::MIGRATOR.run(&pool).await.unwrap();
+    assert_eq!(digest(&pool, "*", "llm_calls").await, before, "every ledger row, unchanged (ids, keys, times)");
+    let kind: String = sqlx::query_scalar("SELECT relkind::text FROM pg_class WHERE relname = 'llm_calls'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(kind, "p");
+    let days: Vec<String> =
+        partitions::partitions(&pool, partitions::LEDGER).await.unwrap().iter().map(|p| p.name.clone()).collect();
+    for ago in [300, 45, 2, 1, 0, -7] {
+        assert!(days.contains(&format!("llm_calls_p{}", day(&pool, ago).await)), "{ago} days ago: {days:?}");
+    }
+    assert_eq!(partitions::reach(&pool).await.unwrap(), i64::from(partitions::AHEAD_DAYS));
+
+    // A new row's time is its key's: a row filed under another time is refused, and a key
+    // written twice (hence into one day) is one row.
+    let key = Uuid::now_v7();
+    let insert = "INSERT INTO llm_calls (call_key, task_id, tenant, turn, attempt, try, provider, model, latency_ms, outcome, created_at)
+                  VALUES ($1, $2, 'default', 9, 1, 1, 'mock', 'm', 1, 'ok', $3)";
+    let refusal = |r: Result<sqlx::postgres::PgQueryResult, sqlx::Error>| match r {
+        Err(sqlx::Error::Database(d)) => (d.code().map(|c| c.to_string()), d.constraint().map(str::to_string)),
+        other => panic!("expected a refusal: {other:?}"),
+    };
+    let at = subagentd::store::calls::key_time(key);
+    let other = at + chrono::Duration::milliseconds(1);
+    assert_eq!(
+        refusal(sqlx::query(insert).bind(key).bind(done).bind(other).execute(&pool).await),
+        (Some("23514".into()), Some("llm_calls_created_at_check".into()))
+    );
+    sqlx::query(insert).bind(key).bind(done).bind(at).execute(&pool).await.unwrap();
+    // (The day's partition's copy of llm_calls_call_key_idx refuses it.)
+    let (code, index) = refusal(sqlx::query(insert).bind(key).bind(done).bind(at).execute(&pool).await);
+    assert_eq!(code.as_deref(), Some("23505"));
+    assert!(index.as_deref().is_some_and(|i| i.ends_with("_call_key_created_at_idx")), "{index:?}");
+    sqlx::query("DELETE FROM llm_calls WHERE call_key = $1").bind(key).execute(&pool).await.unwrap();
+
+    // The queue carries on, and the new call's row is filed under its key's time.
+    let cfg = test_config(&old.url);
+    let service = Service::start(
+        Arc::new(cfg),
+        pool.clone(),
+        subagentd::llm::Providers::with_builtin(),
+        Arc::new(subagentd::engine::definitions::FileAgents::default()),
+        Roles { api: true, workers: true },
+    )
+    .await
+    .expect("start service");
+    let base = format!("http://{}", service.addr.unwrap());
+    let started = Instant::now();
+    while sqlx::query_scalar::<_, String>("SELECT status FROM tasks WHERE id = $1")
+        .bind(queued)
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+        != "completed"
+    {
+        assert!(started.elapsed() < Duration::from_secs(30), "the queued task never ran");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (n, filed): (i64, bool) = sqlx::query_as(
+        "SELECT count(*), bool_and(created_at = subagentd_uuid_time(call_key)) FROM llm_calls WHERE task_id = $1",
+    )
+    .bind(queued)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!((n, filed), (1, true));
+    // The old task's calls, as the API lists them: all three, its days visited from its creation.
+    let calls: Value = reqwest::get(format!("{base}/tasks/{done}/calls")).await.unwrap().json().await.unwrap();
+    let turns: Vec<i64> = calls["calls"].as_array().unwrap().iter().map(|c| c["turn"].as_i64().unwrap()).collect();
+    assert_eq!(turns, [1, 2, 3], "{calls}");
+
+    // Past a 100-day window the ledger's old days go whole; the task keeps its own.
+    let dropped = partitions::drop_expired(&pool, partitions::LEDGER, 100).await.unwrap();
+    assert_eq!(dropped, [format!("llm_calls_p{}", day(&pool, 300).await)]);
+    let left: Vec<i32> = sqlx::query_scalar("SELECT turn FROM llm_calls WHERE task_id = $1 ORDER BY turn")
+        .bind(done)
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(left, [2, 3]);
+    service.stop().await;
+    old.drop().await;
 }

@@ -290,5 +290,18 @@ async fn a_task_ending_in_a_month_without_its_partition_still_ends() {
     let rows = placement(pool).await;
     assert_eq!(rows.len(), 1);
     assert_eq!((rows[0].1.as_str(), rows[0].2.as_str()), ("completed", month.as_str()));
+    // Gone again: an HTTP cancel of a scheduled task, whose end moves it there, makes it too.
+    sqlx::query(&format!("ALTER TABLE tasks DETACH PARTITION {month}")).execute(pool).await.unwrap();
+    sqlx::query(&format!("DROP TABLE {month}")).execute(pool).await.unwrap();
+    let later = (chrono::Utc::now() + chrono::Duration::hours(1)).to_rfc3339();
+    let t = app.submit(json!({"prompt": "later", "model": "mock/m", "run_at": later})).await;
+    assert_eq!(t["status"], "scheduled", "{t}");
+    let id = t["id"].as_str().unwrap();
+    let r = app.client.post(app.url(&format!("/tasks/{id}/cancel"))).send().await.unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let rows = placement(pool).await;
+    let cancelled: Vec<_> = rows.iter().filter(|r| r.0.to_string() == id).collect();
+    assert_eq!(cancelled.len(), 1);
+    assert_eq!((cancelled[0].1.as_str(), cancelled[0].2.as_str()), ("cancelled", month.as_str()));
     app.stop().await;
 }

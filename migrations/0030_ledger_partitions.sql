@@ -111,4 +111,12 @@ CREATE INDEX llm_calls_task_idx ON llm_calls (task_id, id);
 ALTER TABLE llm_calls ADD CONSTRAINT llm_calls_created_at_check
     CHECK (created_at = subagentd_uuid_time(call_key)) NOT VALID;
 
+-- A retried write of a run's turn is known by its task's row, not by a probe of the ledger:
+-- each turn's commit sets `last_call_key` to its call's key in the update it fences on, and
+-- applies only where it differs. A run commits its turns one after another and retries the last
+-- until it knows its outcome, so the last key is the one a retry carries; a retry racing its
+-- first try waits for the row and then sees the key. (The ledger's statements then name no
+-- partition they cannot prune: a probe over every day, planned generically, locked them all.)
+ALTER TABLE tasks ADD COLUMN last_call_key uuid;
+
 ANALYZE llm_calls;

@@ -80,11 +80,3 @@ pub fn key_time(key: Uuid) -> DateTime<Utc> {
     });
     DateTime::from_timestamp_millis(ms).unwrap_or_default()
 }
-
-/// The span of days `keys`' rows are in, a second wider at each end: bounds that let a
-/// statement over a batch of keys visit only those days' partitions.
-pub fn key_days(keys: &[Uuid]) -> (DateTime<Utc>, DateTime<Utc>) {
-    let times = keys.iter().map(|k| key_time(*k));
-    let (lo, hi) = (times.clone().min().unwrap_or_default(), times.max().unwrap_or_default());
-    (lo - chrono::Duration::seconds(1), hi + chrono::Duration::seconds(1))
-}

@@ -333,8 +333,6 @@ async fn commit_turns_on(conn: &mut sqlx::PgConnection, writes: &[&TurnWrite]) -
             e_data.push(Json(e));
         }
     }
-    // The days the writes' ledger rows go in: a retried write is looked for there only.
-    let (since, until) = super::calls::key_days(&keys);
     let sql: &str = &COMMIT_TURNS[usize::from(whole)];
     let rows = sqlx::query(sql)
         .bind(&ids) // 1
@@ -372,8 +370,6 @@ async fn commit_turns_on(conn: &mut sqlx::PgConnection, writes: &[&TurnWrite]) -
         .bind(&e_of) // 33
         .bind(&e_kind) // 34
         .bind(&e_data) // 35
-        .bind(since) // 36
-        .bind(until) // 37
         .fetch_all(&mut *conn)
         .await?;
     let mut done: Vec<Option<Committed>> = (0..n).map(|_| None).collect();
@@ -456,7 +452,7 @@ fn commit_turns_sql(whole: bool) -> String {
         "WITH b AS (
             {source}
          ), u AS (
-            UPDATE tasks SET turns = coalesce(b_turn, turns),
+            UPDATE tasks SET turns = coalesce(b_turn, turns), last_call_key = b_key,
                 input_tokens = input_tokens + b_in, output_tokens = output_tokens + b_out,
                 cached_tokens = cached_tokens + b_cached, cache_write_tokens = cache_write_tokens + b_cw,
                 cost_usd = cost_usd + coalesce(b_cost, 0),
@@ -479,8 +475,7 @@ fn commit_turns_sql(whole: bool) -> String {
                 lease_expires_at = CASE WHEN b_status IS NULL THEN lease_expires_at END
             FROM b
             WHERE id = b_id AND lease_token = b_lease AND history_at = 'infinity' AND id = ANY($1)
-              AND NOT EXISTS (SELECT 1 FROM llm_calls WHERE call_key = b_key AND created_at = subagentd_uuid_time(b_key)
-                              AND created_at BETWEEN $36 AND $37)
+              AND last_call_key IS DISTINCT FROM b_key
             RETURNING b.*, tasks.tenant AS u_tenant, tasks.subagent_type AS u_agent, tasks.created_at AS u_created,
                 coalesce(tasks.api_key, '') AS u_api_key, tasks.last_event_seq AS u_seq{whole_cols}
          ), c AS (
@@ -577,7 +572,7 @@ async fn commit_turn(conn: &mut sqlx::PgConnection, w: &TurnWrite) -> Result<Com
 fn commit_turn_sql(whole: bool) -> String {
     format!(
         "WITH u AS (
-            UPDATE tasks SET turns = coalesce($3, turns),
+            UPDATE tasks SET turns = coalesce($3, turns), last_call_key = $20,
                 input_tokens = input_tokens + $8, output_tokens = output_tokens + $9,
                 cached_tokens = cached_tokens + $10, cache_write_tokens = cache_write_tokens + $30,
                 cost_usd = cost_usd + coalesce($11, 0),
@@ -599,7 +594,7 @@ fn commit_turn_sql(whole: bool) -> String {
                 lease_token = CASE WHEN $23::text IS NULL THEN lease_token END,
                 lease_expires_at = CASE WHEN $23::text IS NULL THEN lease_expires_at END
             WHERE id = $1 AND lease_token = $2 AND history_at = 'infinity'
-              AND NOT EXISTS (SELECT 1 FROM llm_calls WHERE call_key = $20 AND created_at = subagentd_uuid_time($20))
+              AND last_call_key IS DISTINCT FROM $20
             RETURNING {returning}
          ), c AS (
             INSERT INTO llm_calls (call_key, task_id, tenant, turn, attempt, try, provider, model, input_tokens,

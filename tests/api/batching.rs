@@ -231,7 +231,7 @@ async fn a_heartbeat_does_not_wait_for_a_row_a_write_holds_and_renews_it_on_the_
 /// clocks): the task row, its ledger rows, messages and events.
 async fn written(db: &TestDb, id: Uuid) -> Value {
     let sql = "SELECT jsonb_build_object(
-        'task', (SELECT to_jsonb(t) - 'id' - 'created_at' - 'started_at' - 'finished_at' - 'history_at' - 'lease_token'
+        'task', (SELECT to_jsonb(t) - 'id' - 'created_at' - 'started_at' - 'finished_at' - 'history_at' - 'last_call_key' - 'lease_token'
                  - 'lease_expires_at' FROM tasks t WHERE id = $1),
         'calls', (SELECT jsonb_agg(to_jsonb(c) - 'id' - 'call_key' - 'task_id' - 'created_at' ORDER BY c.turn)
                   FROM llm_calls c WHERE task_id = $1),

@@ -83,7 +83,10 @@ async fn every_way_a_task_ends_moves_it_out_of_the_queue_in_the_statement_that_e
     let r = app.client.post(app.url(&format!("/tasks/{paused}/cancel"))).send().await.unwrap();
     assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
     let waiting = task(&app.db, "queued", "waiting_for = 'budget', wait_deadline = now() - interval '1 second'").await;
-    assert_eq!(subagentd::store::budget::end_expired_waits(&pool).await.unwrap(), vec![waiting]);
+    // The service's own sweeps may get there first (they run every second): either way it ends
+    // once, which the placement below checks.
+    let ended = subagentd::store::budget::end_expired_waits(&pool).await.unwrap();
+    assert!(ended.is_empty() || ended == vec![waiting], "{ended:?}");
     let lost = task(
         &app.db,
         "running",
@@ -91,7 +94,7 @@ async fn every_way_a_task_ends_moves_it_out_of_the_queue_in_the_statement_that_e
     )
     .await;
     let rescued = subagentd::store::runs::rescue(&pool, 3, 0.0).await.unwrap();
-    assert_eq!(rescued.iter().map(|r| r.0).collect::<Vec<_>>(), vec![lost]);
+    assert!(rescued.is_empty() || rescued.iter().map(|r| r.0).collect::<Vec<_>>() == vec![lost], "{rescued:?}");
 
     stop.store(true, Ordering::Relaxed);
     let (snapshots, faults) = watcher.await.unwrap();
@@ -110,6 +113,9 @@ async fn every_way_a_task_ends_moves_it_out_of_the_queue_in_the_statement_that_e
     }
     let statuses: std::collections::BTreeSet<&str> = rows.iter().map(|r| r.1.as_str()).collect();
     assert_eq!(statuses, ["cancelled", "completed", "failed", "incomplete"].into());
+    let status_of = |id: Uuid| rows.iter().find(|r| r.0 == id).map(|r| r.1.clone());
+    assert_eq!(status_of(waiting).as_deref(), Some("incomplete"));
+    assert_eq!(status_of(lost).as_deref(), Some("failed"));
     let left: i64 = sqlx::query_scalar("SELECT count(*) FROM task_queue").fetch_one(&pool).await.unwrap();
     assert_eq!(left, 0);
     app.stop().await;
@@ -182,9 +188,9 @@ async fn an_idempotency_key_names_one_task_for_24_hours_across_the_queue_and_the
     app.stop().await;
 }
 
-/// Every task row as text (all columns but the new `history_at`), in id order.
+/// Every task row as text (all columns but the new `history_at` and `last_call_key`), in id order.
 async fn tasks_digest(pool: &PgPool) -> Vec<String> {
-    sqlx::query_scalar("SELECT (to_jsonb(t) - 'history_at')::text FROM tasks t ORDER BY id")
+    sqlx::query_scalar("SELECT (to_jsonb(t) - 'history_at' - 'last_call_key')::text FROM tasks t ORDER BY id")
         .fetch_all(pool)
         .await
         .unwrap()

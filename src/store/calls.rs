@@ -69,14 +69,3 @@ pub async fn of_task(pool: &PgPool, task: Uuid, since: DateTime<Utc>) -> Result<
     .fetch_all(pool)
     .await?)
 }
-
-/// The time in a call key (a UUIDv7): its ledger row's `created_at`, as the database's
-/// `subagentd_uuid_time` reads it (migration 0030), to the millisecond. The epoch for a key of
-/// another version.
-pub fn key_time(key: Uuid) -> DateTime<Utc> {
-    let ms = key.get_timestamp().map_or(0, |t| {
-        let (secs, nanos) = t.to_unix();
-        secs as i64 * 1000 + i64::from(nanos / 1_000_000)
-    });
-    DateTime::from_timestamp_millis(ms).unwrap_or_default()
-}

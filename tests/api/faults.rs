@@ -374,14 +374,7 @@ async fn a_task_past_its_time_limit_ends_incomplete_with_timeout() {
 #[tokio::test]
 async fn retention_purges_old_conversations_and_events_but_keeps_tasks_and_the_ledger() {
     // The service's own passes are off: this test runs them.
-    let app = spawn_app_with(
-        |c| {
-            c.retention_days = 0;
-            c.ledger_retention_days = 0;
-        },
-        true,
-    )
-    .await;
+    let app = spawn_app_without_retention().await;
     let t = app.post_json("/tasks?wait=true", json!({"prompt": "x", "model": "mock/m"})).await;
     let t: Value = t.json().await.unwrap();
     let id: Uuid = t["id"].as_str().unwrap().parse().unwrap();

@@ -177,6 +177,18 @@ pub async fn spawn_app() -> TestApp {
     spawn_app_with(|_| {}, true).await
 }
 
+/// An app whose own retention passes are off (both windows 0), for a test that runs them.
+pub async fn spawn_app_without_retention() -> TestApp {
+    spawn_app_with(
+        |c| {
+            c.retention_days = 0;
+            c.ledger_retention_days = 0;
+        },
+        true,
+    )
+    .await
+}
+
 /// What a test app runs with besides its config.
 pub struct AppOptions {
     pub workers: bool,
@@ -411,6 +423,19 @@ pub struct OldDatabase {
 }
 
 impl OldDatabase {
+    /// A service (API and workers) on the migrated database, as an upgraded deployment runs it.
+    pub async fn serve(&self) -> Service {
+        Service::start(
+            Arc::new(test_config(&self.url)),
+            self.pool.clone(),
+            Providers::with_builtin(),
+            Arc::new(FileAgents::default()),
+            Roles { api: true, workers: true },
+        )
+        .await
+        .expect("start service")
+    }
+
     pub async fn drop(self) {
         self.pool.close().await;
         sqlx::query(&format!("DROP DATABASE {} WITH (FORCE)", self.name)).execute(&self.admin).await.unwrap();

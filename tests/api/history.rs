@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use sqlx::PgPool;
-use subagentd::service::{Roles, Service};
 use subagentd::store::partitions;
 use uuid::Uuid;
 
@@ -156,14 +155,7 @@ async fn old_partitions(pool: &PgPool) -> Vec<String> {
 #[tokio::test]
 async fn retention_drops_partitions_while_the_claim_and_inserts_go_on() {
     // The service's own retention pass is off: this test runs the passes itself.
-    let app = spawn_app_with(
-        |c| {
-            c.retention_days = 0;
-            c.ledger_retention_days = 0;
-        },
-        true,
-    )
-    .await;
+    let app = spawn_app_without_retention().await;
     let pool = app.db.pool.clone();
     old_history(&pool, 3, 2000).await;
     old_ledger(&pool, 3, 2000).await;
@@ -329,16 +321,7 @@ async fn a_database_from_the_release_before_keeps_every_event_and_message_and_it
     }
 
     // The queue carries on: a service on the migrated database runs the queued task.
-    let cfg = test_config(&old.url);
-    let service = Service::start(
-        Arc::new(cfg),
-        pool.clone(),
-        subagentd::llm::Providers::with_builtin(),
-        Arc::new(subagentd::engine::definitions::FileAgents::default()),
-        Roles { api: true, workers: true },
-    )
-    .await
-    .expect("start service");
+    let service = old.serve().await;
     let started = Instant::now();
     loop {
         let (status, result): (String, Option<String>) =
@@ -445,7 +428,8 @@ async fn a_ledger_from_the_release_before_keeps_every_row_and_its_days_go_whole(
         Err(sqlx::Error::Database(d)) => (d.code().map(|c| c.to_string()), d.constraint().map(str::to_string)),
         other => panic!("expected a refusal: {other:?}"),
     };
-    let at = subagentd::store::calls::key_time(key);
+    let at: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT subagentd_uuid_time($1)").bind(key).fetch_one(&pool).await.unwrap();
     let other = at + chrono::Duration::milliseconds(1);
     assert_eq!(
         refusal(sqlx::query(insert).bind(key).bind(done).bind(other).execute(&pool).await),
@@ -459,16 +443,7 @@ async fn a_ledger_from_the_release_before_keeps_every_row_and_its_days_go_whole(
     sqlx::query("DELETE FROM llm_calls WHERE call_key = $1").bind(key).execute(&pool).await.unwrap();
 
     // The queue carries on, and the new call's row is filed under its key's time.
-    let cfg = test_config(&old.url);
-    let service = Service::start(
-        Arc::new(cfg),
-        pool.clone(),
-        subagentd::llm::Providers::with_builtin(),
-        Arc::new(subagentd::engine::definitions::FileAgents::default()),
-        Roles { api: true, workers: true },
-    )
-    .await
-    .expect("start service");
+    let service = old.serve().await;
     let base = format!("http://{}", service.addr.unwrap());
     let started = Instant::now();
     while sqlx::query_scalar::<_, String>("SELECT status FROM tasks WHERE id = $1")

@@ -249,16 +249,7 @@ async fn a_database_from_the_release_before_keeps_every_task_and_key_and_its_que
     assert_eq!(diffs, 1);
 
     // The queue carries on on the migrated database, and the kept key still answers.
-    let cfg = test_config(&old.url);
-    let service = subagentd::service::Service::start(
-        Arc::new(cfg),
-        pool.clone(),
-        subagentd::llm::Providers::with_builtin(),
-        Arc::new(subagentd::engine::definitions::FileAgents::default()),
-        subagentd::service::Roles { api: true, workers: true },
-    )
-    .await
-    .expect("start service");
+    let service = old.serve().await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
         let rows = placement(&pool).await;

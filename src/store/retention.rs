@@ -10,38 +10,43 @@ use super::StoreError;
 /// conversations and events go with whole partitions: `partitions::drop_expired`). Returns how
 /// many tasks' diffs were purged.
 pub async fn purge_finished(pool: &PgPool, days: i32) -> Result<u64, StoreError> {
-    let mut total = 0;
-    loop {
-        let n = sqlx::query(
+    in_batches(500, || {
+        sqlx::query(
             "DELETE FROM task_diffs WHERE task_id IN (
                 SELECT d.task_id FROM task_diffs d JOIN tasks t ON t.id = d.task_id
                 WHERE t.history_at < now() - make_interval(days => $1) LIMIT 500)",
         )
         .bind(days)
         .execute(pool)
-        .await?
-        .rows_affected();
-        total += n;
-        if n < 500 {
-            return Ok(total);
-        }
-    }
+    })
+    .await
 }
 
 /// Forget idempotency keys past their 24 hours (a key then names no task: `tasks::insert`),
 /// a batch at a time. Not history: the table holds a day of keys.
 pub async fn purge_keys(pool: &PgPool) -> Result<u64, StoreError> {
-    let mut total = 0;
-    loop {
-        let n = sqlx::query(
+    in_batches(5000, || {
+        sqlx::query(
             "DELETE FROM task_keys WHERE (tenant, key) IN (
                 SELECT tenant, key FROM task_keys WHERE created_at < now() - interval '24 hours' LIMIT 5000)",
         )
         .execute(pool)
-        .await?
-        .rows_affected();
+    })
+    .await
+}
+
+/// Run `delete` (one batch of at most `batch` rows) until a batch comes back short; the rows
+/// deleted in all.
+async fn in_batches<F, Fut>(batch: u64, mut delete: F) -> Result<u64, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<sqlx::postgres::PgQueryResult, sqlx::Error>>,
+{
+    let mut total = 0;
+    loop {
+        let n = delete().await?.rows_affected();
         total += n;
-        if n < 5000 {
+        if n < batch {
             return Ok(total);
         }
     }

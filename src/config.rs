@@ -316,6 +316,12 @@ pub struct Config {
     #[arg(long, env = "SUBAGENTD_RETENTION_DAYS", default_value_t = 30, global = true)]
     pub retention_days: u32,
 
+    /// How often each process vacuums the queue (`task_queue`), in seconds: its dead row versions
+    /// slow every claim until cleared, and autovacuum comes at most once a minute. 0 leaves it
+    /// to autovacuum.
+    #[arg(long, env = "SUBAGENTD_QUEUE_VACUUM_SECONDS", default_value_t = 5, global = true)]
+    pub queue_vacuum_seconds: u64,
+
     /// Days the usage ledger (`llm_calls`) is kept; the daily rollups are kept forever.
     /// 0 keeps the ledger forever.
     #[arg(long, env = "SUBAGENTD_LEDGER_RETENTION_DAYS", default_value_t = 400, global = true)]

@@ -112,6 +112,11 @@ impl Service {
         let publish = hub.start_publishing(pool.clone(), listener_stop.clone()).await;
         let refresh_live = tokio::spawn(hub.clone().refresh_live(listener_stop.clone()));
         let partitions = crate::jobs::partitions::keep(pool.clone(), listener_stop.clone()).await;
+        let queue_vacuum = crate::jobs::queue_vacuum::keep(
+            pool.clone(),
+            std::time::Duration::from_secs(cfg.queue_vacuum_seconds),
+            listener_stop.clone(),
+        );
 
         let local_worker = roles.workers.then(|| {
             let (p, c) = (providers.clone(), tool_caller.clone());
@@ -200,6 +205,9 @@ impl Service {
             let _ = publish.await;
             let _ = refresh_live.await;
             let _ = partitions.await;
+            if let Some(v) = queue_vacuum {
+                let _ = v.await;
+            }
         });
         Ok(Service { addr, shutdown, hub, tasks: room, done })
     }

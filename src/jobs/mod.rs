@@ -14,6 +14,7 @@ pub mod finish;
 pub mod heartbeat;
 pub mod partitions;
 pub mod presence;
+pub mod queue_vacuum;
 pub mod rescuer;
 pub mod retention;
 pub mod run;

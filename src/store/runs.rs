@@ -110,6 +110,19 @@ async fn claim_once(
     Ok(rows)
 }
 
+/// Vacuum the queue (`task_queue`), unless another process is vacuuming it now. Every claim and
+/// every end leaves a dead row version there, whose index entries each claim's tenant walk and
+/// pick pass until they are cleared. Autovacuum comes to a table at most once an
+/// `autovacuum_naptime` (a minute), and later while its workers are busy with the history's
+/// partitions: measured at a million tasks of history, the walk then read 1,711 buffers a call
+/// against 166 on an empty database. The queue is small (what is open), so a pass is cheap.
+/// Never truncated (that takes an exclusive lock the claim would wait for, and the queue reuses
+/// its free pages); its TOAST table is left to autovacuum.
+pub async fn vacuum_queue(pool: &PgPool) -> Result<(), StoreError> {
+    sqlx::query("VACUUM (SKIP_LOCKED, TRUNCATE false, PROCESS_TOAST false) task_queue").execute(pool).await?;
+    Ok(())
+}
+
 /// What a heartbeat found of one lease it holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::FromRow)]
 pub struct Beat {

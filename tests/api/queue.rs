@@ -302,3 +302,38 @@ async fn a_task_ending_in_a_month_without_its_partition_still_ends() {
     assert_eq!((cancelled[0].1.as_str(), cancelled[0].2.as_str()), ("cancelled", month.as_str()));
     app.stop().await;
 }
+
+/// How often the queue was vacuumed by a VACUUM statement (autovacuum apart), and its dead rows.
+async fn queue_vacuums(pool: &PgPool) -> (i64, i64) {
+    sqlx::query_as("SELECT vacuum_count, n_dead_tup FROM pg_stat_user_tables WHERE relname = 'task_queue'")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn the_service_vacuums_the_queue_every_few_seconds_and_not_when_told_not_to() {
+    for secs in [1, 0] {
+        let app = spawn_app_with(|c| c.queue_vacuum_seconds = secs, true).await;
+        let pool = app.db.pool.clone();
+        // Only the service's passes count: autovacuum is kept off the queue.
+        sqlx::query("ALTER TABLE task_queue SET (autovacuum_enabled = false)").execute(&pool).await.unwrap();
+        // Each run leaves dead row versions in the queue (its claim; its end moves the row out).
+        for i in 0..3 {
+            let done = app.wait_task(json!({"prompt": format!("ok {i} [mock:reply=fine]"), "model": "mock/m"})).await;
+            assert_eq!(done["status"], "completed");
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(4);
+        let mut seen = queue_vacuums(&pool).await;
+        while tokio::time::Instant::now() < deadline && !(seen.0 > 0 && seen.1 == 0) {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            seen = queue_vacuums(&pool).await;
+        }
+        if secs == 0 {
+            assert_eq!(seen.0, 0, "vacuumed although --queue-vacuum-seconds is 0: {seen:?}");
+            assert!(seen.1 > 0, "the runs left no dead rows, so the test proves nothing: {seen:?}");
+        } else {
+            assert!(seen.0 > 0 && seen.1 == 0, "the queue was not vacuumed within 4 s: {seen:?}");
+        }
+    }
+}

@@ -323,17 +323,20 @@ async fn the_service_vacuums_the_queue_every_few_seconds_and_not_when_told_not_t
             let done = app.wait_task(json!({"prompt": format!("ok {i} [mock:reply=fine]"), "model": "mock/m"})).await;
             assert_eq!(done["status"], "completed");
         }
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(4);
+        // Statistics arrive late (an idle connection reports its counts up to 10 s on): wait for
+        // what each case expects, then check the rest.
+        let done = |seen: (i64, i64)| if secs == 0 { seen.1 > 0 } else { seen.0 > 0 && seen.1 == 0 };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
         let mut seen = queue_vacuums(&pool).await;
-        while tokio::time::Instant::now() < deadline && !(seen.0 > 0 && seen.1 == 0) {
+        while tokio::time::Instant::now() < deadline && !done(seen) {
             tokio::time::sleep(Duration::from_millis(200)).await;
             seen = queue_vacuums(&pool).await;
         }
         if secs == 0 {
-            assert_eq!(seen.0, 0, "vacuumed although --queue-vacuum-seconds is 0: {seen:?}");
             assert!(seen.1 > 0, "the runs left no dead rows, so the test proves nothing: {seen:?}");
+            assert_eq!(seen.0, 0, "vacuumed although --queue-vacuum-seconds is 0: {seen:?}");
         } else {
-            assert!(seen.0 > 0 && seen.1 == 0, "the queue was not vacuumed within 4 s: {seen:?}");
+            assert!(done(seen), "the queue was not vacuumed clean within 15 s: {seen:?}");
         }
     }
 }

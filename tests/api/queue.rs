@@ -338,5 +338,6 @@ async fn the_service_vacuums_the_queue_every_few_seconds_and_not_when_told_not_t
         } else {
             assert!(done(seen), "the queue was not vacuumed clean within 15 s: {seen:?}");
         }
+        app.stop().await;
     }
 }

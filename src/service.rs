@@ -111,12 +111,7 @@ impl Service {
         let listen = tokio::spawn(hub.clone().listen(pool.clone(), listener_stop.clone()));
         let publish = hub.start_publishing(pool.clone(), listener_stop.clone()).await;
         let refresh_live = tokio::spawn(hub.clone().refresh_live(listener_stop.clone()));
-        let partitions = crate::jobs::partitions::keep(pool.clone(), listener_stop.clone()).await;
-        let queue_vacuum = crate::jobs::queue_vacuum::keep(
-            pool.clone(),
-            std::time::Duration::from_secs(cfg.queue_vacuum_seconds),
-            listener_stop.clone(),
-        );
+        let upkeep = crate::jobs::Upkeep::start(&pool, &cfg, &listener_stop).await;
 
         let local_worker = roles.workers.then(|| {
             let (p, c) = (providers.clone(), tool_caller.clone());
@@ -204,10 +199,7 @@ impl Service {
             let _ = listen.await;
             let _ = publish.await;
             let _ = refresh_live.await;
-            let _ = partitions.await;
-            if let Some(v) = queue_vacuum {
-                let _ = v.await;
-            }
+            upkeep.join().await;
         });
         Ok(Service { addr, shutdown, hub, tasks: room, done })
     }

@@ -31,6 +31,30 @@ use tokio_util::sync::CancellationToken;
 
 use worker::Worker;
 
+/// The upkeep every process runs beside its doors and workers, until its listener stops: the
+/// history's partitions kept ahead, the queue vacuumed.
+pub struct Upkeep {
+    partitions: tokio::task::JoinHandle<()>,
+    queue_vacuum: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Upkeep {
+    /// Start both (the partitions' first pass done before this returns).
+    pub async fn start(pool: &sqlx::PgPool, cfg: &crate::config::Config, stop: &CancellationToken) -> Upkeep {
+        let partitions = partitions::keep(pool.clone(), stop.clone()).await;
+        let every = Duration::from_secs(cfg.queue_vacuum_seconds);
+        Upkeep { partitions, queue_vacuum: queue_vacuum::keep(pool.clone(), every, stop.clone()) }
+    }
+
+    /// Wait for both to have stopped.
+    pub async fn join(self) {
+        let _ = self.partitions.await;
+        if let Some(v) = self.queue_vacuum {
+            let _ = v.await;
+        }
+    }
+}
+
 /// How often every worker process looks for lost workers' runs.
 pub const RESCUE_EVERY: Duration = Duration::from_secs(1);
 

@@ -758,17 +758,7 @@ async fn history_reads(svc: &Svc, pool: &sqlx::PgPool, report: &Report) {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let key: Value = reqwest::Client::new()
-        .post(format!("{}/admin/keys", svc.base))
-        .bearer_auth(BENCH_ADMIN)
-        .json(&json!({"tenant": "h07"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let key = key["key"].as_str().unwrap().to_string();
+    let key = tenant_key(&svc.base, "h07").await;
     let page: Value = reqwest::Client::new()
         .get(format!("{}/tasks?limit=50", svc.base))
         .bearer_auth(&key)
@@ -1784,9 +1774,9 @@ async fn flood(env: &Env, report: &Report, secs: u64, limit: Option<u32>) {
 /// million ledger rows, with the rollup they make; the overview and the task list, as the admin
 /// (every tenant) and as one tenant, with the list's filters, timed over 40 requests each.
 async fn console(env: &Env, report: &Report) {
-    const ADMIN: &str = BENCH_ADMIN;
-    let svc =
-        env.service("bench_console", &["serve", "--no-workers"], &[("SUBAGENTD_ADMIN_TOKEN", ADMIN.into())]).await;
+    let svc = env
+        .service("bench_console", &["serve", "--no-workers"], &[("SUBAGENTD_ADMIN_TOKEN", BENCH_ADMIN.into())])
+        .await;
     let pool = subagentd::db::connect(&svc.db_url, 2).await.unwrap();
     let t0 = Instant::now();
     month_partitions(&pool, 31).await;
@@ -1839,29 +1829,19 @@ async fn console(env: &Env, report: &Report) {
             .await
             .unwrap();
     println!("console: {tasks} tasks and {calls} ledger rows made in {:.0} s", t0.elapsed().as_secs_f64());
-    let key: Value = reqwest::Client::new()
-        .post(format!("{}/admin/keys", svc.base))
-        .bearer_auth(ADMIN)
-        .json(&json!({"tenant": "tenant-7"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let key = key["key"].as_str().unwrap().to_string();
+    let key = tenant_key(&svc.base, "tenant-7").await;
     let day_ago = (chrono::Utc::now() - chrono::Duration::days(1)).to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     let checks: Vec<(&str, String, &str)> = vec![
-        ("overview, every tenant", "/overview".into(), ADMIN),
+        ("overview, every tenant", "/overview".into(), BENCH_ADMIN),
         ("overview, one tenant", "/overview".into(), &key),
-        ("task list, every tenant", "/tasks?limit=50".into(), ADMIN),
+        ("task list, every tenant", "/tasks?limit=50".into(), BENCH_ADMIN),
         ("task list, one tenant", "/tasks?limit=50".into(), &key),
-        ("… status=failed, every tenant", "/tasks?status=failed&limit=50".into(), ADMIN),
+        ("… status=failed, every tenant", "/tasks?status=failed&limit=50".into(), BENCH_ADMIN),
         ("… status=failed, one tenant", "/tasks?status=failed&limit=50".into(), &key),
         ("… model, one tenant", "/tasks?model=fake/claude-sonnet&limit=50".into(), &key),
-        ("… model, every tenant", "/tasks?model=fake/local&limit=50".into(), ADMIN),
+        ("… model, every tenant", "/tasks?model=fake/local&limit=50".into(), BENCH_ADMIN),
         ("… metadata, one tenant", "/tasks?metadata=%7B%22batch%22%3A%22b500%22%7D&limit=50".into(), &key),
-        ("… created_before a day ago, every tenant", format!("/tasks?created_before={day_ago}&limit=50"), ADMIN),
+        ("… created_before a day ago, every tenant", format!("/tasks?created_before={day_ago}&limit=50"), BENCH_ADMIN),
     ];
     let (rows, worst) = timed_reads(&svc.base, &checks).await;
     let line = format!(
@@ -1871,6 +1851,21 @@ async fn console(env: &Env, report: &Report) {
     );
     println!("{line}");
     report.lock().unwrap().push(line);
+}
+
+/// An API key of `tenant`'s, made by the admin.
+async fn tenant_key(base: &str, tenant: &str) -> String {
+    let key: Value = reqwest::Client::new()
+        .post(format!("{base}/admin/keys"))
+        .bearer_auth(BENCH_ADMIN)
+        .json(&json!({"tenant": tenant}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    key["key"].as_str().unwrap().to_string()
 }
 
 /// Each read 40 times (the first 5 to warm up): "name p50 / p99 ms" per read, and the worst p99.

@@ -311,8 +311,8 @@ pub struct Config {
     #[arg(long, env = "SUBAGENTD_MAX_ACTION_TIMEOUT_SECONDS", default_value_t = 86400, global = true)]
     pub max_action_timeout_seconds: u64,
 
-    /// Days after which the conversation and events of finished tasks are purged (tasks and
-    /// the usage ledger stay). 0 keeps them forever.
+    /// Days after which conversations, events and stored diffs are dropped, a day's partition at
+    /// a time (an open task's rows are kept; tasks and the usage ledger stay). 0 keeps them forever.
     #[arg(long, env = "SUBAGENTD_RETENTION_DAYS", default_value_t = 30, global = true)]
     pub retention_days: u32,
 

@@ -107,8 +107,13 @@ impl TaskCopy {
     /// and the diff's counts. False if the lease is gone.
     pub async fn finish(self: &Arc<Self>, pool: &PgPool, fence: Fence) -> Result<bool, StoreError> {
         if let Some(c) = self.take_changes().await {
-            let mut conn = pool.acquire().await?;
-            if !diffs::save_changes(&mut conn, fence, &c.archive, &c.deleted).await? {
+            // Retried as every worker write is (a day's partition made on demand among others).
+            let saved = retrying(pool, || async {
+                let mut conn = pool.acquire().await?;
+                diffs::save_changes(&mut conn, fence, &c.archive, &c.deleted).await
+            })
+            .await?;
+            if !saved {
                 return Ok(false);
             }
         }

@@ -1,6 +1,6 @@
-//! Retention: drops the day partitions of conversations and events written more than
-//! `retention_days` ago (a task still open keeps its rows: they are moved to today's), and
-//! purges the stored diffs of tasks finished that long ago (every 10 minutes); drops the
+//! Retention: drops the day partitions of conversations, events and stored diffs written more
+//! than `retention_days` ago (a task still open keeps its rows: they are moved to today's; every
+//! 10 minutes); drops the
 //! ledger's day partitions older than `ledger_retention_days` (hourly; the daily rollups keep
 //! their sums, the tasks their totals), and MCP
 //! sessions idle for `mcp_session_idle_days` and idempotency keys past their 24 hours (every 10
@@ -27,9 +27,7 @@ pub struct Retention {
 /// What one pass purged.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Purged {
-    /// Tasks whose stored diffs were purged.
-    pub tasks: u64,
-    /// History partitions dropped whole.
+    /// History partitions (conversations, events, stored diffs) dropped whole.
     pub partitions: u64,
     /// Ledger partitions dropped whole.
     pub ledger_partitions: u64,
@@ -44,7 +42,7 @@ impl Retention {
         crate::store::tenants::purge_web_fetch_counts(&self.pool).await?;
         p.sessions = self.purge_sessions().await?;
         if self.days > 0 {
-            (p.partitions, p.tasks) = self.purge_conversations().await?;
+            p.partitions = self.purge_conversations().await?;
         }
         if self.ledger_days > 0 {
             p.ledger_partitions = self.purge_ledger().await?;
@@ -66,20 +64,17 @@ impl Retention {
         Ok(n)
     }
 
-    async fn purge_conversations(&self) -> Result<(u64, u64), StoreError> {
+    async fn purge_conversations(&self) -> Result<u64, StoreError> {
         let mut dropped = 0;
-        for parent in crate::store::partitions::HISTORY {
+        let parents = crate::store::partitions::HISTORY.into_iter().chain([crate::store::partitions::DIFFS]);
+        for parent in parents {
             let gone = crate::store::partitions::drop_expired(&self.pool, parent, self.days).await?;
             if !gone.is_empty() {
                 tracing::info!(table = parent, partitions = ?gone, "dropped history partitions past retention");
             }
             dropped += gone.len() as u64;
         }
-        let n = retention::purge_finished(&self.pool, self.days as i32).await?;
-        if n > 0 {
-            tracing::info!(tasks = n, "purged stored diffs past retention");
-        }
-        Ok((dropped, n))
+        Ok(dropped)
     }
 
     /// The ledger's days past its window, whole (the rollups keep their sums, the tasks their

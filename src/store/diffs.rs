@@ -1,32 +1,56 @@
 //! `task_diffs`: a task's changes to its own copy of its workspace. Each checkpoint saves what
 //! rebuilds the copy (the changed files as tar.gz, the deleted paths); the run's end saves the
 //! diff, and its counts on the task (`tasks.diff_stats`). Every write is fenced on the lease.
+//! The table is partitioned by the day of a row's last write and dropped a day at a time past
+//! `--retention-days` (migration 0031, `partitions::DIFFS`).
 
 use serde_json::Value;
-use sqlx::PgPool;
+use sqlx::{Connection, PgConnection, PgPool};
 
 use super::{Fence, StoreError};
 
-/// Save the copy's changes so far (on `conn`: with the turn they belong to, in its transaction).
+/// Save the copy's changes so far (on `conn`: with the turn they belong to, in its transaction,
+/// or in one of their own).
 pub async fn save_changes(
-    conn: &mut sqlx::PgConnection,
+    conn: &mut PgConnection,
     f: Fence,
     archive: &[u8],
     deleted: &[String],
 ) -> Result<bool, StoreError> {
-    let n = sqlx::query(
-        "INSERT INTO task_diffs (task_id, tenant, changes, deleted)
-         SELECT id, tenant, $3, $4 FROM task_queue WHERE id = $1 AND lease_token = $2
-         ON CONFLICT (task_id) DO UPDATE SET changes = $3, deleted = $4, updated_at = now()",
+    let mut tx = conn.begin().await?;
+    let Some(tenant) = lock(&mut tx, f).await? else {
+        return Ok(false);
+    };
+    sqlx::query(
+        "WITH u AS (UPDATE task_diffs SET changes = $2, deleted = $3, updated_at = now() WHERE task_id = $1 RETURNING 1)
+         INSERT INTO task_diffs (task_id, tenant, changes, deleted) SELECT $1, $4, $2, $3 WHERE NOT EXISTS (SELECT FROM u)",
     )
     .bind(f.id)
-    .bind(f.lease)
     .bind(archive)
     .bind(deleted)
-    .execute(conn)
-    .await?
-    .rows_affected();
-    Ok(n == 1)
+    .bind(tenant)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(true)
+}
+
+/// Lock the task's row under its lease; its tenant, or `None` if the lease is gone. Every write of
+/// a diff holds this lock and then updates the task's row of `task_diffs`, or inserts one, in a
+/// statement of its own, which sees what the lock's last holder wrote: one row per task, although
+/// the table's key holds the time (`updated_at`, the partition key).
+/// A task that ended while the lock was awaited has left the queue (40001): its lease is gone.
+async fn lock(conn: &mut PgConnection, f: Fence) -> Result<Option<String>, StoreError> {
+    let r = sqlx::query_scalar("SELECT tenant FROM task_queue WHERE id = $1 AND lease_token = $2 FOR UPDATE")
+        .bind(f.id)
+        .bind(f.lease)
+        .fetch_optional(conn)
+        .await
+        .map_err(StoreError::from);
+    match r {
+        Err(e) if e.is_moved() => Ok(None),
+        r => r,
+    }
 }
 
 /// The changes saved for `task`: (tar.gz, deleted paths).
@@ -54,22 +78,25 @@ pub async fn same_version(pool: &PgPool, a: uuid::Uuid, b: uuid::Uuid) -> Result
 
 /// Save the run's diff and its counts (on the task), fenced; false if the lease is gone.
 pub async fn save_diff(pool: &PgPool, f: Fence, diff: &str, stats: &Value) -> Result<bool, StoreError> {
-    let n: i64 = sqlx::query_scalar(
-        "WITH t AS (UPDATE task_queue SET diff_stats = $4 WHERE id = $1 AND lease_token = $2 RETURNING id, tenant),
-         d AS (INSERT INTO task_diffs (task_id, tenant, diff) SELECT id, tenant, $3 FROM t
-               ON CONFLICT (task_id) DO UPDATE SET diff = $3, updated_at = now())
-         SELECT count(*) FROM t",
+    let mut tx = pool.begin().await?;
+    let Some(tenant) = lock(&mut tx, f).await? else {
+        return Ok(false);
+    };
+    sqlx::query("UPDATE task_queue SET diff_stats = $2 WHERE id = $1").bind(f.id).bind(stats).execute(&mut *tx).await?;
+    sqlx::query(
+        "WITH u AS (UPDATE task_diffs SET diff = $2, updated_at = now() WHERE task_id = $1 RETURNING 1)
+         INSERT INTO task_diffs (task_id, tenant, diff) SELECT $1, $3, $2 WHERE NOT EXISTS (SELECT FROM u)",
     )
     .bind(f.id)
-    .bind(f.lease)
     .bind(diff)
-    .bind(stats)
-    .fetch_one(pool)
+    .bind(tenant)
+    .execute(&mut *tx)
     .await?;
-    Ok(n == 1)
+    tx.commit().await?;
+    Ok(true)
 }
 
-/// A tenant's task's diff: `None` if the task has no diff row (no copy, or purged), `Some(None)`
+/// A tenant's task's diff: `None` if the task has no diff row (no copy, or its day dropped), `Some(None)`
 /// while its run has not ended.
 pub async fn diff_of(pool: &PgPool, tenant: &str, task: uuid::Uuid) -> Result<Option<Option<String>>, StoreError> {
     let row: Option<(Option<String>,)> =

@@ -1,4 +1,4 @@
-//! The history's daily partitions (migrations 0028 and 0030): created ahead, created on demand
+//! The history's daily partitions (migrations 0028, 0030 and 0031): created ahead, created on demand
 //! when an insert finds none, and dropped whole past retention (`DETACH ... CONCURRENTLY`, then
 //! `DROP`). Partitions are named `<parent>_pYYYYMMDD` and hold the UTC day they are named for.
 
@@ -17,8 +17,24 @@ pub const HISTORY: [&str; 2] = ["task_events", "task_messages"];
 /// `--ledger-retention-days`.
 pub const LEDGER: &str = "llm_calls";
 
+/// The stored diffs of tasks' copies of their workspaces: partitioned by the day of a row's last
+/// write (`updated_at`; a finished task's is its end's), kept `--retention-days` (migration 0031).
+pub const DIFFS: &str = "task_diffs";
+
 /// Every table partitioned by the day.
-pub const DAILY: [&str; 3] = ["task_events", "task_messages", LEDGER];
+pub const DAILY: [&str; 4] = ["task_events", "task_messages", DIFFS, LEDGER];
+
+/// The column a daily table is partitioned on, for the tables whose open tasks' rows retention
+/// moves to today rather than drop (`None`: the ledger, whose rows go with their day).
+fn moved_on(parent: &str) -> Option<&'static str> {
+    if HISTORY.contains(&parent) {
+        Some("created_at")
+    } else if parent == DIFFS {
+        Some("updated_at")
+    } else {
+        None
+    }
+}
 
 /// How many days ahead the service keeps partitions.
 pub const AHEAD_DAYS: i32 = 7;
@@ -94,8 +110,8 @@ pub async fn partitions(pool: &PgPool, parent: &str) -> Result<Vec<Partition>, S
         .collect())
 }
 
-/// Drop the partitions of `parent` whose whole day is more than `days` days old. In `HISTORY`,
-/// the rows of tasks still open (scheduled, queued, running or paused) are first moved to today's
+/// Drop the partitions of `parent` whose whole day is more than `days` days old. In `HISTORY`
+/// and `DIFFS`, the rows of tasks still open (scheduled, queued, running or paused) are first moved to today's
 /// partition, so a long pause keeps its conversation; the ledger's go with their day, as its rows
 /// were deleted by their time before (the task keeps its totals). One replica at a time (a session advisory lock: the
 /// others skip the pass). Every statement runs with `LOCK_TIMEOUT`; one that times out leaves
@@ -158,13 +174,13 @@ async fn drop_one(conn: &mut sqlx::PgConnection, parent: &str, p: &Partition) ->
         // A detach a timeout interrupted (on this pass or an earlier one) is finished.
         sqlx::query(&format!("ALTER TABLE {parent} DETACH PARTITION {} FINALIZE", p.name)).execute(&mut *conn).await?;
     } else if !p.detached {
-        if HISTORY.contains(&parent) {
+        if let Some(at) = moved_on(parent) {
             // Open tasks keep their rows: moved (an update of the partition key) to today.
             // Their times become the move's.
             sqlx::query(&format!(
-                "UPDATE {parent} SET created_at = now()
-                 WHERE created_at >= $1::date::timestamp AT TIME ZONE 'UTC'
-                   AND created_at < ($1::date + 1)::timestamp AT TIME ZONE 'UTC'
+                "UPDATE {parent} SET {at} = now()
+                 WHERE {at} >= $1::date::timestamp AT TIME ZONE 'UTC'
+                   AND {at} < ($1::date + 1)::timestamp AT TIME ZONE 'UTC'
                    AND task_id IN (SELECT id FROM task_queue
                                    WHERE status IN ('scheduled', 'queued', 'running', 'requires_action'))"
             ))

@@ -1,26 +1,9 @@
-//! Purges past retention by row: the stored diffs of finished tasks, and idempotency keys past
-//! their day. Each runs a batch at a time. Conversations, events and the ledger go by whole
-//! partitions (`partitions`).
+//! Purges by row what is not history: idempotency keys past their day, a batch at a time.
+//! Conversations, events, stored diffs and the ledger go by whole partitions (`partitions`).
 
 use sqlx::PgPool;
 
 use super::StoreError;
-
-/// Delete the stored diffs of tasks finished more than `days` ago, a batch at a time (their
-/// conversations and events go with whole partitions: `partitions::drop_expired`). Returns how
-/// many tasks' diffs were purged.
-pub async fn purge_finished(pool: &PgPool, days: i32) -> Result<u64, StoreError> {
-    in_batches(500, || {
-        sqlx::query(
-            "DELETE FROM task_diffs WHERE task_id IN (
-                SELECT d.task_id FROM task_diffs d JOIN tasks t ON t.id = d.task_id
-                WHERE t.history_at < now() - make_interval(days => $1) LIMIT 500)",
-        )
-        .bind(days)
-        .execute(pool)
-    })
-    .await
-}
 
 /// Forget idempotency keys past their 24 hours (a key then names no task: `tasks::insert`),
 /// a batch at a time. Not history: the table holds a day of keys.

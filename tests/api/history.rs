@@ -1,4 +1,4 @@
-//! History by the day (#47): `task_events`, `task_messages` and the ledger (`llm_calls`) are
+//! History by the day (#47): `task_events`, `task_messages`, the stored diffs (`task_diffs`) and the ledger (`llm_calls`) are
 //! partitioned by the day their rows are written; the service keeps partitions ahead and makes one on demand when an insert
 //! finds none; retention drops whole partitions while the claim and inserts go on; a database
 //! from the release before keeps every row.
@@ -479,5 +479,124 @@ async fn a_ledger_from_the_release_before_keeps_every_row_and_its_days_go_whole(
         .unwrap();
     assert_eq!(left, [2, 3]);
     service.stop().await;
+    old.drop().await;
+}
+
+#[tokio::test]
+async fn stored_diffs_from_the_release_before_keep_every_row_go_by_the_day_and_stay_one_per_task() {
+    let db = test_db().await;
+    let old = database_before(&db, 31).await;
+    let pool = old.pool.clone();
+    sqlx::query("INSERT INTO tenants (name) VALUES ('default')").execute(&pool).await.unwrap();
+    sqlx::query("SELECT subagentd_month_partition('tasks', (now() - interval '45 days')::date)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let (done, waiting, recent, running) = (Uuid::now_v7(), Uuid::now_v7(), Uuid::now_v7(), Uuid::now_v7());
+    let lease = Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO tasks (id, tenant, status, subagent_type, prompt, model, options, finished_at, history_at, summary)
+         VALUES ($1, 'default', 'completed', 'general', 'p', 'mock/m', '{}', now() - interval '45 days', now() - interval '45 days', 'old'),
+                ($2, 'default', 'completed', 'general', 'p', 'mock/m', '{}', now(), now(), 'new')",
+    )
+    .bind(done)
+    .bind(recent)
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO tasks (id, tenant, status, subagent_type, prompt, model, options) VALUES ($1, 'default', 'queued', 'general', 'p', 'mock/m', '{}')",
+    )
+    .bind(waiting)
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO tasks (id, tenant, status, subagent_type, prompt, model, options, attempt, lease_token, lease_expires_at,
+                            started_at, worker_id)
+         VALUES ($1, 'default', 'running', 'general', 'p', 'mock/m', '{}', 1, $2, now() + interval '1 hour', now(), 'w')",
+    )
+    .bind(running)
+    .bind(lease)
+    .execute(&pool)
+    .await
+    .unwrap();
+    // Diffs as the release before wrote them: one a finished task's of 45 days ago, one an open
+    // task's as old (a copy saved, then the task requeued and not run since), one of today.
+    sqlx::query(
+        "INSERT INTO task_diffs (task_id, tenant, changes, deleted, diff, updated_at)
+         VALUES ($1, 'default', '\\x1f8b00'::bytea, '{gone.txt}', 'diff --git a/x b/x', now() - interval '45 days'),
+                ($2, 'default', '\\x1f8b01'::bytea, '{}', NULL, now() - interval '45 days'),
+                ($3, 'default', NULL, '{}', 'diff --git a/y b/y', now())",
+    )
+    .bind(done)
+    .bind(waiting)
+    .bind(recent)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let before = digest(&pool, "*", "task_diffs").await;
+    assert_eq!(before.0, 3);
+
+    subagentd::db::MIGRATOR.run(&pool).await.unwrap();
+    assert_eq!(digest(&pool, "*", "task_diffs").await, before, "every stored diff, unchanged");
+    let kind: String = sqlx::query_scalar("SELECT relkind::text FROM pg_class WHERE relname = 'task_diffs'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(kind, "p");
+    let days: Vec<String> =
+        partitions::partitions(&pool, partitions::DIFFS).await.unwrap().iter().map(|p| p.name.clone()).collect();
+    for ago in [45, 1, 0, -7] {
+        assert!(days.contains(&format!("task_diffs_p{}", day(&pool, ago).await)), "{ago} days ago: {days:?}");
+    }
+    assert_eq!(partitions::reach(&pool).await.unwrap(), i64::from(partitions::AHEAD_DAYS));
+
+    // Past a 30-day window the old day goes whole: the finished task's diff with it, the open
+    // task's moved to today first.
+    let dropped = partitions::drop_expired(&pool, partitions::DIFFS, 30).await.unwrap();
+    assert_eq!(dropped, [format!("task_diffs_p{}", day(&pool, 45).await)]);
+    let left: Vec<(Uuid, String)> =
+        sqlx::query_as("SELECT task_id, tableoid::regclass::text FROM task_diffs ORDER BY task_id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    let today = format!("task_diffs_p{}", day(&pool, 0).await);
+    assert_eq!(left, [(waiting, today.clone()), (recent, today.clone())]);
+    // A running task's first write, not yet committed, and a second one: the second waits for
+    // the first and then updates its row (without the lock it would insert a second row).
+    use subagentd::store::{diffs, Fence};
+    let fence = Fence { id: running, lease };
+    let mut first = pool.begin().await.unwrap();
+    assert!(diffs::save_changes(&mut first, fence, &[1], &["f1".to_string()]).await.unwrap());
+    let second = {
+        let pool = pool.clone();
+        tokio::spawn(async move {
+            let mut conn = pool.acquire().await.unwrap();
+            diffs::save_changes(&mut conn, fence, &[2], &["f2".to_string()]).await.unwrap()
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!second.is_finished(), "the second write waits for the first's lock");
+    first.commit().await.unwrap();
+    assert!(second.await.unwrap(), "the lease holder's write applies");
+    assert!(diffs::save_diff(&pool, fence, "diff --git a/z b/z", &json!({"files_changed": 1})).await.unwrap());
+    let rows: Vec<(String, Option<String>, i32)> = sqlx::query_as(
+        "SELECT tableoid::regclass::text, diff, cardinality(deleted) FROM task_diffs WHERE task_id = $1",
+    )
+    .bind(running)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(rows, [(today, Some("diff --git a/z b/z".to_string()), 1)], "one row per task");
+    let saved = diffs::changes_of(&pool, running).await.unwrap().unwrap();
+    assert_eq!(saved, (vec![2], vec!["f2".to_string()]), "the last write's changes and deleted paths");
+    // Another lease writes nothing.
+    let stale = Fence { id: running, lease: Uuid::new_v4() };
+    let mut conn = pool.acquire().await.unwrap();
+    assert!(!diffs::save_changes(&mut conn, stale, &[9], &[]).await.unwrap());
+    assert!(!diffs::save_diff(&pool, stale, "stale", &json!({})).await.unwrap());
+    assert_eq!(diffs::diff_of(&pool, "default", running).await.unwrap(), Some(Some("diff --git a/z b/z".into())));
+    drop(conn);
     old.drop().await;
 }

@@ -524,7 +524,10 @@ async fn drive(svc: &Svc, pool: &sqlx::PgPool, secs: u64) -> Driven {
             }
         }));
     }
-    tokio::time::sleep(Duration::from_secs(5)).await; // warm-up
+    // Warm-up, 5 s unless `BENCH_WARM_SECS` says otherwise (the history scenario's database
+    // comes freshly vacuumed: its first inserts fill the gaps the vacuum recorded in old pages).
+    let warm = std::env::var("BENCH_WARM_SECS").ok().and_then(|v| v.parse().ok()).unwrap_or(5);
+    tokio::time::sleep(Duration::from_secs(warm)).await;
     reset_statement_stats(pool).await;
     let since: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()").fetch_one(pool).await.unwrap();
     let x0 = commits(pool).await;
@@ -1666,34 +1669,20 @@ async fn soak(env: &Env, report: &Report, secs: u64, rate: u64) {
 /// the service answers (several times its admission capacity) while tenant B submits 50 tasks a
 /// second; B's admission latency, with A unlimited and with A limited to `rate` requests/s.
 async fn flood(env: &Env, report: &Report, secs: u64, limit: Option<u32>) {
-    const ADMIN: &str = "bench-admin";
     let name = if limit.is_some() { "bench_flood_limited" } else { "bench_flood" };
     let svc = env
         .service(
             name,
             &["serve", "--no-workers"],
-            &[("SUBAGENTD_ADMIN_TOKEN", ADMIN.into()), ("SUBAGENTD_DB_MAX_CONNECTIONS", "40".into())],
+            &[("SUBAGENTD_ADMIN_TOKEN", BENCH_ADMIN.into()), ("SUBAGENTD_DB_MAX_CONNECTIONS", "40".into())],
         )
         .await;
     let client = reqwest::Client::builder().pool_max_idle_per_host(500).build().unwrap();
-    let key = |tenant: &'static str| {
-        let (c, base) = (client.clone(), svc.base.clone());
-        async move {
-            let r = c
-                .post(format!("{base}/admin/keys"))
-                .bearer_auth(ADMIN)
-                .json(&json!({"tenant": tenant}))
-                .send()
-                .await
-                .unwrap();
-            r.json::<Value>().await.unwrap()["key"].as_str().unwrap().to_string()
-        }
-    };
-    let (a, b) = (key("tenant-a").await, key("tenant-b").await);
+    let (a, b) = (tenant_key(&svc.base, "tenant-a").await, tenant_key(&svc.base, "tenant-b").await);
     if let Some(rate) = limit {
         let r = client
             .put(format!("{}/admin/tenants/tenant-a", svc.base))
-            .bearer_auth(ADMIN)
+            .bearer_auth(BENCH_ADMIN)
             .json(&json!({"requests_per_second": rate}))
             .send()
             .await
@@ -2222,7 +2211,6 @@ async fn priority(env: &Env, report: &Report, secs: u64) {
 /// Scenario 10, held connections: the memory 1,000 open event streams cost, and tenant B's waits
 /// while tenant A holds its `max_streams` on a task that writes many events.
 async fn holds(env: &Env, report: &Report, secs: u64) {
-    const ADMIN: &str = "bench-admin";
     const STREAMS: usize = 1000;
     env.latency.store(1000, Ordering::Relaxed);
     let svc = env
@@ -2232,23 +2220,15 @@ async fn holds(env: &Env, report: &Report, secs: u64) {
             &[
                 ("SUBAGENTD_MAX_RUNNING", "400".into()),
                 ("SUBAGENTD_DB_MAX_CONNECTIONS", "40".into()),
-                ("SUBAGENTD_ADMIN_TOKEN", ADMIN.into()),
+                ("SUBAGENTD_ADMIN_TOKEN", BENCH_ADMIN.into()),
             ],
         )
         .await;
     let c = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
-    let key = |tenant: &'static str| {
-        let (c, base) = (c.clone(), svc.base.clone());
-        async move {
-            let r =
-                c.post(format!("{base}/admin/keys")).bearer_auth(ADMIN).json(&json!({"tenant": tenant})).send().await;
-            r.unwrap().json::<Value>().await.unwrap()["key"].as_str().unwrap().to_string()
-        }
-    };
-    let (a, b) = (key("a").await, key("b").await);
+    let (a, b) = (tenant_key(&svc.base, "a").await, tenant_key(&svc.base, "b").await);
     let r = c
         .put(format!("{}/admin/tenants/a", svc.base))
-        .bearer_auth(ADMIN)
+        .bearer_auth(BENCH_ADMIN)
         .json(&json!({"max_streams": STREAMS}))
         .send()
         .await

@@ -2,7 +2,8 @@
 -- row's last write, and retention drops whole days past `--retention-days` (DETACH
 -- CONCURRENTLY, then DROP) instead of deleting the diffs of tasks finished that long ago, row by
 -- row, as it did. A diff is written at each checkpoint of a run with a writable copy and last
--- at the run's end, so a finished task's diff lies in the partition of its end's day, and an
+-- at the run's end, so a finished task's diff lies in the partition of its last write's day (its
+-- end's, unless it ended outside a run: cancelled while paused, failed by the rescuer), and an
 -- open task's moves to today's with each write (an update of the partition key).
 --
 -- The primary key must hold the partition key: it is (task_id, updated_at). A task still has one

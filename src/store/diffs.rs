@@ -7,7 +7,9 @@
 use serde_json::Value;
 use sqlx::{Connection, PgConnection, PgPool};
 
-use super::{Fence, StoreError};
+use super::{Fence, StoreError, CLOCK_MARGIN};
+
+type Time = chrono::DateTime<chrono::Utc>;
 
 /// Save the copy's changes so far (on `conn`: with the turn they belong to, in its transaction,
 /// or in one of their own).
@@ -18,30 +20,36 @@ pub async fn save_changes(
     deleted: &[String],
 ) -> Result<bool, StoreError> {
     let mut tx = conn.begin().await?;
-    let Some(tenant) = lock(&mut tx, f).await? else {
+    let Some((tenant, created)) = lock(&mut tx, f).await? else {
         return Ok(false);
     };
     sqlx::query(
-        "WITH u AS (UPDATE task_diffs SET changes = $2, deleted = $3, updated_at = now() WHERE task_id = $1 RETURNING 1)
+        "WITH u AS (UPDATE task_diffs SET changes = $2, deleted = $3, updated_at = now()
+                    WHERE task_id = $1 AND updated_at >= $5 RETURNING 1)
          INSERT INTO task_diffs (task_id, tenant, changes, deleted) SELECT $1, $4, $2, $3 WHERE NOT EXISTS (SELECT FROM u)",
     )
     .bind(f.id)
     .bind(archive)
     .bind(deleted)
     .bind(tenant)
+    .bind(created - CLOCK_MARGIN)
+    // Planned for its parameters each time: the days before the task's are pruned at planning
+    // and never locked (a generic plan would lock every day's partition).
+    .persistent(false)
     .execute(&mut *tx)
     .await?;
     tx.commit().await?;
     Ok(true)
 }
 
-/// Lock the task's row under its lease; its tenant, or `None` if the lease is gone. Every write of
+/// Lock the task's row under its lease; its tenant and creation time (its diff is written after
+/// it: the days before are never read), or `None` if the lease is gone. Every write of
 /// a diff holds this lock and then updates the task's row of `task_diffs`, or inserts one, in a
 /// statement of its own, which sees what the lock's last holder wrote: one row per task, although
 /// the table's key holds the time (`updated_at`, the partition key).
 /// A task that ended while the lock was awaited has left the queue (40001): its lease is gone.
-async fn lock(conn: &mut PgConnection, f: Fence) -> Result<Option<String>, StoreError> {
-    let r = sqlx::query_scalar("SELECT tenant FROM task_queue WHERE id = $1 AND lease_token = $2 FOR UPDATE")
+async fn lock(conn: &mut PgConnection, f: Fence) -> Result<Option<(String, Time)>, StoreError> {
+    let r = sqlx::query_as("SELECT tenant, created_at FROM task_queue WHERE id = $1 AND lease_token = $2 FOR UPDATE")
         .bind(f.id)
         .bind(f.lease)
         .fetch_optional(conn)
@@ -79,17 +87,20 @@ pub async fn same_version(pool: &PgPool, a: uuid::Uuid, b: uuid::Uuid) -> Result
 /// Save the run's diff and its counts (on the task), fenced; false if the lease is gone.
 pub async fn save_diff(pool: &PgPool, f: Fence, diff: &str, stats: &Value) -> Result<bool, StoreError> {
     let mut tx = pool.begin().await?;
-    let Some(tenant) = lock(&mut tx, f).await? else {
+    let Some((tenant, created)) = lock(&mut tx, f).await? else {
         return Ok(false);
     };
     sqlx::query("UPDATE task_queue SET diff_stats = $2 WHERE id = $1").bind(f.id).bind(stats).execute(&mut *tx).await?;
     sqlx::query(
-        "WITH u AS (UPDATE task_diffs SET diff = $2, updated_at = now() WHERE task_id = $1 RETURNING 1)
+        "WITH u AS (UPDATE task_diffs SET diff = $2, updated_at = now()
+                    WHERE task_id = $1 AND updated_at >= $4 RETURNING 1)
          INSERT INTO task_diffs (task_id, tenant, diff) SELECT $1, $3, $2 WHERE NOT EXISTS (SELECT FROM u)",
     )
     .bind(f.id)
     .bind(diff)
     .bind(tenant)
+    .bind(created - CLOCK_MARGIN)
+    .persistent(false)
     .execute(&mut *tx)
     .await?;
     tx.commit().await?;
@@ -97,12 +108,19 @@ pub async fn save_diff(pool: &PgPool, f: Fence, diff: &str, stats: &Value) -> Re
 }
 
 /// A tenant's task's diff: `None` if the task has no diff row (no copy, or its day dropped), `Some(None)`
-/// while its run has not ended.
-pub async fn diff_of(pool: &PgPool, tenant: &str, task: uuid::Uuid) -> Result<Option<Option<String>>, StoreError> {
+/// while its run has not ended. `since`: the task's creation (its diff is written after it).
+pub async fn diff_of(
+    pool: &PgPool,
+    tenant: &str,
+    task: uuid::Uuid,
+    since: Time,
+) -> Result<Option<Option<String>>, StoreError> {
     let row: Option<(Option<String>,)> =
-        sqlx::query_as("SELECT diff FROM task_diffs WHERE task_id = $1 AND tenant = $2")
+        sqlx::query_as("SELECT diff FROM task_diffs WHERE task_id = $1 AND tenant = $2 AND updated_at >= $3")
             .bind(task)
             .bind(tenant)
+            .bind(since - CLOCK_MARGIN)
+            .persistent(false)
             .fetch_optional(pool)
             .await?;
     Ok(row.map(|r| r.0))

@@ -105,6 +105,20 @@ impl StoreError {
     }
 }
 
+/// How long before its task's `created_at` a read or write of the task's rows in a table
+/// partitioned by the time they were written looks (the conversation, the stored diff): run-time
+/// or plan-time pruning of the days before. Both times are the database's `now()`, the task's
+/// taken first, so only a clock stepped back could put a row before its task; a margin of
+/// minutes, not the day it was (which had every turn commit probe yesterday's messages
+/// partition's index: 10,700 blocks read from disk in a 10M history run), keeps that case
+/// covered.
+pub(crate) const DB_CLOCK_MARGIN: &str = "interval '5 minutes'";
+
+/// `DB_CLOCK_MARGIN` as a duration, for a bound given as a parameter: `col >= $n` with a value
+/// is pruned when an unnamed statement is planned (an expression on it, `$n - interval`, is
+/// stable and pruned only at execution, after every partition is locked).
+pub(crate) const CLOCK_MARGIN: chrono::Duration = chrono::Duration::minutes(5);
+
 /// Who is writing: a task under one lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Fence {

@@ -18,7 +18,7 @@ pub const HISTORY: [&str; 2] = ["task_events", "task_messages"];
 pub const LEDGER: &str = "llm_calls";
 
 /// The stored diffs of tasks' copies of their workspaces: partitioned by the day of a row's last
-/// write (`updated_at`; a finished task's is its end's), kept `--retention-days` (migration 0031).
+/// write (`updated_at`), kept `--retention-days` (migration 0031).
 pub const DIFFS: &str = "task_diffs";
 
 /// Every table partitioned by the day.
@@ -158,8 +158,11 @@ async fn drop_all(
     for p in expired {
         match drop_one(conn, parent, &p).await {
             Ok(()) => dropped.push(p.name),
-            Err(e) if is_lock_timeout(&e) => {
-                // Its detach stays pending, and no other can start: the rest wait for a later pass.
+            // A lock busy past the timeout (a detach it interrupted stays pending, and no other
+            // can start), or a row an open task's own write moved while this pass moved it
+            // (40001; only `DIFFS` rows are written again): this partition and the rest wait for
+            // a later pass.
+            Err(e) if is_lock_timeout(&e) || e.is_moved() => {
                 tracing::info!(partition = %p.name, "a lock was busy; the partition is dropped on a later pass");
                 break;
             }

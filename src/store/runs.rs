@@ -10,6 +10,7 @@ use super::calls::CallRow;
 use super::tasks::{StopReason, TaskRow, TaskStatus, COLS, WEBHOOK};
 pub use super::Fence;
 use super::StoreError;
+use super::DB_CLOCK_MARGIN;
 use crate::kinds::{event, Event, EventKind, FailureCode};
 
 /// Claim up to `limit` queued tasks, fairly across tenants and within each tenant's running
@@ -190,7 +191,7 @@ pub async fn conversation(
 ) -> Result<Vec<MessageRow>, StoreError> {
     Ok(sqlx::query_as(&format!(
         "SELECT seq, turn, message, created_at FROM task_messages
-         WHERE task_id = $1 AND created_at >= $2 - {MESSAGE_CLOCK_MARGIN} ORDER BY seq"
+         WHERE task_id = $1 AND created_at >= $2 - {DB_CLOCK_MARGIN} ORDER BY seq"
     ))
     .bind(id)
     .bind(since)
@@ -445,13 +446,6 @@ const NAMES: [&str; 30] = [
     "b_ws",
 ];
 
-/// How long before its task's `created_at` a turn's commit looks for the conversation's last
-/// `seq`. Both times are the database's `now()`, the task's taken first, so only a clock stepped
-/// back could put a message before its task; a margin of minutes, not the day it was (which had
-/// every commit probe yesterday's partition's index: 10,700 blocks read from disk in a 10M
-/// history run), keeps that case covered.
-const MESSAGE_CLOCK_MARGIN: &str = "interval '5 minutes'";
-
 fn commit_turns_sql(whole: bool) -> String {
     let hook = WEBHOOK.strip_suffix(" AS webhook").unwrap_or(WEBHOOK);
     let whole_cols = if whole {
@@ -519,7 +513,7 @@ fn commit_turns_sql(whole: bool) -> String {
             -- A task's messages are written after it was (a run's, or a retention move's, now()):
             -- the bound on created_at spares the probe of every older day's partition.
             SELECT b_id, (SELECT coalesce(max(seq), 0) FROM task_messages
-                          WHERE task_id = b_id AND created_at >= u_created - {MESSAGE_CLOCK_MARGIN}) + x.k, b_cturn, x.msg
+                          WHERE task_id = b_id AND created_at >= u_created - {DB_CLOCK_MARGIN}) + x.k, b_cturn, x.msg
             FROM u JOIN (SELECT mi, msg, row_number() OVER (PARTITION BY mi ORDER BY ord) AS k
                          FROM unnest($31::int8[], $32::jsonb[]) WITH ORDINALITY AS y(mi, msg, ord)) x ON x.mi = u.b_i
          ), e AS ({events}
@@ -631,7 +625,7 @@ fn commit_turn_sql(whole: bool) -> String {
          ), m AS (
             INSERT INTO task_messages (task_id, seq, turn, message)
             SELECT $1, (SELECT coalesce(max(seq), 0) FROM task_messages
-                        WHERE task_id = $1 AND created_at >= u.created_at - {MESSAGE_CLOCK_MARGIN}) + x.ord, $4, x.msg
+                        WHERE task_id = $1 AND created_at >= u.created_at - {DB_CLOCK_MARGIN}) + x.ord, $4, x.msg
             FROM u, unnest($16::jsonb[]) WITH ORDINALITY AS x(msg, ord)
          ), e AS (
             INSERT INTO task_events (task_id, seq, kind, data)

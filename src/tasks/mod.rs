@@ -315,7 +315,7 @@ impl Lifecycle {
     /// A task's diff: its run's changes to its copy of its workspace, from the starting tree.
     pub async fn diff(&self, scope: &Scope, id: Uuid) -> Result<Diff, TaskError> {
         let row = self.row(scope, id).await?;
-        if let Some(Some(text)) = crate::store::diffs::diff_of(&self.p.pool, &row.tenant, id).await? {
+        if let Some(Some(text)) = crate::store::diffs::diff_of(&self.p.pool, &row.tenant, id, row.created_at).await? {
             return Ok(Diff::Text(text));
         }
         let opts = crate::engine::spec::TaskOptions::from_stored(&row.options).ok();

@@ -108,7 +108,7 @@ impl TaskView {
     pub async fn one(pool: &sqlx::PgPool, row: TaskRow) -> Result<TaskView, crate::store::StoreError> {
         let mut v = TaskView::of(pool, vec![row]).await?.pop().unwrap_or_default();
         if v.diff.is_some() {
-            v.patch = crate::store::diffs::diff_of(pool, &v.tenant, v.id).await?.flatten();
+            v.patch = crate::store::diffs::diff_of(pool, &v.tenant, v.id, v.created_at).await?.flatten();
         }
         Ok(v)
     }

@@ -495,9 +495,10 @@ async fn stored_diffs_from_the_release_before_keep_every_row_go_by_the_day_and_s
     let (done, waiting, recent, running) = (Uuid::now_v7(), Uuid::now_v7(), Uuid::now_v7(), Uuid::now_v7());
     let lease = Uuid::new_v4();
     sqlx::query(
-        "INSERT INTO tasks (id, tenant, status, subagent_type, prompt, model, options, finished_at, history_at, summary)
-         VALUES ($1, 'default', 'completed', 'general', 'p', 'mock/m', '{}', now() - interval '45 days', now() - interval '45 days', 'old'),
-                ($2, 'default', 'completed', 'general', 'p', 'mock/m', '{}', now(), now(), 'new')",
+        "INSERT INTO tasks (id, tenant, status, subagent_type, prompt, model, options, created_at, finished_at, history_at, summary)
+         VALUES ($1, 'default', 'completed', 'general', 'p', 'mock/m', '{}', now() - interval '46 days', now() - interval '45 days',
+                 now() - interval '45 days', 'old'),
+                ($2, 'default', 'completed', 'general', 'p', 'mock/m', '{}', now(), now(), now(), 'new')",
     )
     .bind(done)
     .bind(recent)
@@ -505,7 +506,8 @@ async fn stored_diffs_from_the_release_before_keep_every_row_go_by_the_day_and_s
     .await
     .unwrap();
     sqlx::query(
-        "INSERT INTO tasks (id, tenant, status, subagent_type, prompt, model, options) VALUES ($1, 'default', 'queued', 'general', 'p', 'mock/m', '{}')",
+        "INSERT INTO tasks (id, tenant, status, subagent_type, prompt, model, options, created_at)
+         VALUES ($1, 'default', 'queued', 'general', 'p', 'mock/m', '{}', now() - interval '46 days')",
     )
     .bind(waiting)
     .execute(&pool)
@@ -569,6 +571,17 @@ async fn stored_diffs_from_the_release_before_keep_every_row_go_by_the_day_and_s
     let fence = Fence { id: running, lease };
     let mut first = pool.begin().await.unwrap();
     assert!(diffs::save_changes(&mut first, fence, &[1], &["f1".to_string()]).await.unwrap());
+    // Planned for the days since the task was made: yesterday's partition is not even locked.
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut *first).await.unwrap();
+    let locked: Vec<String> = sqlx::query_scalar(
+        "SELECT c.relname::text FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+         WHERE l.pid = $1 AND c.relname LIKE 'task_diffs_p%' AND c.relkind = 'r' ORDER BY 1",
+    )
+    .bind(pid)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert!(!locked.is_empty() && !locked.contains(&format!("task_diffs_p{}", day(&pool, 1).await)), "{locked:?}");
     let second = {
         let pool = pool.clone();
         tokio::spawn(async move {
@@ -596,7 +609,13 @@ async fn stored_diffs_from_the_release_before_keep_every_row_go_by_the_day_and_s
     let mut conn = pool.acquire().await.unwrap();
     assert!(!diffs::save_changes(&mut conn, stale, &[9], &[]).await.unwrap());
     assert!(!diffs::save_diff(&pool, stale, "stale", &json!({})).await.unwrap());
-    assert_eq!(diffs::diff_of(&pool, "default", running).await.unwrap(), Some(Some("diff --git a/z b/z".into())));
+    let made: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT created_at FROM tasks WHERE id = $1").bind(running).fetch_one(&pool).await.unwrap();
+    assert_eq!(diffs::diff_of(&pool, "default", running, made).await.unwrap(), Some(Some("diff --git a/z b/z".into())));
+    // The moved diff of the task open for 46 days is read from its task's creation on.
+    let made: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT created_at FROM tasks WHERE id = $1").bind(waiting).fetch_one(&pool).await.unwrap();
+    assert_eq!(diffs::diff_of(&pool, "default", waiting, made).await.unwrap(), Some(None));
     drop(conn);
     old.drop().await;
 }

@@ -19,18 +19,46 @@ pub async fn save_changes(
     archive: &[u8],
     deleted: &[String],
 ) -> Result<bool, StoreError> {
+    write(conn, f, Saved::Changes(archive, deleted)).await
+}
+
+/// What a write of a task's diff row sets.
+enum Saved<'a> {
+    /// The copy's changes: tar.gz, deleted paths.
+    Changes(&'a [u8], &'a [String]),
+    /// The run's diff, and its counts on the task.
+    Diff(&'a str, &'a Value),
+}
+
+/// Write the task's diff row under its lease (false if the lease is gone): locked, then updated
+/// where it is or inserted if the task has none.
+async fn write(conn: &mut PgConnection, f: Fence, saved: Saved<'_>) -> Result<bool, StoreError> {
     let mut tx = conn.begin().await?;
     let Some((tenant, created)) = lock(&mut tx, f).await? else {
         return Ok(false);
     };
+    let (changes, deleted, diff) = match saved {
+        Saved::Changes(archive, deleted) => (Some(archive), Some(deleted), None),
+        Saved::Diff(text, stats) => {
+            sqlx::query("UPDATE task_queue SET diff_stats = $2 WHERE id = $1")
+                .bind(f.id)
+                .bind(stats)
+                .execute(&mut *tx)
+                .await?;
+            (None, None, Some(text))
+        }
+    };
     sqlx::query(
-        "WITH u AS (UPDATE task_diffs SET changes = $2, deleted = $3, updated_at = now()
-                    WHERE task_id = $1 AND updated_at >= $5 RETURNING 1)
-         INSERT INTO task_diffs (task_id, tenant, changes, deleted) SELECT $1, $4, $2, $3 WHERE NOT EXISTS (SELECT FROM u)",
+        "WITH u AS (UPDATE task_diffs SET changes = coalesce($2, changes), deleted = coalesce($3, deleted),
+                        diff = coalesce($4, diff), updated_at = now()
+                    WHERE task_id = $1 AND updated_at >= $6 RETURNING 1)
+         INSERT INTO task_diffs (task_id, tenant, changes, deleted, diff)
+         SELECT $1, $5, $2, coalesce($3, '{}'), $4 WHERE NOT EXISTS (SELECT FROM u)",
     )
     .bind(f.id)
-    .bind(archive)
+    .bind(changes)
     .bind(deleted)
+    .bind(diff)
     .bind(tenant)
     .bind(created - CLOCK_MARGIN)
     // Planned for its parameters each time: the days before the task's are pruned at planning
@@ -86,25 +114,7 @@ pub async fn same_version(pool: &PgPool, a: uuid::Uuid, b: uuid::Uuid) -> Result
 
 /// Save the run's diff and its counts (on the task), fenced; false if the lease is gone.
 pub async fn save_diff(pool: &PgPool, f: Fence, diff: &str, stats: &Value) -> Result<bool, StoreError> {
-    let mut tx = pool.begin().await?;
-    let Some((tenant, created)) = lock(&mut tx, f).await? else {
-        return Ok(false);
-    };
-    sqlx::query("UPDATE task_queue SET diff_stats = $2 WHERE id = $1").bind(f.id).bind(stats).execute(&mut *tx).await?;
-    sqlx::query(
-        "WITH u AS (UPDATE task_diffs SET diff = $2, updated_at = now()
-                    WHERE task_id = $1 AND updated_at >= $4 RETURNING 1)
-         INSERT INTO task_diffs (task_id, tenant, diff) SELECT $1, $3, $2 WHERE NOT EXISTS (SELECT FROM u)",
-    )
-    .bind(f.id)
-    .bind(diff)
-    .bind(tenant)
-    .bind(created - CLOCK_MARGIN)
-    .persistent(false)
-    .execute(&mut *tx)
-    .await?;
-    tx.commit().await?;
-    Ok(true)
+    write(&mut *pool.acquire().await?, f, Saved::Diff(diff, stats)).await
 }
 
 /// A tenant's task's diff: `None` if the task has no diff row (no copy, or its day dropped), `Some(None)`

@@ -3,8 +3,8 @@
 //! 10 minutes); drops the
 //! ledger's day partitions older than `ledger_retention_days` (hourly; the daily rollups keep
 //! their sums, the tasks their totals), and MCP
-//! sessions idle for `mcp_session_idle_days` and idempotency keys past their 24 hours (every 10
-//! minutes, whatever the other windows). A day count of 0 keeps them forever.
+//! sessions idle for `mcp_session_idle_days`, idempotency keys past their 24 hours and the
+//! per-minute counts past their hours (every 10 minutes, whatever the other windows). A day count of 0 keeps them forever.
 
 use std::time::Duration;
 
@@ -37,10 +37,7 @@ pub struct Purged {
 impl Retention {
     /// One pass of both purges, whatever their schedule.
     pub async fn pass(&self) -> Result<Purged, StoreError> {
-        let mut p = Purged::default();
-        // Web fetch counts are needed for a minute; an hour's are kept.
-        crate::store::tenants::purge_web_fetch_counts(&self.pool).await?;
-        p.sessions = self.purge_sessions().await?;
+        let mut p = Purged { sessions: self.purge_sessions().await?, ..Purged::default() };
         if self.days > 0 {
             p.partitions = self.purge_conversations().await?;
         }
@@ -51,9 +48,11 @@ impl Retention {
     }
 
     /// MCP sessions idle past their window (a client that comes back is adopted afresh), and
-    /// idempotency keys past their 24 hours (whatever the windows).
+    /// idempotency keys past their 24 hours and the per-minute counts past their hours (whatever
+    /// the windows).
     async fn purge_sessions(&self) -> Result<u64, StoreError> {
         retention::purge_keys(&self.pool).await?;
+        retention::purge_minutes(&self.pool).await?;
         if self.mcp_idle_days == 0 {
             return Ok(0);
         }

@@ -1,5 +1,5 @@
-//! Purges by row what is not history: idempotency keys past their day, a batch at a time.
-//! Conversations, events, stored diffs and the ledger go by whole partitions (`partitions`).
+//! Purges by row what is not history: idempotency keys past their day, a batch at a time; the
+//! per-minute counts (the overview's finishes, the web fetches) past their hours. Conversations, events, stored diffs and the ledger go by whole partitions (`partitions`).
 
 use sqlx::PgPool;
 
@@ -16,6 +16,30 @@ pub async fn purge_keys(pool: &PgPool) -> Result<u64, StoreError> {
         .execute(pool)
     })
     .await
+}
+
+/// Forget the per-minute counts no reader needs any more: the overview's finishes (it charts the
+/// last hour) older than two hours, the web fetches (their limit is per minute) older than one.
+/// A few rows a minute each, a batch at a time.
+pub async fn purge_minutes(pool: &PgPool) -> Result<u64, StoreError> {
+    let finished = in_batches(5000, || {
+        sqlx::query(
+            "DELETE FROM finished_minutes WHERE (minute, tenant, status, backend) IN (
+                SELECT minute, tenant, status, backend FROM finished_minutes
+                WHERE minute < now() - interval '2 hours' LIMIT 5000)",
+        )
+        .execute(pool)
+    })
+    .await?;
+    let fetches = in_batches(5000, || {
+        sqlx::query(
+            "DELETE FROM web_fetch_minutes WHERE (tenant, minute) IN (
+                SELECT tenant, minute FROM web_fetch_minutes WHERE minute < now() - interval '1 hour' LIMIT 5000)",
+        )
+        .execute(pool)
+    })
+    .await?;
+    Ok(finished + fetches)
 }
 
 /// Run `delete` (one batch of at most `batch` rows) until a batch comes back short; the rows

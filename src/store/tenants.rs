@@ -356,11 +356,3 @@ pub async fn take_web_fetch(pool: &PgPool, tenant: &str, limit: i32) -> Result<b
     .await?;
     Ok(n.is_some_and(|n| n <= limit))
 }
-
-/// Forget web fetch counts older than an hour.
-pub async fn purge_web_fetch_counts(pool: &PgPool) -> Result<u64, StoreError> {
-    Ok(sqlx::query("DELETE FROM web_fetch_minutes WHERE minute < now() - interval '1 hour'")
-        .execute(pool)
-        .await?
-        .rows_affected())
-}

@@ -619,3 +619,63 @@ async fn stored_diffs_from_the_release_before_keep_every_row_go_by_the_day_and_s
     drop(conn);
     old.drop().await;
 }
+
+#[tokio::test]
+async fn the_last_hours_finishes_of_a_database_from_the_release_before_are_charted_after_it_migrates() {
+    let db = test_db().await;
+    let old = database_before(&db, 32).await;
+    let pool = old.pool.clone();
+    sqlx::query("INSERT INTO tenants (name) VALUES ('a'), ('b')").execute(&pool).await.unwrap();
+    for (tenant, status, ago) in [
+        ("a", "completed", "20 minutes"),
+        ("a", "failed", "20 minutes"),
+        ("b", "completed", "20 minutes"),
+        ("a", "completed", "2 hours"),
+    ] {
+        sqlx::query(
+            "INSERT INTO tasks (id, tenant, status, subagent_type, prompt, model, options, created_at, finished_at, history_at)
+             VALUES ($1, $2, $3, 'general', 'p', 'mock/m', '{}', now() - $4::interval, now() - $4::interval, now() - $4::interval)",
+        )
+        .bind(Uuid::now_v7())
+        .bind(tenant)
+        .bind(status)
+        .bind(ago)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    subagentd::db::MIGRATOR.run(&pool).await.unwrap();
+    let minute_of = |status: &'static str| {
+        let pool = pool.clone();
+        async move {
+            let q = "SELECT date_trunc('minute', finished_at) FROM tasks WHERE tenant = 'b' AND status = $1";
+            sqlx::query_scalar::<_, chrono::DateTime<chrono::Utc>>(q).bind(status).fetch_one(&pool).await.unwrap()
+        }
+    };
+    let minute = minute_of("completed").await;
+    let chart = |t: Option<&'static str>| {
+        let pool = pool.clone();
+        async move {
+            let f = subagentd::store::overview::finished_last_hour(&pool, t).await.unwrap();
+            f.into_iter().map(|f| (f.minute, f.status, f.tasks)).collect::<Vec<_>>()
+        }
+    };
+    let (done, failed) = ("completed".to_string(), "failed".to_string());
+    assert_eq!(chart(None).await, vec![(minute, done.clone(), 2), (minute, failed.clone(), 1)]);
+    assert_eq!(chart(Some("a")).await, vec![(minute, done.clone(), 1), (minute, failed, 1)]);
+    // And an end after the upgrade is counted as it is written.
+    sqlx::query(
+        "INSERT INTO tasks (id, tenant, status, subagent_type, prompt, model, options) VALUES ($1, 'b', 'queued', 'general', 'p', 'mock/m', '{}')",
+    )
+    .bind(Uuid::now_v7())
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query("UPDATE tasks SET status = 'cancelled', finished_at = now(), history_at = now() WHERE tenant = 'b' AND status = 'queued'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let now = minute_of("cancelled").await;
+    assert_eq!(chart(Some("b")).await, vec![(minute, done, 1), (now, "cancelled".to_string(), 1)]);
+    old.drop().await;
+}

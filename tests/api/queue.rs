@@ -118,7 +118,47 @@ async fn every_way_a_task_ends_moves_it_out_of_the_queue_in_the_statement_that_e
     assert_eq!(status_of(lost).as_deref(), Some("failed"));
     let left: i64 = sqlx::query_scalar("SELECT count(*) FROM task_queue").fetch_one(&pool).await.unwrap();
     assert_eq!(left, 0);
+
+    // The overview's finishes per minute, counted as each end is written (a trigger, migration
+    // 0032), give what its count over `tasks` gave: each of the seven ends once.
+    let counted = finished_per_minute(&pool).await;
+    assert_eq!(counted.iter().map(|c| c.2).sum::<i64>(), 7, "{counted:?}");
+    assert_eq!(overview_finishes(&app).await, counted);
+    // A finished task's row updated in its partition is not counted again.
+    sqlx::query("UPDATE tasks SET summary = 'edited' WHERE id = $1")
+        .bind(Uuid::parse_str(done["id"].as_str().unwrap()).unwrap())
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(overview_finishes(&app).await, counted);
     app.stop().await;
+}
+
+/// The last hour's finishes by minute and outcome, counted over `tasks` as the overview did
+/// before migration 0032.
+async fn finished_per_minute(pool: &PgPool) -> Vec<(String, String, i64)> {
+    sqlx::query_as(
+        "SELECT to_char(date_trunc('minute', finished_at) AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'),
+                status, count(*)
+         FROM tasks WHERE finished_at > now() - interval '1 hour' GROUP BY 1, 2 ORDER BY 1, 2",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+/// What `GET /overview` charts: (minute, outcome, tasks) for each outcome a minute has.
+async fn overview_finishes(app: &TestApp) -> Vec<(String, String, i64)> {
+    let o = app.get_json("/overview").await;
+    let mut shown = vec![];
+    for m in o["finished_per_minute"].as_array().unwrap() {
+        for s in ["cancelled", "completed", "failed", "incomplete"] {
+            if m[s] != 0 {
+                shown.push((m["minute"].as_str().unwrap().to_string(), s.to_string(), m[s].as_i64().unwrap()));
+            }
+        }
+    }
+    shown
 }
 
 #[tokio::test]

@@ -117,6 +117,53 @@ async fn a_retention_pass_purges_what_is_past_retention_and_keeps_the_rest() {
 }
 
 #[tokio::test]
+async fn the_running_retention_job_forgets_per_minute_counts_past_their_hours_and_keeps_the_recent() {
+    let db = test_db().await;
+    for (age, tenant) in [("3 hours", "old"), ("10 minutes", "new")] {
+        sqlx::query(
+            "INSERT INTO finished_minutes (minute, tenant, status, backend, tasks)
+             VALUES (date_trunc('minute', now() - $1::interval), $2, 'completed', 1, 4)",
+        )
+        .bind(age)
+        .bind(tenant)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+        sqlx::query("INSERT INTO web_fetch_minutes (tenant, minute, n) VALUES ($2, date_trunc('minute', now() - $1::interval), 4)")
+            .bind(age)
+            .bind(tenant)
+            .execute(&db.pool)
+            .await
+            .unwrap();
+    }
+    // The job as the service starts it (every window off: the minutes go whatever the windows).
+    let stop = tokio_util::sync::CancellationToken::new();
+    let job = Retention {
+        pool: db.pool.clone(),
+        days: 0,
+        ledger_days: 0,
+        mcp_idle_days: 0,
+        every: Duration::from_millis(100),
+    }
+    .start(stop.clone());
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut left = vec![];
+        for table in ["finished_minutes", "web_fetch_minutes"] {
+            let q = format!("SELECT tenant FROM {table} ORDER BY tenant");
+            left.push(sqlx::query_scalar::<_, String>(&q).fetch_all(&db.pool).await.unwrap());
+        }
+        if left == [["new"], ["new"]] {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "old minutes left: {left:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.cancel();
+    job.await.unwrap();
+}
+
+#[tokio::test]
 async fn a_heartbeat_pass_renews_held_leases_and_stops_runs_that_lost_theirs_or_were_cancelled() {
     let db = test_db().await;
     let (lease, other) = (Uuid::new_v4(), Uuid::new_v4());

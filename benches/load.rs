@@ -1458,6 +1458,36 @@ async fn wal_bytes(pool: &sqlx::PgPool) -> i64 {
     sqlx::query_scalar("SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::int8").fetch_one(pool).await.unwrap()
 }
 
+/// Where the soak's WAL went from minute 2 to the end, per table (partitions and their indexes
+/// under their parent's name; records without a relation under their resource manager), in
+/// bytes per task and the full-page images' share (`BENCH_WAL_BY_TABLE=1`: pg_walinspect reads
+/// every record, a minute or more for a long soak).
+async fn wal_by_table(pool: &sqlx::PgPool, from: i64, to: i64, tasks: i64) {
+    sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_walinspect").execute(pool).await.unwrap();
+    let rows: Vec<(String, i64, i64, i64)> = sqlx::query_as(
+        "WITH r AS (
+            SELECT record_length, fpi_length, resource_manager,
+                   (regexp_match(block_ref, 'rel \\d+/\\d+/(\\d+)'))[1]::oid AS node
+            FROM pg_get_wal_records_info(('0/0'::pg_lsn + $1::numeric), ('0/0'::pg_lsn + $2::numeric))
+         )
+         SELECT coalesce(p.relname, c.relname, r.resource_manager)::text, count(*), sum(record_length)::int8,
+                sum(fpi_length)::int8
+         FROM r LEFT JOIN pg_class c ON c.relfilenode = r.node AND r.node <> 0
+                LEFT JOIN pg_inherits i ON i.inhrelid = c.oid LEFT JOIN pg_class p ON p.oid = i.inhparent
+         GROUP BY 1 ORDER BY 3 DESC LIMIT 30",
+    )
+    .bind(from)
+    .bind(to)
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    let n = tasks.max(1) as f64;
+    println!("WAL by table, per task (records, bytes, of which full pages):");
+    for (name, records, bytes, fpi) in rows {
+        println!("  {name}: {:.1} records, {:.0} B, {:.0} B", records as f64 / n, bytes as f64 / n, fpi as f64 / n);
+    }
+}
+
 /// Scenario 8, the soak: `secs` (default 30 minutes) at about half the machine's capacity with a
 /// mix — background tasks (one tool call each), wait-mode requests, one provider call in 100
 /// answered 503 (retried), 2% of tasks cancelled soon after submission — reporting per minute:
@@ -1640,7 +1670,11 @@ async fn soak(env: &Env, report: &Report, secs: u64, rate: u64) {
     let done = by_status.iter().find(|(s, _)| s == "completed").map_or(0, |x| x.1);
     let mib: f64 = t.iter().map(|x| x.1).sum();
     let (mib0, done0, wal0) = first_tables.unwrap_or((0.0, 0, 0));
-    let wal = (wal_bytes(&pool).await - wal0) as f64 / (done - done0).max(1) as f64;
+    let wal_end = wal_bytes(&pool).await;
+    let wal = (wal_end - wal0) as f64 / (done - done0).max(1) as f64;
+    if std::env::var("BENCH_WAL_BY_TABLE").is_ok_and(|v| v == "1") {
+        wal_by_table(&pool, wal0, wal_end, done - done0).await;
+    }
     let after: Vec<f64> = rss.iter().skip(2).copied().collect();
     let (lo, hi) = after.iter().fold((f64::MAX, 0.0f64), |(a, b), x| (a.min(*x), b.max(*x)));
     let summary = format!(

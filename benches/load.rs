@@ -1458,23 +1458,24 @@ async fn wal_bytes(pool: &sqlx::PgPool) -> i64 {
     sqlx::query_scalar("SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::int8").fetch_one(pool).await.unwrap()
 }
 
-/// Where the soak's WAL went from minute 2 to the end, per table (partitions and their indexes
-/// under their parent's name; records without a relation under their resource manager), in
+/// Where the soak's WAL went from minute 2 to the end, per table and record type (partitions and
+/// their indexes under their parent's name; records without a relation under their resource
+/// manager), in
 /// bytes per task and the full-page images' share (`BENCH_WAL_BY_TABLE=1`: pg_walinspect reads
 /// every record, a minute or more for a long soak).
 async fn wal_by_table(pool: &sqlx::PgPool, from: i64, to: i64, tasks: i64) {
     sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_walinspect").execute(pool).await.unwrap();
     let rows: Vec<(String, i64, i64, i64)> = sqlx::query_as(
         "WITH r AS (
-            SELECT record_length, fpi_length, resource_manager,
+            SELECT record_length, fpi_length, resource_manager, record_type,
                    (regexp_match(block_ref, 'rel \\d+/\\d+/(\\d+)'))[1]::oid AS node
             FROM pg_get_wal_records_info(('0/0'::pg_lsn + $1::numeric), ('0/0'::pg_lsn + $2::numeric))
          )
-         SELECT coalesce(p.relname, c.relname, r.resource_manager)::text, count(*), sum(record_length)::int8,
-                sum(fpi_length)::int8
+         SELECT coalesce(p.relname, c.relname, r.resource_manager)::text || coalesce(' ' || r.record_type, ''), count(*),
+                sum(record_length)::int8, sum(fpi_length)::int8
          FROM r LEFT JOIN pg_class c ON c.relfilenode = r.node AND r.node <> 0
                 LEFT JOIN pg_inherits i ON i.inhrelid = c.oid LEFT JOIN pg_class p ON p.oid = i.inhparent
-         GROUP BY 1 ORDER BY 3 DESC LIMIT 30",
+         GROUP BY 1 ORDER BY 3 DESC LIMIT 40",
     )
     .bind(from)
     .bind(to)
@@ -1482,7 +1483,7 @@ async fn wal_by_table(pool: &sqlx::PgPool, from: i64, to: i64, tasks: i64) {
     .await
     .unwrap();
     let n = tasks.max(1) as f64;
-    println!("WAL by table, per task (records, bytes, of which full pages):");
+    println!("WAL by table and record type, per task (records, bytes, of which full pages):");
     for (name, records, bytes, fpi) in rows {
         println!("  {name}: {:.1} records, {:.0} B, {:.0} B", records as f64 / n, bytes as f64 / n, fpi as f64 / n);
     }

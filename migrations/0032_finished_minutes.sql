@@ -12,8 +12,9 @@
 -- One row per minute, tenant, outcome and writing backend (`pg_backend_pid()`): a backend runs
 -- one transaction at a time, so two ends never wait on each other's count, and a transaction
 -- ending tasks of several tenants cannot deadlock with another over them. The reader sums the
--- backends. Retention deletes the minutes more than two hours old (a rollup, not history: its
--- rows are a few per minute; the tasks keep their ends).
+-- backends. A minute has a row per tenant, outcome and backend that ended tasks in it, whatever
+-- their number. Retention deletes the minutes more than two hours old (a rollup, not history;
+-- the tasks keep their ends).
 CREATE TABLE finished_minutes (
     minute  timestamptz NOT NULL,
     tenant  text        NOT NULL,
@@ -22,6 +23,8 @@ CREATE TABLE finished_minutes (
     tasks   bigint      NOT NULL,
     PRIMARY KEY (minute, tenant, status, backend)
 ) WITH (fillfactor = 70);
+-- One tenant's hour (the key serves every tenant's).
+CREATE INDEX finished_minutes_tenant_idx ON finished_minutes (tenant, minute);
 
 CREATE FUNCTION subagentd_count_finish() RETURNS trigger
 LANGUAGE plpgsql AS $$

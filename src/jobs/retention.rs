@@ -37,6 +37,7 @@ pub struct Purged {
 impl Retention {
     /// One pass of both purges, whatever their schedule.
     pub async fn pass(&self) -> Result<Purged, StoreError> {
+        retention::purge_minutes(&self.pool).await?;
         let mut p = Purged { sessions: self.purge_sessions().await?, ..Purged::default() };
         if self.days > 0 {
             p.partitions = self.purge_conversations().await?;
@@ -48,11 +49,9 @@ impl Retention {
     }
 
     /// MCP sessions idle past their window (a client that comes back is adopted afresh), and
-    /// idempotency keys past their 24 hours and the per-minute counts past their hours (whatever
-    /// the windows).
+    /// idempotency keys past their 24 hours (whatever the windows).
     async fn purge_sessions(&self) -> Result<u64, StoreError> {
         retention::purge_keys(&self.pool).await?;
-        retention::purge_minutes(&self.pool).await?;
         if self.mcp_idle_days == 0 {
             return Ok(0);
         }
@@ -96,6 +95,9 @@ impl Retention {
                     next_sessions = Instant::now() + Duration::from_secs(600);
                     if let Err(e) = self.purge_sessions().await {
                         tracing::warn!(error = %e, "MCP session purge failed");
+                    }
+                    if let Err(e) = retention::purge_minutes(&self.pool).await {
+                        tracing::warn!(error = %e, "per-minute count purge failed");
                     }
                 }
                 if self.days > 0 && Instant::now() >= next {

@@ -37,8 +37,10 @@ pub async fn now(pool: &PgPool, tenant: Option<&str>) -> Result<Now, StoreError>
 }
 
 /// Tasks finished in one minute of the last hour, by outcome: from `finished_minutes`, which
-/// counts each end as it is written (a trigger on `tasks`, migration 0032), so the read is a few
-/// rows a minute whatever the throughput, where counting the hour's tasks was one row a task.
+/// counts each end as it is written (a trigger on `tasks`, migration 0032), so the read is a row
+/// per tenant, outcome and writing backend a minute whatever the throughput, where counting the
+/// hour's tasks was one row a task. The minutes that began in the last hour: the current one and
+/// the 59 before.
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
 pub struct Finished {
     pub minute: DateTime<Utc>,
@@ -49,7 +51,7 @@ pub struct Finished {
 pub async fn finished_last_hour(pool: &PgPool, tenant: Option<&str>) -> Result<Vec<Finished>, StoreError> {
     Ok(sqlx::query_as(
         "SELECT minute, status, sum(tasks)::bigint AS tasks FROM finished_minutes
-         WHERE minute >= date_trunc('minute', now() - interval '1 hour') AND ($1::text IS NULL OR tenant = $1)
+         WHERE minute > now() - interval '1 hour' AND ($1::text IS NULL OR tenant = $1)
          GROUP BY 1, 2 ORDER BY 1, 2",
     )
     .bind(tenant)

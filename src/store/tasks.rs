@@ -395,7 +395,7 @@ fn v7_floor(t: DateTime<Utc>) -> Uuid {
 /// with a margin for ids made on a clock a little off the database's.
 pub async fn list(pool: &PgPool, tenant: Option<&str>, f: &ListFilter) -> Result<Vec<TaskRow>, StoreError> {
     let mut q: QueryBuilder<Postgres> = QueryBuilder::new(format!("SELECT {COLS}, {WEBHOOK} FROM tasks WHERE true"));
-    matching(&mut q, tenant, f);
+    matching(&mut q, tenant, f, by_tenant_index(tenant, f));
     if let Some(id) = f.before_id {
         q.push(" AND id < ").push_bind(id);
     }
@@ -404,29 +404,37 @@ pub async fn list(pool: &PgPool, tenant: Option<&str>, f: &ListFilter) -> Result
     Ok(q.build_query_as().fetch_all(pool).await?)
 }
 
-/// Whether a list is read through each month's `(tenant, id DESC)` index by asking for its order:
-/// one tenant's tasks without a status (a status has its partial index). With `tenant = $1` and
-/// `ORDER BY id DESC`, PostgreSQL may instead scan each month's primary key backwards and filter
-/// on the tenant, which it costs as cheap (ids follow the rows' order on disk) but which passes
-/// every newer task of the other tenants first: a quiet tenant's newest tasks took 20-30 ms at
-/// 10M tasks of history with 80,000 of others' since (BENCHMARKS.md), and would take longer the
+/// Whether a list's first page is read through each month's `(tenant, id DESC)` index by asking
+/// for its order: one tenant's tasks, any status or one that includes `completed` (the others
+/// have partial indexes), no cursor and no creation bounds. With `tenant = $1` and `ORDER BY id
+/// DESC`, PostgreSQL may instead scan each month's primary key backwards and filter on the
+/// tenant, which it costs as cheap (ids follow the rows' order on disk) but which passes every
+/// newer task of the other tenants first: a quiet tenant's newest tasks took 20-30 ms at 10M
+/// tasks of history with 80,000 of others' since (BENCHMARKS.md), and would take longer the
 /// busier the others. Naming the tenant as a range (`>= $1 AND <= $1`, the same rows) and
-/// ordering by it leaves that index the only order that needs no sort.
+/// ordering by it leaves that index the only order that needs no sort. A range on the index's
+/// first column starts the scan at the tenant's newest, so an id bound (a cursor, a creation
+/// bound) would be checked entry by entry rather than sought: those pages keep `tenant = $1`.
 fn by_tenant_index(tenant: Option<&str>, f: &ListFilter) -> bool {
-    tenant.is_some() && f.statuses.is_empty()
+    tenant.is_some()
+        && (f.statuses.is_empty() || f.statuses.contains(&TaskStatus::Completed))
+        && f.before_id.is_none()
+        && f.created_after.is_none()
+        && f.created_before.is_none()
 }
 
 /// How many tasks match the filter, on every page (`before_id` and `limit` aside).
 pub async fn count(pool: &PgPool, tenant: Option<&str>, f: &ListFilter) -> Result<i64, StoreError> {
     let mut q: QueryBuilder<Postgres> = QueryBuilder::new("SELECT count(*) FROM tasks WHERE true");
-    matching(&mut q, tenant, f);
+    matching(&mut q, tenant, f, false);
     Ok(q.build_query_scalar().fetch_one(pool).await?)
 }
 
-/// The filter's conditions (but its page: `before_id`, `limit`).
-fn matching<'a>(q: &mut QueryBuilder<'a, Postgres>, tenant: Option<&'a str>, f: &'a ListFilter) {
+/// The filter's conditions (but its page: `before_id`, `limit`); `range`: the tenant as a range
+/// (`by_tenant_index`).
+fn matching<'a>(q: &mut QueryBuilder<'a, Postgres>, tenant: Option<&'a str>, f: &'a ListFilter, range: bool) {
     match tenant {
-        Some(tenant) if by_tenant_index(Some(tenant), f) => {
+        Some(tenant) if range => {
             q.push(" AND tenant >= ").push_bind(tenant).push(" AND tenant <= ").push_bind(tenant);
         }
         Some(tenant) => {

@@ -626,20 +626,21 @@ async fn the_last_hours_finishes_of_a_database_from_the_release_before_are_chart
     let old = database_before(&db, 32).await;
     let pool = old.pool.clone();
     sqlx::query("INSERT INTO tenants (name) VALUES ('a'), ('b')").execute(&pool).await.unwrap();
-    for (tenant, status, ago) in [
-        ("a", "completed", "20 minutes"),
-        ("a", "failed", "20 minutes"),
-        ("b", "completed", "20 minutes"),
-        ("a", "completed", "2 hours"),
-    ] {
+    // One time for the three of the last hour, so that they share a minute.
+    let at: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT now() - interval '20 minutes'").fetch_one(&pool).await.unwrap();
+    let earlier = at - chrono::Duration::minutes(100);
+    for (tenant, status, when) in
+        [("a", "completed", at), ("a", "failed", at), ("b", "completed", at), ("a", "completed", earlier)]
+    {
         sqlx::query(
             "INSERT INTO tasks (id, tenant, status, subagent_type, prompt, model, options, created_at, finished_at, history_at)
-             VALUES ($1, $2, $3, 'general', 'p', 'mock/m', '{}', now() - $4::interval, now() - $4::interval, now() - $4::interval)",
+             VALUES ($1, $2, $3, 'general', 'p', 'mock/m', '{}', $4, $4, $4)",
         )
         .bind(Uuid::now_v7())
         .bind(tenant)
         .bind(status)
-        .bind(ago)
+        .bind(when)
         .execute(&pool)
         .await
         .unwrap();

@@ -1,7 +1,7 @@
 //! History by the day (#47): `task_events`, `task_messages`, the stored diffs (`task_diffs`) and the ledger (`llm_calls`) are
 //! partitioned by the day their rows are written; the service keeps partitions ahead and makes one on demand when an insert
 //! finds none; retention drops whole partitions while the claim and inserts go on; a database
-//! from the release before keeps every row.
+//! from the release before keeps every row; a tenant's newest tasks are read through its own index.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -679,4 +679,57 @@ async fn the_last_hours_finishes_of_a_database_from_the_release_before_are_chart
     let now = minute_of("cancelled").await;
     assert_eq!(chart(Some("b")).await, vec![(minute, done, 1), (now, "cancelled".to_string(), 1)]);
     old.drop().await;
+}
+
+/// Index tuples read so far through `tasks`' primary key and its `(tenant, id DESC)` index, over
+/// every partition, as this backend's statistics show them once flushed.
+async fn index_reads(pool: &PgPool) -> (i64, i64) {
+    sqlx::query("SELECT pg_stat_force_next_flush()").execute(pool).await.unwrap();
+    sqlx::query_as(
+        "SELECT coalesce(sum(s.idx_tup_read) FILTER (WHERE p.relname = 'tasks_pkey'), 0)::int8,
+                coalesce(sum(s.idx_tup_read) FILTER (WHERE p.relname = 'tasks_tenant_id_idx'), 0)::int8
+         FROM pg_stat_user_indexes s JOIN pg_inherits i ON i.inhrelid = s.indexrelid JOIN pg_class p ON p.oid = i.inhparent",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_quiet_tenants_newest_tasks_are_read_through_its_own_index_not_past_the_busy_tenants_newer_ones() {
+    let db = test_db().await;
+    // One connection: the list and the statistics' flush are the same backend's.
+    let pool = subagentd::db::connect(&db.url, 1).await.unwrap();
+    sqlx::query("INSERT INTO tenants (name) VALUES ('quiet'), ('busy')").execute(&pool).await.unwrap();
+    // 20,000 tasks of the quiet tenant, then 20,000 of the busy one, all newer (ids by time, as
+    // the service makes them). PostgreSQL then costs the primary key read backwards, filtered on
+    // the tenant, as the cheapest way to the quiet tenant's newest: it would pass all 20,000.
+    sqlx::query(
+        "INSERT INTO tasks (id, tenant, status, subagent_type, prompt, model, options, created_at, finished_at, history_at)
+         SELECT (lpad(to_hex((extract(epoch FROM ts) * 1000)::int8), 12, '0') || '7' || substr(h, 1, 3) || '8'
+                 || substr(h, 4, 15))::uuid,
+                CASE WHEN g <= 20000 THEN 'quiet' ELSE 'busy' END, 'completed', 'general', 'p', 'mock/m', '{}', ts, ts, ts
+         FROM (SELECT g, now() - interval '3 hours' + (g::float8 / 40000) * interval '2 hours' AS ts, md5(g::text) AS h
+               FROM generate_series(1, 40000) g) s",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query("ANALYZE tasks").execute(&pool).await.unwrap();
+    let before = index_reads(&pool).await;
+    let f = subagentd::store::tasks::ListFilter { limit: 11, ..Default::default() };
+    let page = subagentd::store::tasks::list(&pool, Some("quiet"), &f).await.unwrap();
+    let after = index_reads(&pool).await;
+    assert_eq!(page.len(), 11);
+    assert!(page.iter().all(|t| t.tenant == "quiet"));
+    assert!(page.windows(2).all(|w| w[0].id > w[1].id), "newest first");
+    let newest: Uuid = sqlx::query_scalar("SELECT id FROM tasks WHERE tenant = 'quiet' ORDER BY id DESC LIMIT 1")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(page[0].id, newest);
+    let (pkey, tenant) = (after.0 - before.0, after.1 - before.1);
+    assert!(pkey < 100, "{pkey} primary key entries read (the busy tenant's newer tasks passed)");
+    assert!((11..100).contains(&tenant), "{tenant} entries of the tenant's index read");
+    pool.close().await;
 }

@@ -579,17 +579,24 @@ async fn the_event_stream_stays_open_across_a_pause_and_the_webhook_hears_of_it(
     }
     let keys: Vec<&str> = got.iter().map(|(h, _)| h["idempotency-key"].to_str().unwrap()).collect();
     assert_ne!(keys[0], keys[1], "each delivery has its own idempotency key");
-    let rows: Vec<(String, String, i32)> = sqlx::query_as(
-        "SELECT event, status, attempts FROM webhook_deliveries WHERE task_id = $1::uuid ORDER BY delivered_at",
-    )
-    .bind(&id)
-    .fetch_all(&app.db.pool)
-    .await
-    .unwrap();
-    assert_eq!(
-        rows,
-        [("task.requires_action".into(), "delivered".into(), 1), ("task.finished".into(), "delivered".into(), 1)]
-    );
+    // The sender records a delivery after its receiver answered, so the row may lag the receipt.
+    let want: [(String, String, i32); 2] =
+        [("task.requires_action".into(), "delivered".into(), 1), ("task.finished".into(), "delivered".into(), 1)];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let rows: Vec<(String, String, i32)> = sqlx::query_as(
+            "SELECT event, status, attempts FROM webhook_deliveries WHERE task_id = $1::uuid ORDER BY delivered_at",
+        )
+        .bind(&id)
+        .fetch_all(&app.db.pool)
+        .await
+        .unwrap();
+        if rows == want || tokio::time::Instant::now() >= deadline {
+            assert_eq!(rows, want);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     app.stop().await;
 }
 

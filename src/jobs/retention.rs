@@ -4,7 +4,8 @@
 //! ledger's day partitions older than `ledger_retention_days` (hourly; the daily rollups keep
 //! their sums, the tasks their totals), and MCP
 //! sessions idle for `mcp_session_idle_days`, idempotency keys past their 24 hours and the
-//! per-minute counts past their hours (every 10 minutes, whatever the other windows). A day count of 0 keeps them forever.
+//! per-minute counts past their hours (every 10 minutes, whatever the other windows). A day
+//! count of 0 keeps them forever.
 
 use std::time::Duration;
 

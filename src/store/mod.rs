@@ -216,3 +216,12 @@ where
 
 /// How long a write waits for an unavailable database before it gives up.
 pub const UNAVAILABLE_WAIT: Duration = Duration::from_secs(30);
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_clock_margin_is_the_same_in_sql_and_as_a_duration() {
+        let sql = format!("interval '{} minutes'", super::CLOCK_MARGIN.num_minutes());
+        assert_eq!(super::DB_CLOCK_MARGIN, sql);
+    }
+}

@@ -395,11 +395,12 @@ fn v7_floor(t: DateTime<Utc>) -> Uuid {
 /// with a margin for ids made on a clock a little off the database's.
 pub async fn list(pool: &PgPool, tenant: Option<&str>, f: &ListFilter) -> Result<Vec<TaskRow>, StoreError> {
     let mut q: QueryBuilder<Postgres> = QueryBuilder::new(format!("SELECT {COLS}, {WEBHOOK} FROM tasks WHERE true"));
-    matching(&mut q, tenant, f, by_tenant_index(tenant, f));
+    let range = by_tenant_index(tenant, f);
+    matching(&mut q, tenant, f, range);
     if let Some(id) = f.before_id {
         q.push(" AND id < ").push_bind(id);
     }
-    q.push(if by_tenant_index(tenant, f) { " ORDER BY tenant, id DESC LIMIT " } else { " ORDER BY id DESC LIMIT " });
+    q.push(if range { " ORDER BY tenant, id DESC LIMIT " } else { " ORDER BY id DESC LIMIT " });
     q.push_bind(f.limit);
     Ok(q.build_query_as().fetch_all(pool).await?)
 }

@@ -662,13 +662,18 @@ async fn fill_history(pool: &sqlx::PgPool, n: i64, recent: i64) -> f64 {
     .unwrap();
     let recent_ids = "SELECT id, created_at FROM tasks WHERE tenant LIKE 'h%' ORDER BY created_at DESC LIMIT $1";
     sqlx::query(&format!(
-        "INSERT INTO task_events (task_id, seq, kind, data, created_at)
-         SELECT t.id, k, (ARRAY['created', 'claimed', 'llm_call_started', 'llm_call_finished', 'checkpoint', 'tool_calls_started',
-                                'tool_call_finished', 'llm_call_started', 'llm_call_finished', 'checkpoint', 'finished'])[k],
-                jsonb_build_object('turn', (k + 1) / 5, 'model', 'fake/gpt-4o', 'input_tokens', 120, 'output_tokens', 30,
-                                   'latency_ms', 1, 'outcome', 'ok', 'attempt', 1, 'worker', 'w-' || substr(t.id::text, 1, 8)),
-                t.created_at + k * interval '3 ms'
-         FROM ({recent_ids}) t, generate_series(1, 11) k"
+        "INSERT INTO task_events (task_id, seq, kind, data, earlier, created_at)
+         SELECT t.id, r.k, r.kind, d.d,
+                (SELECT jsonb_agg(jsonb_build_array(ek, d.d) ORDER BY o) FROM unnest(r.ek) WITH ORDINALITY AS u(ek, o)),
+                t.created_at + r.k * interval '3 ms'
+         FROM ({recent_ids}) t,
+              -- The soak's 11 events in its 7 rows (a statement's events share one).
+              (VALUES (1, 'created', '{{}}'::text[]), (2, 'claimed', '{{}}'), (3, 'llm_call_started', '{{}}'),
+                      (5, 'tool_calls_started', '{{llm_call_finished}}'), (7, 'checkpoint', '{{tool_call_finished}}'),
+                      (8, 'llm_call_started', '{{}}'), (11, 'finished', '{{llm_call_finished,checkpoint}}')) r(k, kind, ek),
+              LATERAL (SELECT jsonb_build_object('turn', (r.k + 1) / 5, 'model', 'fake/gpt-4o', 'input_tokens', 120,
+                                                 'output_tokens', 30, 'latency_ms', 1, 'outcome', 'ok', 'attempt', 1,
+                                                 'worker', 'w-' || substr(t.id::text, 1, 8)) AS d) d"
     ))
     .bind(recent)
     .execute(pool)
@@ -1036,7 +1041,7 @@ async fn web_fetches(env: &Env, report: &Report, n: usize) {
     let rss = rss_peak_mib(svc.child.id());
     let rows: Vec<(f64, i64, bool)> = sqlx::query_as(
         "SELECT (data->>'duration_ms')::float8, coalesce((data->>'bytes')::int8, 0), (data->>'is_error')::bool
-         FROM task_events WHERE kind = 'tool_call_finished'",
+         FROM task_event_log WHERE kind = 'tool_call_finished'",
     )
     .fetch_all(&pool)
     .await
@@ -1169,7 +1174,7 @@ async fn workspace(env: &Env, report: &Report, files: usize, n: usize) {
         async move {
             sqlx::query_as::<_, (i64, i64, bool)>(
                 "SELECT (data->>'millis')::int8, (data->>'fetched_bytes')::int8, (data->>'cached')::bool
-                 FROM task_events WHERE task_id = $1::uuid AND kind = 'workspace_ready'",
+                 FROM task_event_log WHERE task_id = $1::uuid AND kind = 'workspace_ready'",
             )
             .bind(id)
             .fetch_one(&pool)
@@ -1186,7 +1191,7 @@ async fn workspace(env: &Env, report: &Report, files: usize, n: usize) {
         let pool = pool.clone();
         async move {
             sqlx::query_scalar::<_, f64>(
-                "SELECT (data->>'duration_ms')::float8 FROM task_events WHERE task_id = $1::uuid AND kind = 'tool_call_finished'",
+                "SELECT (data->>'duration_ms')::float8 FROM task_event_log WHERE task_id = $1::uuid AND kind = 'tool_call_finished'",
             )
             .bind(id)
             .fetch_one(&pool)
@@ -1201,7 +1206,11 @@ async fn workspace(env: &Env, report: &Report, files: usize, n: usize) {
         alone.push(grep_ms(t["id"].as_str().unwrap().to_string()).await);
     }
     let alone_p50 = pct(&mut alone, 0.5);
-    sqlx::query("DELETE FROM task_events WHERE kind = 'tool_call_finished'").execute(&pool).await.unwrap();
+    // The rows holding the lone runs' `tool_call_finished` (alone or with earlier events).
+    sqlx::query("DELETE FROM task_events WHERE kind = 'tool_call_finished' OR earlier @> '[[\"tool_call_finished\"]]'")
+        .execute(&pool)
+        .await
+        .unwrap();
     let rss_idle = rss_mib(svc.child.id());
     let t0 = Instant::now();
     let all: Vec<_> = (0..n).map(|_| tokio::spawn(run("find grepws:retry_policy please".into()))).collect();
@@ -1212,7 +1221,7 @@ async fn workspace(env: &Env, report: &Report, files: usize, n: usize) {
     let wall = t0.elapsed().as_secs_f64();
     let rss = rss_peak_mib(svc.child.id());
     let mut ms: Vec<f64> = sqlx::query_scalar(
-        "SELECT (data->>'duration_ms')::float8 FROM task_events WHERE kind = 'tool_call_finished' AND data->>'name' = 'grep'",
+        "SELECT (data->>'duration_ms')::float8 FROM task_event_log WHERE kind = 'tool_call_finished' AND data->>'name' = 'grep'",
     )
     .fetch_all(&pool)
     .await
@@ -1298,7 +1307,7 @@ async fn wait_mode(env: &Env, report: &Report, secs: u64, provider_ms: u64, wait
         "SELECT e.kind || '#' || e.seq,
                 (percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM e.created_at - t.created_at)) * 1000)::float8,
                 (percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM e.created_at - t.created_at)) * 1000)::float8
-         FROM task_events e JOIN tasks t ON t.id = e.task_id
+         FROM task_event_log e JOIN tasks t ON t.id = e.task_id
          WHERE t.status = 'completed' AND t.created_at > (SELECT min(created_at) FROM tasks) + interval '3 seconds'
          GROUP BY e.kind, e.seq ORDER BY e.seq",
     )

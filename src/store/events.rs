@@ -31,33 +31,109 @@ impl EventRow {
     }
 }
 
-/// Events of a task after `after`, in order.
+/// Events of a task after `after`, in order: the stored rows after it (a row's `seq` is its last
+/// event's), each opened into its events (migration 0033), those at or before `after` left out.
 pub async fn after(pool: &PgPool, task: Uuid, after: i32, limit: i64) -> Result<Vec<EventRow>, StoreError> {
-    Ok(sqlx::query_as(
-        "SELECT seq, kind, data, created_at FROM task_events WHERE task_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+    // Each row holds at least one event after `after`: `limit` rows hold enough.
+    let rows: Vec<StoredRow> = sqlx::query_as(
+        "SELECT seq, kind, data, earlier, created_at FROM task_events WHERE task_id = $1 AND seq > $2
+         ORDER BY seq LIMIT $3",
     )
     .bind(task)
     .bind(after)
     .bind(limit)
     .fetch_all(pool)
-    .await?)
+    .await?;
+    let mut out: Vec<EventRow> = rows.into_iter().flat_map(StoredRow::open).filter(|e| e.seq > after).collect();
+    out.truncate(usize::try_from(limit).unwrap_or(0));
+    Ok(out)
+}
+
+/// A stored row of `task_events`: one statement's events for a task.
+#[derive(sqlx::FromRow)]
+struct StoredRow {
+    seq: i32,
+    kind: String,
+    data: Value,
+    earlier: Option<Value>,
+    created_at: DateTime<Utc>,
+}
+
+impl StoredRow {
+    /// Its events, in order: the earlier ones (`[kind, data]` each, the seqs below the row's),
+    /// then the row's own.
+    fn open(self) -> Vec<EventRow> {
+        let earlier = match self.earlier {
+            Some(Value::Array(a)) => a,
+            _ => vec![],
+        };
+        let (first, created_at) = (self.seq - earlier.len() as i32, self.created_at);
+        let mut out: Vec<EventRow> = earlier
+            .into_iter()
+            .enumerate()
+            .map(|(i, pair)| {
+                let (kind, data) = match pair {
+                    Value::Array(mut p) if p.len() == 2 => {
+                        let data = p.pop().unwrap_or_default();
+                        (p.pop().and_then(|k| k.as_str().map(str::to_string)).unwrap_or_default(), data)
+                    }
+                    other => (String::new(), other),
+                };
+                EventRow { seq: first + i as i32, kind, data, created_at }
+            })
+            .collect();
+        out.push(EventRow { seq: self.seq, kind: self.kind, data: self.data, created_at });
+        out
+    }
+}
+
+/// The events before a row's last, as `earlier` stores them: `[[kind, data], ...]`.
+pub(super) type Earlier<'a> = Json<Vec<(EventKind, &'a Event)>>;
+
+/// A statement's events for one task as the one row it writes (migration 0033): the last event's
+/// kind and data, the ones before it as `[[kind, data], ...]` (none when it is alone), and how
+/// many there are (the task's `last_event_seq` moves by that many; no row when none).
+pub(super) struct Packed<'a> {
+    pub kind: Option<EventKind>,
+    pub data: Option<Json<&'a Event>>,
+    pub earlier: Option<Earlier<'a>>,
+    pub n: i32,
+}
+
+pub(super) fn pack<'a>(events: impl IntoIterator<Item = &'a Event>) -> Packed<'a> {
+    let mut all: Vec<(EventKind, &Event)> = events.into_iter().map(|e| (e.kind(), e)).collect();
+    let n = all.len() as i32;
+    let last = all.pop();
+    Packed {
+        kind: last.map(|(k, _)| k),
+        data: last.map(|(_, e)| Json(e)),
+        earlier: (!all.is_empty()).then_some(Json(all)),
+        n,
+    }
 }
 
 /// Append events, in order, from the worker holding the lease (the caller publishes `CH_EVENT`).
 /// Returns false (writing nothing) if the lease is gone.
 pub async fn append(pool: &PgPool, f: Fence, events: &[Event]) -> Result<bool, StoreError> {
-    let (kinds, datas): (Vec<EventKind>, Vec<Json<&Event>>) = events.iter().map(|e| (e.kind(), Json(e))).unzip();
+    let p = pack(events);
     let sql = "WITH u AS (
-            UPDATE task_queue SET last_event_seq = last_event_seq + cardinality($3::text[])
+            UPDATE task_queue SET last_event_seq = last_event_seq + $6
             WHERE id = $1 AND lease_token = $2
             RETURNING id, last_event_seq
          ), e AS (
-            INSERT INTO task_events (task_id, seq, kind, data)
-            SELECT id, u.last_event_seq - cardinality($3::text[]) + x.ord, x.kind, x.data
-            FROM u, unnest($3::text[], $4::jsonb[]) WITH ORDINALITY AS x(kind, data, ord)
+            INSERT INTO task_events (task_id, seq, kind, data, earlier)
+            SELECT id, last_event_seq, $3, $4, $5 FROM u WHERE $3::text IS NOT NULL
          )
          SELECT count(*)::int FROM u";
-    let n: i32 = sqlx::query_scalar(sql).bind(f.id).bind(f.lease).bind(&kinds).bind(&datas).fetch_one(pool).await?;
+    let n: i32 = sqlx::query_scalar(sql)
+        .bind(f.id)
+        .bind(f.lease)
+        .bind(p.kind)
+        .bind(p.data)
+        .bind(p.earlier)
+        .bind(p.n)
+        .fetch_one(pool)
+        .await?;
     Ok(n == 1)
 }
 
@@ -71,21 +147,18 @@ pub struct EventsWrite {
 /// Append several runs' events in one statement, each fenced on its own lease: for each, in the
 /// order given, whether it was written (false: its lease is gone, and nothing of it was).
 pub async fn append_many(pool: &PgPool, items: &[&EventsWrite]) -> Result<Vec<bool>, StoreError> {
-    let (mut of, mut kinds, mut datas) = (vec![], vec![], vec![]);
+    let mut rows = Rows::default();
     for (i, w) in items.iter().enumerate() {
-        for e in &w.events {
-            of.push(i as i64 + 1);
-            kinds.push(e.kind());
-            datas.push(Json(e));
-        }
+        rows.push(i as i64 + 1, &w.events);
     }
     let done: Vec<i64> = sqlx::query_scalar(&APPEND_MANY)
         .bind(items.iter().map(|w| w.fence.id).collect::<Vec<_>>())
         .bind(items.iter().map(|w| w.fence.lease).collect::<Vec<_>>())
         .bind(items.iter().map(|w| w.events.len() as i32).collect::<Vec<_>>())
-        .bind(&of)
-        .bind(&kinds)
-        .bind(&datas)
+        .bind(&rows.of)
+        .bind(&rows.kinds)
+        .bind(&rows.datas)
+        .bind(&rows.earlier)
         .fetch_all(pool)
         .await?;
     let mut out = vec![false; items.len()];
@@ -108,21 +181,43 @@ static APPEND_MANY: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
             RETURNING b_i, b_id, b_nev, last_event_seq AS u_seq
          ), e AS ({})
          SELECT b_i FROM u",
-        insert_batched(4, 5, 6)
+        insert_batched(4)
     )
 });
 
-/// The events of a batch of runs, for a statement whose CTE `u` has, per run written, its place
-/// in the batch (`b_i`), task (`b_id`), event count (`b_nev`) and new `last_event_seq` (`u_seq`).
-/// The events are parameters `$of` (each one's run, `b_i`), `$kinds` and `$datas`, in order.
-pub(super) fn insert_batched(of: u8, kinds: u8, datas: u8) -> String {
+/// The event rows of a batch of runs, one per run with events (`pack`), as four parallel
+/// arrays: the run's place in the batch, and the row's kind, data and earlier events.
+#[derive(Default)]
+pub(super) struct Rows<'a> {
+    pub of: Vec<i64>,
+    pub kinds: Vec<EventKind>,
+    pub datas: Vec<Json<&'a Event>>,
+    pub earlier: Vec<Option<Earlier<'a>>>,
+}
+
+impl<'a> Rows<'a> {
+    /// Run `i`'s events (nothing for none).
+    pub fn push(&mut self, i: i64, events: impl IntoIterator<Item = &'a Event>) {
+        let p = pack(events);
+        if let (Some(kind), Some(data)) = (p.kind, p.data) {
+            self.of.push(i);
+            self.kinds.push(kind);
+            self.datas.push(data);
+            self.earlier.push(p.earlier);
+        }
+    }
+}
+
+/// The event rows of a batch of runs, for a statement whose CTE `u` has, per run written, its
+/// place in the batch (`b_i`), task (`b_id`) and new `last_event_seq` (`u_seq`, moved by its
+/// event count). `Rows`' arrays are parameters `$first` to `$first + 3`.
+pub(super) fn insert_batched(first: u8) -> String {
+    let (of, kinds, datas, earlier) = (first, first + 1, first + 2, first + 3);
     format!(
-        "INSERT INTO task_events (task_id, seq, kind, data)
-            SELECT b_id, u_seq - b_nev + x.k, x.kind, x.data
-            FROM u JOIN (SELECT ei, kind, data, row_number() OVER (PARTITION BY ei ORDER BY ord) AS k
-                         FROM unnest(${of}::int8[], ${kinds}::text[], ${datas}::jsonb[])
-                         WITH ORDINALITY AS y(ei, kind, data, ord)) x
-                 ON x.ei = u.b_i"
+        "INSERT INTO task_events (task_id, seq, kind, data, earlier)
+            SELECT b_id, u_seq, x.kind, x.data, x.earlier
+            FROM u JOIN unnest(${of}::int8[], ${kinds}::text[], ${datas}::jsonb[], ${earlier}::jsonb[])
+                 AS x(ei, kind, data, earlier) ON x.ei = u.b_i"
     )
 }
 

@@ -2,7 +2,6 @@
 //! Every write by a worker is one statement fenced on `(id, lease_token)`.
 
 use serde_json::Value;
-use sqlx::types::Json;
 use sqlx::{FromRow, PgPool, Row};
 use uuid::Uuid;
 
@@ -11,7 +10,7 @@ use super::tasks::{StopReason, TaskRow, TaskStatus, COLS, WEBHOOK};
 pub use super::Fence;
 use super::StoreError;
 use super::DB_CLOCK_MARGIN;
-use crate::kinds::{event, Event, EventKind, FailureCode};
+use crate::kinds::{event, Event, FailureCode};
 
 /// Claim up to `limit` queued tasks, fairly across tenants and within each tenant's running
 /// limit: each slot goes to the tenant that would then have the fewest tasks running (each
@@ -302,7 +301,7 @@ async fn commit_turns_on(conn: &mut sqlx::PgConnection, writes: &[&TurnWrite]) -
     let (mut status, mut stop, mut summary, mut ecode, mut emsg) = (vec![], vec![], vec![], vec![], vec![]);
     let (mut output, mut nev, mut wants, mut ws) = (vec![], vec![], vec![], vec![]);
     let (mut m_of, mut m_msg) = (vec![], vec![]);
-    let (mut e_of, mut e_kind, mut e_data) = (vec![], vec![], vec![]);
+    let mut rows = super::events::Rows::default();
     let endings: Vec<Vec<Event>> = writes.iter().map(|w| w.ending()).collect();
     for (i, (w, ending)) in writes.iter().zip(&endings).enumerate() {
         let (c, fin) = (&w.call, w.fin.as_ref());
@@ -341,11 +340,7 @@ async fn commit_turns_on(conn: &mut sqlx::PgConnection, writes: &[&TurnWrite]) -
             m_msg.push(m);
         }
         nev.push((w.events.len() + ending.len()) as i32);
-        for e in w.events.iter().chain(ending) {
-            e_of.push(i);
-            e_kind.push(e.kind());
-            e_data.push(Json(e));
-        }
+        rows.push(i, w.events.iter().chain(ending));
     }
     let sql: &str = &COMMIT_TURNS[usize::from(whole)];
     let rows = sqlx::query(sql)
@@ -381,9 +376,10 @@ async fn commit_turns_on(conn: &mut sqlx::PgConnection, writes: &[&TurnWrite]) -
         .bind(&ws) // 30
         .bind(&m_of) // 31
         .bind(&m_msg) // 32
-        .bind(&e_of) // 33
-        .bind(&e_kind) // 34
-        .bind(&e_data) // 35
+        .bind(&rows.of) // 33
+        .bind(&rows.kinds) // 34
+        .bind(&rows.datas) // 35
+        .bind(&rows.earlier) // 36
         .fetch_all(&mut *conn)
         .await?;
     let mut done: Vec<Option<Committed>> = (0..n).map(|_| None).collect();
@@ -523,7 +519,7 @@ fn commit_turns_sql(whole: bool) -> String {
                           AND q.status = 'queued')
          )
          SELECT b_i{answer} FROM u, (SELECT count(*) FROM w) AS woken",
-        events = super::events::insert_batched(33, 34, 35),
+        events = super::events::insert_batched(33),
     )
 }
 
@@ -537,8 +533,7 @@ static COMMIT_TURNS: std::sync::LazyLock<[String; 2]> =
 async fn commit_turn(conn: &mut sqlx::PgConnection, w: &TurnWrite) -> Result<Committed, StoreError> {
     let (call, fin) = (&w.call, w.fin.as_ref());
     let ending = w.ending();
-    let (kinds, datas): (Vec<EventKind>, Vec<Json<&Event>>) =
-        w.events.iter().chain(&ending).map(|e| (e.kind(), Json(e))).unzip();
+    let ev = super::events::pack(w.events.iter().chain(&ending));
     let whole = fin.is_some_and(|f| f.return_task);
     let sql: &str = if whole { &COMMIT_TURN_ENDING } else { &COMMIT_TURN };
     let row = sqlx::query(sql)
@@ -558,8 +553,8 @@ async fn commit_turn(conn: &mut sqlx::PgConnection, w: &TurnWrite) -> Result<Com
         .bind(call.outcome.as_str()) // 14
         .bind(&call.error) // 15
         .bind(&w.messages) // 16
-        .bind(&kinds) // 17
-        .bind(&datas) // 18
+        .bind(ev.kind) // 17
+        .bind(ev.data) // 18
         .bind(&call.model) // 19
         .bind(call.call_key) // 20
         .bind(call.reserved_usd) // 21
@@ -573,6 +568,8 @@ async fn commit_turn(conn: &mut sqlx::PgConnection, w: &TurnWrite) -> Result<Com
         .bind(fin.and_then(|f| f.output.as_ref())) // 29
         .bind(call.cache_write_tokens) // 30
         .bind(call.web_searches) // 31
+        .bind(ev.earlier) // 32
+        .bind(ev.n) // 33
         .fetch_optional(&mut *conn)
         .await?;
     match (row, fin) {
@@ -594,7 +591,7 @@ fn commit_turn_sql(whole: bool) -> String {
                 estimated_calls = estimated_calls + $28::bool::int,
                 reserved_usd = CASE WHEN $23::text IS NULL THEN greatest(reserved_usd - $21, 0) ELSE 0 END,
                 reserved_tokens = CASE WHEN $23::text IS NULL THEN greatest(reserved_tokens - $22, 0) ELSE 0 END,
-                last_event_seq = last_event_seq + cardinality($17::text[]),
+                last_event_seq = last_event_seq + $33,
                 status = coalesce($23, status),
                 stop_reason = CASE WHEN $23::text IS NULL THEN stop_reason ELSE $24 END,
                 summary = CASE WHEN $23::text IS NULL THEN summary ELSE $25 END,
@@ -628,9 +625,8 @@ fn commit_turn_sql(whole: bool) -> String {
                         WHERE task_id = $1 AND created_at >= u.created_at - {DB_CLOCK_MARGIN}) + x.ord, $4, x.msg
             FROM u, unnest($16::jsonb[]) WITH ORDINALITY AS x(msg, ord)
          ), e AS (
-            INSERT INTO task_events (task_id, seq, kind, data)
-            SELECT $1, u.last_event_seq - cardinality($17::text[]) + x.ord, x.kind, x.data
-            FROM u, unnest($17::text[], $18::jsonb[]) WITH ORDINALITY AS x(kind, data, ord)
+            INSERT INTO task_events (task_id, seq, kind, data, earlier)
+            SELECT $1, u.last_event_seq, $17, $18, $32 FROM u WHERE $17::text IS NOT NULL
          ), {WAKE_WAITERS}
          SELECT {answer} FROM u, (SELECT count(*) FROM w) AS woken",
         // The whole task only for the commit that ends it (for its waiters).
@@ -700,13 +696,12 @@ fn finish_sql(whole: bool) -> String {
         "WITH u AS (
             UPDATE tasks SET status = $3, stop_reason = $4, summary = $5, error_code = $6, error_message = $7,
                 output = $10::jsonb, finished_at = now(), history_at = now(), lease_token = NULL, lease_expires_at = NULL,
-                reserved_usd = 0, reserved_tokens = 0, last_event_seq = last_event_seq + cardinality($8::text[])
+                reserved_usd = 0, reserved_tokens = 0, last_event_seq = last_event_seq + $12
             WHERE id = $1 AND lease_token = $2 AND history_at = 'infinity'
             RETURNING {returning}
          ), e AS (
-            INSERT INTO task_events (task_id, seq, kind, data)
-            SELECT id, u.last_event_seq - cardinality($8::text[]) + x.ord, x.kind, x.data
-            FROM u, unnest($8::text[], $9::jsonb[]) WITH ORDINALITY AS x(kind, data, ord)
+            INSERT INTO task_events (task_id, seq, kind, data, earlier)
+            SELECT id, u.last_event_seq, $8, $9, $11 FROM u WHERE $8::text IS NOT NULL
          ), {WAKE_WAITERS}
          SELECT {answer} FROM u, (SELECT count(*) FROM w) AS woken"
     )
@@ -719,8 +714,8 @@ static FINISH_ENDING: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| 
 /// lease is no longer held).
 pub async fn finish(pool: &PgPool, f: Fence, fin: &Finish) -> Result<Committed, StoreError> {
     let sql: &str = if fin.return_task { &FINISH_ENDING } else { &FINISH };
-    let (kinds, datas): (Vec<EventKind>, Vec<Json<Event>>) =
-        fin.events().into_iter().map(|e| (e.kind(), Json(e))).unzip();
+    let events = fin.events();
+    let ev = super::events::pack(&events);
     let row = sqlx::query(sql)
         .bind(f.id)
         .bind(f.lease)
@@ -729,9 +724,11 @@ pub async fn finish(pool: &PgPool, f: Fence, fin: &Finish) -> Result<Committed, 
         .bind(&fin.summary)
         .bind(fin.error_code)
         .bind(&fin.error_message)
-        .bind(&kinds)
-        .bind(&datas)
+        .bind(ev.kind)
+        .bind(ev.data)
         .bind(&fin.output)
+        .bind(ev.earlier)
+        .bind(ev.n)
         .fetch_optional(pool)
         .await?;
     match row {
@@ -862,7 +859,7 @@ const RECORD_INTERRUPTED: &str = "WITH est AS (
                coalesce((e.data->>'turn')::int, t.turns + 1) AS turn, coalesce((e.data->>'try')::int, 1) AS try,
                coalesce((extract(epoch FROM now() - e.created_at) * 1000)::int, 0) AS latency_ms
         FROM task_queue t
-        LEFT JOIN LATERAL (SELECT data, created_at FROM task_events
+        LEFT JOIN LATERAL (SELECT data, created_at FROM task_event_log
                            WHERE task_id = t.id AND kind = 'llm_call_started' ORDER BY seq DESC LIMIT 1) e ON true
         WHERE t.id = ANY($1) AND t.reserved_tokens > 0
      ), c AS (

@@ -122,11 +122,11 @@ async fn turns_committed_together_are_each_fenced_on_their_own_lease_and_a_retry
         }
     };
     assert_eq!(seqs("task_messages")(a.id).await, vec![1, 2]);
-    assert_eq!(seqs("task_events")(a.id).await, vec![1]);
+    assert_eq!(seqs("task_event_log")(a.id).await, vec![1]);
     // b's turn event, then its end's `finished`.
-    assert_eq!(seqs("task_events")(b.id).await, vec![1, 2]);
+    assert_eq!(seqs("task_event_log")(b.id).await, vec![1, 2]);
     assert_eq!(scalar(&db, "SELECT last_event_seq::int8 FROM tasks WHERE id = $1", b.id).await, 2);
-    assert!(seqs("task_events")(c.id).await.is_empty());
+    assert!(seqs("task_event_log")(c.id).await.is_empty());
     assert_eq!(
         (status(&db, a.id).await, status(&db, b.id).await, status(&db, c.id).await),
         ("running".into(), "completed".into(), "running".into())
@@ -191,8 +191,8 @@ async fn reservations_made_together_each_see_the_ones_before_them_and_answer_in_
         .await
         .unwrap();
     assert_eq!(held_usd, Decimal::new(70, 2));
-    assert_eq!(scalar(&db, "SELECT count(*) FROM task_events WHERE task_id = $1", first.id).await, 1);
-    assert_eq!(scalar(&db, "SELECT count(*) FROM task_events WHERE task_id = $1", second.id).await, 0);
+    assert_eq!(scalar(&db, "SELECT count(*) FROM task_event_log WHERE task_id = $1", first.id).await, 1);
+    assert_eq!(scalar(&db, "SELECT count(*) FROM task_event_log WHERE task_id = $1", second.id).await, 0);
 }
 
 #[tokio::test]
@@ -238,7 +238,7 @@ async fn written(db: &TestDb, id: Uuid) -> Value {
         'messages', (SELECT jsonb_agg(jsonb_build_array(seq, turn, message) ORDER BY seq)
                      FROM task_messages WHERE task_id = $1),
         'events', (SELECT jsonb_agg(jsonb_build_array(seq, kind, data) ORDER BY seq)
-                   FROM task_events WHERE task_id = $1))";
+                   FROM task_event_log WHERE task_id = $1))";
     sqlx::query_scalar(sql).bind(id).fetch_one(&db.pool).await.unwrap()
 }
 

@@ -26,9 +26,9 @@ async fn sum_f64(app: &TestApp, sql: &str) -> f64 {
 /// Waits for budget, from the events: (number of waits, p50 and p99 of their length in ms).
 async fn waits(app: &TestApp) -> (usize, f64, f64) {
     let mut ms: Vec<f64> = sqlx::query_scalar::<_, Option<f64>>(
-        "SELECT extract(epoch FROM (SELECT min(c.created_at) FROM task_events c WHERE c.task_id = w.task_id
+        "SELECT extract(epoch FROM (SELECT min(c.created_at) FROM task_event_log c WHERE c.task_id = w.task_id
                  AND c.kind = 'claimed' AND c.seq > w.seq) - w.created_at)::float8 * 1000
-         FROM task_events w WHERE w.kind = 'budget_wait'",
+         FROM task_event_log w WHERE w.kind = 'budget_wait'",
     )
     .fetch_all(&app.db.pool)
     .await
@@ -161,16 +161,17 @@ async fn a_run_waits_for_budget_then_continues_when_the_reservation_settles() {
     let t = app.poll_until_terminal(&w, Duration::from_secs(20)).await;
     assert_eq!((t["status"].as_str(), t["waiting_for"].as_str()), (Some("completed"), None), "{t}");
     assert_eq!(app.get_task(&holder).await["status"], "completed");
-    let kinds: Vec<String> = sqlx::query_scalar("SELECT kind FROM task_events WHERE task_id = $1::uuid ORDER BY seq")
-        .bind(&w)
-        .fetch_all(&app.db.pool)
-        .await
-        .unwrap();
+    let kinds: Vec<String> =
+        sqlx::query_scalar("SELECT kind FROM task_event_log WHERE task_id = $1::uuid ORDER BY seq")
+            .bind(&w)
+            .fetch_all(&app.db.pool)
+            .await
+            .unwrap();
     let at = kinds.iter().position(|k| k == "budget_wait").expect("a budget_wait event");
     assert_eq!(kinds[at + 1], "claimed", "woken and claimed again: {kinds:?}");
     assert_eq!(t["attempt"], 1, "a wait does not count as an attempt");
     let data: Value =
-        sqlx::query_scalar("SELECT data FROM task_events WHERE task_id = $1::uuid AND kind = 'budget_wait'")
+        sqlx::query_scalar("SELECT data FROM task_event_log WHERE task_id = $1::uuid AND kind = 'budget_wait'")
             .bind(&w)
             .fetch_one(&app.db.pool)
             .await
@@ -218,7 +219,7 @@ async fn a_call_the_budget_cannot_afford_whole_goes_ahead_with_fewer_output_toke
     let t = app.wait_task(json!({"prompt": "short", "model": "mock/m"})).await;
     assert_eq!(t["status"], "completed", "{t}");
     let started: Value =
-        sqlx::query_scalar("SELECT data FROM task_events WHERE task_id = $1::uuid AND kind = 'llm_call_started'")
+        sqlx::query_scalar("SELECT data FROM task_event_log WHERE task_id = $1::uuid AND kind = 'llm_call_started'")
             .bind(t["id"].as_str().unwrap())
             .fetch_one(&app.db.pool)
             .await

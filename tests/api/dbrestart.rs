@@ -161,7 +161,7 @@ async fn assert_all_done_once(pool: &sqlx::PgPool, ids: &[Uuid]) -> i64 {
             .unwrap();
     assert!(bad.is_empty(), "{bad:?}");
     let twice: Vec<(Uuid, i64)> = sqlx::query_as(
-        "SELECT task_id, count(*) FROM task_events WHERE kind = 'finished' GROUP BY task_id HAVING count(*) <> 1",
+        "SELECT task_id, count(*) FROM task_event_log WHERE kind = 'finished' GROUP BY task_id HAVING count(*) <> 1",
     )
     .fetch_all(pool)
     .await

@@ -42,7 +42,7 @@ async fn assert_invariants(app: &TestApp, ids: &[Uuid]) {
             .unwrap();
     assert!(not_completed.is_empty(), "tasks not completed: {not_completed:?}");
     let finished_twice: Vec<(Uuid, i64)> = sqlx::query_as(
-        "SELECT task_id, count(*) FROM task_events WHERE kind = 'finished' AND task_id = ANY($1)
+        "SELECT task_id, count(*) FROM task_event_log WHERE kind = 'finished' AND task_id = ANY($1)
          GROUP BY task_id HAVING count(*) <> 1",
     )
     .bind(ids)
@@ -162,7 +162,7 @@ async fn kill_dash_nine_at_random_points_loses_nothing_and_bills_nothing_twice()
 
     // Figures: how many attempts the kills cost, and the longest kill → re-claim gap.
     let claims: Vec<(Uuid, String, chrono::DateTime<chrono::Utc>)> = sqlx::query_as(
-        "SELECT task_id, data->>'worker', created_at FROM task_events WHERE kind = 'claimed' AND task_id = ANY($1) ORDER BY created_at",
+        "SELECT task_id, data->>'worker', created_at FROM task_event_log WHERE kind = 'claimed' AND task_id = ANY($1) ORDER BY created_at",
     )
     .bind(&ids)
     .fetch_all(&app.db.pool)
@@ -249,9 +249,9 @@ async fn sigterm_drains_and_released_tasks_finish_on_the_other_process() {
     // first attempt, plus one for each time a starved worker's lease expired and it was rescued
     // (a 2 s lease on a loaded machine: a rescue counts, a release does not).
     let released: Vec<(Uuid, i32, i64)> = sqlx::query_as(
-        "SELECT t.id, t.attempt, (SELECT count(*) FROM task_events e WHERE e.task_id = t.id AND e.kind = 'rescued')
+        "SELECT t.id, t.attempt, (SELECT count(*) FROM task_event_log e WHERE e.task_id = t.id AND e.kind = 'rescued')
          FROM tasks t WHERE t.id = ANY($1)
-         AND EXISTS (SELECT 1 FROM task_events e WHERE e.task_id = t.id AND e.kind = 'released')",
+         AND EXISTS (SELECT 1 FROM task_event_log e WHERE e.task_id = t.id AND e.kind = 'released')",
     )
     .bind(&ids)
     .fetch_all(&app.db.pool)
@@ -410,7 +410,7 @@ async fn retention_purges_old_conversations_and_events_but_keeps_tasks_and_the_l
         async move { sqlx::query_scalar::<_, i64>(sql).bind(id).fetch_one(&pool).await.unwrap() }
     };
     assert_eq!(count("SELECT count(*) FROM task_messages WHERE task_id = $1", id).await, 0);
-    assert_eq!(count("SELECT count(*) FROM task_events WHERE task_id = $1", id).await, 0);
+    assert_eq!(count("SELECT count(*) FROM task_event_log WHERE task_id = $1", id).await, 0);
     assert_eq!(count("SELECT count(*) FROM llm_calls WHERE task_id = $1", id).await, 1);
     assert_eq!(count("SELECT count(*) FROM tasks WHERE id = $1", id).await, 1);
     let fresh_id: Uuid = fresh["id"].as_str().unwrap().parse().unwrap();

@@ -493,7 +493,7 @@ pub async fn workers_up(pool: &PgPool, n: i64, within: Duration) {
 /// field, whichever side (Rust or SQL) wrote the row.
 pub async fn assert_events_typed(pool: &PgPool) {
     let rows: Vec<subagentd::store::events::EventRow> =
-        sqlx::query_as("SELECT seq, kind, data, created_at FROM task_events").fetch_all(pool).await.unwrap();
+        sqlx::query_as("SELECT seq, kind, data, created_at FROM task_event_log").fetch_all(pool).await.unwrap();
     assert!(!rows.is_empty(), "no events to check");
     for r in rows {
         let kind = r.known().unwrap_or_else(|| panic!("unknown event kind {}", r.kind));

@@ -1,7 +1,8 @@
 //! History by the day (#47): `task_events`, `task_messages`, the stored diffs (`task_diffs`) and the ledger (`llm_calls`) are
 //! partitioned by the day their rows are written; the service keeps partitions ahead and makes one on demand when an insert
 //! finds none; retention drops whole partitions while the claim and inserts go on; a database
-//! from the release before keeps every row; a tenant's newest tasks are read through its own index.
+//! from the release before keeps every row; a tenant's newest tasks are read through its own index; a statement's events
+//! are one row, opened in order by every read.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -732,4 +733,98 @@ async fn a_quiet_tenants_newest_tasks_are_read_through_its_own_index_not_past_th
     assert!(pkey < 100, "{pkey} primary key entries read (the busy tenant's newer tasks passed)");
     assert!((11..100).contains(&tenant), "{tenant} entries of the tenant's index read");
     pool.close().await;
+}
+
+/// The events one statement writes for a task are one stored row (migration 0033): the last in
+/// the row's columns, the ones before it in `earlier`. A task whose tool call is refused writes
+/// its 10 events in 6 rows; the JSON pages give every event once, in order, whatever seq they start
+/// after (mid-row too) and however few they ask for; the stream gives the same; and the log view
+/// has a row per event, as the table had before.
+#[tokio::test]
+async fn a_statements_events_are_one_row_and_every_read_opens_it_in_order() {
+    let app = spawn_app().await;
+    let t = app.post_json("/tasks?wait=true", json!({"prompt": "moons [mock:tool_turns=1]", "model": "mock/m"})).await;
+    let t: Value = t.json().await.unwrap();
+    assert_eq!(t["status"], "completed", "{t}");
+    let id = Uuid::parse_str(t["id"].as_str().unwrap()).unwrap();
+    let pool = &app.db.pool;
+
+    let (rows, merged): (i64, i64) =
+        sqlx::query_as("SELECT count(*), count(earlier) FROM task_events WHERE task_id = $1")
+            .bind(id)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    let log: Vec<(i32, String, Value, i32)> =
+        sqlx::query_as("SELECT seq, kind, data, row_seq FROM task_event_log WHERE task_id = $1 ORDER BY seq")
+            .bind(id)
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    let n = log.len() as i32;
+    assert_eq!(log.iter().map(|e| e.0).collect::<Vec<_>>(), (1..=n).collect::<Vec<_>>(), "seqs 1 to n, once each");
+    assert_eq!(
+        log.iter().map(|e| e.1.as_str()).collect::<Vec<_>>(),
+        [
+            "created",
+            "claimed",
+            "llm_call_started",
+            "llm_call_finished",
+            "tool_call_refused",
+            "checkpoint",
+            "llm_call_started",
+            "llm_call_finished",
+            "checkpoint",
+            "finished"
+        ]
+    );
+    assert!(rows < i64::from(n) && merged >= 2, "{n} events in {rows} rows, {merged} of them with earlier events");
+    assert!(log.iter().all(|e| e.3 >= e.0), "a row's seq is its last event's");
+    let last_of = |seq: i32| log.iter().find(|e| e.0 == seq).unwrap().3;
+    assert_eq!(last_of(4), 6, "the first turn's events are one row");
+    assert_eq!(last_of(8), 10, "the last turn's events are one row");
+
+    // Every page, from every seq, of one and of two events: the events after it, in order.
+    let page = |after: i32, limit: i32| {
+        let app = &app;
+        async move {
+            let p = app.get_json(&format!("/tasks/{id}/events?after={after}&limit={limit}")).await;
+            p["events"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| {
+                    (e["seq"].as_i64().unwrap() as i32, e["kind"].as_str().unwrap().to_string(), e["data"].clone())
+                })
+                .collect::<Vec<_>>()
+        }
+    };
+    let want = |after: i32, limit: i32| {
+        log.iter()
+            .filter(|e| e.0 > after)
+            .take(limit as usize)
+            .map(|e| (e.0, e.1.clone(), e.2.clone()))
+            .collect::<Vec<_>>()
+    };
+    for after in 0..=n {
+        for limit in [1, 2] {
+            assert_eq!(page(after, limit).await, want(after, limit), "after {after}, limit {limit}");
+        }
+    }
+    assert_eq!(page(0, 1000).await, want(0, 1000));
+
+    // The stream, resumed in the middle of the last row: the two events after it, then its end.
+    let r = app
+        .client
+        .get(format!("{}/tasks/{id}/events", app.base))
+        .header("accept", "text/event-stream")
+        .header("last-event-id", "8")
+        .send()
+        .await
+        .unwrap();
+    let body = tokio::time::timeout(Duration::from_secs(10), r.text()).await.unwrap().unwrap();
+    let ids: Vec<&str> = body.lines().filter_map(|l| l.strip_prefix("id: ")).collect();
+    assert_eq!(ids, ["9", "10"], "{body}");
+    assert_events_typed(pool).await;
+    app.stop().await;
 }

@@ -352,7 +352,7 @@ async fn streams_of_one_task_each_get_every_event_once_in_order_from_wherever_th
         assert_eq!(s, &all, "stream {i}");
     }
     assert_eq!(seen[4], (4..=last).collect::<Vec<i32>>(), "from the middle");
-    let kinds: i64 = sqlx::query_scalar("SELECT count(*) FROM task_events WHERE task_id = $1 AND kind = 'finished'")
+    let kinds: i64 = sqlx::query_scalar("SELECT count(*) FROM task_event_log WHERE task_id = $1 AND kind = 'finished'")
         .bind(id)
         .fetch_one(&app.db.pool)
         .await

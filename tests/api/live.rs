@@ -115,7 +115,7 @@ async fn a_streamed_answers_text_arrives_coalesced_in_order_joins_into_the_summa
     let kinds: Vec<&str> = page["events"].as_array().unwrap().iter().map(|e| e["kind"].as_str().unwrap()).collect();
     assert!(!kinds.contains(&"output_delta"), "{kinds:?}");
     assert_eq!(kinds.len(), stored.len());
-    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM task_events WHERE kind = 'output_delta'")
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM task_event_log WHERE kind = 'output_delta'")
         .fetch_one(&app.db.pool)
         .await
         .unwrap();

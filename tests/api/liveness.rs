@@ -160,12 +160,12 @@ async fn kill_dash_nine_with_the_default_lease_resumes_in_seconds_and_every_serv
     for (at, pid) in &kills {
         let worker = format!("{host}-{pid}");
         let next: Vec<Option<f64>> = sqlx::query_scalar(
-            "SELECT extract(epoch FROM (SELECT min(s.created_at) FROM task_events s WHERE s.task_id = c.task_id
+            "SELECT extract(epoch FROM (SELECT min(s.created_at) FROM task_event_log s WHERE s.task_id = c.task_id
                  AND s.kind = 'llm_call_started' AND s.created_at > $2) - $2)::float8 * 1000
-             FROM task_events c WHERE c.kind = 'claimed' AND c.data->>'worker' = $1 AND c.task_id = ANY($3)
-               AND NOT EXISTS (SELECT 1 FROM task_events f WHERE f.task_id = c.task_id AND f.kind = 'finished'
+             FROM task_event_log c WHERE c.kind = 'claimed' AND c.data->>'worker' = $1 AND c.task_id = ANY($3)
+               AND NOT EXISTS (SELECT 1 FROM task_event_log f WHERE f.task_id = c.task_id AND f.kind = 'finished'
                                AND f.created_at < $2)
-               AND NOT EXISTS (SELECT 1 FROM task_events r WHERE r.task_id = c.task_id AND r.seq > c.seq
+               AND NOT EXISTS (SELECT 1 FROM task_event_log r WHERE r.task_id = c.task_id AND r.seq > c.seq
                                AND r.kind IN ('claimed', 'released') AND r.created_at < $2)",
         )
         .bind(&worker)
@@ -199,7 +199,7 @@ async fn kill_dash_nine_with_the_default_lease_resumes_in_seconds_and_every_serv
     }
     let (spent, reserved, interrupted): (f64, f64, i64) = sqlx::query_as(
         "SELECT (SELECT coalesce(sum(cost_usd), 0)::float8 FROM llm_calls WHERE task_id = ANY($1)),
-                (SELECT coalesce(sum((data->>'reserved_usd')::numeric), 0)::float8 FROM task_events
+                (SELECT coalesce(sum((data->>'reserved_usd')::numeric), 0)::float8 FROM task_event_log
                  WHERE kind = 'llm_call_started' AND task_id = ANY($1)),
                 (SELECT count(*) FROM llm_calls WHERE task_id = ANY($1) AND outcome = 'interrupted' AND usage_estimated)",
     )
@@ -266,14 +266,14 @@ async fn a_worker_paused_past_its_lease_is_fenced_off_when_it_wakes() {
     .unwrap();
     assert!(twice.is_empty(), "the woken worker's late writes were fenced off: {twice:?}");
     let finished: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM task_events WHERE kind = 'finished' AND task_id = ANY($1)")
+        sqlx::query_scalar("SELECT count(*) FROM task_event_log WHERE kind = 'finished' AND task_id = ANY($1)")
             .bind(&ids)
             .fetch_one(&app.db.pool)
             .await
             .unwrap();
     assert_eq!(finished, ids.len() as i64, "each task finished once");
     let taken: i64 = sqlx::query_scalar(
-        "SELECT count(DISTINCT task_id) FROM task_events WHERE kind = 'rescued' AND task_id = ANY($1)",
+        "SELECT count(DISTINCT task_id) FROM task_event_log WHERE kind = 'rescued' AND task_id = ANY($1)",
     )
     .bind(&ids)
     .fetch_one(&app.db.pool)

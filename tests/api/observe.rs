@@ -84,7 +84,7 @@ async fn the_last_turn_and_the_tasks_end_are_committed_together() {
     assert_eq!(done["status"], "completed");
     assert_eq!(done["turns"], 2);
     let at: Vec<(String, chrono::DateTime<chrono::Utc>)> = sqlx::query_as(
-        "SELECT kind, created_at FROM task_events WHERE task_id = $1 AND kind IN ('checkpoint', 'finished') ORDER BY seq",
+        "SELECT kind, created_at FROM task_event_log WHERE task_id = $1 AND kind IN ('checkpoint', 'finished') ORDER BY seq",
     )
     .bind(uuid::Uuid::parse_str(&id).unwrap())
     .fetch_all(&app.db.pool)

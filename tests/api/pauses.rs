@@ -108,7 +108,7 @@ async fn tool_results(app: &TestApp, id: &str) -> std::collections::BTreeMap<Str
 }
 
 async fn event_kinds(app: &TestApp, id: &str) -> Vec<String> {
-    sqlx::query_scalar("SELECT kind FROM task_events WHERE task_id = $1::uuid ORDER BY seq")
+    sqlx::query_scalar("SELECT kind FROM task_event_log WHERE task_id = $1::uuid ORDER BY seq")
         .bind(id)
         .fetch_all(&app.db.pool)
         .await
@@ -739,7 +739,7 @@ async fn a_paused_run_outlives_its_replica_killed_and_finishes_on_another_with_o
     assert_eq!(t["summary"], "deployed");
     assert_eq!(srv.count(), 1, "the approved call ran once");
     let workers: Vec<Option<String>> = sqlx::query_scalar(
-        "SELECT data->>'worker' FROM task_events WHERE task_id = $1::uuid AND kind = 'claimed' ORDER BY seq",
+        "SELECT data->>'worker' FROM task_event_log WHERE task_id = $1::uuid AND kind = 'claimed' ORDER BY seq",
     )
     .bind(&id)
     .fetch_all(&db.pool)

@@ -239,7 +239,7 @@ async fn a_kill_dash_nine_after_two_edits_in_two_turns_loses_neither() {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let n: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM task_events WHERE task_id = $1 AND kind = 'checkpoint' AND (data->>'turn')::int >= 2",
+            "SELECT count(*) FROM task_event_log WHERE task_id = $1 AND kind = 'checkpoint' AND (data->>'turn')::int >= 2",
         )
         .bind(id)
         .fetch_one(&app.db.pool)

@@ -335,11 +335,12 @@ async fn a_cancel_mid_stream_drops_the_call_and_records_it_with_its_streamed_out
     assert!(input > 0);
     // About 30 of the 400 words streamed before the cancel: far below the reserved 4,096.
     assert!((5..1000).contains(&output), "output as streamed so far: {output}");
-    let kinds: Vec<String> = sqlx::query_scalar("SELECT kind FROM task_events WHERE task_id = $1::uuid ORDER BY seq")
-        .bind(&id)
-        .fetch_all(&app.db.pool)
-        .await
-        .unwrap();
+    let kinds: Vec<String> =
+        sqlx::query_scalar("SELECT kind FROM task_event_log WHERE task_id = $1::uuid ORDER BY seq")
+            .bind(&id)
+            .fetch_all(&app.db.pool)
+            .await
+            .unwrap();
     let tail: Vec<&str> = kinds.iter().rev().take(2).rev().map(String::as_str).collect();
     assert_eq!(tail, ["cancelled", "finished"], "{kinds:?}");
     app.stop().await;

@@ -103,7 +103,8 @@ async fn a_retention_pass_purges_what_is_past_retention_and_keeps_the_rest() {
         Retention { pool: db.pool.clone(), days: 30, ledger_days: 0, mcp_idle_days: 30, every: Duration::from_secs(1) };
     // The day partition 40 days old is dropped whole (task_messages had none that old).
     assert_eq!(r.pass().await.unwrap(), Purged { partitions: 1, ledger_partitions: 0, sessions: 0 });
-    let mut left: Vec<Uuid> = sqlx::query_scalar("SELECT task_id FROM task_events").fetch_all(&db.pool).await.unwrap();
+    let mut left: Vec<Uuid> =
+        sqlx::query_scalar("SELECT task_id FROM task_event_log").fetch_all(&db.pool).await.unwrap();
     left.sort();
     let mut want = vec![new, open];
     want.sort();

@@ -51,11 +51,12 @@ async fn a_submitted_task_is_run_and_polled_to_completion_with_summary_and_usage
             .unwrap();
     assert_eq!(roles, ["system", "user", "assistant", "tool", "assistant"]);
 
-    let kinds: Vec<String> = sqlx::query_scalar("SELECT kind FROM task_events WHERE task_id = $1::uuid ORDER BY seq")
-        .bind(done["id"].as_str().unwrap())
-        .fetch_all(&app.db.pool)
-        .await
-        .unwrap();
+    let kinds: Vec<String> =
+        sqlx::query_scalar("SELECT kind FROM task_event_log WHERE task_id = $1::uuid ORDER BY seq")
+            .bind(done["id"].as_str().unwrap())
+            .fetch_all(&app.db.pool)
+            .await
+            .unwrap();
     assert_eq!(kinds.first().map(String::as_str), Some("created"));
     assert_eq!(kinds.get(1).map(String::as_str), Some("claimed"));
     assert_eq!(kinds.last().map(String::as_str), Some("finished"));

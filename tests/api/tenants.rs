@@ -603,7 +603,7 @@ async fn a_tenants_running_limit_holds_for_waiting_requests_too() {
     let spans: Vec<(chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>)> = sqlx::query_as(
         "SELECT min(created_at) FILTER (WHERE kind = 'llm_call_started'),
                 max(created_at) FILTER (WHERE kind = 'llm_call_finished')
-         FROM task_events GROUP BY task_id ORDER BY 1",
+         FROM task_event_log GROUP BY task_id ORDER BY 1",
     )
     .fetch_all(&app.db.pool)
     .await
@@ -672,7 +672,7 @@ async fn waiting_requests_against_a_daily_budget(by_default: bool) {
     assert_eq!(reserved, 0.0, "no reservation outlives its run");
     // Each call reserved once: the first in its task's insert, checked against the budget there.
     let (started, calls): (i64, i64) = sqlx::query_as(
-        "SELECT (SELECT count(*) FROM task_events WHERE kind = 'llm_call_started'), (SELECT count(*) FROM llm_calls)",
+        "SELECT (SELECT count(*) FROM task_event_log WHERE kind = 'llm_call_started'), (SELECT count(*) FROM llm_calls)",
     )
     .fetch_one(&app.db.pool)
     .await
@@ -697,7 +697,7 @@ async fn a_tenant_with_only_a_queue_limit_gets_its_first_call_reserved_with_the_
     set_limits(&app, "default", json!({"max_queued": 100})).await;
     let (id, t) = crate::wait::wait_started_here(&app, "queue-limited [mock:reply=fine]").await;
     assert_eq!(t["summary"], "fine");
-    let kinds: Vec<String> = sqlx::query_scalar("SELECT kind FROM task_events WHERE task_id = $1 ORDER BY seq")
+    let kinds: Vec<String> = sqlx::query_scalar("SELECT kind FROM task_event_log WHERE task_id = $1 ORDER BY seq")
         .bind(id)
         .fetch_all(&app.db.pool)
         .await

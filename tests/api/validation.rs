@@ -224,7 +224,7 @@ async fn every_bad_input_gets_a_problem_naming_the_field_and_writes_nothing() {
         }
     }
     assert_eq!(app.task_count().await, 0, "a bad request wrote a task");
-    let events: i64 = sqlx::query_scalar("SELECT count(*) FROM task_events").fetch_one(&app.db.pool).await.unwrap();
+    let events: i64 = sqlx::query_scalar("SELECT count(*) FROM task_event_log").fetch_one(&app.db.pool).await.unwrap();
     assert_eq!(events, 0);
     let agents: i64 =
         sqlx::query_scalar("SELECT count(*) FROM agent_definitions").fetch_one(&app.db.pool).await.unwrap();

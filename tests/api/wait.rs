@@ -126,11 +126,12 @@ async fn a_waiting_requests_task_starts_where_it_was_accepted_without_being_queu
     let attempt: i32 =
         sqlx::query_scalar("SELECT attempt FROM tasks WHERE id = $1").bind(id).fetch_one(&app.db.pool).await.unwrap();
     assert_eq!(attempt, 1);
-    let kinds: Vec<(i32, String)> = sqlx::query_as("SELECT seq, kind FROM task_events WHERE task_id = $1 ORDER BY seq")
-        .bind(id)
-        .fetch_all(&app.db.pool)
-        .await
-        .unwrap();
+    let kinds: Vec<(i32, String)> =
+        sqlx::query_as("SELECT seq, kind FROM task_event_log WHERE task_id = $1 ORDER BY seq")
+            .bind(id)
+            .fetch_all(&app.db.pool)
+            .await
+            .unwrap();
     let kinds: Vec<&str> = kinds
         .iter()
         .enumerate()
@@ -171,11 +172,12 @@ async fn a_drain_gives_a_waiting_requests_task_back_to_the_queue_and_answers_202
         .await
         .unwrap();
     assert_eq!((status.as_str(), attempt), ("queued", 0), "released, its attempt not counted");
-    let last: String = sqlx::query_scalar("SELECT kind FROM task_events WHERE task_id = $1 ORDER BY seq DESC LIMIT 1")
-        .bind(id)
-        .fetch_one(&app.db.pool)
-        .await
-        .unwrap();
+    let last: String =
+        sqlx::query_scalar("SELECT kind FROM task_event_log WHERE task_id = $1 ORDER BY seq DESC LIMIT 1")
+            .bind(id)
+            .fetch_one(&app.db.pool)
+            .await
+            .unwrap();
     assert_eq!(last, "released");
     assert_events_typed(&app.db.pool).await;
     app.stop().await;
@@ -220,7 +222,7 @@ async fn a_cancel_stops_a_waiting_requests_task_started_where_it_was_accepted() 
         let r = client.post(url).json(&json!({"prompt": "long [mock:delay_ms=20000]", "model": "mock/m"})).send().await;
         r.unwrap().json::<Value>().await.unwrap()
     });
-    let started = "SELECT t.id FROM tasks t JOIN task_events e ON e.task_id = t.id
+    let started = "SELECT t.id FROM tasks t JOIN task_event_log e ON e.task_id = t.id
                    WHERE t.status = 'running' AND e.kind = 'llm_call_started'";
     let id = poll_for_task(&app, started).await;
     let here: bool = sqlx::query_scalar("SELECT started_at = created_at FROM tasks WHERE id = $1")

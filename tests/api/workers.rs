@@ -27,7 +27,7 @@ async fn two_worker_processes_never_run_the_same_task_twice() {
     }
     let ids: Vec<Uuid> = ids.iter().map(|s| s.parse().unwrap()).collect();
     let claims: Vec<(Uuid, i64)> = sqlx::query_as(
-        "SELECT task_id, count(*) FROM task_events WHERE kind = 'claimed' AND task_id = ANY($1) GROUP BY task_id",
+        "SELECT task_id, count(*) FROM task_event_log WHERE kind = 'claimed' AND task_id = ANY($1) GROUP BY task_id",
     )
     .bind(&ids)
     .fetch_all(&app.db.pool)
@@ -43,7 +43,7 @@ async fn two_worker_processes_never_run_the_same_task_twice() {
             .unwrap();
     assert!(calls.iter().all(|c| c.1 == 2), "a turn ran twice: {calls:?}");
     let workers: HashSet<String> =
-        sqlx::query_scalar::<_, String>("SELECT data->>'worker' FROM task_events WHERE kind = 'claimed'")
+        sqlx::query_scalar::<_, String>("SELECT data->>'worker' FROM task_event_log WHERE kind = 'claimed'")
             .fetch_all(&app.db.pool)
             .await
             .unwrap()

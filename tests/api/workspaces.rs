@@ -522,7 +522,7 @@ async fn a_private_repository_is_read_with_a_write_only_secret_that_never_shows(
     let id = t["id"].as_str().unwrap();
     let all: String = sqlx::query_scalar(
         "SELECT (SELECT row_to_json(t)::text FROM tasks t WHERE id = $1::uuid)
-             || (SELECT coalesce(string_agg(data::text, ''), '') FROM task_events WHERE task_id = $1::uuid)
+             || (SELECT coalesce(string_agg(data::text, ''), '') FROM task_event_log WHERE task_id = $1::uuid)
              || (SELECT coalesce(string_agg(message::text, ''), '') FROM task_messages WHERE task_id = $1::uuid)",
     )
     .bind(id)

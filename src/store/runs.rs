@@ -189,7 +189,7 @@ pub async fn conversation(
     since: chrono::DateTime<chrono::Utc>,
 ) -> Result<Vec<MessageRow>, StoreError> {
     Ok(sqlx::query_as(&format!(
-        "SELECT seq, turn, message, created_at FROM task_messages
+        "SELECT seq, turn, message, created_at FROM task_message_log
          WHERE task_id = $1 AND created_at >= $2 - {DB_CLOCK_MARGIN} ORDER BY seq"
     ))
     .bind(id)
@@ -203,7 +203,7 @@ pub async fn conversation(
 /// midnight can be half gone for a day.
 pub async fn messages(pool: &PgPool, id: Uuid) -> Result<Vec<Value>, StoreError> {
     let rows: Vec<(i32, Value)> =
-        sqlx::query_as("SELECT seq, message FROM task_messages WHERE task_id = $1 ORDER BY seq")
+        sqlx::query_as("SELECT seq, message FROM task_message_log WHERE task_id = $1 ORDER BY seq")
             .bind(id)
             .fetch_all(pool)
             .await?;
@@ -505,13 +505,17 @@ fn commit_turns_sql(whole: bool) -> String {
             ORDER BY 2, 3, 4, 5
             ON CONFLICT (tenant, day, model, agent_type, api_key, shard) DO UPDATE SET {ROLLUP_ADD}
          ), m AS (
-            INSERT INTO task_messages (task_id, seq, turn, message)
+            INSERT INTO task_messages (task_id, seq, turn, message, earlier)
             -- A task's messages are written after it was (a run's, or a retention move's, now()):
-            -- the bound on created_at spares the probe of every older day's partition.
+            -- the bound on created_at spares the probe of every older day's partition. A run's
+            -- messages are one row: the last, and the ones before it (migration 0034).
             SELECT b_id, (SELECT coalesce(max(seq), 0) FROM task_messages
-                          WHERE task_id = b_id AND created_at >= u_created - {DB_CLOCK_MARGIN}) + x.k, b_cturn, x.msg
-            FROM u JOIN (SELECT mi, msg, row_number() OVER (PARTITION BY mi ORDER BY ord) AS k
-                         FROM unnest($31::int8[], $32::jsonb[]) WITH ORDINALITY AS y(mi, msg, ord)) x ON x.mi = u.b_i
+                          WHERE task_id = b_id AND created_at >= u_created - {DB_CLOCK_MARGIN}) + cardinality(x.msgs),
+                   b_cturn, x.msgs[cardinality(x.msgs)],
+                   CASE WHEN cardinality(x.msgs) > 1 THEN to_jsonb(x.msgs[1:cardinality(x.msgs) - 1]) END
+            FROM u JOIN (SELECT mi, array_agg(msg ORDER BY ord) AS msgs
+                         FROM unnest($31::int8[], $32::jsonb[]) WITH ORDINALITY AS y(mi, msg, ord) GROUP BY mi) x
+                 ON x.mi = u.b_i
          ), e AS ({events}
          ), w AS (
             SELECT pg_notify('subagentd_budget', t.u_tenant) FROM (SELECT DISTINCT u_tenant FROM u) t
@@ -620,10 +624,12 @@ fn commit_turn_sql(whole: bool) -> String {
                 $28::bool::int FROM u
             ON CONFLICT (tenant, day, model, agent_type, api_key, shard) DO UPDATE SET {ROLLUP_ADD}
          ), m AS (
-            INSERT INTO task_messages (task_id, seq, turn, message)
+            INSERT INTO task_messages (task_id, seq, turn, message, earlier)
             SELECT $1, (SELECT coalesce(max(seq), 0) FROM task_messages
-                        WHERE task_id = $1 AND created_at >= u.created_at - {DB_CLOCK_MARGIN}) + x.ord, $4, x.msg
-            FROM u, unnest($16::jsonb[]) WITH ORDINALITY AS x(msg, ord)
+                        WHERE task_id = $1 AND created_at >= u.created_at - {DB_CLOCK_MARGIN}) + cardinality($16::jsonb[]),
+                   $4, $16[cardinality($16::jsonb[])],
+                   CASE WHEN cardinality($16::jsonb[]) > 1 THEN to_jsonb($16[1:cardinality($16::jsonb[]) - 1]) END
+            FROM u WHERE cardinality($16::jsonb[]) > 0
          ), e AS (
             INSERT INTO task_events (task_id, seq, kind, data, earlier)
             SELECT $1, u.last_event_seq, $17, $18, $32 FROM u WHERE $17::text IS NOT NULL

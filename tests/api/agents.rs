@@ -6,7 +6,7 @@ use subagentd::engine::definitions::FileAgents;
 use crate::helpers::*;
 
 async fn system_prompt_of(app: &TestApp, id: &str) -> String {
-    sqlx::query_scalar("SELECT message->>'content' FROM task_messages WHERE task_id = $1::uuid AND seq = 1")
+    sqlx::query_scalar("SELECT message->>'content' FROM task_message_log WHERE task_id = $1::uuid AND seq = 1")
         .bind(id)
         .fetch_one(&app.db.pool)
         .await
@@ -14,7 +14,7 @@ async fn system_prompt_of(app: &TestApp, id: &str) -> String {
 }
 
 async fn conversation(app: &TestApp, id: &str) -> Vec<Value> {
-    sqlx::query_scalar("SELECT message FROM task_messages WHERE task_id = $1::uuid ORDER BY seq")
+    sqlx::query_scalar("SELECT message FROM task_message_log WHERE task_id = $1::uuid ORDER BY seq")
         .bind(id)
         .fetch_all(&app.db.pool)
         .await

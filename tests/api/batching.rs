@@ -121,7 +121,7 @@ async fn turns_committed_together_are_each_fenced_on_their_own_lease_and_a_retry
             }
         }
     };
-    assert_eq!(seqs("task_messages")(a.id).await, vec![1, 2]);
+    assert_eq!(seqs("task_message_log")(a.id).await, vec![1, 2]);
     assert_eq!(seqs("task_event_log")(a.id).await, vec![1]);
     // b's turn event, then its end's `finished`.
     assert_eq!(seqs("task_event_log")(b.id).await, vec![1, 2]);
@@ -236,7 +236,7 @@ async fn written(db: &TestDb, id: Uuid) -> Value {
         'calls', (SELECT jsonb_agg(to_jsonb(c) - 'id' - 'call_key' - 'task_id' - 'created_at' ORDER BY c.turn)
                   FROM llm_calls c WHERE task_id = $1),
         'messages', (SELECT jsonb_agg(jsonb_build_array(seq, turn, message) ORDER BY seq)
-                     FROM task_messages WHERE task_id = $1),
+                     FROM task_message_log WHERE task_id = $1),
         'events', (SELECT jsonb_agg(jsonb_build_array(seq, kind, data) ORDER BY seq)
                    FROM task_event_log WHERE task_id = $1))";
     sqlx::query_scalar(sql).bind(id).fetch_one(&db.pool).await.unwrap()

@@ -409,12 +409,12 @@ async fn retention_purges_old_conversations_and_events_but_keeps_tasks_and_the_l
         let pool = app.db.pool.clone();
         async move { sqlx::query_scalar::<_, i64>(sql).bind(id).fetch_one(&pool).await.unwrap() }
     };
-    assert_eq!(count("SELECT count(*) FROM task_messages WHERE task_id = $1", id).await, 0);
+    assert_eq!(count("SELECT count(*) FROM task_message_log WHERE task_id = $1", id).await, 0);
     assert_eq!(count("SELECT count(*) FROM task_event_log WHERE task_id = $1", id).await, 0);
     assert_eq!(count("SELECT count(*) FROM llm_calls WHERE task_id = $1", id).await, 1);
     assert_eq!(count("SELECT count(*) FROM tasks WHERE id = $1", id).await, 1);
     let fresh_id: Uuid = fresh["id"].as_str().unwrap().parse().unwrap();
-    assert!(count("SELECT count(*) FROM task_messages WHERE task_id = $1", fresh_id).await > 0);
+    assert!(count("SELECT count(*) FROM task_message_log WHERE task_id = $1", fresh_id).await > 0);
 
     // The ledger has its own, longer retention; the rollups keep its sums.
     let rollup_before: i64 =

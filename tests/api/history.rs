@@ -80,7 +80,7 @@ async fn partitions_are_made_ahead_and_an_insert_into_a_missing_day_still_succee
     let events = app.get_json(&format!("/tasks/{id}/events")).await;
     let kinds: Vec<&str> = events["events"].as_array().unwrap().iter().filter_map(|e| e["kind"].as_str()).collect();
     assert!(kinds.contains(&"finished"), "the end's event is stored: {kinds:?}");
-    let messages: i64 = sqlx::query_scalar("SELECT count(*) FROM task_messages WHERE task_id = $1::uuid")
+    let messages: i64 = sqlx::query_scalar("SELECT count(*) FROM task_message_log WHERE task_id = $1::uuid")
         .bind(&id)
         .fetch_one(pool)
         .await
@@ -739,7 +739,7 @@ async fn a_quiet_tenants_newest_tasks_are_read_through_its_own_index_not_past_th
 /// the row's columns, the ones before it in `earlier`. A task whose tool call is refused writes
 /// its 10 events in 6 rows; the JSON pages give every event once, in order, whatever seq they start
 /// after (mid-row too) and however few they ask for; the stream gives the same; and the log view
-/// has a row per event, as the table had before.
+/// has a row per event, as the table had before. Its messages likewise (migration 0034).
 #[tokio::test]
 async fn a_statements_events_are_one_row_and_every_read_opens_it_in_order() {
     let app = spawn_app().await;
@@ -826,5 +826,31 @@ async fn a_statements_events_are_one_row_and_every_read_opens_it_in_order() {
     let ids: Vec<&str> = body.lines().filter_map(|l| l.strip_prefix("id: ")).collect();
     assert_eq!(ids, ["9", "10"], "{body}");
     assert_events_typed(pool).await;
+
+    // The conversation likewise (migration 0034): the first turn's four messages in one row, the
+    // answer in another; the API and the log view give the five in order, each with its turn.
+    let (rows, merged): (i64, i64) =
+        sqlx::query_as("SELECT count(*), count(earlier) FROM task_messages WHERE task_id = $1")
+            .bind(id)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert_eq!((rows, merged), (2, 1));
+    let log: Vec<(i32, i32, Value)> =
+        sqlx::query_as("SELECT seq, turn, message FROM task_message_log WHERE task_id = $1 ORDER BY seq")
+            .bind(id)
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    let roles: Vec<(i32, i32, &str)> = log.iter().map(|m| (m.0, m.1, m.2["role"].as_str().unwrap())).collect();
+    assert_eq!(roles, [(1, 1, "system"), (2, 1, "user"), (3, 1, "assistant"), (4, 1, "tool"), (5, 2, "assistant")]);
+    let api = app.get_json(&format!("/tasks/{id}/messages")).await;
+    let api: Vec<(i64, i64, Value)> = api["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| (m["seq"].as_i64().unwrap(), m["turn"].as_i64().unwrap(), m["message"].clone()))
+        .collect();
+    assert_eq!(api, log.iter().map(|m| (i64::from(m.0), i64::from(m.1), m.2.clone())).collect::<Vec<_>>());
     app.stop().await;
 }

@@ -98,7 +98,7 @@ async fn answer(app: &TestApp, id: &str, body: Value, key: Option<&str>) -> reqw
 /// The tool results the model was given, by tool call id.
 async fn tool_results(app: &TestApp, id: &str) -> std::collections::BTreeMap<String, Value> {
     let rows: Vec<Value> = sqlx::query_scalar(
-        "SELECT message FROM task_messages WHERE task_id = $1::uuid AND message->>'role' = 'tool' ORDER BY seq",
+        "SELECT message FROM task_message_log WHERE task_id = $1::uuid AND message->>'role' = 'tool' ORDER BY seq",
     )
     .bind(id)
     .fetch_all(&app.db.pool)

@@ -44,7 +44,7 @@ async fn a_submitted_task_is_run_and_polled_to_completion_with_summary_and_usage
 
     // The conversation is checkpointed: system, user, assistant (tool call), tool result, answer.
     let roles: Vec<String> =
-        sqlx::query_scalar("SELECT message->>'role' FROM task_messages WHERE task_id = $1::uuid ORDER BY seq")
+        sqlx::query_scalar("SELECT message->>'role' FROM task_message_log WHERE task_id = $1::uuid ORDER BY seq")
             .bind(done["id"].as_str().unwrap())
             .fetch_all(&app.db.pool)
             .await

@@ -128,7 +128,7 @@ pub(crate) async fn finished(app: &TestApp, body: Value) -> Value {
 
 pub(crate) async fn tool_results(app: &TestApp, id: &str) -> Vec<Value> {
     sqlx::query_scalar(
-        "SELECT message FROM task_messages WHERE task_id = $1::uuid AND message->>'role' = 'tool' ORDER BY seq",
+        "SELECT message FROM task_message_log WHERE task_id = $1::uuid AND message->>'role' = 'tool' ORDER BY seq",
     )
     .bind(id)
     .fetch_all(&app.db.pool)

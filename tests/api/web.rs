@@ -384,7 +384,7 @@ async fn research_runs_are_offered_the_web_and_their_calls_are_events() {
     assert!(results[0]["content"].as_str().unwrap().contains("How tides work"));
     // The type prompt names the tools the run has, and says how to cite.
     let system: String = sqlx::query_scalar(
-        "SELECT message->>'content' FROM task_messages WHERE task_id = $1::uuid AND message->>'role' = 'system'",
+        "SELECT message->>'content' FROM task_message_log WHERE task_id = $1::uuid AND message->>'role' = 'system'",
     )
     .bind(t["id"].as_str().unwrap())
     .fetch_one(&app.db.pool)
@@ -399,7 +399,7 @@ async fn research_runs_are_offered_the_web_and_their_calls_are_events() {
     }
     let e = done(&app, json!({"prompt": "x", "subagent_type": "explore"})).await;
     let system: String = sqlx::query_scalar(
-        "SELECT message->>'content' FROM task_messages WHERE task_id = $1::uuid AND message->>'role' = 'system'",
+        "SELECT message->>'content' FROM task_message_log WHERE task_id = $1::uuid AND message->>'role' = 'system'",
     )
     .bind(e["id"].as_str().unwrap())
     .fetch_one(&app.db.pool)

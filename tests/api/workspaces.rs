@@ -523,7 +523,7 @@ async fn a_private_repository_is_read_with_a_write_only_secret_that_never_shows(
     let all: String = sqlx::query_scalar(
         "SELECT (SELECT row_to_json(t)::text FROM tasks t WHERE id = $1::uuid)
              || (SELECT coalesce(string_agg(data::text, ''), '') FROM task_event_log WHERE task_id = $1::uuid)
-             || (SELECT coalesce(string_agg(message::text, ''), '') FROM task_messages WHERE task_id = $1::uuid)",
+             || (SELECT coalesce(string_agg(message::text, ''), '') FROM task_message_log WHERE task_id = $1::uuid)",
     )
     .bind(id)
     .fetch_one(&app.db.pool)
@@ -788,7 +788,7 @@ async fn the_mcp_and_a2a_doors_take_a_workspace_with_the_same_rules() {
         assert_eq!(names, ["list_directory", "glob", "grep", "read_file"]);
     }
     let results: Vec<String> = sqlx::query_scalar(
-        "SELECT m.message->>'content' FROM task_messages m JOIN tasks t ON t.id = m.task_id
+        "SELECT m.message->>'content' FROM task_message_log m JOIN tasks t ON t.id = m.task_id
          WHERE m.message->>'role' = 'tool' ORDER BY t.created_at",
     )
     .fetch_all(&app.db.pool)

@@ -680,10 +680,15 @@ async fn fill_history(pool: &sqlx::PgPool, n: i64, recent: i64) -> f64 {
     .await
     .unwrap();
     sqlx::query(&format!(
-        "INSERT INTO task_messages (task_id, seq, turn, message, created_at)
-         SELECT t.id, k, (k + 1) / 2, jsonb_build_object('role', (ARRAY['system', 'user', 'assistant', 'tool', 'assistant'])[k],
-                'content', repeat('The sub-agent works through the task and reports back. ', 4)), t.created_at + k * interval '3 ms'
-         FROM ({recent_ids}) t, generate_series(1, 5) k"
+        "INSERT INTO task_messages (task_id, seq, turn, message, earlier, created_at)
+         SELECT t.id, r.k, r.turn, m.m[r.k],
+                CASE WHEN r.k = 4 THEN to_jsonb(m.m[1:3]) END, t.created_at + r.k * interval '3 ms'
+         FROM ({recent_ids}) t,
+              -- The soak's 5 messages in its 2 rows (a checkpoint's messages share one).
+              (VALUES (4, 1), (5, 2)) r(k, turn),
+              LATERAL (SELECT array_agg(jsonb_build_object('role', role,
+                              'content', repeat('The sub-agent works through the task and reports back. ', 4)) ORDER BY o) AS m
+                       FROM unnest(ARRAY['system', 'user', 'assistant', 'tool', 'assistant']) WITH ORDINALITY AS x(role, o)) m"
     ))
     .bind(recent)
     .execute(pool)

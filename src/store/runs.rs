@@ -866,7 +866,8 @@ const RECORD_INTERRUPTED: &str = "WITH est AS (
                coalesce((extract(epoch FROM now() - e.created_at) * 1000)::int, 0) AS latency_ms
         FROM task_queue t
         LEFT JOIN LATERAL (SELECT data, created_at FROM task_event_log
-                           WHERE task_id = t.id AND kind = 'llm_call_started' ORDER BY seq DESC LIMIT 1) e ON true
+                           WHERE task_id = t.id AND kind = 'llm_call_started'
+                           ORDER BY row_seq DESC, seq DESC LIMIT 1) e ON true
         WHERE t.id = ANY($1) AND t.reserved_tokens > 0
      ), c AS (
         INSERT INTO llm_calls (call_key, task_id, tenant, turn, attempt, try, provider, model, input_tokens,

@@ -311,12 +311,17 @@ static INSERT_STARTED: std::sync::LazyLock<String> = std::sync::LazyLock::new(||
          ), w AS (
             INSERT INTO webhook_deliveries (task_id, event) SELECT id, 'task.finished' FROM t WHERE webhook_url IS NOT NULL
          ), e AS (
-            INSERT INTO task_events (task_id, seq, kind, data)
-            SELECT id, 1, 'created', jsonb_build_object('subagent_type', subagent_type, 'model', model) FROM t
-            UNION ALL
-            SELECT id, 2, 'claimed', jsonb_build_object('attempt', attempt, 'worker', worker_id) FROM t
-            UNION ALL
-            SELECT id, 3, 'llm_call_started', $21::jsonb FROM t, pre WHERE pre.reserved
+            -- One row (migration 0033): `claimed`, or the reserved call's `llm_call_started`, with
+            -- the events before it in `earlier`.
+            INSERT INTO task_events (task_id, seq, kind, data, earlier)
+            SELECT id, CASE WHEN pre.reserved THEN 3 ELSE 2 END,
+                   CASE WHEN pre.reserved THEN 'llm_call_started' ELSE 'claimed' END,
+                   CASE WHEN pre.reserved THEN $21::jsonb ELSE c.claimed END,
+                   jsonb_build_array(jsonb_build_array('created',
+                                         jsonb_build_object('subagent_type', subagent_type, 'model', model)))
+                   || CASE WHEN pre.reserved THEN jsonb_build_array(jsonb_build_array('claimed', c.claimed))
+                           ELSE '[]'::jsonb END
+            FROM t, pre, LATERAL (SELECT jsonb_build_object('attempt', attempt, 'worker', worker_id) AS claimed) c
          )
          SELECT t.*, pre.reserved FROM t, pre"
     )

@@ -125,6 +125,9 @@ async fn turns_committed_together_are_each_fenced_on_their_own_lease_and_a_retry
     assert_eq!(seqs("task_event_log")(a.id).await, vec![1]);
     // b's turn event, then its end's `finished`.
     assert_eq!(seqs("task_event_log")(b.id).await, vec![1, 2]);
+    // ... in one row each: the statement's events, and its messages (migrations 0033, 0034).
+    assert_eq!(seqs("task_events")(b.id).await, vec![2], "b's two events, one row");
+    assert_eq!(seqs("task_messages")(a.id).await, vec![2], "a's two messages, one row");
     assert_eq!(scalar(&db, "SELECT last_event_seq::int8 FROM tasks WHERE id = $1", b.id).await, 2);
     assert!(seqs("task_event_log")(c.id).await.is_empty());
     assert_eq!(

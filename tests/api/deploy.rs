@@ -182,7 +182,9 @@ async fn the_dashboards_role_reads_the_usage_views_and_nothing_else() {
     let create = (version >= 150000).then_some("CREATE TABLE dash_owned (x int)");
     for refused in [
         "SELECT count(*) FROM tasks",
+        "SELECT count(*) FROM task_messages",
         "SELECT count(*) FROM task_message_log",
+        "SELECT count(*) FROM task_event_log",
         "SELECT count(*) FROM api_keys",
         "DELETE FROM usage_daily",
         "DROP VIEW v_usage_daily",

@@ -664,7 +664,7 @@ async fn fill_history(pool: &sqlx::PgPool, n: i64, recent: i64) -> f64 {
     sqlx::query(&format!(
         "INSERT INTO task_events (task_id, seq, kind, data, earlier, created_at)
          SELECT t.id, r.k, r.kind, d.d,
-                (SELECT jsonb_agg(jsonb_build_array(ek, d.d) ORDER BY o) FROM unnest(r.ek) WITH ORDINALITY AS u(ek, o)),
+                (SELECT jsonb_agg(jsonb_build_array(ek, d.d) ORDER BY o) FROM unnest(r.ek) WITH ORDINALITY AS u(ek, o))::json,
                 t.created_at + r.k * interval '3 ms'
          FROM ({recent_ids}) t,
               -- The soak's 11 events in its 7 rows (a statement's events share one).
@@ -1212,10 +1212,12 @@ async fn workspace(env: &Env, report: &Report, files: usize, n: usize) {
     }
     let alone_p50 = pct(&mut alone, 0.5);
     // The rows holding the lone runs' `tool_call_finished` (alone or with earlier events).
-    sqlx::query("DELETE FROM task_events WHERE kind = 'tool_call_finished' OR earlier @> '[[\"tool_call_finished\"]]'")
-        .execute(&pool)
-        .await
-        .unwrap();
+    sqlx::query(
+        "DELETE FROM task_events WHERE kind = 'tool_call_finished' OR earlier::jsonb @> '[[\"tool_call_finished\"]]'",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
     let rss_idle = rss_mib(svc.child.id());
     let t0 = Instant::now();
     let all: Vec<_> = (0..n).map(|_| tokio::spawn(run("find grepws:retry_policy please".into()))).collect();

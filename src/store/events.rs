@@ -87,8 +87,9 @@ impl StoredRow {
     }
 }
 
-/// The events before a row's last, as `earlier` stores them: `[[kind, data], ...]`.
-pub(super) type Earlier<'a> = Json<Vec<(EventKind, &'a Event)>>;
+/// The events before a row's last, as `earlier` stores them: `[[kind, data], ...]`, compact JSON
+/// text (the column is `json`; bound as text and cast).
+pub(super) type Earlier = String;
 
 /// A statement's events for one task as the one row it writes (migration 0033): the last event's
 /// kind and data, the ones before it as `[[kind, data], ...]` (none when it is alone), and how
@@ -96,7 +97,7 @@ pub(super) type Earlier<'a> = Json<Vec<(EventKind, &'a Event)>>;
 pub(super) struct Packed<'a> {
     pub kind: Option<EventKind>,
     pub data: Option<Json<&'a Event>>,
-    pub earlier: Option<Earlier<'a>>,
+    pub earlier: Option<Earlier>,
     pub n: i32,
 }
 
@@ -107,7 +108,7 @@ pub(super) fn pack<'a>(events: impl IntoIterator<Item = &'a Event>) -> Packed<'a
     Packed {
         kind: last.map(|(k, _)| k),
         data: last.map(|(_, e)| Json(e)),
-        earlier: (!all.is_empty()).then_some(Json(all)),
+        earlier: (!all.is_empty()).then(|| serde_json::to_string(&all).unwrap_or_else(|_| "[]".into())),
         n,
     }
 }
@@ -122,7 +123,7 @@ pub async fn append(pool: &PgPool, f: Fence, events: &[Event]) -> Result<bool, S
             RETURNING id, last_event_seq
          ), e AS (
             INSERT INTO task_events (task_id, seq, kind, data, earlier)
-            SELECT id, last_event_seq, $3, $4, $5 FROM u WHERE $3::text IS NOT NULL
+            SELECT id, last_event_seq, $3, $4, $5::json FROM u WHERE $3::text IS NOT NULL
          )
          SELECT count(*)::int FROM u";
     let n: i32 = sqlx::query_scalar(sql)
@@ -192,7 +193,7 @@ pub(super) struct Rows<'a> {
     pub of: Vec<i64>,
     pub kinds: Vec<EventKind>,
     pub datas: Vec<Json<&'a Event>>,
-    pub earlier: Vec<Option<Earlier<'a>>>,
+    pub earlier: Vec<Option<Earlier>>,
 }
 
 impl<'a> Rows<'a> {
@@ -216,7 +217,7 @@ pub(super) fn insert_batched(first: u8) -> String {
     format!(
         "INSERT INTO task_events (task_id, seq, kind, data, earlier)
             SELECT b_id, u_seq, x.kind, x.data, x.earlier
-            FROM u JOIN unnest(${of}::int8[], ${kinds}::text[], ${datas}::jsonb[], ${earlier}::jsonb[])
+            FROM u JOIN unnest(${of}::int8[], ${kinds}::text[], ${datas}::jsonb[], ${earlier}::json[])
                  AS x(ei, kind, data, earlier) ON x.ei = u.b_i"
     )
 }

@@ -632,7 +632,7 @@ fn commit_turn_sql(whole: bool) -> String {
             FROM u WHERE cardinality($16::jsonb[]) > 0
          ), e AS (
             INSERT INTO task_events (task_id, seq, kind, data, earlier)
-            SELECT $1, u.last_event_seq, $17, $18, $32 FROM u WHERE $17::text IS NOT NULL
+            SELECT $1, u.last_event_seq, $17, $18, $32::json FROM u WHERE $17::text IS NOT NULL
          ), {WAKE_WAITERS}
          SELECT {answer} FROM u, (SELECT count(*) FROM w) AS woken",
         // The whole task only for the commit that ends it (for its waiters).
@@ -707,7 +707,7 @@ fn finish_sql(whole: bool) -> String {
             RETURNING {returning}
          ), e AS (
             INSERT INTO task_events (task_id, seq, kind, data, earlier)
-            SELECT id, u.last_event_seq, $8, $9, $11 FROM u WHERE $8::text IS NOT NULL
+            SELECT id, u.last_event_seq, $8, $9, $11::json FROM u WHERE $8::text IS NOT NULL
          ), {WAKE_WAITERS}
          SELECT {answer} FROM u, (SELECT count(*) FROM w) AS woken"
     )

@@ -317,10 +317,10 @@ static INSERT_STARTED: std::sync::LazyLock<String> = std::sync::LazyLock::new(||
             SELECT id, CASE WHEN pre.reserved THEN 3 ELSE 2 END,
                    CASE WHEN pre.reserved THEN 'llm_call_started' ELSE 'claimed' END,
                    CASE WHEN pre.reserved THEN $21::jsonb ELSE c.claimed END,
-                   jsonb_build_array(jsonb_build_array('created',
+                   (jsonb_build_array(jsonb_build_array('created',
                                          jsonb_build_object('subagent_type', subagent_type, 'model', model)))
                    || CASE WHEN pre.reserved THEN jsonb_build_array(jsonb_build_array('claimed', c.claimed))
-                           ELSE '[]'::jsonb END
+                           ELSE '[]'::jsonb END)::json
             FROM t, pre, LATERAL (SELECT jsonb_build_object('attempt', attempt, 'worker', worker_id) AS claimed) c
          )
          SELECT t.*, pre.reserved FROM t, pre"

@@ -511,8 +511,7 @@ fn commit_turns_sql(whole: bool) -> String {
             -- messages are one row: the last, and the ones before it (migration 0034).
             SELECT b_id, (SELECT coalesce(max(seq), 0) FROM task_messages
                           WHERE task_id = b_id AND created_at >= u_created - {DB_CLOCK_MARGIN}) + cardinality(x.msgs),
-                   b_cturn, x.msgs[cardinality(x.msgs)],
-                   CASE WHEN cardinality(x.msgs) > 1 THEN to_jsonb(x.msgs[1:cardinality(x.msgs) - 1]) END
+                   b_cturn, {last_and_earlier}
             FROM u JOIN (SELECT mi, array_agg(msg ORDER BY ord) AS msgs
                          FROM unnest($31::int8[], $32::jsonb[]) WITH ORDINALITY AS y(mi, msg, ord) GROUP BY mi) x
                  ON x.mi = u.b_i
@@ -524,6 +523,7 @@ fn commit_turns_sql(whole: bool) -> String {
          )
          SELECT b_i{answer} FROM u, (SELECT count(*) FROM w) AS woken",
         events = super::events::insert_batched(33),
+        last_and_earlier = message_row("x.msgs"),
     )
 }
 
@@ -627,8 +627,7 @@ fn commit_turn_sql(whole: bool) -> String {
             INSERT INTO task_messages (task_id, seq, turn, message, earlier)
             SELECT $1, (SELECT coalesce(max(seq), 0) FROM task_messages
                         WHERE task_id = $1 AND created_at >= u.created_at - {DB_CLOCK_MARGIN}) + cardinality($16::jsonb[]),
-                   $4, $16[cardinality($16::jsonb[])],
-                   CASE WHEN cardinality($16::jsonb[]) > 1 THEN to_jsonb($16[1:cardinality($16::jsonb[]) - 1]) END
+                   $4, {last_and_earlier}
             FROM u WHERE cardinality($16::jsonb[]) > 0
          ), e AS (
             INSERT INTO task_events (task_id, seq, kind, data, earlier)
@@ -642,6 +641,16 @@ fn commit_turn_sql(whole: bool) -> String {
             "tenant, subagent_type, api_key, last_event_seq, created_at".into()
         },
         answer = if whole { format!("{COLS}, webhook") } else { "1".into() },
+        last_and_earlier = message_row("$16::jsonb[]"),
+    )
+}
+
+/// A statement's messages (`msgs`, a `jsonb[]` expression) as the `message` and `earlier` of the
+/// one row it writes (migration 0034): the last, and the ones before it as a JSON array.
+fn message_row(msgs: &str) -> String {
+    format!(
+        "({msgs})[cardinality({msgs})],
+         CASE WHEN cardinality({msgs}) > 1 THEN to_jsonb(({msgs})[1:cardinality({msgs}) - 1]) END"
     )
 }
 

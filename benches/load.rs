@@ -679,6 +679,9 @@ async fn fill_history(pool: &sqlx::PgPool, n: i64, recent: i64) -> f64 {
     .execute(pool)
     .await
     .unwrap();
+    const TEXT: &str = "The sub-agent works through the task and reports back. The sub-agent works through the task \
+        and reports back. The sub-agent works through the task and reports back. The sub-agent works through the task and \
+        reports back. ";
     sqlx::query(&format!(
         "INSERT INTO task_messages (task_id, seq, turn, message, earlier, created_at)
          SELECT t.id, r.k, r.turn, m.m[r.k],
@@ -686,14 +689,22 @@ async fn fill_history(pool: &sqlx::PgPool, n: i64, recent: i64) -> f64 {
          FROM ({recent_ids}) t,
               -- The soak's 5 messages in its 2 rows (a checkpoint's messages share one).
               (VALUES (4, 1), (5, 2)) r(k, turn),
-              LATERAL (SELECT array_agg(jsonb_build_object('role', role,
-                              'content', repeat('The sub-agent works through the task and reports back. ', 4)) ORDER BY o) AS m
+              -- The system message names its stored text (migration 0035).
+              LATERAL (SELECT array_agg(CASE WHEN role = 'system'
+                                  THEN jsonb_build_object('role', role, 'text_sha256', encode(sha256(convert_to($2::text, 'UTF8')), 'hex'))
+                                  ELSE jsonb_build_object('role', role, 'content', $2::text) END ORDER BY o) AS m
                        FROM unnest(ARRAY['system', 'user', 'assistant', 'tool', 'assistant']) WITH ORDINALITY AS x(role, o)) m"
     ))
     .bind(recent)
+    .bind(TEXT)
     .execute(pool)
     .await
     .unwrap();
+    sqlx::query("INSERT INTO message_texts (hash, content) VALUES (sha256(convert_to($1::text, 'UTF8')), $1) ON CONFLICT DO NOTHING")
+        .bind(TEXT)
+        .execute(pool)
+        .await
+        .unwrap();
     // Vacuumed as a history of that age would be: else autovacuum's first pass over the freshly
     // inserted partitions (tens of GB) runs during the measured load.
     sqlx::query("VACUUM (ANALYZE)").execute(pool).await.unwrap();

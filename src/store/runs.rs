@@ -300,7 +300,7 @@ async fn commit_turns_on(conn: &mut sqlx::PgConnection, writes: &[&TurnWrite]) -
     let (mut cost, mut rusd, mut latency, mut http, mut est) = (vec![], vec![], vec![], vec![], vec![]);
     let (mut status, mut stop, mut summary, mut ecode, mut emsg) = (vec![], vec![], vec![], vec![], vec![]);
     let (mut output, mut nev, mut wants, mut ws) = (vec![], vec![], vec![], vec![]);
-    let (mut m_of, mut m_msg) = (vec![], vec![]);
+    let mut m_of = vec![];
     let mut rows = super::events::Rows::default();
     let endings: Vec<Vec<Event>> = writes.iter().map(|w| w.ending()).collect();
     for (i, (w, ending)) in writes.iter().zip(&endings).enumerate() {
@@ -335,13 +335,13 @@ async fn commit_turns_on(conn: &mut sqlx::PgConnection, writes: &[&TurnWrite]) -
         emsg.push(fin.and_then(|f| f.error_message.as_deref()));
         output.push(fin.and_then(|f| f.output.clone()));
         wants.push(fin.is_some_and(|f| f.return_task));
-        for m in &w.messages {
+        for _ in &w.messages {
             m_of.push(i);
-            m_msg.push(m);
         }
         nev.push((w.events.len() + ending.len()) as i32);
         rows.push(i, w.events.iter().chain(ending));
     }
+    let stored = StoredMessages::of(writes.iter().flat_map(|w| &w.messages));
     let sql: &str = &COMMIT_TURNS[usize::from(whole)];
     let rows = sqlx::query(sql)
         .bind(&ids) // 1
@@ -375,11 +375,13 @@ async fn commit_turns_on(conn: &mut sqlx::PgConnection, writes: &[&TurnWrite]) -
         .bind(&wants) // 29
         .bind(&ws) // 30
         .bind(&m_of) // 31
-        .bind(&m_msg) // 32
+        .bind(stored.rows()) // 32
         .bind(&rows.of) // 33
         .bind(&rows.kinds) // 34
         .bind(&rows.datas) // 35
         .bind(&rows.earlier) // 36
+        .bind(&stored.hashes) // 37
+        .bind(&stored.texts) // 38
         .fetch_all(&mut *conn)
         .await?;
     let mut done: Vec<Option<Committed>> = (0..n).map(|_| None).collect();
@@ -516,6 +518,7 @@ fn commit_turns_sql(whole: bool) -> String {
                          FROM unnest($31::int8[], $32::jsonb[]) WITH ORDINALITY AS y(mi, msg, ord) GROUP BY mi) x
                  ON x.mi = u.b_i
          ), e AS ({events}
+         ), mt AS ({texts}
          ), w AS (
             SELECT pg_notify('subagentd_budget', t.u_tenant) FROM (SELECT DISTINCT u_tenant FROM u) t
             WHERE EXISTS (SELECT 1 FROM task_queue q WHERE q.tenant = t.u_tenant AND q.waiting_for IS NOT NULL
@@ -524,6 +527,7 @@ fn commit_turns_sql(whole: bool) -> String {
          SELECT b_i{answer} FROM u, (SELECT count(*) FROM w) AS woken",
         events = super::events::insert_batched(33),
         last_and_earlier = message_row("x.msgs"),
+        texts = texts_insert(37, 38),
     )
 }
 
@@ -540,6 +544,7 @@ async fn commit_turn(conn: &mut sqlx::PgConnection, w: &TurnWrite) -> Result<Com
     let ev = super::events::pack(w.events.iter().chain(&ending));
     let whole = fin.is_some_and(|f| f.return_task);
     let sql: &str = if whole { &COMMIT_TURN_ENDING } else { &COMMIT_TURN };
+    let stored = StoredMessages::of(&w.messages);
     let row = sqlx::query(sql)
         .bind(w.fence.id) // 1
         .bind(w.fence.lease) // 2
@@ -556,7 +561,7 @@ async fn commit_turn(conn: &mut sqlx::PgConnection, w: &TurnWrite) -> Result<Com
         .bind(call.http_status) // 13
         .bind(call.outcome.as_str()) // 14
         .bind(&call.error) // 15
-        .bind(&w.messages) // 16
+        .bind(stored.rows()) // 16
         .bind(ev.kind) // 17
         .bind(ev.data) // 18
         .bind(&call.model) // 19
@@ -574,6 +579,8 @@ async fn commit_turn(conn: &mut sqlx::PgConnection, w: &TurnWrite) -> Result<Com
         .bind(call.web_searches) // 31
         .bind(ev.earlier) // 32
         .bind(ev.n) // 33
+        .bind(&stored.hashes) // 34
+        .bind(&stored.texts) // 35
         .fetch_optional(&mut *conn)
         .await?;
     match (row, fin) {
@@ -632,6 +639,7 @@ fn commit_turn_sql(whole: bool) -> String {
          ), e AS (
             INSERT INTO task_events (task_id, seq, kind, data, earlier)
             SELECT $1, u.last_event_seq, $17, $18, $32::json FROM u WHERE $17::text IS NOT NULL
+         ), mt AS ({texts}
          ), {WAKE_WAITERS}
          SELECT {answer} FROM u, (SELECT count(*) FROM w) AS woken",
         // The whole task only for the commit that ends it (for its waiters).
@@ -642,6 +650,57 @@ fn commit_turn_sql(whole: bool) -> String {
         },
         answer = if whole { format!("{COLS}, webhook") } else { "1".into() },
         last_and_earlier = message_row("$16::jsonb[]"),
+        texts = texts_insert(34, 35),
+    )
+}
+
+/// A statement's messages as they are stored (migration 0035): a system message names its text
+/// by SHA-256 (`text_sha256`), and the texts so named go to `message_texts` once each, in hash
+/// order, so two statements that both bring new ones insert them in one order (and neither
+/// waits on the other for long). Read back through `task_message_log`, which puts them back.
+struct StoredMessages<'a> {
+    sent: Vec<&'a Value>,
+    /// The stored form of each message that differs from the one sent.
+    named: Vec<Option<Value>>,
+    hashes: Vec<Vec<u8>>,
+    texts: Vec<&'a str>,
+}
+
+impl<'a> StoredMessages<'a> {
+    fn of(msgs: impl IntoIterator<Item = &'a Value>) -> StoredMessages<'a> {
+        use sha2::{Digest, Sha256};
+        let sent: Vec<&Value> = msgs.into_iter().collect();
+        let mut texts = std::collections::BTreeMap::new();
+        let named = sent
+            .iter()
+            .map(|m| match m.as_object().map(|o| (o.len(), o.get("role"), o.get("content"))) {
+                // Only `{"role": "system", "content": "..."}`, which the view rebuilds exactly.
+                Some((2, Some(Value::String(role)), Some(Value::String(text)))) if role == "system" => {
+                    let hash = Sha256::digest(text.as_bytes()).to_vec();
+                    let named = serde_json::json!({"role": "system", "text_sha256": hex::encode(&hash)});
+                    texts.insert(hash, text.as_str());
+                    Some(named)
+                }
+                _ => None,
+            })
+            .collect();
+        let (hashes, texts) = texts.into_iter().unzip();
+        StoredMessages { sent, named, hashes, texts }
+    }
+
+    /// The messages to write, in order.
+    fn rows(&self) -> Vec<&Value> {
+        self.sent.iter().zip(&self.named).map(|(s, n)| n.as_ref().unwrap_or(s)).collect()
+    }
+}
+
+/// The statement that stores the texts a write's system messages name ($h, $t: `bytea[]`,
+/// `text[]`), when the write applies (`u` has a row); a text already stored is left as it is.
+fn texts_insert(h: usize, t: usize) -> String {
+    format!(
+        "INSERT INTO message_texts (hash, content)
+            SELECT s.h, s.c FROM unnest(${h}::bytea[], ${t}::text[]) AS s(h, c) WHERE EXISTS (SELECT 1 FROM u)
+            ON CONFLICT DO NOTHING"
     )
 }
 

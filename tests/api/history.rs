@@ -854,3 +854,176 @@ async fn a_statements_events_are_one_row_and_every_read_opens_it_in_order() {
     assert_eq!(api, log.iter().map(|m| (i64::from(m.0), i64::from(m.1), m.2.clone())).collect::<Vec<_>>());
     app.stop().await;
 }
+
+/// A run's system message is stored once for all the tasks that send it (migration 0035): the
+/// message row names the text by its SHA-256, `message_texts` holds it once, and every read (the
+/// log view, the API's conversation, a resume's) gives the message as it was sent. A task with
+/// another prompt adds its own text; a row written before, with its text inline, reads as before.
+#[tokio::test]
+async fn a_system_prompt_is_stored_once_for_every_task_that_sends_it_and_read_back_whole() {
+    let app = spawn_app().await;
+    let pool = &app.db.pool;
+    let prompt = "You are a careful test agent. Answer in one line.";
+    let run = |system: &'static str| {
+        let app = &app;
+        async move {
+            let t = app
+                .post_json(
+                    "/tasks?wait=true",
+                    json!({"prompt": "moons [mock:tool_turns=1]", "model": "mock/m", "system_prompt": system}),
+                )
+                .await;
+            let t: Value = t.json().await.unwrap();
+            assert_eq!(t["status"], "completed", "{t}");
+            Uuid::parse_str(t["id"].as_str().unwrap()).unwrap()
+        }
+    };
+    let texts =
+        || async { sqlx::query_scalar::<_, i64>("SELECT count(*) FROM message_texts").fetch_one(pool).await.unwrap() };
+    let (a, b) = (run(prompt).await, run(prompt).await);
+    assert_eq!(texts().await, 1, "two tasks with one system prompt store it once");
+    let hash: Vec<u8> = sqlx::query_scalar("SELECT hash FROM message_texts").fetch_one(pool).await.unwrap();
+    assert_eq!(hex::encode(&hash), sha256_hex(prompt));
+    for id in [a, b] {
+        // Stored: the first row's first message names the text and does not hold it.
+        let first: Value = sqlx::query_scalar(
+            "SELECT earlier->0 FROM task_messages WHERE task_id = $1 AND earlier IS NOT NULL ORDER BY seq LIMIT 1",
+        )
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        assert_eq!(first, json!({"role": "system", "text_sha256": sha256_hex(prompt)}));
+        // Read: the message as sent, by the view and by the API.
+        let log: Value = sqlx::query_scalar("SELECT message FROM task_message_log WHERE task_id = $1 AND seq = 1")
+            .bind(id)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        assert_eq!(log, json!({"role": "system", "content": prompt}));
+        let api = app.get_json(&format!("/tasks/{id}/messages")).await;
+        assert_eq!(api["messages"][0]["message"], json!({"role": "system", "content": prompt}), "{api}");
+        assert_eq!(api["messages"].as_array().unwrap().len(), 5, "{api}");
+    }
+    // A resume reads the conversation back, system message whole, and sends it again.
+    let r = app
+        .post_json(
+            "/tasks?wait=true",
+            json!({"prompt": "and the rings? [mock:tool_turns=0]", "model": "mock/m", "resume_from": a.to_string()}),
+        )
+        .await;
+    let r: Value = r.json().await.unwrap();
+    assert_eq!(r["status"], "completed", "{r}");
+    let resumed = app.get_json(&format!("/tasks/{}/messages", r["id"].as_str().unwrap())).await;
+    assert_eq!(resumed["messages"][0]["message"], json!({"role": "system", "content": prompt}), "{resumed}");
+    assert_eq!(texts().await, 1, "the resumed conversation names the same text");
+
+    run("Another prompt.").await;
+    assert_eq!(texts().await, 2, "another prompt, another text");
+
+    // A row from before the migration: its text inline, read as it is.
+    let old = Uuid::now_v7();
+    sqlx::query(
+        "INSERT INTO task_messages (task_id, seq, turn, message, earlier)
+         VALUES ($1, 2, 1, '{\"role\": \"user\", \"content\": \"u\"}', '[{\"role\": \"system\", \"content\": \"inline\"}]')",
+    )
+    .bind(old)
+    .execute(pool)
+    .await
+    .unwrap();
+    let old: Vec<Value> = sqlx::query_scalar("SELECT message FROM task_message_log WHERE task_id = $1 ORDER BY seq")
+        .bind(old)
+        .fetch_all(pool)
+        .await
+        .unwrap();
+    assert_eq!(old, [json!({"role": "system", "content": "inline"}), json!({"role": "user", "content": "u"})]);
+    app.stop().await;
+}
+
+fn sha256_hex(s: &str) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(s.as_bytes()))
+}
+
+/// Heap tuples read from `table` (by scans and by index fetches) and its sequential scans, as
+/// the backend's statistics say after a flush.
+async fn tuples_read(pool: &PgPool, table: &str) -> (i64, i64) {
+    sqlx::query("SELECT pg_stat_force_next_flush()").execute(pool).await.unwrap();
+    sqlx::query_as(
+        "SELECT coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0), coalesce(seq_scan, 0)
+         FROM pg_stat_user_tables WHERE relname = $1",
+    )
+    .bind(table)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// `webhook_deliveries` and `task_actions` are not partitioned (ARCHITECTURE.md, "History by the
+/// day"): they have no window, and the reads that run all the time do not grow with the finished
+/// rows: the webhook sender's look for due deliveries goes through a partial index of the pending
+/// ones, the sweep for expired actions starts from the queue's waiting tasks. With 20,000 finished
+/// rows of each beside one open one, each read touches the open row only.
+#[tokio::test]
+async fn the_webhook_sender_and_the_action_sweep_read_only_open_rows_however_many_are_done() {
+    let db = test_db().await;
+    // One connection: the reads and the statistics' flush are the same backend's.
+    let pool = subagentd::db::connect(&db.url, 1).await.unwrap();
+    // 20,000 finished tasks, and one waiting for an answer.
+    sqlx::query(
+        "INSERT INTO tasks (id, tenant, status, subagent_type, prompt, model, options, created_at, finished_at, history_at)
+         SELECT subagentd_uuidv7(now() - interval '1 hour' + g * interval '1 ms'), 't', 'completed', 'general', 'p',
+                'mock/m', '{}', now() - interval '1 hour', now() - interval '30 minutes', now() - interval '30 minutes'
+         FROM generate_series(1, 20000) g",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let waiting = Uuid::now_v7();
+    sqlx::query(
+        "INSERT INTO tasks (id, tenant, status, subagent_type, prompt, model, options, pauses, paused_at, attempt)
+         VALUES ($1, 't', 'requires_action', 'general', 'p', 'mock/m', '{}', 1, now() - interval '2 minutes', 1)",
+    )
+    .bind(waiting)
+    .execute(&pool)
+    .await
+    .unwrap();
+    // Every finished task's delivery done but the newest's; every task's action answered but the
+    // waiting one's, whose time has run out.
+    sqlx::query(
+        "WITH t AS (SELECT id, row_number() OVER (ORDER BY id) = 20000 AS open FROM tasks WHERE status = 'completed')
+         INSERT INTO webhook_deliveries (task_id, event, status, attempts, delivered_at)
+         SELECT id, 'task.finished', CASE WHEN open THEN 'pending' ELSE 'delivered' END, 1,
+                CASE WHEN open THEN NULL ELSE now() END FROM t",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "WITH t AS (SELECT id, status = 'requires_action' AS open FROM tasks)
+         INSERT INTO task_actions (id, task_id, tenant, pause, turn, tool_call_id, kind, name, arguments, expires_at,
+                                   answered_at, decision, answered_by)
+         SELECT gen_random_uuid(), id, 't', 1, 1, 'c1', 'approval', 'deploy', '{}', now() - interval '1 minute',
+                CASE WHEN open THEN NULL ELSE now() END, CASE WHEN open THEN NULL ELSE 'approve' END,
+                CASE WHEN open THEN NULL ELSE 'admin' END FROM t",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query("ANALYZE webhook_deliveries, task_actions").execute(&pool).await.unwrap();
+
+    let before = tuples_read(&pool, "webhook_deliveries").await;
+    let due = subagentd::store::tasks::take_due_webhooks(&pool, 50, 30.0).await.unwrap();
+    let after = tuples_read(&pool, "webhook_deliveries").await;
+    assert_eq!(due.len(), 1, "the one pending delivery is due");
+    assert_eq!(after.1 - before.1, 0, "no sequential scan of the deliveries");
+    assert!(after.0 - before.0 < 10, "{} deliveries read for one due", after.0 - before.0);
+
+    let before = tuples_read(&pool, "task_actions").await;
+    let expired = subagentd::store::actions::expire(&pool).await.unwrap();
+    let after = tuples_read(&pool, "task_actions").await;
+    assert_eq!(expired, [waiting], "the waiting task's action ran out: answered, and the task queued");
+    assert_eq!(after.1 - before.1, 0, "no sequential scan of the actions");
+    assert!(after.0 - before.0 < 10, "{} actions read for one open", after.0 - before.0);
+    pool.close().await;
+}

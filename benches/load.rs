@@ -614,6 +614,14 @@ async fn fill_history(pool: &sqlx::PgPool, n: i64, recent: i64) -> f64 {
         .await
         .unwrap();
     month_partitions(pool, DAYS as i32 + 1).await;
+    // Every task's options, stored once as the service stores them (migration 0036).
+    sqlx::query(
+        "INSERT INTO task_options (hash, options) SELECT sha256(convert_to(o::text, 'UTF8')), o
+         FROM (SELECT '{\"max_turns\": 5}'::jsonb AS o) x ON CONFLICT DO NOTHING",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
     let step = 1_000_000i64;
     let mut from = 1i64;
     while from <= n {
@@ -622,12 +630,13 @@ async fn fill_history(pool: &sqlx::PgPool, n: i64, recent: i64) -> f64 {
         // tasks it writes for from the insert itself).
         sqlx::query(
             "WITH t AS (
-                INSERT INTO tasks (id, tenant, status, subagent_type, prompt, model, options, metadata, created_at, started_at,
+                INSERT INTO tasks (id, tenant, status, subagent_type, prompt, model, options, options_sha256, metadata, created_at, started_at,
                                    finished_at, history_at, summary, stop_reason, turns, input_tokens, output_tokens, cost_usd, attempt,
                                    last_event_seq)
                 SELECT (lpad(to_hex((extract(epoch FROM ts) * 1000)::int8), 12, '0') || '7' || substr(h, 1, 3) || '8' || substr(h, 4, 15))::uuid,
                        'h' || lpad((g % 20 + 1)::text, 2, '0'), CASE WHEN g % 50 = 0 THEN 'cancelled' ELSE 'completed' END,
-                       'general', 'go', 'fake/gpt-4o', '{\"max_turns\": 5}', '{}', ts, ts, ts + interval '40 ms', ts + interval '40 ms',
+                       'general', 'go', 'fake/gpt-4o', NULL, sha256(convert_to('{\"max_turns\": 5}'::jsonb::text, 'UTF8')), '{}', ts, ts,
+                       ts + interval '40 ms', ts + interval '40 ms',
                        CASE WHEN g % 50 = 0 THEN NULL ELSE 'done' END,
                        CASE WHEN g % 50 = 0 THEN 'cancelled' ELSE 'final_answer' END, 2, 240, 60, 0.0009, 1, 11
                 FROM (SELECT g, now() - interval '1 hour' - (($3 - g)::float8 / $3) * make_interval(days => $4) AS ts,

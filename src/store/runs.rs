@@ -6,7 +6,7 @@ use sqlx::{FromRow, PgPool, Row};
 use uuid::Uuid;
 
 use super::calls::CallRow;
-use super::tasks::{StopReason, TaskRow, TaskStatus, COLS, WEBHOOK};
+use super::tasks::{StopReason, TaskRow, TaskStatus, COLS, COL_NAMES, OPTIONS_READ, WEBHOOK};
 pub use super::Fence;
 use super::StoreError;
 use super::DB_CLOCK_MARGIN;
@@ -27,6 +27,46 @@ pub async fn claim(
     // A queued task cancelled under the claim has left the queue: claimed again, it is not seen.
     super::on_move(pool, || claim_once(pool, limit, lease_secs, worker, default_max_running)).await
 }
+
+/// The claim's second statement: count, pick and claim (`claim_once`).
+static CLAIM: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "WITH lim AS (
+            SELECT * FROM unnest($4::text[], $5::int[]) AS l(tenant, max_running)
+         ), busy AS MATERIALIZED (
+            -- Materialized: counted once per tenant, not once per candidate row (inlined, this
+            -- count ran for each of a batch's rows: 1.2 s for 1,000 claims with 4,000 running).
+            SELECT tenant, max_running,
+                (SELECT count(*) FROM task_queue r WHERE r.tenant = lim.tenant AND r.status = 'running') AS running
+            FROM lim
+         ), room AS (
+            SELECT tenant, running,
+                CASE WHEN max_running IS NULL THEN $1 ELSE greatest(max_running - running, 0) END AS free
+            FROM busy
+         ), pick AS (
+            -- Within a tenant: higher priority first, then arrival (tasks_tenant_queued_prio_idx).
+            SELECT c.id, room.running + row_number() OVER (PARTITION BY room.tenant ORDER BY c.priority DESC, c.id) AS load
+            FROM room, LATERAL (
+                SELECT id, priority FROM task_queue q
+                WHERE q.status = 'queued' AND q.tenant = room.tenant AND q.waiting_for IS NULL
+                ORDER BY q.priority DESC, q.id LIMIT least(room.free, $1) FOR UPDATE SKIP LOCKED
+            ) c
+         ), chosen AS (
+            -- The least busy tenant first: each pick goes to whoever would then run the fewest.
+            SELECT id FROM pick ORDER BY load, id LIMIT $1
+         ), u AS (
+            UPDATE task_queue t SET status = 'running', attempt = t.attempt + 1, lease_token = gen_random_uuid(),
+                lease_expires_at = now() + make_interval(secs => $2), started_at = coalesce(t.started_at, now()),
+                worker_id = $3, last_event_seq = t.last_event_seq + 1
+            FROM chosen WHERE t.id = chosen.id
+            RETURNING t.*
+         ), e AS (
+            INSERT INTO task_events (task_id, seq, kind, data)
+            SELECT id, last_event_seq, 'claimed', jsonb_build_object('attempt', attempt, 'worker', worker_id) FROM u
+         )
+         SELECT {COLS} FROM u ORDER BY id"
+    )
+});
 
 async fn claim_once(
     pool: &PgPool,
@@ -63,49 +103,14 @@ async fn claim_once(
     // before the locks were ours: the running limit holds exactly, across replicas.
     let names: Vec<String> = served.iter().map(|s| s.0.clone()).collect();
     let limits: Vec<Option<i32>> = served.iter().map(|s| s.1).collect();
-    let rows: Vec<TaskRow> = sqlx::query_as(
-        "WITH lim AS (
-            SELECT * FROM unnest($4::text[], $5::int[]) AS l(tenant, max_running)
-         ), busy AS MATERIALIZED (
-            -- Materialized: counted once per tenant, not once per candidate row (inlined, this
-            -- count ran for each of a batch's rows: 1.2 s for 1,000 claims with 4,000 running).
-            SELECT tenant, max_running,
-                (SELECT count(*) FROM task_queue r WHERE r.tenant = lim.tenant AND r.status = 'running') AS running
-            FROM lim
-         ), room AS (
-            SELECT tenant, running,
-                CASE WHEN max_running IS NULL THEN $1 ELSE greatest(max_running - running, 0) END AS free
-            FROM busy
-         ), pick AS (
-            -- Within a tenant: higher priority first, then arrival (tasks_tenant_queued_prio_idx).
-            SELECT c.id, room.running + row_number() OVER (PARTITION BY room.tenant ORDER BY c.priority DESC, c.id) AS load
-            FROM room, LATERAL (
-                SELECT id, priority FROM task_queue q
-                WHERE q.status = 'queued' AND q.tenant = room.tenant AND q.waiting_for IS NULL
-                ORDER BY q.priority DESC, q.id LIMIT least(room.free, $1) FOR UPDATE SKIP LOCKED
-            ) c
-         ), chosen AS (
-            -- The least busy tenant first: each pick goes to whoever would then run the fewest.
-            SELECT id FROM pick ORDER BY load, id LIMIT $1
-         ), u AS (
-            UPDATE task_queue t SET status = 'running', attempt = t.attempt + 1, lease_token = gen_random_uuid(),
-                lease_expires_at = now() + make_interval(secs => $2), started_at = coalesce(t.started_at, now()),
-                worker_id = $3, last_event_seq = t.last_event_seq + 1
-            FROM chosen WHERE t.id = chosen.id
-            RETURNING t.*
-         ), e AS (
-            INSERT INTO task_events (task_id, seq, kind, data)
-            SELECT id, last_event_seq, 'claimed', jsonb_build_object('attempt', attempt, 'worker', worker_id) FROM u
-         )
-         SELECT * FROM u ORDER BY id",
-    )
-    .bind(limit)
-    .bind(lease_secs)
-    .bind(worker)
-    .bind(&names)
-    .bind(&limits)
-    .fetch_all(&mut *tx)
-    .await?;
+    let rows: Vec<TaskRow> = sqlx::query_as(&CLAIM)
+        .bind(limit)
+        .bind(lease_secs)
+        .bind(worker)
+        .bind(&names)
+        .bind(&limits)
+        .fetch_all(&mut *tx)
+        .await?;
     tx.commit().await?;
     Ok(rows)
 }
@@ -447,13 +452,19 @@ const NAMES: [&str; 30] = [
 fn commit_turns_sql(whole: bool) -> String {
     let hook = WEBHOOK.strip_suffix(" AS webhook").unwrap_or(WEBHOOK);
     let whole_cols = if whole {
-        let cols: Vec<String> =
-            COLS.split(',').map(str::trim).map(|c| format!("CASE WHEN b_want THEN {c} END AS {c}")).collect();
+        let cols: Vec<String> = COL_NAMES
+            .split(',')
+            .map(str::trim)
+            .map(|c| {
+                let read = if c == "options" { OPTIONS_READ } else { c };
+                format!("CASE WHEN b_want THEN {read} END AS {c}")
+            })
+            .collect();
         format!(", {}, CASE WHEN b_want THEN {hook} END AS webhook", cols.join(", "))
     } else {
         String::new()
     };
-    let answer = if whole { format!(", {COLS}, webhook") } else { String::new() };
+    let answer = if whole { format!(", {COL_NAMES}, webhook") } else { String::new() };
     let params: Vec<String> = TYPES.iter().enumerate().map(|(i, t)| format!("${}::{t}[]", i + 1)).collect();
     let source = format!(
         "SELECT * FROM unnest({}) WITH ORDINALITY AS b({}, b_i) ORDER BY b_id",
@@ -648,7 +659,7 @@ fn commit_turn_sql(whole: bool) -> String {
         } else {
             "tenant, subagent_type, api_key, last_event_seq, created_at".into()
         },
-        answer = if whole { format!("{COLS}, webhook") } else { "1".into() },
+        answer = if whole { format!("{COL_NAMES}, webhook") } else { "1".into() },
         last_and_earlier = message_row("$16::jsonb[]"),
         texts = texts_insert(34, 35),
     )
@@ -762,7 +773,7 @@ impl Finish {
 /// `finish`'s statement; `whole`: the one that also answers with the whole task.
 fn finish_sql(whole: bool) -> String {
     let (returning, answer) = if whole {
-        (format!("{COLS}, {WEBHOOK}, last_event_seq"), format!("{COLS}, webhook"))
+        (format!("{COLS}, {WEBHOOK}, last_event_seq"), format!("{COL_NAMES}, webhook"))
     } else {
         ("id, tenant, last_event_seq".to_string(), "1".to_string())
     };

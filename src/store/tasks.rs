@@ -152,13 +152,40 @@ pub enum Inserted {
     Existing(TaskRow),
 }
 
-pub(crate) const COLS: &str =
-    "id, tenant, status, stop_reason, subagent_type, description, prompt, model, options, summary, output, \
-    error_code, error_message, turns, input_tokens, output_tokens, cached_tokens, cache_write_tokens, cost_usd, \
-    unpriced_calls,     estimated_calls, attempt, \
-    lease_token, lease_expires_at, worker_id, cancel_requested, idempotency_key, request_hash, metadata, created_at, \
-    started_at, finished_at, parent_task_id, max_cost_usd, max_tokens, traceparent, webhook_url, waiting_for, api_key, \
-    pauses, paused_ms, answered_model, run_at, priority, workspace_version, diff_stats";
+/// A task's columns, with `$options` for its options (the one that is not read as it is
+/// stored).
+macro_rules! task_cols {
+    ($($options:tt)+) => {
+        concat!(
+            "id, tenant, status, stop_reason, subagent_type, description, prompt, model, ",
+            $($options)+,
+            ", summary, output, error_code, error_message, turns, input_tokens, output_tokens, cached_tokens, \
+            cache_write_tokens, cost_usd, unpriced_calls, estimated_calls, attempt, lease_token, lease_expires_at, \
+            worker_id, cancel_requested, idempotency_key, request_hash, metadata, created_at, started_at, finished_at, \
+            parent_task_id, max_cost_usd, max_tokens, traceparent, webhook_url, waiting_for, api_key, pauses, \
+            paused_ms, answered_model, run_at, priority, workspace_version, diff_stats"
+        )
+    };
+}
+
+/// A task's options as read from its row: from `task_options`, where the row names them by hash
+/// (migration 0036), else its own (rows written before).
+macro_rules! options_read {
+    () => {
+        "CASE WHEN options_sha256 IS NULL THEN options \
+         ELSE (SELECT o.options FROM task_options o WHERE o.hash = options_sha256) END"
+    };
+}
+
+/// A task as read from a row of `tasks` (or `task_queue`).
+pub(crate) const COLS: &str = task_cols!(options_read!(), " AS options");
+/// The same columns by name, for a statement that reads them from a CTE that returned `COLS`.
+pub(crate) const COL_NAMES: &str = task_cols!("options");
+/// `options`' read, for a statement that lists the columns one by one.
+pub(crate) const OPTIONS_READ: &str = options_read!();
+/// A task as its insert returns it: its options are the statement's own (`$7`), as the row that
+/// stores them, inserted by the same statement, is not yet visible to it.
+const INSERT_RETURNING: &str = task_cols!("$7::jsonb AS options");
 
 /// A task's completion webhook as views show it: its `task.finished` delivery.
 pub(crate) const WEBHOOK: &str = "(SELECT jsonb_build_object('status', d.status, 'attempts', d.attempts, \
@@ -252,7 +279,7 @@ fn bind_common<'q>(q: Query<'q>, t: &'q NewTask) -> Query<'q> {
         .bind(&t.webhook_url)
 }
 
-const INSERT_COLS: &str = "id, tenant, subagent_type, description, prompt, model, options, metadata, idempotency_key, \
+const INSERT_COLS: &str = "id, tenant, subagent_type, description, prompt, model, options_sha256, metadata, idempotency_key, \
     request_hash, parent_task_id, max_cost_usd, max_tokens, traceparent, webhook_url, last_event_seq, api_key, priority";
 
 /// A task's idempotency key ($9), taken in the statement that inserts the task: a key names one
@@ -265,16 +292,24 @@ const KEY_CTE: &str = "k AS (
 /// The task is inserted when it has no key or took its key.
 const KEY_FREE: &str = "($9::text IS NULL OR EXISTS (SELECT 1 FROM k))";
 
+/// The task's options ($7), stored once for every task that has the same (migration 0036): the
+/// task row names them by the SHA-256 of their `jsonb` text (`OPTIONS_HASH`).
+const OPTIONS_CTE: &str = "o AS (
+            INSERT INTO task_options (hash, options) SELECT sha256(convert_to($7::jsonb::text, 'UTF8')), $7::jsonb
+            WHERE ($9::text IS NULL OR EXISTS (SELECT 1 FROM k)) ON CONFLICT DO NOTHING
+         )";
+const OPTIONS_HASH: &str = "sha256(convert_to($7::jsonb::text, 'UTF8'))";
+
 /// A queued task ($17 its priority) and its `created` event; with a start time ahead ($18), a
 /// scheduled one.
 static INSERT_QUEUED: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
-        "WITH {KEY_CTE}, t AS (
-            INSERT INTO tasks ({INSERT_COLS}, status, run_at)
-            SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, 1, $16, $17,
+        "WITH {KEY_CTE}, {OPTIONS_CTE}, t AS (
+            INSERT INTO tasks ({INSERT_COLS}, options, status, run_at)
+            SELECT $1, $2, $3, $4, $5, $6, {OPTIONS_HASH}, $8, $9, $10, $11, $12, $13, $14, $15, 1, $16, $17, NULL::jsonb,
                     CASE WHEN $18::timestamptz IS NULL THEN 'queued' ELSE 'scheduled' END, $18
             WHERE {KEY_FREE}
-            RETURNING {COLS}, {NEW_WEBHOOK}
+            RETURNING {INSERT_RETURNING}, {NEW_WEBHOOK}
          ), e AS (
             INSERT INTO task_events (task_id, seq, kind, data)
             SELECT id, 1, 'created', jsonb_build_object('subagent_type', subagent_type, 'model', model) FROM t
@@ -292,22 +327,22 @@ static INSERT_QUEUED: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| 
 /// transaction's start, which may have waited for the tenant's lock.
 static INSERT_STARTED: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
-        "WITH {KEY_CTE}, pre AS (
+        "WITH {KEY_CTE}, {OPTIONS_CTE}, pre AS (
             SELECT coalesce($19::numeric IS NOT NULL
                 AND ($12::numeric IS NULL OR $19 <= $12) AND ($13::bigint IS NULL OR $20::bigint <= $13)
                 AND (SELECT coalesce(usd_per_day, $22::numeric) IS NULL AND coalesce(usd_per_month, $23::numeric) IS NULL
                         AND coalesce(tokens_per_day, $24::bigint) IS NULL
                      FROM tenants WHERE name = $2), false) AS reserved
          ), t AS (
-            INSERT INTO tasks ({INSERT_COLS}, status, attempt, lease_token, lease_expires_at, started_at, worker_id,
-                               reserved_usd, reserved_tokens)
-            SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
-                    CASE WHEN pre.reserved THEN 3 ELSE 2 END, $25, $26,
+            INSERT INTO tasks ({INSERT_COLS}, options, status, attempt, lease_token, lease_expires_at, started_at,
+                               worker_id, reserved_usd, reserved_tokens)
+            SELECT $1, $2, $3, $4, $5, $6, {OPTIONS_HASH}, $8, $9, $10, $11, $12, $13, $14, $15,
+                    CASE WHEN pre.reserved THEN 3 ELSE 2 END, $25, $26, NULL::jsonb,
                     'running', 1, $16::uuid, clock_timestamp() + make_interval(secs => $18::float8), now(), $17::text,
                     CASE WHEN pre.reserved THEN $19 ELSE 0 END,
                     CASE WHEN pre.reserved THEN $20 ELSE 0 END
             FROM pre WHERE {KEY_FREE}
-            RETURNING {COLS}, {NEW_WEBHOOK}
+            RETURNING {INSERT_RETURNING}, {NEW_WEBHOOK}
          ), w AS (
             INSERT INTO webhook_deliveries (task_id, event) SELECT id, 'task.finished' FROM t WHERE webhook_url IS NOT NULL
          ), e AS (

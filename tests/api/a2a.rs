@@ -76,12 +76,14 @@ async fn the_python_sdk_sends_polls_streams_cancels_and_continues_over_both_bind
         let id = facts["task_id"].as_str().unwrap();
         // The same run as the REST door shows it: the tenant's, its options from the metadata,
         // in the ledger.
-        let (tenant, meta, turns): (String, Value, Value) =
-            sqlx::query_as("SELECT tenant, metadata, options -> 'max_turns' FROM tasks WHERE id = $1")
-                .bind(uuid::Uuid::parse_str(id).unwrap())
-                .fetch_one(&db.pool)
-                .await
-                .unwrap();
+        let (tenant, meta, turns): (String, Value, Value) = sqlx::query_as(
+            "SELECT tenant, metadata, coalesce(o.options, t.options) -> 'max_turns'
+                 FROM tasks t LEFT JOIN task_options o ON o.hash = t.options_sha256 WHERE id = $1",
+        )
+        .bind(uuid::Uuid::parse_str(id).unwrap())
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
         assert_eq!((tenant.as_str(), &meta, &turns), ("a", &json!({"batch": "a2a"}), &json!(3)));
         let calls: i64 = scalar(&db, "SELECT count(*) FROM llm_calls WHERE task_id = $1", id).await;
         assert_eq!(calls, 1);

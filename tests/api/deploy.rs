@@ -185,6 +185,7 @@ async fn the_dashboards_role_reads_the_usage_views_and_nothing_else() {
         "SELECT count(*) FROM task_messages",
         "SELECT count(*) FROM task_message_log",
         "SELECT count(*) FROM message_texts",
+        "SELECT count(*) FROM task_options",
         "SELECT count(*) FROM task_event_log",
         "SELECT count(*) FROM api_keys",
         "DELETE FROM usage_daily",

@@ -1027,3 +1027,68 @@ async fn the_webhook_sender_and_the_action_sweep_read_only_open_rows_however_man
     assert!(after.0 - before.0 < 10, "{} actions read for one open", after.0 - before.0);
     pool.close().await;
 }
+
+/// A task's options are stored once for every task that has the same (migration 0036): the task
+/// row names them by the SHA-256 of their `jsonb` text and holds none itself, `task_options` has
+/// them once, and every read gives them back: the claim (a background task runs by its turn
+/// limit), the task's view, a wait-mode answer. Other options, another row; a task row written
+/// before, its options inline, reads as before.
+#[tokio::test]
+async fn a_tasks_options_are_stored_once_for_every_task_with_the_same_and_every_read_gives_them_back() {
+    let app = spawn_app().await;
+    let pool = &app.db.pool;
+    let stored =
+        || async { sqlx::query_scalar::<_, i64>("SELECT count(*) FROM task_options").fetch_one(pool).await.unwrap() };
+    let body = json!({"prompt": "moons [mock:tool_turns=3]", "model": "mock/m", "max_turns": 2});
+    let mut ids = vec![];
+    for _ in 0..2 {
+        let t = app.submit(body.clone()).await;
+        assert_eq!(t["max_turns"], 2, "the insert's answer: {t}");
+        let id = t["id"].as_str().unwrap().to_string();
+        // Run in the background: the claim read the options, and the run stopped at their limit.
+        let done = app.poll_until_terminal(&id, Duration::from_secs(30)).await;
+        assert_eq!(
+            (done["status"].as_str(), done["stop_reason"].as_str()),
+            (Some("incomplete"), Some("max_turns")),
+            "{done}"
+        );
+        assert_eq!(done["max_turns"], 2, "{done}");
+        ids.push(Uuid::parse_str(&id).unwrap());
+    }
+    let waited = app.wait_task(body.clone()).await;
+    assert_eq!((waited["stop_reason"].as_str(), &waited["max_turns"]), (Some("max_turns"), &json!(2)), "{waited}");
+    ids.push(Uuid::parse_str(waited["id"].as_str().unwrap()).unwrap());
+    assert_eq!(stored().await, 1, "three tasks with the same options store them once");
+    let rows: Vec<(Option<Value>, Option<Vec<u8>>, bool)> = sqlx::query_as(
+        "SELECT t.options, t.options_sha256, t.options_sha256 = sha256(convert_to(o.options::text, 'UTF8'))
+         FROM tasks t LEFT JOIN task_options o ON o.hash = t.options_sha256 WHERE t.id = ANY($1)",
+    )
+    .bind(&ids)
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert_eq!(rows.len(), 3);
+    for (inline, hash, matches) in rows {
+        assert_eq!((inline, hash.map(|h| h.len()), matches), (None, Some(32), true), "named by hash, not held");
+    }
+    let list = app.get_json("/tasks?limit=10").await;
+    let turns: Vec<&Value> = list["tasks"].as_array().unwrap().iter().map(|t| &t["max_turns"]).collect();
+    assert_eq!(turns, [&json!(2); 3], "{list}");
+
+    let other = app.wait_task(json!({"prompt": "x", "model": "mock/m", "max_turns": 3})).await;
+    assert_eq!(other["max_turns"], 3, "{other}");
+    assert_eq!(stored().await, 2, "other options, another row");
+
+    // A row from before the migration: its options inline, read as they are.
+    let old = Uuid::now_v7();
+    sqlx::query(
+        "INSERT INTO tasks (id, tenant, status, subagent_type, prompt, model, options, created_at, finished_at, history_at)
+         VALUES ($1, 'default', 'completed', 'general', 'p', 'mock/m', '{\"max_turns\": 7}', now(), now(), now())",
+    )
+    .bind(old)
+    .execute(pool)
+    .await
+    .unwrap();
+    assert_eq!(app.get_task(&old.to_string()).await["max_turns"], 7);
+    app.stop().await;
+}

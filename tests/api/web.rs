@@ -644,11 +644,13 @@ async fn a_research_run_through_the_mcp_and_a2a_doors_gets_the_same_tools() {
         .unwrap();
     assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
     let _ = r.text().await.unwrap();
-    let rows: Vec<(String, Value)> =
-        sqlx::query_as("SELECT subagent_type, options->'tools' FROM tasks ORDER BY created_at")
-            .fetch_all(&app.db.pool)
-            .await
-            .unwrap();
+    let rows: Vec<(String, Value)> = sqlx::query_as(
+        "SELECT subagent_type, coalesce(o.options, t.options)->'tools'
+             FROM tasks t LEFT JOIN task_options o ON o.hash = t.options_sha256 ORDER BY created_at",
+    )
+    .fetch_all(&app.db.pool)
+    .await
+    .unwrap();
     assert_eq!(rows.len(), 2, "{rows:?}");
     for (ty, tools) in rows {
         assert_eq!(ty, "research");

@@ -521,7 +521,9 @@ async fn a_private_repository_is_read_with_a_write_only_secret_that_never_shows(
     // The token is nowhere: the task, its events, its messages.
     let id = t["id"].as_str().unwrap();
     let all: String = sqlx::query_scalar(
-        "SELECT (SELECT row_to_json(t)::text FROM tasks t WHERE id = $1::uuid)
+        "SELECT (SELECT row_to_json(t)::text || coalesce((SELECT o.options::text FROM task_options o
+                                                           WHERE o.hash = t.options_sha256), '')
+                 FROM tasks t WHERE id = $1::uuid)
              || (SELECT coalesce(string_agg(data::text, ''), '') FROM task_event_log WHERE task_id = $1::uuid)
              || (SELECT coalesce(string_agg(message::text, ''), '') FROM task_message_log WHERE task_id = $1::uuid)",
     )
@@ -774,11 +776,13 @@ async fn the_mcp_and_a2a_doors_take_a_workspace_with_the_same_rules() {
         assert!(std::time::Instant::now() < deadline, "the tasks did not finish");
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
-    let rows: Vec<(String, Option<String>, Value)> =
-        sqlx::query_as("SELECT subagent_type, workspace_version, options->'tools' FROM tasks ORDER BY created_at")
-            .fetch_all(&app.db.pool)
-            .await
-            .unwrap();
+    let rows: Vec<(String, Option<String>, Value)> = sqlx::query_as(
+        "SELECT subagent_type, workspace_version, coalesce(o.options, t.options)->'tools'
+             FROM tasks t LEFT JOIN task_options o ON o.hash = t.options_sha256 ORDER BY created_at",
+    )
+    .fetch_all(&app.db.pool)
+    .await
+    .unwrap();
     assert_eq!(rows.len(), 2, "{rows:?}");
     let versions: Vec<Option<&str>> = rows.iter().map(|r| r.1.as_deref()).collect();
     assert_eq!(versions, [Some(srv.main.as_str()), Some(srv.v1.as_str())]);

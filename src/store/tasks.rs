@@ -294,17 +294,21 @@ const KEY_FREE: &str = "($9::text IS NULL OR EXISTS (SELECT 1 FROM k))";
 
 /// The task's options ($7), stored once for every task that has the same (migration 0036): the
 /// task row names them by the SHA-256 of their `jsonb` text (`OPTIONS_HASH`).
-const OPTIONS_CTE: &str = "o AS (
-            INSERT INTO task_options (hash, options) SELECT sha256(convert_to($7::jsonb::text, 'UTF8')), $7::jsonb
-            WHERE ($9::text IS NULL OR EXISTS (SELECT 1 FROM k)) ON CONFLICT DO NOTHING
-         )";
+fn options_cte() -> String {
+    format!(
+        "o AS (
+            INSERT INTO task_options (hash, options) SELECT {OPTIONS_HASH}, $7::jsonb WHERE {KEY_FREE}
+            ON CONFLICT DO NOTHING
+         )"
+    )
+}
 const OPTIONS_HASH: &str = "sha256(convert_to($7::jsonb::text, 'UTF8'))";
 
 /// A queued task ($17 its priority) and its `created` event; with a start time ahead ($18), a
 /// scheduled one.
 static INSERT_QUEUED: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
-        "WITH {KEY_CTE}, {OPTIONS_CTE}, t AS (
+        "WITH {KEY_CTE}, {options}, t AS (
             INSERT INTO tasks ({INSERT_COLS}, options, status, run_at)
             SELECT $1, $2, $3, $4, $5, $6, {OPTIONS_HASH}, $8, $9, $10, $11, $12, $13, $14, $15, 1, $16, $17, NULL::jsonb,
                     CASE WHEN $18::timestamptz IS NULL THEN 'queued' ELSE 'scheduled' END, $18
@@ -316,7 +320,8 @@ static INSERT_QUEUED: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| 
          ), w AS (
             INSERT INTO webhook_deliveries (task_id, event) SELECT id, 'task.finished' FROM t WHERE webhook_url IS NOT NULL
          )
-         SELECT t.*, false AS reserved FROM t"
+         SELECT t.*, false AS reserved FROM t",
+        options = options_cte(),
     )
 });
 
@@ -327,7 +332,7 @@ static INSERT_QUEUED: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| 
 /// transaction's start, which may have waited for the tenant's lock.
 static INSERT_STARTED: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
-        "WITH {KEY_CTE}, {OPTIONS_CTE}, pre AS (
+        "WITH {KEY_CTE}, {options}, pre AS (
             SELECT coalesce($19::numeric IS NOT NULL
                 AND ($12::numeric IS NULL OR $19 <= $12) AND ($13::bigint IS NULL OR $20::bigint <= $13)
                 AND (SELECT coalesce(usd_per_day, $22::numeric) IS NULL AND coalesce(usd_per_month, $23::numeric) IS NULL
@@ -358,7 +363,8 @@ static INSERT_STARTED: std::sync::LazyLock<String> = std::sync::LazyLock::new(||
                            ELSE '[]'::jsonb END)::json
             FROM t, pre, LATERAL (SELECT jsonb_build_object('attempt', attempt, 'worker', worker_id) AS claimed) c
          )
-         SELECT t.*, pre.reserved FROM t, pre"
+         SELECT t.*, pre.reserved FROM t, pre",
+        options = options_cte(),
     )
 });
 

@@ -119,6 +119,18 @@ async def until(client, task_id, states, seconds=30):
         await asyncio.sleep(0.1)
 
 
+async def call_in_flight(d, task_id, seconds=30):
+    """Until the task's first provider call has started (`GET /tasks/{id}/events`)."""
+    deadline = asyncio.get_event_loop().time() + seconds
+    while True:
+        r = await d.http.get(f"{d.args.base.rstrip('/')}/tasks/{task_id}/events")
+        check(r.status_code == 200, r.text)
+        if any(e["kind"] == "llm_call_started" for e in r.json()["events"]):
+            return
+        check(asyncio.get_event_loop().time() < deadline, f"task {task_id} started no provider call")
+        await asyncio.sleep(0.05)
+
+
 async def blocking(args):
     """The card, a blocking send, GetTask with a history length, ListTasks, the errors named."""
     async with Door(args) as d:
@@ -229,6 +241,10 @@ async def cancel(args):
                              configuration=SendMessageConfiguration(return_immediately=True))
         c = d.client()
         await until(c, ev.task.id, ["TASK_STATE_WORKING"])
+        # WORKING is the claim; the provider call starts a moment later (on a loaded machine,
+        # later still). The test asserts that call is stopped, so cancel once it is in flight,
+        # as the service's own event log tells (A2A has no word for it).
+        await call_in_flight(d, ev.task.id)
         t = await c.cancel_task(CancelTaskRequest(id=ev.task.id))
         if state(t) != "TASK_STATE_CANCELED":
             t = await until(c, ev.task.id, ["TASK_STATE_CANCELED"])

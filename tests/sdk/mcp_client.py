@@ -151,13 +151,29 @@ async def task_augmented(args):
         return {"task_id": task_id, "statuses": seen}
 
 
+async def call_in_flight(args, task_id, seconds=30):
+    """Until the task's first provider call has started, as the service's event log tells
+    (`GET /tasks/{id}/events`): the cancel must find that call in flight, however loaded the
+    machine is."""
+    base = args.url.removesuffix("/mcp")
+    deadline = asyncio.get_event_loop().time() + seconds
+    async with http_client(args, args.key) as h:
+        while True:
+            r = await h.get(f"{base}/tasks/{task_id}/events")
+            check(r.status_code == 200, r.text)
+            if any(e["kind"] == "llm_call_started" for e in r.json()["events"]):
+                return
+            check(asyncio.get_event_loop().time() < deadline, f"task {task_id} started no provider call")
+            await asyncio.sleep(0.05)
+
+
 async def cancel(args):
     async with Session(args) as s:
         created = await s.experimental.call_tool_as_task(
             "task", {"subagent_type": "general", "description": "to cancel",
                      "prompt": "never mind [mock:delay_ms=30000]"})
         task_id = created.task.taskId
-        await asyncio.sleep(1.0)  # running: its provider call in flight
+        await call_in_flight(args, task_id)
         c = await s.experimental.cancel_task(task_id)
         check(c.status == "cancelled", c)
         got = await s.call_tool("task_get", {"task_id": task_id})

@@ -94,7 +94,7 @@ impl Lifecycle {
         }
         // Held until the stream is dropped (it ends, or its client leaves or stalls).
         let hold = self.stream_hold(&task.tenant).await?;
-        Ok(Some(self.feed(id, task.tenant, start, hold, true)))
+        Ok(Some(self.feed(id, task.tenant, start, hold, Some(self.subscribe(id)))))
     }
 
     /// The task's events after `after`, live, under a hold the caller took (a door's wait that
@@ -107,7 +107,34 @@ impl Lifecycle {
         hold: super::guard::Hold,
         output: bool,
     ) -> impl Stream<Item = Item> + Send + 'static {
-        self.feed(task.id, task.tenant.clone(), after, hold, output)
+        self.feed(task.id, task.tenant.clone(), after, hold, output.then(|| self.subscribe(task.id)))
+    }
+
+    /// The run's text of task `id`, subscribed now: before the request that starts the run (a
+    /// task's insert, a paused task's answer) has made it, so a stream that request answers with
+    /// misses none of it however soon a worker starts.
+    pub fn output_ahead(&self, id: Uuid) -> OutputAhead {
+        OutputAhead { id, sub: self.subscribe(id) }
+    }
+
+    /// `watch` with the run's text, taken from `ahead` when it is this task's (a retried request
+    /// answers with the task the first one made: its text is subscribed now).
+    pub fn watch_ahead(
+        &self,
+        task: &TaskView,
+        after: i32,
+        hold: super::guard::Hold,
+        ahead: Option<OutputAhead>,
+    ) -> impl Stream<Item = Item> + Send + 'static {
+        let live = match ahead {
+            Some(a) if a.id == task.id => a.sub,
+            _ => self.subscribe(task.id),
+        };
+        self.feed(task.id, task.tenant.clone(), after, hold, Some(live))
+    }
+
+    fn subscribe(&self, id: Uuid) -> crate::live::Subscription {
+        self.p.hub.live.subscribe(id, self.p.hub.clone())
     }
 
     /// `watch`, as a wait: under a wait hold of the task's tenant taken here; `None` at its
@@ -118,7 +145,7 @@ impl Lifecycle {
         output: bool,
     ) -> Result<Option<impl Stream<Item = Item> + Send + 'static>, TaskError> {
         Ok(match self.hold(&task.tenant, super::guard::HoldKind::Wait).await? {
-            Ok(hold) => Some(self.feed(task.id, task.tenant.clone(), 0, hold, output)),
+            Ok(hold) => Some(self.feed(task.id, task.tenant.clone(), 0, hold, output.then(|| self.subscribe(task.id)))),
             Err(_) => None,
         })
     }
@@ -129,15 +156,20 @@ impl Lifecycle {
         tenant: String,
         seq: i32,
         hold: super::guard::Hold,
-        output: bool,
+        // Subscribed before the log is read: text written from then on is not missed.
+        live: Option<crate::live::Subscription>,
     ) -> impl Stream<Item = Item> + Send + 'static {
         let shared = self.feeds.of(id);
-        // Subscribed before the log is read: text written from then on is not missed.
-        let live = output.then(|| self.p.hub.live.subscribe(id, self.p.hub.clone()));
         let feed = Follow { room: self.clone(), id, tenant, seq, done: false, shared, live, _hold: hold };
         let batches = futures_util::stream::unfold(feed, Follow::next);
         futures_util::StreamExt::flat_map(batches, futures_util::stream::iter)
     }
+}
+
+/// A task's live text subscribed ahead of its run (`Lifecycle::output_ahead`).
+pub struct OutputAhead {
+    id: Uuid,
+    sub: crate::live::Subscription,
 }
 
 /// The live feeds of this process, by task: the streams following one task share its reads.
@@ -290,6 +322,21 @@ struct Follow {
 }
 
 impl Follow {
+    /// The run's text received and not yet given, without waiting.
+    fn take_text(&mut self) -> Vec<Item> {
+        use tokio::sync::broadcast::error::TryRecvError;
+        let mut out = vec![];
+        while let Some(sub) = self.live.as_mut() {
+            match sub.rx.try_recv() {
+                Ok(d) => out.push(Item::Output(d)),
+                Err(TryRecvError::Lagged(_)) => continue,
+                Err(TryRecvError::Closed) => self.live = None,
+                Err(TryRecvError::Empty) => break,
+            }
+        }
+        out
+    }
+
     /// The next batch of events, or of the run's text (waiting for one), or `None` once the
     /// task's last event was given.
     async fn next(mut self) -> Option<(Vec<Item>, Follow)> {
@@ -299,6 +346,13 @@ impl Follow {
         let (hub, pool) = (self.room.p.hub.clone(), self.room.p.pool.clone());
         let mut since = Instant::now();
         loop {
+            // Text already here was written before the rows about to be read: it goes first (a
+            // stream that comes late, or a run quicker than the reads, would otherwise end
+            // with its text unread).
+            let text = self.take_text();
+            if !text.is_empty() {
+                return Some((text, self));
+            }
             // Register before reading, so an event between the read and the wait wakes us.
             let waiter = hub.event_waiter(self.id);
             let rows = match self.shared.after(&pool, self.id, self.seq, since).await {

@@ -445,6 +445,81 @@ async fn the_door_checks_version_origin_tenant_depth_and_envelopes() {
     assert!(statuses.contains(&429), "{statuses:?}");
 }
 
+/// Every `live-output` text of a JSON-RPC `SendStreamingMessage` stream of `message`, read to
+/// its end.
+async fn streamed_text(base: &str, key: &str, message: Value, configuration: Value) -> String {
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "SendStreamingMessage",
+                      "params": {"message": message, "configuration": configuration}});
+    let r = rpc(base, "/a2a", Some(key), &[V1], &body.to_string()).await;
+    assert_eq!(r.status(), 200);
+    let sse = r.text().await.unwrap();
+    let mut live = String::new();
+    for data in sse.lines().filter_map(|l| l.strip_prefix("data:")) {
+        let ev: Value = serde_json::from_str(data.trim()).unwrap();
+        let up = &ev["result"]["artifactUpdate"];
+        if up["artifact"]["artifactId"].as_str().is_some_and(|a| a.starts_with("live-output")) {
+            live.push_str(up["artifact"]["parts"][0]["text"].as_str().unwrap());
+        }
+    }
+    assert!(sse.contains("TASK_STATE_COMPLETED"), "{sse}");
+    live
+}
+
+#[tokio::test]
+async fn a_streamed_send_gives_the_runs_text_from_its_first_word_however_late_its_stream_follows() {
+    // The run's text is never stored, so a stream that subscribed only once its request was done
+    // (here: its push config's insert held 600 ms) would miss what a quick worker wrote first.
+    let (hook, hook_base) = serve("/hook").await;
+    for _ in 0..8 {
+        hook.push(Answer::json(json!({})));
+    }
+    let db = test_db().await;
+    sqlx::raw_sql(
+        "CREATE FUNCTION slow_push() RETURNS trigger LANGUAGE plpgsql AS
+             $$ BEGIN PERFORM pg_sleep(0.6); RETURN NEW; END $$;
+         CREATE TRIGGER slow_push BEFORE INSERT ON a2a_push_configs FOR EACH ROW EXECUTE FUNCTION slow_push();",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let r = replica(&db, &[("SUBAGENTD_DEFAULT_MODEL", "mock/m")]).await;
+    let a = key(&r.base, "a").await;
+    let reply: String = (0..12).map(|i| format!("w{i}")).collect::<Vec<_>>().join(" ");
+    let said = |id: &str| {
+        json!({"messageId": id, "role": "ROLE_USER",
+               "parts": [{"text": format!("go [mock:stream_ms=1] [mock:reply={reply}]")}]})
+    };
+    let push = json!({"taskPushNotificationConfig": {"url": format!("{hook_base}/hook")}});
+    let t0 = std::time::Instant::now();
+    let live = streamed_text(&r.base, &a, said("live-1"), push).await;
+    assert!(t0.elapsed() >= Duration::from_millis(600), "the push config's insert was held");
+    assert_eq!(live, reply, "the text from its first word");
+    // A paused task's answer streams its run's text whole too.
+    let (calls, endpoint) = deploy_tool().await;
+    approvals(&r.base, "a", &a, &endpoint).await;
+    let paused = rpc(
+        &r.base,
+        "/a2a",
+        Some(&a),
+        &[V1],
+        &json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": {"messageId": "p1",
+            "role": "ROLE_USER", "parts": [{"text": format!("deploy it [mock:tool_turns=1] [mock:stream_ms=1] [mock:reply={reply}]")}]}}})
+        .to_string(),
+    )
+    .await
+    .json::<Value>()
+    .await
+    .unwrap();
+    let task = &paused["result"]["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_INPUT_REQUIRED", "{paused}");
+    let action = task["status"]["message"]["parts"][1]["data"]["actions"][0]["id"].as_str().unwrap().to_string();
+    let answer = json!({"messageId": "p2", "role": "ROLE_USER", "taskId": task["id"],
+                        "parts": [{"data": {"actions": [{"id": action, "decision": "approve"}]}}]});
+    let live = streamed_text(&r.base, &a, answer, json!({})).await;
+    assert_eq!(*calls.lock().unwrap(), 1);
+    assert_eq!(live, reply, "the answered run's text from its first word");
+}
+
 #[tokio::test]
 async fn a_stream_over_the_tenants_limit_is_refused_and_starts_nothing() {
     let db = test_db().await;

@@ -72,7 +72,7 @@ pub async fn subscribe(ctx: Ctx, p: Value) -> Result<mpsc::Receiver<Result<Value
     }
     let hold = room.stream_hold(&ctx.tenant).await?;
     let a2a = room.context(t.id).await?;
-    Ok(stream::follow(ctx, t, a2a, after, hold, None))
+    Ok(stream::follow(ctx, t, a2a, after, hold, None, None))
 }
 
 #[derive(Debug, Default, Deserialize)]

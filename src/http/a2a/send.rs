@@ -26,6 +26,7 @@ use super::{params, push, stream, Ctx};
 use crate::a2a::{timestamp, Shown};
 use crate::tasks::answer::ActionAnswer;
 use crate::tasks::context::{Context, ContextRow as A2aTask};
+use crate::tasks::feed::OutputAhead;
 use crate::tasks::{Submission, TaskError, TaskRequest, TaskView};
 
 #[derive(Debug, Default, Deserialize)]
@@ -236,12 +237,15 @@ enum How {
     Block,
     /// At once.
     Return,
+    /// At once, to be streamed: the run's text is subscribed before the run can start.
+    Stream,
 }
 
 /// What a send made.
 enum Started {
-    /// A task as it stands, and the event after which to follow it.
-    Task { view: Box<TaskView>, a2a: Option<A2aTask>, after: i32 },
+    /// A task as it stands, the event after which to follow it, and (`How::Stream`) its run's
+    /// text, subscribed ahead.
+    Task { view: Box<TaskView>, a2a: Option<A2aTask>, after: i32, live: Option<OutputAhead> },
     /// A refused admission: the `Task`, not stored.
     Rejected(Value),
 }
@@ -264,8 +268,8 @@ pub async fn stream(ctx: Ctx, p: Value) -> Result<mpsc::Receiver<Result<Value, A
     let history = history_length(p.configuration.as_ref().and_then(|c| c.history_length))?;
     // Held before anything starts: at the tenant's stream limit, nothing is.
     let hold = ctx.st.tasks.stream_hold(&ctx.tenant).await.map_err(A2aError::from)?;
-    Ok(match start(&ctx, &p, How::Return).await? {
-        Started::Task { view, a2a, after } => stream::follow(ctx, *view, a2a, after, hold, history),
+    Ok(match start(&ctx, &p, How::Stream).await? {
+        Started::Task { view, a2a, after, live } => stream::follow(ctx, *view, a2a, after, hold, live, history),
         Started::Rejected(task) => {
             let (tx, rx) = mpsc::channel(1);
             let _ = tx.try_send(Ok(json!({"task": task})));
@@ -319,6 +323,7 @@ async fn answer(ctx: &Ctx, msg: &Inbound, task: &str, how: How) -> Result<Starte
             .meta("field", "message.contextId"));
     }
     let after = room.last_seq(&scope, view.id).await?;
+    let live = (how == How::Stream).then(|| room.output_ahead(view.id));
     let actions = msg.actions.clone().unwrap_or_default();
     let mut stored = msg.stored.clone();
     stored["taskId"] = json!(view.id);
@@ -347,10 +352,10 @@ async fn answer(ctx: &Ctx, msg: &Inbound, task: &str, how: How) -> Result<Starte
     })?;
     let view = match how {
         How::Block => room.join(&scope, view.id, room.wait_bound(None)).await?.task,
-        How::Return => answered,
+        How::Return | How::Stream => answered,
     };
     let a2a = room.context(view.id).await?;
-    Ok(Started::Task { view: Box::new(view), a2a, after })
+    Ok(Started::Task { view: Box::new(view), a2a, after, live })
 }
 
 /// A message that starts a task: in a new context, or continuing one (the room continues the
@@ -378,6 +383,7 @@ async fn submit(ctx: &Ctx, p: &SendParams, msg: &Inbound, how: How) -> Result<St
     s.context = Some(Context { id: context.clone(), message: stored.clone() });
     let id = s.id;
     let wait = (how == How::Block).then(|| room.wait_bound(None));
+    let live = (how == How::Stream).then(|| room.output_ahead(id));
     let created = match room.create(s, wait).await {
         Ok(c) => c,
         Err(e) if e.is_admission_refusal() => return Ok(Started::Rejected(rejected(id, &context, stored, &e))),
@@ -393,7 +399,7 @@ async fn submit(ctx: &Ctx, p: &SendParams, msg: &Inbound, how: How) -> Result<St
         Err(e) => return Err(e.into()),
     };
     let a2a = room.context(created.task.id).await?;
-    Ok(Started::Task { view: Box::new(created.task), a2a, after: 0 })
+    Ok(Started::Task { view: Box::new(created.task), a2a, after: 0, live })
 }
 
 /// A message's idempotency key: its `messageId` and what it says. A retry (the same message

@@ -14,7 +14,7 @@ use crate::a2a::{state, stream_ends, timestamp, Shown};
 use crate::kinds::EventKind;
 use crate::kinds::TaskStatus;
 use crate::tasks::context::ContextRow as A2aTask;
-use crate::tasks::feed::Item;
+use crate::tasks::feed::{Item, OutputAhead};
 use crate::tasks::guard::Hold;
 use crate::tasks::TaskView;
 
@@ -25,27 +25,36 @@ pub fn follow(
     a2a: Option<A2aTask>,
     after: i32,
     hold: Hold,
+    live: Option<OutputAhead>,
     history: Option<usize>,
 ) -> mpsc::Receiver<Result<Value, A2aError>> {
     // Bounded: a client that stops reading holds the producer back, not memory.
     let (tx, rx) = mpsc::channel(8);
     tokio::spawn(async move {
-        if let Err(e) = produce(&ctx, &tx, task, a2a, after, hold, history).await {
+        if let Err(e) = produce(&ctx, &tx, Followed { task, a2a, after, hold, live }, history).await {
             let _ = tx.send(Err(e)).await;
         }
     });
     rx
 }
 
-async fn produce(
-    ctx: &Ctx,
-    tx: &mpsc::Sender<Result<Value, A2aError>>,
+/// What a stream follows: the task as it stood, from which event, under which hold, and its
+/// run's text if it was subscribed ahead.
+struct Followed {
     task: TaskView,
     a2a: Option<A2aTask>,
     after: i32,
     hold: Hold,
+    live: Option<OutputAhead>,
+}
+
+async fn produce(
+    ctx: &Ctx,
+    tx: &mpsc::Sender<Result<Value, A2aError>>,
+    f: Followed,
     history: Option<usize>,
 ) -> Result<(), A2aError> {
+    let Followed { task, a2a, after, hold, live: ahead } = f;
     let room = &ctx.st.tasks;
     let scope = ctx.scope();
     let shown = Shown { task: &task, a2a: a2a.as_ref() };
@@ -54,7 +63,7 @@ async fn produce(
         return Ok(());
     }
     let mut working = task.status == TaskStatus::Running;
-    let mut events = Box::pin(room.watch(&task, after, hold, true));
+    let mut events = Box::pin(room.watch_ahead(&task, after, hold, ahead));
     // The live text's artifact of each turn: (turn, try) of the text it holds so far.
     let mut live: Option<(u32, u32)> = None;
     loop {

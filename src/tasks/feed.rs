@@ -99,42 +99,16 @@ impl Lifecycle {
 
     /// The task's events after `after`, live, under a hold the caller took (a door's wait that
     /// reports progress: it counts as the wait it is, not as a stream), with the run's text as it
-    /// streams when `output`. The task is the caller's.
+    /// streams when `output` (see `output_ahead`). The task is the caller's.
     pub fn watch(
         &self,
         task: &TaskView,
         after: i32,
         hold: super::guard::Hold,
-        output: bool,
+        output: Option<OutputAhead>,
     ) -> impl Stream<Item = Item> + Send + 'static {
-        self.feed(task.id, task.tenant.clone(), after, hold, output.then(|| self.subscribe(task.id)))
-    }
-
-    /// The run's text of task `id`, subscribed now: before the request that starts the run (a
-    /// task's insert, a paused task's answer) has made it, so a stream that request answers with
-    /// misses none of it however soon a worker starts.
-    pub fn output_ahead(&self, id: Uuid) -> OutputAhead {
-        OutputAhead { id, sub: self.subscribe(id) }
-    }
-
-    /// `watch` with the run's text, taken from `ahead` when it is this task's (a retried request
-    /// answers with the task the first one made: its text is subscribed now).
-    pub fn watch_ahead(
-        &self,
-        task: &TaskView,
-        after: i32,
-        hold: super::guard::Hold,
-        ahead: Option<OutputAhead>,
-    ) -> impl Stream<Item = Item> + Send + 'static {
-        let live = match ahead {
-            Some(a) if a.id == task.id => a.sub,
-            _ => self.subscribe(task.id),
-        };
-        self.feed(task.id, task.tenant.clone(), after, hold, Some(live))
-    }
-
-    fn subscribe(&self, id: Uuid) -> crate::live::Subscription {
-        self.p.hub.live.subscribe(id, self.p.hub.clone())
+        let live = output.map(|o| self.text_of(o, task.id));
+        self.feed(task.id, task.tenant.clone(), after, hold, live)
     }
 
     /// `watch`, as a wait: under a wait hold of the task's tenant taken here; `None` at its
@@ -142,12 +116,36 @@ impl Lifecycle {
     pub async fn watch_waiting(
         &self,
         task: &TaskView,
-        output: bool,
+        output: Option<OutputAhead>,
     ) -> Result<Option<impl Stream<Item = Item> + Send + 'static>, TaskError> {
         Ok(match self.hold(&task.tenant, super::guard::HoldKind::Wait).await? {
-            Ok(hold) => Some(self.feed(task.id, task.tenant.clone(), 0, hold, output.then(|| self.subscribe(task.id)))),
+            Ok(hold) => {
+                let live = output.map(|o| self.text_of(o, task.id));
+                Some(self.feed(task.id, task.tenant.clone(), 0, hold, live))
+            }
             Err(_) => None,
         })
+    }
+
+    /// The run's text of task `id`, subscribed now. Taken before the request that starts the run
+    /// (a task's insert, a paused task's answer) has made it, a stream that request answers with
+    /// misses none of it, however soon a worker starts.
+    pub fn output_ahead(&self, id: Uuid) -> OutputAhead {
+        OutputAhead { id, sub: self.subscribe(id) }
+    }
+
+    /// `o`'s subscription when it is task `id`'s (a retried request answers with the task the
+    /// first one made: its text is subscribed now).
+    fn text_of(&self, o: OutputAhead, id: Uuid) -> crate::live::Subscription {
+        if o.id == id {
+            o.sub
+        } else {
+            self.subscribe(id)
+        }
+    }
+
+    fn subscribe(&self, id: Uuid) -> crate::live::Subscription {
+        self.p.hub.live.subscribe(id, self.p.hub.clone())
     }
 
     fn feed(

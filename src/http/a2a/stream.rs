@@ -63,7 +63,8 @@ async fn produce(
         return Ok(());
     }
     let mut working = task.status == TaskStatus::Running;
-    let mut events = Box::pin(room.watch_ahead(&task, after, hold, ahead));
+    let output = ahead.unwrap_or_else(|| room.output_ahead(task.id));
+    let mut events = Box::pin(room.watch(&task, after, hold, Some(output)));
     // The live text's artifact of each turn: (turn, try) of the text it holds so far.
     let mut live: Option<(u32, u32)> = None;
     loop {

@@ -306,6 +306,14 @@ async fn produce(
 ) -> Result<Value, RpcError> {
     let room = &ctx.st.tasks;
     let scope = ctx.scope();
+    // With a progress token, the run's text as it streams goes out as progress messages: taken
+    // from before the task is made, so none of it is missed.
+    let output = progress.is_some().then(|| {
+        room.output_ahead(match &start {
+            Start::Submit(s) => s.id,
+            Start::Task(id) => *id,
+        })
+    });
     let task = match start {
         // A waiting caller: the task may start in this process at once.
         Start::Submit(s) => room.create_followed(*s).await.map(|c| c.task),
@@ -319,8 +327,6 @@ async fn produce(
     if task.status.is_terminal() {
         return Ok(tools::result(&task));
     }
-    // With a progress token, the run's text as it streams goes out as progress messages.
-    let output = progress.is_some();
     let (mut events, deadline) = match until {
         // A wait: at the tenant's `max_waits` it is answered at once, as if it had run out.
         Until::Bound(bound) => match room.watch_waiting(&task, output).await {

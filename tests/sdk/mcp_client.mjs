@@ -1,9 +1,9 @@
 // The MCP door as the official TypeScript SDK's client sees it (tests/api/mcp.rs runs this):
 //   node mcp_client.mjs SCENARIO URL KEY
-// plain: a plain call of `task`. abort: a call the client gives up on (its AbortSignal fires:
-// the SDK sends notifications/cancelled). long: a call of a 3-minute task with the SDK's default
-// 60 s timeout, reset on every progress notification (`resetTimeoutOnProgress`). Prints one JSON
-// object of facts, exits non-zero on a failed check.
+// plain: a plain call of `task`. abort: a call the client gives up on once its provider call is in
+// flight (its AbortSignal fires: the SDK sends notifications/cancelled). long: a call of a 3-minute
+// task with the SDK's default 60 s timeout, reset on every progress notification
+// (`resetTimeoutOnProgress`). Prints one JSON object of facts, exits non-zero on a failed check.
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 
@@ -38,7 +38,19 @@ if (scenario === 'plain') {
     undefined,
     { signal: ac.signal },
   );
-  setTimeout(() => ac.abort('the user moved on'), 1500);
+  // Given up on once its provider call is in flight (as the service's own task list and event
+  // log tell), not after a guess: the test then finds that call stopped.
+  const base = url.replace(/\/mcp$/, '');
+  const get = async (path) => (await fetch(base + path, { headers: { Authorization: `Bearer ${key}` } })).json();
+  const deadline = Date.now() + 30000;
+  for (;;) {
+    const { tasks } = await get('/tasks?limit=20');
+    const mine = tasks.find((t) => t.description === 'given up on');
+    if (mine && (await get(`/tasks/${mine.id}/events`)).events.some((e) => e.kind === 'llm_call_started')) break;
+    check(Date.now() < deadline, 'the call started no provider call');
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  ac.abort('the user moved on');
   let aborted = false;
   try {
     await call;

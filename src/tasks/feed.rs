@@ -320,6 +320,13 @@ struct Follow {
 }
 
 impl Follow {
+    /// `rows`, then the run's text received and not yet given.
+    fn with_text(&mut self, rows: Vec<EventRow>) -> Vec<Item> {
+        let mut items: Vec<Item> = rows.into_iter().map(Item::Event).collect();
+        items.extend(self.take_text());
+        items
+    }
+
     /// The run's text received and not yet given, without waiting.
     fn take_text(&mut self) -> Vec<Item> {
         use tokio::sync::broadcast::error::TryRecvError;
@@ -344,13 +351,6 @@ impl Follow {
         let (hub, pool) = (self.room.p.hub.clone(), self.room.p.pool.clone());
         let mut since = Instant::now();
         loop {
-            // Text already here was written before the rows about to be read: it goes first (a
-            // stream that comes late, or a run quicker than the reads, would otherwise end
-            // with its text unread).
-            let text = self.take_text();
-            if !text.is_empty() {
-                return Some((text, self));
-            }
             // Register before reading, so an event between the read and the wait wakes us.
             let waiter = hub.event_waiter(self.id);
             let rows = match self.shared.after(&pool, self.id, self.seq, since).await {
@@ -362,9 +362,16 @@ impl Follow {
                     continue;
                 }
             };
+            // The run's text received by now goes with the rows read: after them, in the order the
+            // log tells it (claimed, the call started, its text). A stream that comes late, or a
+            // run quicker than the reads, would otherwise end with its text unread.
             if let Some(last) = rows.last() {
                 self.seq = last.seq;
-                return Some((rows.into_iter().map(Item::Event).collect(), self));
+                return Some((self.with_text(rows), self));
+            }
+            let text = self.take_text();
+            if !text.is_empty() {
+                return Some((text, self));
             }
             // Nothing new: a finished task has written its last event — but it may have
             // finished between the read above and this check, so read once more before ending.
@@ -372,10 +379,10 @@ impl Follow {
             match self.shared.ended(&pool, &self.tenant, self.id, since).await {
                 Ok(Some(true)) => {
                     let tail = events::after(&pool, self.id, self.seq, 1000).await.unwrap_or_default();
-                    let last = tail.last()?.seq;
-                    self.seq = last;
+                    self.seq = tail.last().map_or(self.seq, |e| e.seq);
                     self.done = true;
-                    return Some((tail.into_iter().map(Item::Event).collect(), self));
+                    let items = self.with_text(tail);
+                    return (!items.is_empty()).then_some((items, self));
                 }
                 Ok(None) => return None,
                 _ => {}

@@ -491,10 +491,10 @@ async fn a_streamed_send_gives_the_runs_text_from_its_first_word_however_late_it
     };
     let push = json!({"taskPushNotificationConfig": {"url": format!("{hook_base}/hook")}});
     let t0 = std::time::Instant::now();
-    let live = streamed_text(&r.base, &a, said("live-1"), push).await;
+    let live = streamed_text(&r.base, &a, said("live-1"), push.clone()).await;
     assert!(t0.elapsed() >= Duration::from_millis(600), "the push config's insert was held");
     assert_eq!(live, reply, "the text from its first word");
-    // A paused task's answer streams its run's text whole too.
+    // A paused task's answer streams its run's text whole too (its push config held as well).
     let (calls, endpoint) = deploy_tool().await;
     approvals(&r.base, "a", &a, &endpoint).await;
     let paused = rpc(
@@ -515,7 +515,9 @@ async fn a_streamed_send_gives_the_runs_text_from_its_first_word_however_late_it
     let action = task["status"]["message"]["parts"][1]["data"]["actions"][0]["id"].as_str().unwrap().to_string();
     let answer = json!({"messageId": "p2", "role": "ROLE_USER", "taskId": task["id"],
                         "parts": [{"data": {"actions": [{"id": action, "decision": "approve"}]}}]});
-    let live = streamed_text(&r.base, &a, answer, json!({})).await;
+    let t0 = std::time::Instant::now();
+    let live = streamed_text(&r.base, &a, answer, push).await;
+    assert!(t0.elapsed() >= Duration::from_millis(600), "the push config's insert was held");
     assert_eq!(*calls.lock().unwrap(), 1);
     assert_eq!(live, reply, "the answered run's text from its first word");
 }

@@ -41,7 +41,13 @@ if (scenario === 'plain') {
   // Given up on once its provider call is in flight (as the service's own task list and event
   // log tell), not after a guess: the test then finds that call stopped.
   const base = url.replace(/\/mcp$/, '');
-  const get = async (path) => (await fetch(base + path, { headers: { Authorization: `Bearer ${key}` } })).json();
+  const get = async (path) => {
+    const r = await fetch(base + path, { headers: { Authorization: `Bearer ${key}` } });
+    if (!r.ok) check(false, `GET ${path}: ${r.status} ${await r.text()}`);
+    return r.json();
+  };
+  // Settled whichever way it goes, while this waits: a rejection now is the check's below.
+  const settled = call.then(() => false, () => true);
   const deadline = Date.now() + 30000;
   for (;;) {
     const { tasks } = await get('/tasks?limit=20');
@@ -51,12 +57,7 @@ if (scenario === 'plain') {
     await new Promise((r) => setTimeout(r, 50));
   }
   ac.abort('the user moved on');
-  let aborted = false;
-  try {
-    await call;
-  } catch (e) {
-    aborted = true;
-  }
+  const aborted = await settled;
   check(aborted, 'the aborted call resolved');
   // The SDK sends its notifications/cancelled without waiting for it: let it go out before the
   // session ends.

@@ -306,14 +306,13 @@ async fn produce(
 ) -> Result<Value, RpcError> {
     let room = &ctx.st.tasks;
     let scope = ctx.scope();
-    // With a progress token, the run's text as it streams goes out as progress messages: taken
-    // from before the task is made, so none of it is missed.
-    let output = progress.is_some().then(|| {
-        room.output_ahead(match &start {
-            Start::Submit(s) => s.id,
-            Start::Task(id) => *id,
-        })
-    });
+    // With a progress token, the run's text as it streams goes out as progress messages: for a
+    // task this call makes, subscribed before it is made, so none of it is missed; for one it
+    // waits on, once the task is found to be the caller's and open.
+    let ahead = match &start {
+        Start::Submit(s) if progress.is_some() => Some(room.output_ahead(s.id)),
+        _ => None,
+    };
     let task = match start {
         // A waiting caller: the task may start in this process at once.
         Start::Submit(s) => room.create_followed(*s).await.map(|c| c.task),
@@ -327,6 +326,7 @@ async fn produce(
     if task.status.is_terminal() {
         return Ok(tools::result(&task));
     }
+    let output = progress.is_some().then(|| ahead.unwrap_or_else(|| room.output_ahead(task.id)));
     let (mut events, deadline) = match until {
         // A wait: at the tenant's `max_waits` it is answered at once, as if it had run out.
         Until::Bound(bound) => match room.watch_waiting(&task, output).await {

@@ -11,7 +11,7 @@ use futures_util::Stream;
 use uuid::Uuid;
 
 use super::{Lifecycle, Scope, TaskError, TaskView};
-use crate::kinds::TaskStatus;
+use crate::kinds::{EventKind, TaskStatus};
 pub use crate::store::events::EventRow;
 use crate::store::{events, tasks as store};
 
@@ -320,10 +320,22 @@ struct Follow {
 }
 
 impl Follow {
-    /// `rows`, then the run's text received and not yet given.
+    /// `rows`, with the run's text received and not yet given where it was written: after the
+    /// events that start a run and its call (a late stream shows the task working before its
+    /// text), before any other (the call's end, the task's, a pause: a follower may stop there).
     fn with_text(&mut self, rows: Vec<EventRow>) -> Vec<Item> {
-        let mut items: Vec<Item> = rows.into_iter().map(Item::Event).collect();
-        items.extend(self.take_text());
+        let text = self.take_text();
+        let at = rows
+            .iter()
+            .position(|e| {
+                !matches!(e.known(), Some(EventKind::Created | EventKind::Claimed | EventKind::LlmCallStarted))
+            })
+            .unwrap_or(rows.len());
+        let mut items: Vec<Item> = Vec::with_capacity(rows.len() + text.len());
+        let mut rows = rows.into_iter();
+        items.extend(rows.by_ref().take(at).map(Item::Event));
+        items.extend(text);
+        items.extend(rows.map(Item::Event));
         items
     }
 
@@ -362,9 +374,9 @@ impl Follow {
                     continue;
                 }
             };
-            // The run's text received by now goes with the rows read: after them, in the order the
-            // log tells it (claimed, the call started, its text). A stream that comes late, or a
-            // run quicker than the reads, would otherwise end with its text unread.
+            // The run's text received by now goes with the rows read, where the log puts it (after
+            // the call started, before it ended). A stream that comes late, or a run quicker than
+            // the reads, would otherwise end with its text unread.
             if let Some(last) = rows.last() {
                 self.seq = last.seq;
                 return Some((self.with_text(rows), self));

@@ -71,7 +71,7 @@ pub async fn reserve(
     event: Option<&Event>,
 ) -> Result<Reserve, StoreError> {
     let r: ReserveRow =
-        sqlx::query_as("SELECT * FROM budget_reserve_call($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)")
+        sqlx::query_as("SELECT * FROM budget_reserve_call($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11::json)")
             .bind(f.id)
             .bind(f.lease)
             .bind(ask.prompt_usd)
@@ -82,10 +82,25 @@ pub async fn reserve(
             .bind(d.usd_per_day)
             .bind(d.usd_per_month)
             .bind(d.tokens_per_day)
-            .bind(event.map(sqlx::types::Json))
+            .bind(event.map(compact))
             .fetch_one(db)
             .await?;
     Ok(r.answer())
+}
+
+/// What `budget_reserve_call` adds to a call's `llm_call_started`: what it granted.
+const GRANT: [&str; 3] = ["reserved_usd", "reserved_tokens", "max_tokens"];
+
+/// A call's `llm_call_started` as the compact JSON text `budget_reserve_call` adds the grant to
+/// (migration 0037): without the grant's fields, which it writes.
+fn compact(e: &Event) -> String {
+    let mut v = serde_json::to_value(e).expect("events serialise as JSON");
+    if let Some(o) = v.as_object_mut() {
+        for k in GRANT {
+            o.remove(k);
+        }
+    }
+    v.to_string()
 }
 
 impl ReserveRow {
@@ -132,7 +147,7 @@ pub async fn reserve_many(pool: &PgPool, items: &[&ReserveWrite]) -> Result<Vec<
     let (prompt_usd, out_usd) = (col(&|w| Some(w.ask.prompt_usd)), col(&|w| Some(w.ask.out_usd)));
     let rows = sqlx::query(
         "SELECT b.i, r.* FROM unnest($1::uuid[], $2::uuid[], $3::numeric[], $4::numeric[], $5::int8[], $6::int[],
-                $7::int[], $8::numeric[], $9::numeric[], $10::int8[], $11::jsonb[])
+                $7::int[], $8::numeric[], $9::numeric[], $10::int8[], $11::json[])
             WITH ORDINALITY AS b(task, lease, pu, ou, pt, mo, fl, dd, dm, dt, ev, i),
          LATERAL budget_reserve_call(b.task, b.lease, b.pu, b.ou, b.pt, b.mo, b.fl, b.dd, b.dm, b.dt, b.ev) r",
     )
@@ -146,7 +161,7 @@ pub async fn reserve_many(pool: &PgPool, items: &[&ReserveWrite]) -> Result<Vec<
     .bind(day)
     .bind(month)
     .bind(order.iter().map(|&i| items[i].defaults.tokens_per_day).collect::<Vec<_>>())
-    .bind(order.iter().map(|&i| items[i].event.as_ref().map(sqlx::types::Json)).collect::<Vec<_>>())
+    .bind(order.iter().map(|&i| items[i].event.as_ref().map(compact)).collect::<Vec<_>>())
     .fetch_all(pool)
     .await?;
     let mut out: Vec<Reserve> = vec![Reserve::LeaseLost; items.len()];

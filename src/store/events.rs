@@ -2,7 +2,6 @@
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
-use sqlx::types::Json;
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -36,7 +35,8 @@ impl EventRow {
 pub async fn after(pool: &PgPool, task: Uuid, after: i32, limit: i64) -> Result<Vec<EventRow>, StoreError> {
     // Each row holds at least one event after `after`: `limit` rows hold enough.
     let rows: Vec<StoredRow> = sqlx::query_as(
-        "SELECT seq, kind, data, earlier, created_at FROM task_events WHERE task_id = $1 AND seq > $2
+        "SELECT seq, kind, coalesce(data_text, data::json) AS data, earlier, created_at FROM task_events
+         WHERE task_id = $1 AND seq > $2
          ORDER BY seq LIMIT $3",
     )
     .bind(task)
@@ -94,20 +94,21 @@ pub(super) type Earlier = String;
 /// A statement's events for one task as the one row it writes (migration 0033): the last event's
 /// kind and data, the ones before it as `[[kind, data], ...]` (none when it is alone), and how
 /// many there are (the task's `last_event_seq` moves by that many; no row when none).
-pub(super) struct Packed<'a> {
+pub(super) struct Packed {
     pub kind: Option<EventKind>,
-    pub data: Option<Json<&'a Event>>,
+    /// The last event's data, as compact JSON text (`data_text`, migration 0037).
+    pub data: Option<String>,
     pub earlier: Option<Earlier>,
     pub n: i32,
 }
 
-pub(super) fn pack<'a>(events: impl IntoIterator<Item = &'a Event>) -> Packed<'a> {
+pub(super) fn pack<'a>(events: impl IntoIterator<Item = &'a Event>) -> Packed {
     let mut all: Vec<(EventKind, &Event)> = events.into_iter().map(|e| (e.kind(), e)).collect();
     let n = all.len() as i32;
     let last = all.pop();
     Packed {
         kind: last.map(|(k, _)| k),
-        data: last.map(|(_, e)| Json(e)),
+        data: last.map(|(_, e)| serde_json::to_string(e).expect("events serialise as JSON")),
         // Kinds are strings and every event an object with string keys: this cannot fail, and a
         // stand-in would leave the row's seqs off by the missing events.
         earlier: (!all.is_empty()).then(|| serde_json::to_string(&all).expect("events serialise as JSON")),
@@ -124,8 +125,8 @@ pub async fn append(pool: &PgPool, f: Fence, events: &[Event]) -> Result<bool, S
             WHERE id = $1 AND lease_token = $2
             RETURNING id, last_event_seq
          ), e AS (
-            INSERT INTO task_events (task_id, seq, kind, data, earlier)
-            SELECT id, last_event_seq, $3, $4, $5::json FROM u WHERE $3::text IS NOT NULL
+            INSERT INTO task_events (task_id, seq, kind, data, data_text, earlier)
+            SELECT id, last_event_seq, $3, NULL, $4::json, $5::json FROM u WHERE $3::text IS NOT NULL
          )
          SELECT count(*)::int FROM u";
     let n: i32 = sqlx::query_scalar(sql)
@@ -191,16 +192,16 @@ static APPEND_MANY: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
 /// The event rows of a batch of runs, one per run with events (`pack`), as four parallel
 /// arrays: the run's place in the batch, and the row's kind, data and earlier events.
 #[derive(Default)]
-pub(super) struct Rows<'a> {
+pub(super) struct Rows {
     pub of: Vec<i64>,
     pub kinds: Vec<EventKind>,
-    pub datas: Vec<Json<&'a Event>>,
+    pub datas: Vec<String>,
     pub earlier: Vec<Option<Earlier>>,
 }
 
-impl<'a> Rows<'a> {
+impl Rows {
     /// Run `i`'s events (nothing for none).
-    pub fn push(&mut self, i: i64, events: impl IntoIterator<Item = &'a Event>) {
+    pub fn push<'a>(&mut self, i: i64, events: impl IntoIterator<Item = &'a Event>) {
         let p = pack(events);
         if let (Some(kind), Some(data)) = (p.kind, p.data) {
             self.of.push(i);
@@ -217,9 +218,9 @@ impl<'a> Rows<'a> {
 pub(super) fn insert_batched(first: u8) -> String {
     let (of, kinds, datas, earlier) = (first, first + 1, first + 2, first + 3);
     format!(
-        "INSERT INTO task_events (task_id, seq, kind, data, earlier)
-            SELECT b_id, u_seq, x.kind, x.data, x.earlier
-            FROM u JOIN unnest(${of}::int8[], ${kinds}::text[], ${datas}::jsonb[], ${earlier}::json[])
+        "INSERT INTO task_events (task_id, seq, kind, data, data_text, earlier)
+            SELECT b_id, u_seq, x.kind, NULL, x.data, x.earlier
+            FROM u JOIN unnest(${of}::int8[], ${kinds}::text[], ${datas}::json[], ${earlier}::json[])
                  AS x(ei, kind, data, earlier) ON x.ei = u.b_i"
     )
 }

@@ -648,8 +648,8 @@ fn commit_turn_sql(whole: bool) -> String {
                    $4, {last_and_earlier}
             FROM u WHERE cardinality($16::jsonb[]) > 0
          ), e AS (
-            INSERT INTO task_events (task_id, seq, kind, data, earlier)
-            SELECT $1, u.last_event_seq, $17, $18, $32::json FROM u WHERE $17::text IS NOT NULL
+            INSERT INTO task_events (task_id, seq, kind, data, data_text, earlier)
+            SELECT $1, u.last_event_seq, $17, NULL, $18::json, $32::json FROM u WHERE $17::text IS NOT NULL
          ), mt AS ({texts}
          ), {WAKE_WAITERS}
          SELECT {answer} FROM u, (SELECT count(*) FROM w) AS woken",
@@ -785,8 +785,8 @@ fn finish_sql(whole: bool) -> String {
             WHERE id = $1 AND lease_token = $2 AND history_at = 'infinity'
             RETURNING {returning}
          ), e AS (
-            INSERT INTO task_events (task_id, seq, kind, data, earlier)
-            SELECT id, u.last_event_seq, $8, $9, $11::json FROM u WHERE $8::text IS NOT NULL
+            INSERT INTO task_events (task_id, seq, kind, data, data_text, earlier)
+            SELECT id, u.last_event_seq, $8, NULL, $9::json, $11::json FROM u WHERE $8::text IS NOT NULL
          ), {WAKE_WAITERS}
          SELECT {answer} FROM u, (SELECT count(*) FROM w) AS woken"
     )

@@ -224,7 +224,7 @@ async fn insert_once(conn: &mut PgConnection, t: &NewTask, retried: bool) -> Res
                 .bind(s.lease_secs)
                 .bind(first.map(|f| f.usd))
                 .bind(first.map(|f| f.tokens))
-                .bind(first.map(|f| sqlx::types::Json(&f.started)))
+                .bind(first.map(|f| serde_json::to_string(&f.started).expect("events serialise as JSON")))
                 .bind(first.and_then(|f| f.defaults.usd_per_day))
                 .bind(first.and_then(|f| f.defaults.usd_per_month))
                 .bind(first.and_then(|f| f.defaults.tokens_per_day))
@@ -353,10 +353,11 @@ static INSERT_STARTED: std::sync::LazyLock<String> = std::sync::LazyLock::new(||
          ), e AS (
             -- One row (migration 0033): `claimed`, or the reserved call's `llm_call_started`, with
             -- the events before it in `earlier`.
-            INSERT INTO task_events (task_id, seq, kind, data, earlier)
+            INSERT INTO task_events (task_id, seq, kind, data, data_text, earlier)
             SELECT id, CASE WHEN pre.reserved THEN 3 ELSE 2 END,
                    CASE WHEN pre.reserved THEN 'llm_call_started' ELSE 'claimed' END,
-                   CASE WHEN pre.reserved THEN $21::jsonb ELSE c.claimed END,
+                   CASE WHEN pre.reserved THEN NULL ELSE c.claimed END,
+                   CASE WHEN pre.reserved THEN $21::json END,
                    (jsonb_build_array(jsonb_build_array('created',
                                          jsonb_build_object('subagent_type', subagent_type, 'model', model)))
                    || CASE WHEN pre.reserved THEN jsonb_build_array(jsonb_build_array('claimed', c.claimed))

@@ -855,6 +855,69 @@ async fn a_statements_events_are_one_row_and_every_read_opens_it_in_order() {
     app.stop().await;
 }
 
+const GRANT: [&str; 3] = ["reserved_usd", "reserved_tokens", "max_tokens"];
+
+/// A row's own event, when the service made it, is compact JSON text in `data_text` and `data` is
+/// NULL (migration 0037); the events built in SQL (`created`, `claimed`, ...) stay in `data`. It
+/// takes less room than the jsonb it replaces, and a row as the release before wrote it (its
+/// event in `data`) reads the same through the API and the log view.
+#[tokio::test]
+async fn a_rows_own_event_is_stored_as_compact_text_and_a_row_written_before_reads_the_same() {
+    let app = spawn_app().await;
+    let t = app.post_json("/tasks?wait=true", json!({"prompt": "moons [mock:tool_turns=1]", "model": "mock/m"})).await;
+    let t: Value = t.json().await.unwrap();
+    assert_eq!(t["status"], "completed", "{t}");
+    let id = Uuid::parse_str(t["id"].as_str().unwrap()).unwrap();
+    let pool = &app.db.pool;
+    let rows: Vec<(String, bool, Option<String>)> = sqlx::query_as(
+        "SELECT kind, data IS NOT NULL, data_text::text FROM task_events WHERE task_id = $1 ORDER BY seq",
+    )
+    .bind(id)
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert!(rows.iter().all(|(_, data, text)| *data != text.is_some()), "one or the other: {rows:?}");
+    let texts: Vec<&String> = rows.iter().filter_map(|r| r.2.as_ref()).collect();
+    assert!(texts.len() >= 4, "the run's own events as text: {rows:?}");
+    let started: Vec<&String> =
+        rows.iter().filter(|r| r.0 == "llm_call_started").filter_map(|r| r.2.as_ref()).collect();
+    assert!(
+        started.len() == 2
+            && started.iter().all(|t| GRANT.iter().all(|k| t.matches(&format!("\"{k}\":")).count() == 1)),
+        "the grant added, once: {rows:?}"
+    );
+    assert!(texts.iter().all(|t| !t.contains("\": ") && !t.contains(", \"")), "compact: {texts:?}");
+    let (text_bytes, as_jsonb): (i64, i64) = sqlx::query_as(
+        "SELECT sum(pg_column_size(data_text)), sum(pg_column_size(data_text::jsonb)) FROM task_events
+         WHERE task_id = $1",
+    )
+    .bind(id)
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert!(text_bytes < as_jsonb, "{text_bytes} bytes as text, {as_jsonb} as jsonb");
+
+    let read = || async {
+        let page = app.get_json(&format!("/tasks/{id}/events?limit=1000")).await;
+        let log: Vec<(i32, String, Value)> =
+            sqlx::query_as("SELECT seq, kind, data FROM task_event_log WHERE task_id = $1 ORDER BY seq")
+                .bind(id)
+                .fetch_all(pool)
+                .await
+                .unwrap();
+        (page["events"].clone(), log)
+    };
+    let now = read().await;
+    assert_eq!(now.0.as_array().unwrap().len(), now.1.len());
+    assert!(now.1.iter().all(|e| e.2.is_object()), "every event's data read: {:?}", now.1);
+    sqlx::query("UPDATE task_events SET data = data_text::jsonb, data_text = NULL WHERE task_id = $1 AND data IS NULL")
+        .bind(id)
+        .execute(pool)
+        .await
+        .unwrap();
+    assert_eq!(read().await, now, "rows as the release before wrote them read the same");
+}
+
 /// A run's system message is stored once for all the tasks that send it (migration 0035): the
 /// message row names the text by its SHA-256, `message_texts` holds it once, and every read (the
 /// log view, the API's conversation, a resume's) gives the message as it was sent. A task with

@@ -735,6 +735,17 @@ async fn a_quiet_tenants_newest_tasks_are_read_through_its_own_index_not_past_th
     pool.close().await;
 }
 
+/// A service and a task of it run to its end in wait mode, with one tool call (refused: no tool
+/// is offered) and then an answer.
+async fn a_task_with_a_refused_tool_call() -> (TestApp, Uuid) {
+    let app = spawn_app().await;
+    let t = app.post_json("/tasks?wait=true", json!({"prompt": "moons [mock:tool_turns=1]", "model": "mock/m"})).await;
+    let t: Value = t.json().await.unwrap();
+    assert_eq!(t["status"], "completed", "{t}");
+    let id = Uuid::parse_str(t["id"].as_str().unwrap()).unwrap();
+    (app, id)
+}
+
 /// The events one statement writes for a task are one stored row (migration 0033): the last in
 /// the row's columns, the ones before it in `earlier`. A task whose tool call is refused writes
 /// its 10 events in 6 rows; the JSON pages give every event once, in order, whatever seq they start
@@ -742,11 +753,7 @@ async fn a_quiet_tenants_newest_tasks_are_read_through_its_own_index_not_past_th
 /// has a row per event, as the table had before. Its messages likewise (migration 0034).
 #[tokio::test]
 async fn a_statements_events_are_one_row_and_every_read_opens_it_in_order() {
-    let app = spawn_app().await;
-    let t = app.post_json("/tasks?wait=true", json!({"prompt": "moons [mock:tool_turns=1]", "model": "mock/m"})).await;
-    let t: Value = t.json().await.unwrap();
-    assert_eq!(t["status"], "completed", "{t}");
-    let id = Uuid::parse_str(t["id"].as_str().unwrap()).unwrap();
+    let (app, id) = a_task_with_a_refused_tool_call().await;
     let pool = &app.db.pool;
 
     let (rows, merged): (i64, i64) =
@@ -863,11 +870,7 @@ const GRANT: [&str; 3] = ["reserved_usd", "reserved_tokens", "max_tokens"];
 /// event in `data`) reads the same through the API and the log view.
 #[tokio::test]
 async fn a_rows_own_event_is_stored_as_compact_text_and_a_row_written_before_reads_the_same() {
-    let app = spawn_app().await;
-    let t = app.post_json("/tasks?wait=true", json!({"prompt": "moons [mock:tool_turns=1]", "model": "mock/m"})).await;
-    let t: Value = t.json().await.unwrap();
-    assert_eq!(t["status"], "completed", "{t}");
-    let id = Uuid::parse_str(t["id"].as_str().unwrap()).unwrap();
+    let (app, id) = a_task_with_a_refused_tool_call().await;
     let pool = &app.db.pool;
     let rows: Vec<(String, bool, Option<String>)> = sqlx::query_as(
         "SELECT kind, data IS NOT NULL, data_text::text FROM task_events WHERE task_id = $1 ORDER BY seq",

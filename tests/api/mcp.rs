@@ -132,7 +132,7 @@ fn args(scenario: &str, url: &str, key: &str, more: &[&str]) -> Vec<String> {
     v
 }
 
-async fn py(scenario: &str, url: &str, key: &str, more: &[&str]) -> Option<Value> {
+pub async fn py(scenario: &str, url: &str, key: &str, more: &[&str]) -> Option<Value> {
     let p = python()?;
     Some(run_script(p, "mcp_client.py", args(scenario, url, key, more), vec![]).await)
 }

@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use subagentd::jobs::retention::{Purged, Retention};
 
 use crate::helpers::*;
-use crate::mcp::{key, node_modules, post, replica, run_node, scalar};
+use crate::mcp::{key, node_modules, post, py, replica, run_node, scalar};
 
 async fn initialize(base: &str, key: &str, capabilities: Value) -> String {
     let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
@@ -258,6 +258,29 @@ async fn background_calls_answer_at_once_resume_continues_and_ending_a_session_c
     }
     let after: i64 = sqlx::query_scalar("SELECT count(*) FROM tasks").fetch_one(&db.pool).await.unwrap();
     assert_eq!(before, after);
+}
+
+/// A call with a progress token is told it is alive from its start: while its task is being made
+/// (here its insert held 17 s by a trigger, as a busy database or a slow admission holds it), a
+/// notification every 15 s, not only once the task runs.
+#[tokio::test]
+async fn a_call_with_a_progress_token_hears_from_the_start_while_its_task_is_being_made() {
+    let db = test_db().await;
+    sqlx::raw_sql(
+        "CREATE FUNCTION slow_task() RETURNS trigger LANGUAGE plpgsql AS
+             $$ BEGIN PERFORM pg_sleep(17); RETURN NEW; END $$;
+         CREATE TRIGGER slow_task BEFORE INSERT ON task_queue FOR EACH ROW EXECUTE FUNCTION slow_task();",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let r = replica(&db, &[("SUBAGENTD_DEFAULT_MODEL", "mock/m")]).await;
+    let a = key(&r.base, "a").await;
+    let Some(out) = py("slow_start", &format!("{}/mcp", r.base), &a, &[]).await else { return };
+    assert!(out["seconds"].as_f64().unwrap() >= 17.0, "the insert was held: {out}");
+    let first = &out["progress"][0];
+    assert_eq!(first[1], "starting", "{out}");
+    assert!(first[0].as_f64().unwrap() < 17.0, "heard from before the task was made: {out}");
 }
 
 #[tokio::test]

@@ -363,9 +363,28 @@ async def live_progress(args):
         return {"notifications": len(seen)}
 
 
+async def slow_start(args):
+    """With a progress token, a call whose task takes long to be made (the test holds its insert):
+    progress from the start, every few seconds however long that takes."""
+    seen = []
+    loop = asyncio.get_event_loop()
+    start = loop.time()
+
+    async def on_progress(p, total, message):
+        seen.append((loop.time() - start, message))
+
+    async with Session(args) as s:
+        start = loop.time()
+        r = await s.call_tool("task", {"subagent_type": "general", "description": "held",
+                                       "prompt": "hi [mock:reply=made at last]"},
+                              progress_callback=on_progress, read_timeout_seconds=timedelta(seconds=120))
+        check(not r.isError and text(r) == "made at last", text(r))
+        return {"seconds": loop.time() - start, "progress": seen}
+
+
 SCENARIOS = {f.__name__: f for f in [list_tools, plain_call, long_call, task_augmented, cancel, elicit,
                                      isolation, depth, replicas, old_version, refusals, per_agent,
-                                     result_elicit, list_paging, live_progress]}
+                                     result_elicit, list_paging, live_progress, slow_start]}
 
 
 def main():

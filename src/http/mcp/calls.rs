@@ -20,7 +20,7 @@ use super::{Ctx, Reply};
 use crate::kinds::{EventKind, Gate, TaskStatus};
 use crate::tasks::answer::ActionAnswer;
 use crate::tasks::feed::Item;
-use crate::tasks::{ActionRow, Submission, TaskRequest, TaskView};
+use crate::tasks::{ActionRow, Submission, TaskError, TaskRequest, TaskView};
 
 /// The related-task metadata key of 2025-11-25 tasks.
 pub const RELATED_TASK: &str = "io.modelcontextprotocol/related-task";
@@ -313,12 +313,10 @@ async fn produce(
         Start::Submit(s) if progress.is_some() => Some(room.output_ahead(s.id)),
         _ => None,
     };
-    let task = match start {
-        // A waiting caller: the task may start in this process at once.
-        Start::Submit(s) => room.create_followed(*s).await.map(|c| c.task),
-        Start::Task(id) => room.get(&scope, id).await,
-    };
-    let task = match task {
+    // With a token, a notification at least every BEAT from here: a client that resets its
+    // timeout on progress holds the call as long as the task runs.
+    let mut note = Notifier { tx, token: progress.clone(), sent: Progress::default(), total: 0 };
+    let task = match made(ctx, start, &mut note).await? {
         Ok(t) => t,
         Err(e) if e.is_client_error() => return Ok(tools::refused(&e)),
         Err(e) => return Err(internal(e)),
@@ -339,9 +337,7 @@ async fn produce(
     // Text messages sent in the turn now running: progress between its turn's numbers.
     let mut texts_in_turn = (0u32, 0u32);
     let max_turns = task.max_turns.unwrap_or(0);
-    let mut note = Notifier { tx, token: progress.clone(), sent: Progress::default(), total: max_turns };
-    // With a token, a notification at least every BEAT: a client that resets its timeout on
-    // progress holds the call as long as the task runs.
+    note.total = max_turns;
     let beat = tokio::time::sleep(BEAT);
     tokio::pin!(beat);
     let out_of_time = async move {
@@ -409,6 +405,26 @@ async fn produce(
     }
     let now = room.get(&scope, task.id).await.map_err(|_| RpcError::internal())?;
     Ok(tools::result(&now))
+}
+
+/// The task a call follows, made (a waiting caller's: it may start in this process at once) or
+/// read; while that takes (an admission or an insert held up), a notification every BEAT.
+async fn made(ctx: &Ctx, start: Start, note: &mut Notifier<'_>) -> Result<Result<TaskView, TaskError>, RpcError> {
+    let room = &ctx.st.tasks;
+    let scope = ctx.scope();
+    let made = async move {
+        match start {
+            Start::Submit(s) => room.create_followed(*s).await.map(|c| c.task),
+            Start::Task(id) => room.get(&scope, id).await,
+        }
+    };
+    tokio::pin!(made);
+    loop {
+        tokio::select! {
+            t = &mut made => return Ok(t),
+            _ = tokio::time::sleep(BEAT), if note.token.is_some() => note.send(None, "starting").await?,
+        }
+    }
 }
 
 /// The longest a call with a progress token goes without a notification (MCP clients that reset

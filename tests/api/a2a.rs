@@ -474,14 +474,7 @@ async fn a_streamed_send_gives_the_runs_text_from_its_first_word_however_late_it
         hook.push(Answer::json(json!({})));
     }
     let db = test_db().await;
-    sqlx::raw_sql(
-        "CREATE FUNCTION slow_push() RETURNS trigger LANGUAGE plpgsql AS
-             $$ BEGIN PERFORM pg_sleep(0.6); RETURN NEW; END $$;
-         CREATE TRIGGER slow_push BEFORE INSERT ON a2a_push_configs FOR EACH ROW EXECUTE FUNCTION slow_push();",
-    )
-    .execute(&db.pool)
-    .await
-    .unwrap();
+    hold_inserts(&db.pool, "a2a_push_configs", 0.6).await;
     let r = replica(&db, &[("SUBAGENTD_DEFAULT_MODEL", "mock/m")]).await;
     let a = key(&r.base, "a").await;
     let reply: String = (0..12).map(|i| format!("w{i}")).collect::<Vec<_>>().join(" ");

@@ -104,6 +104,19 @@ pub struct TestDb {
     pub name: String,
 }
 
+/// Hold every insert into `table` of this database `secs` seconds (a trigger): a write as a busy
+/// database or a slow admission holds it, to show what a door does meanwhile.
+pub async fn hold_inserts(pool: &PgPool, table: &str, secs: f64) {
+    sqlx::raw_sql(&format!(
+        "CREATE FUNCTION hold_{table}() RETURNS trigger LANGUAGE plpgsql AS
+             $$ BEGIN PERFORM pg_sleep({secs}); RETURN NEW; END $$;
+         CREATE TRIGGER hold_{table} BEFORE INSERT ON {table} FOR EACH ROW EXECUTE FUNCTION hold_{table}();"
+    ))
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
 pub async fn test_db() -> TestDb {
     // Service warnings (a failing claim, say) show in the output of a failing test.
     let _ = tracing_subscriber::fmt()

@@ -266,14 +266,7 @@ async fn background_calls_answer_at_once_resume_continues_and_ending_a_session_c
 #[tokio::test]
 async fn a_call_with_a_progress_token_hears_from_the_start_while_its_task_is_being_made() {
     let db = test_db().await;
-    sqlx::raw_sql(
-        "CREATE FUNCTION slow_task() RETURNS trigger LANGUAGE plpgsql AS
-             $$ BEGIN PERFORM pg_sleep(17); RETURN NEW; END $$;
-         CREATE TRIGGER slow_task BEFORE INSERT ON task_queue FOR EACH ROW EXECUTE FUNCTION slow_task();",
-    )
-    .execute(&db.pool)
-    .await
-    .unwrap();
+    hold_inserts(&db.pool, "task_queue", 17.0).await;
     let r = replica(&db, &[("SUBAGENTD_DEFAULT_MODEL", "mock/m")]).await;
     let a = key(&r.base, "a").await;
     let Some(out) = py("slow_start", &format!("{}/mcp", r.base), &a, &[]).await else { return };

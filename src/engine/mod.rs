@@ -485,6 +485,7 @@ async fn apply_answers(input: &RunInput, tools: &dyn ToolRunner, stop: &StopSign
                 detail: None,
             },
         };
+        let result = result.storable();
         out.push(Message::Tool {
             tool_call_id: a.call.id.clone(),
             name: name.clone(),

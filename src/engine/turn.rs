@@ -77,6 +77,7 @@ impl Turns<'_> {
             }
             Err(o) => return Step::End(o.into()),
         };
+        storable_response(&mut resp);
         let mut events = vec![Event::LlmCallFinished(event::LlmCallFinished {
             turn,
             model: target.full(),
@@ -381,6 +382,7 @@ impl Turns<'_> {
             .into_iter()
             .map(|(i, out, took)| {
                 let tc = &calls[i];
+                let out = out.storable();
                 let finished = event::ToolCallFinished {
                     turn,
                     tool_call_id: tc.id.clone(),
@@ -393,6 +395,21 @@ impl Turns<'_> {
                 (i, out)
             })
             .collect())
+    }
+}
+
+/// The model's answer as the store can always hold it: a NUL in its text or in a tool call's
+/// id, name or arguments shown as U+FFFD (`kinds::text`), so that what a file or a page talked
+/// it into writing cannot fail the turn's checkpoint.
+fn storable_response(resp: &mut ChatResponse) {
+    use crate::kinds::text;
+    if let Some(t) = resp.text.as_mut() {
+        text::storable(t);
+    }
+    for c in &mut resp.tool_calls {
+        text::storable(&mut c.id);
+        text::storable(&mut c.name);
+        text::storable_value(&mut c.arguments);
     }
 }
 

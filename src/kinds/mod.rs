@@ -10,6 +10,7 @@
 use sqlx::Postgres;
 
 pub mod event;
+pub mod text;
 pub use event::Event;
 
 /// An enum kept in a text column: its names, both ways, and its `sqlx` and `serde` impls.

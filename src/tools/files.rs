@@ -44,8 +44,8 @@ pub struct Copy {
     /// Set by every call that may have changed the copy; the run's checkpoint clears it when
     /// it saves the changes.
     pub dirty: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    /// The most bytes the copy may hold (its starting size plus the write allowance).
-    pub max_bytes: u64,
+    /// The most the copy may hold (its starting usage plus the write allowances).
+    pub max: Usage,
     /// One call at a time over the copy: a command never runs while a file tool checks a path.
     pub lock: tokio::sync::Mutex<()>,
 }
@@ -71,6 +71,41 @@ pub fn tree_bytes(dir: &Path) -> u64 {
         .filter(|m| m.is_file())
         .map(|m| m.len())
         .sum()
+}
+
+/// What a tree holds: bytes (a file's length; a directory's or a link's blocks on disk, at
+/// least its length) and entries (files, directories, links, anything else).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Usage {
+    pub bytes: u64,
+    pub entries: u64,
+}
+
+impl Usage {
+    /// No bound: a walk that counts all.
+    pub const ALL: Usage = Usage { bytes: u64::MAX, entries: u64::MAX };
+
+    /// Past `limit` in either?
+    pub fn past(&self, limit: Usage) -> bool {
+        self.bytes > limit.bytes || self.entries > limit.entries
+    }
+}
+
+/// The usage of the tree under `dir` (not following links; `.git` counted too, `dir` itself
+/// not). The walk stops as soon as it is past `limit`: bounded whatever a command made there.
+pub fn tree_usage(dir: &Path, limit: Usage) -> Usage {
+    use std::os::unix::fs::MetadataExt;
+    let mut u = Usage::default();
+    for e in walkdir::WalkDir::new(dir).follow_links(false).min_depth(1).into_iter().filter_map(Result::ok) {
+        u.entries += 1;
+        if let Ok(m) = e.metadata() {
+            u.bytes += if m.is_file() { m.len() } else { (m.blocks() * 512).max(m.len()) };
+        }
+        if u.past(limit) {
+            break;
+        }
+    }
+    u
 }
 
 /// Run one workspace tool over the tree at `root` (canonical) with the call's checked arguments.
@@ -161,6 +196,36 @@ fn display(p: &Path) -> String {
     }
 }
 
+/// A name as git shows one in a listing (`core.quotePath`'s rule for control characters): as
+/// it is when it holds no control character, `"` or `\\`; else in double quotes with C escapes
+/// (`\\n`, `\\t`, `\\"`, `\\\\`, octal for the rest), so that a name holding a newline is one
+/// line of a listing, never two entries.
+pub fn quoted(name: &str) -> String {
+    if !name.chars().any(|c| c.is_control() || c == '"' || c == '\\') {
+        return name.to_string();
+    }
+    let mut q = String::with_capacity(name.len() + 2);
+    q.push('"');
+    for c in name.chars() {
+        match c {
+            '\n' => q.push_str("\\n"),
+            '\t' => q.push_str("\\t"),
+            '\r' => q.push_str("\\r"),
+            '"' => q.push_str("\\\""),
+            '\\' => q.push_str("\\\\"),
+            c if c.is_control() => {
+                let mut buf = [0u8; 4];
+                for b in c.encode_utf8(&mut buf).bytes() {
+                    q.push_str(&format!("\\{b:03o}"));
+                }
+            }
+            c => q.push(c),
+        }
+    }
+    q.push('"');
+    q
+}
+
 fn list_directory(root: &Path, rel: &str) -> Result<String, String> {
     let dir = resolve(root, rel)?;
     if !dir.is_dir() {
@@ -171,7 +236,7 @@ fn list_directory(root: &Path, rel: &str) -> Result<String, String> {
         .filter_map(Result::ok)
         .filter(|e| e.file_name() != ".git")
         .map(|e| {
-            let name = e.file_name().to_string_lossy().into_owned();
+            let name = quoted(&e.file_name().to_string_lossy());
             match e.file_type() {
                 Ok(t) if t.is_dir() => format!("{name}/"),
                 Ok(t) if t.is_symlink() => format!("{name} (symbolic link)"),
@@ -220,7 +285,7 @@ fn glob(root: &Path, pattern: &str) -> Result<String, String> {
         if matcher.is_match(&rel) {
             total += 1;
             if found.len() < MAX_ENTRIES {
-                found.push(rel);
+                found.push(quoted(&rel));
             }
         }
     }
@@ -234,7 +299,7 @@ fn glob(root: &Path, pattern: &str) -> Result<String, String> {
     Ok(out)
 }
 
-/// The first bytes of a file: is it text (no NUL byte)?
+/// Bytes of a file: are they text (no NUL byte)? A file is text only if all of it is.
 fn is_text(head: &[u8]) -> bool {
     !head.contains(&0)
 }
@@ -253,10 +318,11 @@ fn grep(root: &Path, pattern: &str, rel: &str) -> Result<String, String> {
             continue;
         }
         let Ok(bytes) = std::fs::read(e.path()) else { continue };
-        if !is_text(&bytes[..bytes.len().min(SNIFF)]) {
+        // A NUL anywhere makes a file binary, not only in its first block.
+        if !is_text(&bytes) {
             continue;
         }
-        let path = relative(root, e.path());
+        let path = quoted(&relative(root, e.path()));
         for (n, line) in bytes.split(|b| *b == b'\n').enumerate() {
             if re.is_match(line) {
                 total += 1;
@@ -318,6 +384,10 @@ fn read_file(
         let read = reader.by_ref().take(1 << 24).read_until(b'\n', &mut line).map_err(|e| e.to_string())?;
         if read == 0 {
             break;
+        }
+        if !is_text(&line) {
+            // A NUL anywhere, not only in the first block, makes it binary: nothing of it is shown.
+            return Ok(format!("{shown:?} is a binary file ({size} bytes); its contents are not shown."));
         }
         n += 1;
         // Lines past the result cap are not gathered (the answer would be cut there anyway);
@@ -403,6 +473,34 @@ mod tests {
         assert!(ls.content.contains("src/\n") && ls.content.contains("passwd (symbolic link)"), "{}", ls.content);
         let bad = call(&root, BuiltinTool::Grep, serde_json::json!({ "pattern": "(" }));
         assert!(bad.is_error && bad.content.contains("not a regular expression"));
+    }
+
+    #[test]
+    fn a_nul_past_the_first_block_makes_a_file_binary_for_read_file_and_grep() {
+        let (_d, root) = tree();
+        let mut late = vec![b'a'; 9000];
+        late.extend_from_slice(b"\nhello\0world\n");
+        std::fs::write(root.join("late.txt"), &late).unwrap();
+        let read = call(&root, BuiltinTool::ReadFile, serde_json::json!({ "path": "late.txt" }));
+        assert!(!read.is_error && read.content.contains("binary file (9013 bytes)"), "{}", read.content);
+        assert!(!read.content.contains("hello") && !read.content.contains('\0'), "{}", read.content);
+        let grep = call(&root, BuiltinTool::Grep, serde_json::json!({ "pattern": "hello|aaaa" }));
+        assert!(!grep.content.contains("late.txt"), "{}", grep.content);
+    }
+
+    #[test]
+    fn a_name_with_a_newline_is_one_quoted_entry_in_every_listing() {
+        let (_d, root) = tree();
+        std::fs::write(root.join("evil\nname.txt"), "needle\n").unwrap();
+        let ls = call(&root, BuiltinTool::ListDirectory, serde_json::json!({ "path": "" }));
+        assert!(ls.content.contains("\n\"evil\\nname.txt\"\n"), "{}", ls.content);
+        assert!(!ls.content.lines().any(|l| l == "name.txt" || l == "evil"), "{}", ls.content);
+        let glob = call(&root, BuiltinTool::Glob, serde_json::json!({ "pattern": "*.txt" }));
+        assert!(glob.content.contains("\"evil\\nname.txt\""), "{}", glob.content);
+        let grep = call(&root, BuiltinTool::Grep, serde_json::json!({ "pattern": "needle" }));
+        assert!(grep.content.contains("\"evil\\nname.txt\":1: needle"), "{}", grep.content);
+        assert_eq!(quoted("plain/name.rs"), "plain/name.rs");
+        assert_eq!(quoted("a\"b\\c\x01"), "\"a\\\"b\\\\c\\001\"");
     }
 
     #[test]

@@ -159,6 +159,12 @@ pub struct Config {
     #[arg(long, env = "SUBAGENTD_SANDBOX_MAX_COMMANDS", default_value_t = 0, global = true)]
     pub sandbox_max_commands: usize,
 
+    /// Commands running at once for one tenant in this process, a share of
+    /// `SUBAGENTD_SANDBOX_MAX_COMMANDS` (0: half of it, at least 1), so that no tenant holds every
+    /// slot; waiting commands are served across tenants in turn.
+    #[arg(long, env = "SUBAGENTD_SANDBOX_TENANT_COMMANDS", default_value_t = 0, global = true)]
+    pub sandbox_tenant_commands: usize,
+
     /// A command's wall time at most, in seconds (`timeout_seconds` is capped to it; the
     /// default is 120 s, or this if lower). Its CPU time is capped to the same.
     #[arg(long, env = "SUBAGENTD_SANDBOX_MAX_TIMEOUT_SECONDS", default_value_t = 600, global = true)]
@@ -185,6 +191,17 @@ pub struct Config {
     /// out and named.
     #[arg(long, env = "SUBAGENTD_SANDBOX_DIFF_MAX_KB", default_value_t = 1024, global = true)]
     pub sandbox_diff_max_kb: u64,
+
+    /// What a task's saved changes (kept with each checkpoint, so that a rescued run rebuilds
+    /// its copy) hold at most, in MiB: a file that does not fit is left out, named with its size
+    /// and hash. Bounds each checkpoint's message to PostgreSQL and the memory it takes.
+    #[arg(long, env = "SUBAGENTD_SANDBOX_KEEP_MB", default_value_t = 64, global = true)]
+    pub sandbox_keep_mb: u64,
+
+    /// Entries (files, directories, links) a task's copy may gain over its starting tree: past
+    /// it a command is stopped (outcome `limit`), as past the write allowance.
+    #[arg(long, env = "SUBAGENTD_SANDBOX_WRITE_ENTRIES", default_value_t = 65536, global = true)]
+    pub sandbox_write_entries: u64,
 
     /// `web_fetch` calls a tenant may make per minute, across replicas (a tenant's own
     /// `web_fetches_per_minute` wins; 0: none).

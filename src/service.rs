@@ -65,9 +65,16 @@ fn sandbox_of(cfg: &Config) -> Option<Arc<crate::tools::sandbox::Sandbox>> {
         memory_bytes: cfg.sandbox_memory_mb.max(16) << 20,
         processes: cfg.sandbox_processes.max(1),
         write_bytes: cfg.sandbox_write_mb << 20,
+        write_entries: cfg.sandbox_write_entries,
         tmp_bytes: cfg.sandbox_tmp_mb << 20,
     };
-    match crate::tools::sandbox::Sandbox::probe(&cfg.sandbox_bwrap, limits, cfg.sandbox_max_commands, &dir) {
+    match crate::tools::sandbox::Sandbox::probe(
+        &cfg.sandbox_bwrap,
+        limits,
+        cfg.sandbox_max_commands,
+        cfg.sandbox_tenant_commands,
+        &dir,
+    ) {
         Ok(s) => {
             tracing::info!(limits = %s.describe(), "run_command runs in the sandbox");
             Some(Arc::new(s))

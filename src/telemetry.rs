@@ -111,6 +111,10 @@ pub const HISTOGRAMS: &[(&str, &str)] = &[
     ("subagentd_llm_call_duration_seconds", "Provider call latency, by provider, model and outcome."),
     ("subagentd_http_request_duration_seconds", "HTTP request latency, by method and route template."),
     (
+        "subagentd_sandbox_slot_wait_seconds",
+        "Time a sandboxed command waited for a slot (the process's cap, its tenant's share).",
+    ),
+    (
         "subagentd_write_queue_seconds",
         "Time a run's write (turn, reserve, events) waited for its group commit to start, by kind.",
     ),
@@ -188,7 +192,12 @@ pub fn register_metrics(providers: &[String], models: &[(String, String)]) {
         }
         zero("subagentd_cost_microusd_total", &[("model", model.clone())]);
     }
-    for name in ["subagentd_queue_wait_seconds", "subagentd_run_duration_seconds", "subagentd_budget_wait_seconds"] {
+    for name in [
+        "subagentd_queue_wait_seconds",
+        "subagentd_run_duration_seconds",
+        "subagentd_budget_wait_seconds",
+        "subagentd_sandbox_slot_wait_seconds",
+    ] {
         let _ = metrics::histogram!(name);
     }
     for kind in ["turn", "reserve", "events"] {

@@ -27,9 +27,11 @@ pub struct TaskCopy {
     manifest: Manifest,
     /// Set by the tools when a call may have changed the copy.
     pub dirty: Arc<AtomicBool>,
-    /// The most the copy may hold: its starting bytes plus the write allowance.
-    pub max_bytes: u64,
+    /// The most the copy may hold: its starting usage plus the write allowances (bytes, entries).
+    pub max: crate::tools::files::Usage,
     diff_max: u64,
+    /// What its saved changes hold at most (`SUBAGENTD_SANDBOX_KEEP_MB`).
+    keep_max: u64,
 }
 
 impl TaskCopy {
@@ -41,7 +43,7 @@ impl TaskCopy {
         parent: Option<uuid::Uuid>,
         base: &Path,
         root: &Path,
-        (write_bytes, diff_max): (u64, u64),
+        (write_bytes, diff_max, keep_max, write_entries): (u64, u64, u64, u64),
         owner: Option<u32>,
     ) -> Result<TaskCopy, String> {
         let mut saved = retrying(pool, || diffs::changes_of(pool, task)).await.map_err(|e| e.to_string())?;
@@ -56,16 +58,18 @@ impl TaskCopy {
         let changed = saved.is_some();
         let (base, dir) = (base.to_path_buf(), root.join(task.to_string()));
         let (b, d) = (base.clone(), dir.clone());
-        let (bytes, manifest, dir) = tokio::task::spawn_blocking(move || {
+        let (start, manifest, dir) = tokio::task::spawn_blocking(move || {
             if d.symlink_metadata().is_ok() {
                 std::fs::remove_dir_all(&d)?;
             }
-            let (bytes, manifest) = copy::make(&b, &d)?;
+            let (_, manifest) = copy::make(&b, &d)?;
             if let Some((archive, deleted)) = saved {
-                copy::apply(&d, &Changes { archive, deleted })?;
+                copy::apply(&d, &Changes { archive, deleted, left_out: vec![] })?;
             }
             crate::tools::sandbox::hand_over(&d, owner)?;
-            Ok::<_, std::io::Error>((bytes, manifest, d.canonicalize()?))
+            // Counted as the sandbox's watch counts it (directories and links too).
+            let start = crate::tools::files::tree_usage(&d, crate::tools::files::Usage::ALL);
+            Ok::<_, std::io::Error>((start, manifest, d.canonicalize()?))
         })
         .await
         .map_err(|e| e.to_string())?
@@ -76,8 +80,12 @@ impl TaskCopy {
             manifest,
             // A copy rebuilt with changes is saved again at the next checkpoint.
             dirty: Arc::new(AtomicBool::new(changed)),
-            max_bytes: bytes + write_bytes,
+            max: crate::tools::files::Usage {
+                bytes: start.bytes.saturating_add(write_bytes),
+                entries: start.entries.saturating_add(write_entries),
+            },
             diff_max,
+            keep_max,
         })
     }
 
@@ -87,9 +95,14 @@ impl TaskCopy {
             return None;
         }
         let me = self.clone();
-        let max = self.max_bytes;
+        let max = self.keep_max;
         match tokio::task::spawn_blocking(move || copy::changes(&me.base, &me.dir, &me.manifest, max)).await {
-            Ok(Ok(Some(c))) => Some(c),
+            Ok(Ok(Some(c))) => {
+                if !c.left_out.is_empty() {
+                    tracing::info!(left_out = ?c.left_out, "files past SUBAGENTD_SANDBOX_KEEP_MB are not kept with the task's changes");
+                }
+                Some(c)
+            }
             Ok(Ok(None)) => {
                 tracing::warn!(dir = %self.dir.display(), "a task's changes are past its write allowance: not saved");
                 None

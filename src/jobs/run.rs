@@ -254,18 +254,19 @@ impl Runner {
     ) -> Result<(), String> {
         let Some(shared) = tools.workspace.take() else { return Ok(()) };
         let root = super::copy::process_dir(&self.cfg);
-        let caps = (self.cfg.sandbox_write_mb << 20, self.cfg.sandbox_diff_max_kb << 10);
+        let caps = (
+            self.cfg.sandbox_write_mb << 20,
+            self.cfg.sandbox_diff_max_kb << 10,
+            self.cfg.sandbox_keep_mb.max(1) << 20,
+            self.cfg.sandbox_write_entries,
+        );
         let owner = self.tool_caller.sandbox.as_ref().and_then(|s| s.uid());
         let c =
             super::copy::TaskCopy::make(&self.pool, row.id, opts.resume_from, &shared.path, &root, caps, owner).await?;
         let c = Arc::new(c);
         tools.workspace = Some(crate::tools::files::Root {
             path: c.dir.clone(),
-            copy: Some(crate::tools::files::Copy {
-                dirty: c.dirty.clone(),
-                max_bytes: c.max_bytes,
-                lock: Default::default(),
-            }),
+            copy: Some(crate::tools::files::Copy { dirty: c.dirty.clone(), max: c.max, lock: Default::default() }),
             hold: Box::new((shared.hold, c.clone())),
         });
         let _ = store.copy.set(c);

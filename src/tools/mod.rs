@@ -14,6 +14,7 @@ pub mod html;
 pub mod http;
 pub mod mcp;
 pub mod sandbox;
+pub mod slots;
 pub mod ssrf;
 pub mod web;
 
@@ -37,6 +38,23 @@ pub struct ToolOutput {
 impl ToolOutput {
     pub fn text(content: impl Into<String>, is_error: bool) -> ToolOutput {
         ToolOutput { content: content.into(), is_error, detail: None }
+    }
+
+    /// The result as the store can always hold it: every NUL in its text and its event's
+    /// detail shown as U+FFFD, and a note to the model when it held bytes that are not text
+    /// (NUL, or invalid UTF-8 already shown so). Every result passes here on its way into the
+    /// conversation (`engine`), whatever tool made it.
+    pub fn storable(mut self) -> ToolOutput {
+        use crate::kinds::text;
+        let nuls = text::storable(&mut self.content);
+        if let Some(note) = text::note(&self.content, nuls) {
+            self.content.push('\n');
+            self.content.push_str(&note);
+        }
+        if let Some(d) = self.detail.as_mut() {
+            text::storable_value(d);
+        }
+        self
     }
 }
 
@@ -347,7 +365,9 @@ impl TaskTools {
         let secs = call.arguments.get("timeout_seconds").and_then(Value::as_u64);
         let timeout =
             Duration::from_secs(secs.unwrap_or(sandbox::DEFAULT_TIMEOUT_SECONDS).max(1)).min(sb.max_timeout());
-        let (out, outcome) = sb.run(&w.path, copy.max_bytes, command, timeout, self.caller.max_result_bytes).await;
+        let tenant = self.web.as_ref().map_or("", |t| t.tenant.as_str());
+        let max = self.caller.max_result_bytes;
+        let (out, outcome) = sb.run(tenant, &w.path, copy.max, command, timeout, max).await;
         metrics::counter!("subagentd_sandbox_commands_total", "outcome" => outcome.as_str()).increment(1);
         out
     }

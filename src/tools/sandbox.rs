@@ -9,7 +9,8 @@
 //! Limits: wall time (the whole sandbox killed), CPU time and one file's size (rlimits), memory
 //! and processes (a cgroup where the host lets this process make one: v1 or v2; else
 //! `RLIMIT_AS` and `RLIMIT_NPROC`), the copy's growth (watched while the command runs), output
-//! (capped with a note), and commands at once (a semaphore for the process).
+//! (capped with a note), and commands at once (`slots`: a cap for the process, a share of it
+//! for each tenant, waiting tenants served in turn).
 
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
@@ -19,6 +20,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use tokio::io::AsyncReadExt;
 
+use super::files::{tree_usage, Usage};
 use super::ToolOutput;
 
 /// A command's timeout when the model names none (as Claude Code's Bash).
@@ -34,6 +36,8 @@ pub struct Limits {
     pub processes: u64,
     /// What the copy may grow by, and one file's size at most.
     pub write_bytes: u64,
+    /// Entries the copy may gain (for the note; the copy's own limit is the caller's).
+    pub write_entries: u64,
     pub tmp_bytes: u64,
 }
 
@@ -72,7 +76,7 @@ enum Cgroups {
 pub struct Sandbox {
     bwrap: String,
     limits: Limits,
-    permits: Arc<tokio::sync::Semaphore>,
+    slots: Arc<super::slots::Slots>,
     cgroups: Option<Cgroups>,
     /// The uid and gid commands run as on the host when this process runs as root (`nobody`):
     /// never root's files, and `RLIMIT_NPROC` counts them.
@@ -104,12 +108,20 @@ impl Sandbox {
     /// why not (no `bwrap`, no user namespaces…).
     /// `dir`: where tasks' copies live (the probe makes its copy there: the sandbox's uid must
     /// be able to reach it).
-    pub fn probe(bwrap: &str, limits: Limits, max_commands: usize, dir: &Path) -> Result<Sandbox, String> {
+    /// `max_commands`: commands at once in the process (0: the cores); `tenant_commands`: a
+    /// tenant's share of them (0: half).
+    pub fn probe(
+        bwrap: &str,
+        limits: Limits,
+        max_commands: usize,
+        tenant_commands: usize,
+        dir: &Path,
+    ) -> Result<Sandbox, String> {
         let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         let sb = Sandbox {
             bwrap: bwrap.to_string(),
             limits,
-            permits: Arc::new(tokio::sync::Semaphore::new(if max_commands == 0 { cores } else { max_commands })),
+            slots: super::slots::Slots::new(if max_commands == 0 { cores } else { max_commands }, tenant_commands),
             cgroups: Cgroups::find(),
             uid: (unsafe { libc::geteuid() } == 0).then_some(SANDBOX_UID),
         };
@@ -153,7 +165,11 @@ impl Sandbox {
             Some(u) => format!("as uid {u}"),
             None => "as this process's uid".to_string(),
         };
-        format!("commands {who}, memory and processes by {how}, {} at once", self.permits.available_permits())
+        format!(
+            "commands {who}, memory and processes by {how}, {} at once, {} for one tenant",
+            self.slots.cap(),
+            self.slots.share()
+        )
     }
 
     /// The host uid commands run as, when not this process's.
@@ -250,20 +266,24 @@ impl Sandbox {
         a
     }
 
-    /// Run `command` over `copy` (which may grow to `max_copy_bytes`), for at most `timeout`;
-    /// its output capped at `max_output` bytes. Waits for a slot among the commands at once.
+    /// Run `command` of `tenant` over `copy` (which may grow to `max_copy`), for at most
+    /// `timeout`; its output capped at `max_output` bytes. Waits for a slot among the commands
+    /// at once, in the tenant's turn (the wait is in the result's detail, `slot_wait_ms`).
     pub async fn run(
         &self,
+        tenant: &str,
         copy: &Path,
-        max_copy_bytes: u64,
+        max_copy: Usage,
         command: &str,
         timeout: Duration,
         max_output: usize,
     ) -> (ToolOutput, Outcome) {
-        let _permit = match self.permits.acquire().await {
-            Ok(p) => p,
-            Err(_) => return (ToolOutput::text("the sandbox is shutting down", true), Outcome::Limit),
+        let asked = Instant::now();
+        let Some(_slot) = self.slots.take(tenant).await else {
+            return (ToolOutput::text("the sandbox is shutting down", true), Outcome::Limit);
         };
+        let waited = asked.elapsed();
+        metrics::histogram!("subagentd_sandbox_slot_wait_seconds").record(waited.as_secs_f64());
         let timeout = timeout.min(self.limits.max_timeout);
         let group = match self.cgroups.as_ref().map(|c| c.make(&self.limits)) {
             Some(Ok(g)) => Some(g),
@@ -274,35 +294,48 @@ impl Sandbox {
             None => None,
         };
         let started = Instant::now();
-        let mut ran = self.spawn_and_wait(copy, max_copy_bytes, command, timeout, max_output, group.as_ref()).await;
+        let mut ran = self.spawn_and_wait(copy, max_copy, command, timeout, max_output, group.as_ref()).await;
         let oom = group.as_ref().map(|g| g.hit()).unwrap_or_default();
         drop(group);
-        // What it wrote faster than the watch saw, it is told of now.
+        // What it wrote faster than the watch saw, it is told of now (a walk that stops once past
+        // the limits, so bounded whatever it made).
         if let Ok(r) = &mut ran {
             let d = copy.to_path_buf();
-            let size = tokio::task::spawn_blocking(move || super::files::tree_bytes(&d)).await.unwrap_or(0);
-            if r.ended.is_none() && size > max_copy_bytes {
+            let used = tokio::task::spawn_blocking(move || tree_usage(&d, max_copy)).await.unwrap_or_default();
+            if r.ended.is_none() && used.past(max_copy) {
                 r.ended = Some(Ended::Written);
             }
         }
         let millis = started.elapsed().as_millis() as u64;
-        match ran {
+        let (mut out, outcome) = match ran {
             Err(e) => (ToolOutput::text(format!("the sandbox could not start: {e}"), true), Outcome::Limit),
             Ok(r) => r.answer(millis, oom, timeout, &self.limits),
+        };
+        if let Some(serde_json::Value::Object(d)) = out.detail.as_mut() {
+            d.insert("slot_wait_ms".into(), json!(waited.as_millis() as u64));
         }
+        (out, outcome)
     }
 
     async fn spawn_and_wait(
         &self,
         copy: &Path,
-        max_copy_bytes: u64,
+        max_copy: Usage,
         command: &str,
         timeout: Duration,
         max_output: usize,
         group: Option<&Group>,
     ) -> Result<Ran, String> {
         let mut cmd = tokio::process::Command::new(&self.bwrap);
-        cmd.args(self.args(copy, command))
+        // bwrap reads its arguments from a descriptor (`--args 3`), so that its command line —
+        // the sandbox's /proc/1/cmdline — names no host path (the copy's, the data directory's).
+        // Its options, that is: the command (the model's own) follows them on the command line.
+        let mut args = self.args(copy, command);
+        let tail = args.split_off(args.len() - 4);
+        let argfd = args_file(&args).map_err(|e| format!("the sandbox's arguments: {e}"))?;
+        let argfd_raw = std::os::fd::AsRawFd::as_raw_fd(&argfd);
+        cmd.args(["--args", "3"])
+            .args(tail)
             .env_clear()
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::piped())
@@ -317,10 +350,15 @@ impl Sandbox {
             nproc: group.is_none().then_some(self.limits.processes),
         };
         let uid = self.uid;
-        // SAFETY: between fork and exec only async-signal-safe calls: open/write/close of paths
-        // made before the fork, and setrlimit.
+        // SAFETY: between fork and exec only async-signal-safe calls: dup2/fcntl of a descriptor
+        // made before the fork, open/write/close of paths made before it, and setrlimit.
         unsafe {
             cmd.pre_exec(move || {
+                // Onto descriptor 3, open across exec (dup2 onto itself would keep close-on-exec).
+                let moved = if argfd_raw == 3 { libc::fcntl(3, libc::F_SETFD, 0) } else { libc::dup2(argfd_raw, 3) };
+                if moved < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
                 for p in &procs {
                     let fd = libc::open(p.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
                     if fd < 0 || libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
@@ -339,13 +377,14 @@ impl Sandbox {
             });
         }
         let mut child = cmd.spawn().map_err(|e| format!("{} cannot be run: {e}", self.bwrap))?;
+        drop(argfd);
         let (mut out, mut err) = (child.stdout.take(), child.stderr.take());
         let half = max_output / 2;
         let reading = async {
             let (a, b) = tokio::join!(drain(out.as_mut(), half), drain(err.as_mut(), half));
             (a, b)
         };
-        let watch = watch_size(copy.to_path_buf(), max_copy_bytes);
+        let watch = watch_size(copy.to_path_buf(), max_copy);
         tokio::pin!(reading, watch);
         let deadline = tokio::time::sleep(timeout);
         tokio::pin!(deadline);
@@ -368,6 +407,27 @@ impl Sandbox {
         let ((stdout, out_bytes), (stderr, err_bytes)) = streams.unwrap_or_default();
         Ok(Ran { status, ended, stdout, stderr, bytes: out_bytes + err_bytes })
     }
+}
+
+/// `args` NUL-separated in a pipe, for `bwrap --args`: the read end, the write end closed. A
+/// pipe, not a file: bwrap leaves the descriptor open in the sandbox, and a pipe once read holds
+/// nothing (a file, reopened through `/proc/self/fd`, would be read again from its start).
+fn args_file(args: &[String]) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::io::Write;
+    let mut bytes = Vec::new();
+    for a in args {
+        bytes.extend_from_slice(a.as_bytes());
+        bytes.push(0);
+    }
+    // The options only (a few KiB): far under a pipe's buffer, so the write never blocks.
+    if bytes.len() > 60 * 1024 {
+        return Err(std::io::Error::other("too long for a pipe"));
+    }
+    let (read, write) = std::io::pipe()?;
+    let mut w = std::fs::File::from(std::os::fd::OwnedFd::from(write));
+    w.write_all(&bytes)?;
+    drop(w);
+    Ok(read.into())
 }
 
 /// Kill the whole sandbox: bwrap's process group (its init then takes every process of the
@@ -398,13 +458,14 @@ async fn drain<R: tokio::io::AsyncRead + Unpin>(r: Option<&mut R>, cap: usize) -
     }
 }
 
-/// Resolves when the tree at `dir` holds more than `max` bytes.
-async fn watch_size(dir: PathBuf, max: u64) {
+/// Resolves when the tree at `dir` holds more than `max`: bytes (directories' and links' too),
+/// or entries.
+async fn watch_size(dir: PathBuf, max: Usage) {
     loop {
         tokio::time::sleep(WATCH_EVERY).await;
         let d = dir.clone();
-        let size = tokio::task::spawn_blocking(move || crate::tools::files::tree_bytes(&d)).await.unwrap_or(0);
-        if size > max {
+        let used = tokio::task::spawn_blocking(move || tree_usage(&d, max)).await.unwrap_or_default();
+        if used.past(max) {
             return;
         }
     }
@@ -441,9 +502,10 @@ impl Ran {
         }
         if self.ended == Some(Ended::Written) {
             notes.push(format!(
-                "the workspace grew past its limit ({} MiB more than it started with): the command was stopped; \
-                 remove what is not needed",
-                mib(limits.write_bytes)
+                "the workspace grew past its limit ({} MiB or {} files, directories and links more than it \
+                 started with): the command was stopped; remove what is not needed",
+                mib(limits.write_bytes),
+                limits.write_entries
             ));
         }
         if hit.memory {
@@ -571,8 +633,14 @@ impl Cgroups {
             let _ = std::fs::write(base.join("cgroup.subtree_control"), "+memory +pids");
             Cgroups::V2 { base }
         };
-        let limits =
-            Limits { max_timeout: Duration::ZERO, memory_bytes: 1 << 30, processes: 64, write_bytes: 0, tmp_bytes: 0 };
+        let limits = Limits {
+            max_timeout: Duration::ZERO,
+            memory_bytes: 1 << 30,
+            processes: 64,
+            write_bytes: 0,
+            write_entries: 0,
+            tmp_bytes: 0,
+        };
         match found.make(&limits) {
             Ok(_) => Some(found),
             Err(e) => {
@@ -675,10 +743,11 @@ mod tests {
             memory_bytes: 128 << 20,
             processes: 64,
             write_bytes: 8 << 20,
+            write_entries: 1000,
             tmp_bytes: 4 << 20,
         };
         let dir = std::env::temp_dir().join("subagentd-sandbox-unit");
-        match Sandbox::probe("bwrap", limits, 2, &dir) {
+        match Sandbox::probe("bwrap", limits, 2, 0, &dir) {
             Ok(s) => Some(s),
             Err(e) if std::env::var("SUBAGENTD_REQUIRE_TOOLS").is_ok_and(|v| v == "1") => {
                 panic!("the sandbox does not start, and SUBAGENTD_REQUIRE_TOOLS=1 requires it: {e}")
@@ -699,7 +768,8 @@ mod tests {
 
     async fn run(sb: &Sandbox, copy: &Path, command: &str, secs: u64) -> (String, Outcome) {
         hand_over(copy, sb.uid).unwrap();
-        let (out, outcome) = sb.run(copy, 64 << 20, command, Duration::from_secs(secs), 16 * 1024).await;
+        let max = Usage { bytes: 64 << 20, entries: 1000 };
+        let (out, outcome) = sb.run("t", copy, max, command, Duration::from_secs(secs), 16 * 1024).await;
         (out.content, outcome)
     }
 
@@ -739,6 +809,44 @@ mod tests {
         assert!(pids <= 4, "only the sandbox's own processes are seen: {out}");
         let (out, _) = run(&sb, &copy, "touch /usr/x; echo $?", 5).await;
         assert!(out.contains("Read-only file system"), "{out}");
+    }
+
+    #[tokio::test]
+    async fn directories_and_links_count_against_the_copy_and_the_walk_after_is_bounded() {
+        let Some(sb) = sandbox() else { return };
+        let dir = copy_dir();
+        let copy = dir.path();
+        // The test's limit is 1,000 entries: 5,000 directories, then 5,000 links, are stopped.
+        for (what, cmd) in [
+            ("dirs", "i=0; while [ $i -lt 5000 ]; do mkdir d$i; i=$((i+1)); done"),
+            ("links", "i=0; while [ $i -lt 5000 ]; do ln -s /nowhere/$i l$i; i=$((i+1)); done"),
+        ] {
+            let started = Instant::now();
+            let (out, o) = run(&sb, copy, cmd, 5).await;
+            assert_eq!(o, Outcome::Limit, "{what}: {out}");
+            assert!(out.contains("grew past its limit"), "{what}: {out}");
+            assert!(started.elapsed() < Duration::from_secs(5), "{what}: stopped, not timed out");
+            let left = std::fs::read_dir(copy).unwrap().count();
+            assert!(left < 5000, "{what}: stopped before the end ({left} made)");
+            for e in std::fs::read_dir(copy).unwrap().flatten() {
+                let p = e.path();
+                let _ = std::fs::remove_dir(&p).or_else(|_| std::fs::remove_file(&p));
+            }
+        }
+        let (out, o) = run(&sb, copy, "echo still here", 5).await;
+        assert_eq!((o, out.contains("still here")), (Outcome::Ok, true), "{out}");
+    }
+
+    #[tokio::test]
+    async fn the_sandboxs_own_command_line_names_no_host_path() {
+        let Some(sb) = sandbox() else { return };
+        let dir = copy_dir();
+        let host = dir.path().to_string_lossy().into_owned();
+        let cmd = "cat /proc/1/cmdline | tr '\\0' ' '; echo; cat /proc/$$/fd/3 /proc/1/fd/3 2>&1 | tr '\\0' ' '; true";
+        let (out, o) = run(&sb, dir.path(), cmd, 5).await;
+        assert_eq!(o, Outcome::Ok, "{out}");
+        assert!(out.contains("--args"), "{out}");
+        assert!(!out.contains(&host) && !out.contains("/workspace"), "{out}");
     }
 
     #[tokio::test]

@@ -54,6 +54,9 @@ pub fn make(from: &Path, to: &Path) -> std::io::Result<(u64, Manifest)> {
 pub struct Changes {
     pub archive: Vec<u8>,
     pub deleted: Vec<String>,
+    /// Files too large for what may be kept, left out of `archive`: each named with its size
+    /// and SHA-256 (a rescued run's copy does not have them).
+    pub left_out: Vec<String>,
 }
 
 /// One path's state in a tree.
@@ -196,10 +199,12 @@ fn same_bytes(base: &Path, copy: &Path, rel: &Path) -> bool {
 }
 
 /// The copy's changes since it was made from `base` (or rebuilt), to save with a checkpoint.
-/// `None` when they would hold more than `max` bytes.
+/// Their files hold at most `max` bytes: a file that does not fit is left out, named with its
+/// size and hash (`left_out`), never read whole; so what a checkpoint sends, and this process's
+/// memory, stay under `max` whatever a command wrote. `None` is no longer returned for size.
 pub fn changes(base: &Path, copy: &Path, manifest: &Manifest, max: u64) -> std::io::Result<Option<Changes>> {
     let mut b = tar::Builder::new(flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast()));
-    let (mut deleted, mut links, mut size) = (vec![], vec![], 0u64);
+    let (mut deleted, mut links, mut size, mut left_out) = (vec![], vec![], 0u64, vec![]);
     for (rel, c) in compare(base, copy, manifest) {
         match &c {
             Change::Deleted(_) => deleted.push(rel.to_string_lossy().into_owned()),
@@ -212,11 +217,13 @@ pub fn changes(base: &Path, copy: &Path, manifest: &Manifest, max: u64) -> std::
                 if matches!(c, Change::Modified(Node::Link(_), _)) {
                     deleted.push(rel.to_string_lossy().into_owned());
                 }
-                let data = read_under(copy, &rel, max.saturating_add(1))?;
-                size += data.len() as u64;
-                if size > max {
-                    return Ok(None);
+                let len = under(copy, &rel).and_then(|p| p.symlink_metadata().ok()).map_or(0, |m| m.len());
+                if size.saturating_add(len) > max {
+                    left_out.push(format!("{} ({len} bytes, sha256 {})", rel.display(), hash_under(copy, &rel)));
+                    continue;
                 }
+                let data = read_under(copy, &rel, max.saturating_add(1) - size)?;
+                size += data.len() as u64;
                 let mut h = tar::Header::new_gnu();
                 h.set_size(data.len() as u64);
                 h.set_mode(if *executable { 0o755 } else { 0o644 });
@@ -234,7 +241,22 @@ pub fn changes(base: &Path, copy: &Path, manifest: &Manifest, max: u64) -> std::
         b.append_link(&mut h, &rel, &target)?;
     }
     let archive = b.into_inner()?.finish()?;
-    Ok(Some(Changes { archive, deleted }))
+    Ok(Some(Changes { archive, deleted, left_out }))
+}
+
+/// The SHA-256 of the regular file `root/rel`, read in blocks (hex; `?` if it cannot be read).
+fn hash_under(root: &Path, rel: &Path) -> String {
+    use sha2::Digest;
+    let Some(p) = under(root, rel) else { return "?".into() };
+    let Ok(mut f) = crate::tools::files::open_regular(&p) else { return "?".into() };
+    let (mut h, mut buf) = (sha2::Sha256::new(), vec![0u8; 64 * 1024]);
+    loop {
+        match f.read(&mut buf) {
+            Ok(0) => return hex::encode(h.finalize()),
+            Ok(n) => h.update(&buf[..n]),
+            Err(_) => return "?".into(),
+        }
+    }
 }
 
 /// Apply saved `changes` to a fresh copy: its deletions, then its files and links (`tar`'s own
@@ -281,9 +303,50 @@ pub struct Stats {
     pub binary_files: u64,
     /// The diff's bytes.
     pub bytes: u64,
-    /// Files left out of the diff for its size cap (counted in `files_changed`).
+    /// Files left out of the diff, each with why: its size cap, a link leading outside the
+    /// tree, a name git would quote (counted in `files_changed`). At most `MAX_OMITTED` named.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub omitted: Vec<String>,
+    /// Files left out beyond the ones `omitted` names.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub omitted_more: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// Files `Stats::omitted` names at most; the rest are counted (`omitted_more`).
+pub const MAX_OMITTED: usize = 100;
+
+impl Stats {
+    fn omit(&mut self, what: String) {
+        if self.omitted.len() < MAX_OMITTED {
+            self.omitted.push(what);
+        } else {
+            self.omitted_more += 1;
+        }
+    }
+}
+
+/// Does a link at `rel` with `target` lead outside the tree: absolute, or up past its root?
+fn leads_outside(rel: &Path, target: &Path) -> bool {
+    if target.is_absolute() {
+        return true;
+    }
+    let mut depth = rel.components().count() as i64 - 1;
+    for c in target.components() {
+        match c {
+            std::path::Component::ParentDir => depth -= 1,
+            std::path::Component::Normal(_) => depth += 1,
+            std::path::Component::CurDir => {}
+            _ => return true,
+        }
+        if depth < 0 {
+            return true;
+        }
+    }
+    false
 }
 
 /// `git diff`'s mode of a node.
@@ -295,12 +358,16 @@ fn mode(n: &Node) -> &'static str {
     }
 }
 
-/// A node's contents as a diff shows them: a link's target, a file's text; `None` if binary.
-fn contents(root: &Path, rel: &Path, n: &Node) -> Option<String> {
+/// A node's contents as a diff shows them: a link's target, a file's text; `None` if binary
+/// (or `max` bytes or more: never read further).
+fn contents(root: &Path, rel: &Path, n: &Node, max: u64) -> Option<String> {
     match n {
         Node::Link(t) => Some(t.to_string_lossy().into_owned()),
         Node::File { .. } => {
-            let bytes = read_under(root, rel, u64::MAX).ok()?;
+            let bytes = read_under(root, rel, max).ok()?;
+            if bytes.len() as u64 >= max {
+                return None;
+            }
             if bytes[..bytes.len().min(SNIFF)].contains(&0) {
                 return None;
             }
@@ -318,7 +385,7 @@ pub fn diff(base: &Path, copy: &Path, manifest: &Manifest, max: u64) -> (String,
         // A name git would quote (a newline could forge a section of the patch) is named, not diffed.
         if name.chars().any(|ch| ch.is_control() || ch == '"' || ch == '\\') || rel.to_str().is_none() {
             stats.files_changed += 1;
-            stats.omitted.push(format!("{name:?} (a name git would quote)"));
+            stats.omit(format!("{name:?} (a name git would quote)"));
             continue;
         }
         let (a, b) = match &c {
@@ -326,17 +393,33 @@ pub fn diff(base: &Path, copy: &Path, manifest: &Manifest, max: u64) -> (String,
             Change::Deleted(n) => (Some(n), None),
             Change::Modified(x, y) => (Some(x), Some(y)),
         };
+        // A link made to lead outside the tree is never in a patch: `git apply` would make it in
+        // the caller's checkout.
+        if let Some(Node::Link(t)) = b {
+            if leads_outside(&rel, t) {
+                stats.files_changed += 1;
+                stats.omit(format!("{name} (a symbolic link leading outside the tree)"));
+                continue;
+            }
+        }
+        // Too large to be in the diff: named without being read.
+        let size = |root: &Path| under(root, &rel).and_then(|p| p.symlink_metadata().ok()).map_or(0, |m| m.len());
+        if size(base).max(size(copy)) > max {
+            stats.files_changed += 1;
+            stats.omit(format!("{name} (over the diff's size cap)"));
+            continue;
+        }
         // A link replaced by a file (or the reverse) is a deletion and an addition.
         if let (Some(x), Some(y)) = (a, b) {
             if matches!(x, Node::Link(_)) != matches!(y, Node::Link(_)) {
-                let mut part = section(&name, (base, copy, &rel), Some(x), None, &mut stats);
-                part.push_str(&section(&name, (base, copy, &rel), None, Some(y), &mut stats));
+                let mut part = section(&name, (base, copy, &rel), Some(x), None, &mut stats, max);
+                part.push_str(&section(&name, (base, copy, &rel), None, Some(y), &mut stats, max));
                 stats.files_changed += 1;
                 push(&mut out, &mut stats, part, &name, max);
                 continue;
             }
         }
-        let part = section(&name, (base, copy, &rel), a, b, &mut stats);
+        let part = section(&name, (base, copy, &rel), a, b, &mut stats, max);
         stats.files_changed += 1;
         push(&mut out, &mut stats, part, &name, max);
     }
@@ -346,7 +429,7 @@ pub fn diff(base: &Path, copy: &Path, manifest: &Manifest, max: u64) -> (String,
 
 fn push(out: &mut String, stats: &mut Stats, part: String, name: &str, max: u64) {
     if (out.len() + part.len()) as u64 > max {
-        stats.omitted.push(name.to_string());
+        stats.omit(format!("{name} (over the diff's size cap)"));
     } else {
         out.push_str(&part);
     }
@@ -359,6 +442,7 @@ fn section(
     a: Option<&Node>,
     b: Option<&Node>,
     stats: &mut Stats,
+    max: u64,
 ) -> String {
     let mut s = format!("diff --git a/{name} b/{name}\n");
     match (a, b) {
@@ -371,7 +455,7 @@ fn section(
     }
     let text = |root: &Path, n: Option<&Node>| match n {
         None => Some(String::new()),
-        Some(n) => contents(root, rel, n),
+        Some(n) => contents(root, rel, n, max),
     };
     let (Some(x), Some(y)) = (text(old, a), text(new, b)) else {
         stats.binary_files += 1;
@@ -446,7 +530,9 @@ mod tests {
         assert!(!d1.contains("target/"), "ignored output left out:\n{d1}");
         assert_eq!((s1.files_changed, s1.lines_added, s1.lines_removed, s1.binary_files), (5, 2, 2, 1), "{d1}");
         assert!(d1.contains("old mode 100644\nnew mode 100755"), "{d1}");
-        assert!(changes(&base, &copy, &manifest, 4).unwrap().is_none(), "past the cap");
+        let capped = changes(&base, &copy, &manifest, 4).unwrap().unwrap();
+        assert_eq!(capped.deleted, ["gone.txt"], "past the cap, deletions are still kept");
+        assert!(capped.left_out.iter().any(|l| l.starts_with("src/lib.rs (21 bytes, sha256 ")), "{capped:?}");
         let (small, s) = diff(&base, &copy, &manifest, 200);
         assert!(!s.omitted.is_empty() && small.len() <= 200, "{small}");
 
@@ -469,6 +555,33 @@ mod tests {
     }
 
     #[test]
+    fn links_leading_outside_are_left_out_of_the_patch_and_omitted_is_capped() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().join("base");
+        write(&base.join("a/keep.txt"), "k\n");
+        let copy = dir.path().join("copy");
+        let (_, manifest) = make(&base, &copy).unwrap();
+        std::os::unix::fs::symlink("/", copy.join("rootl")).unwrap();
+        std::os::unix::fs::symlink("../../../etc/passwd", copy.join("a/up")).unwrap();
+        std::os::unix::fs::symlink("../../x", copy.join("a/away")).unwrap();
+        std::os::unix::fs::symlink("keep.txt", copy.join("a/inside")).unwrap();
+        let (d, s) = diff(&base, &copy, &manifest, 1 << 20);
+        assert!(
+            d.contains("b/a/inside") && !d.contains("rootl") && !d.contains("a/up") && !d.contains("a/away"),
+            "{d}"
+        );
+        for name in ["rootl", "a/up", "a/away"] {
+            assert!(s.omitted.contains(&format!("{name} (a symbolic link leading outside the tree)")), "{s:?}");
+        }
+        assert_eq!(s.files_changed, 4);
+        for i in 0..(MAX_OMITTED + 7) {
+            std::os::unix::fs::symlink("/etc", copy.join(format!("l{i}"))).unwrap();
+        }
+        let (_, s) = diff(&base, &copy, &manifest, 1 << 20);
+        assert_eq!((s.omitted.len(), s.omitted_more), (MAX_OMITTED, 10), "3 + 107 left out, 100 named");
+    }
+
+    #[test]
     fn saved_changes_never_write_outside_the_copy() {
         let dir = tempfile::tempdir().unwrap();
         let copy = dir.path().join("copy");
@@ -482,10 +595,12 @@ mod tests {
         h.set_mode(0o644);
         b.append_data(&mut h, "out/x", &b"x"[..]).unwrap();
         let archive = b.into_inner().unwrap().finish().unwrap();
-        assert!(apply(&copy, &Changes { archive, deleted: vec![] }).is_err());
-        assert!(apply(&copy, &Changes { archive: vec![], deleted: vec!["../outside".into()] }).is_err());
+        assert!(apply(&copy, &Changes { archive, deleted: vec![], left_out: vec![] }).is_err());
+        assert!(
+            apply(&copy, &Changes { archive: vec![], deleted: vec!["../outside".into()], left_out: vec![] }).is_err()
+        );
         std::fs::write(outside.join("keep"), "k").unwrap();
-        assert!(apply(&copy, &Changes { archive: vec![], deleted: vec!["out/keep".into()] }).is_err());
+        assert!(apply(&copy, &Changes { archive: vec![], deleted: vec!["out/keep".into()], left_out: vec![] }).is_err());
         assert!(outside.join("keep").exists(), "nothing deleted through a link");
     }
 

@@ -38,6 +38,7 @@ pub fn task_output_schema() -> Value {
                     "binary_files": {"type": "integer"},
                     "bytes": {"type": "integer"},
                     "omitted": {"type": "array", "items": {"type": "string"}},
+                    "omitted_more": {"type": "integer", "minimum": 1},
                     "patch": {"type": "string"}
                 }
             }

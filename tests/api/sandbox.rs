@@ -355,3 +355,90 @@ async fn the_mcp_result_and_the_a2a_task_carry_the_patch() {
     assert_eq!(d["metadata"]["lines_added"], 1, "{d}");
     app.stop().await;
 }
+
+/// The `tool_call_finished` events of `run_command` in task `id`'s log, as `key` sees it.
+async fn command_events(app: &TestApp, key: &str, id: &str) -> Vec<Value> {
+    let ev: Value = app
+        .client
+        .get(app.url(&format!("/tasks/{id}/events")))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    ev["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "tool_call_finished" && e["data"]["name"] == "run_command")
+        .cloned()
+        .collect()
+}
+
+#[tokio::test]
+async fn one_tenants_long_commands_never_hold_every_slot_another_tenants_command_starts_within_seconds() {
+    const ADMIN: &str = "sandbox-fair-admin";
+    let Some(srv) = git_server().await else { return };
+    if !has_bwrap() {
+        return;
+    }
+    // A process cap of 2, the tenant share as it is by default (half of it).
+    let app = spawn_app_with(
+        |c| {
+            sb_config(c);
+            c.admin_token = Some(ADMIN.into());
+            c.sandbox_max_commands = 2;
+        },
+        true,
+    )
+    .await;
+    let (a, b) = (admin_key(&app, ADMIN, "tenant-a").await, admin_key(&app, ADMIN, "tenant-b").await);
+    let repo = format!("{}/repo.git", srv.base);
+    let long = script(&[("run_command", json!({"command": "sleep 45", "timeout_seconds": 60}))]);
+    let mut held = vec![];
+    for _ in 0..3 {
+        let r = app
+            .client
+            .post(app.url("/tasks"))
+            .bearer_auth(&a)
+            .json(&json!({"workspace": {"git": repo}, "prompt": long}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
+        held.push(r.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_string());
+    }
+    // Tenant A's commands have asked for their slots before B comes.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let started = Instant::now();
+    let quick = script(&[("run_command", json!({"command": "echo hi"}))]);
+    let r = app
+        .client
+        .post(app.url("/tasks?wait=true&timeout=60"))
+        .bearer_auth(&b)
+        .json(&json!({"workspace": {"git": repo}, "prompt": quick}))
+        .send()
+        .await
+        .unwrap();
+    let t: Value = r.json().await.unwrap();
+    let took = started.elapsed();
+    assert_eq!(t["status"], "completed", "{t}");
+    assert!(took < Duration::from_secs(15), "B's echo took {took:?} beside A's three 45 s commands");
+    let b_cmd = command_events(&app, &b, t["id"].as_str().unwrap()).await;
+    assert_eq!(b_cmd.len(), 1, "{b_cmd:?}");
+    assert_eq!(b_cmd[0]["data"]["outcome"], "ok", "{b_cmd:?}");
+    let waited = b_cmd[0]["data"]["slot_wait_ms"].as_u64().expect("the wait for a slot is in the event");
+    assert!(waited < 15_000, "{waited} ms");
+    // A holds one slot at most: its other two commands have not started.
+    let mut a_finished = 0;
+    for id in &held {
+        a_finished += command_events(&app, &a, id).await.len();
+    }
+    assert_eq!(a_finished, 0, "A's sleeps are still running or waiting");
+    for id in &held {
+        let r = app.client.post(app.url(&format!("/tasks/{id}/cancel"))).bearer_auth(&a).send().await.unwrap();
+        assert!(r.status().is_success());
+    }
+}

@@ -293,6 +293,13 @@ impl Sandbox {
             }
             None => None,
         };
+        // A copy a command left past its limits (written faster than the watch saw, before it was
+        // stopped) may be cleaned by the next one: that one may not grow it, but is not stopped
+        // for what it found. The walk is bounded at twice the limits.
+        let d = copy.to_path_buf();
+        let bound = Usage { bytes: max_copy.bytes.saturating_mul(2), entries: max_copy.entries.saturating_mul(2) };
+        let found = tokio::task::spawn_blocking(move || tree_usage(&d, bound)).await.unwrap_or_default();
+        let max_copy = Usage { bytes: max_copy.bytes.max(found.bytes), entries: max_copy.entries.max(found.entries) };
         let started = Instant::now();
         let mut ran = self.spawn_and_wait(copy, max_copy, command, timeout, max_output, group.as_ref()).await;
         let oom = group.as_ref().map(|g| g.hit()).unwrap_or_default();

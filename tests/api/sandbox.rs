@@ -356,18 +356,14 @@ async fn the_mcp_result_and_the_a2a_task_carry_the_patch() {
     app.stop().await;
 }
 
-/// The `tool_call_finished` events of `run_command` in task `id`'s log, as `key` sees it.
+/// The `tool_call_finished` events of `run_command` in task `id`'s log, as `key` sees it (""
+/// for the single user).
 async fn command_events(app: &TestApp, key: &str, id: &str) -> Vec<Value> {
-    let ev: Value = app
-        .client
-        .get(app.url(&format!("/tasks/{id}/events")))
-        .bearer_auth(key)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let mut req = app.client.get(app.url(&format!("/tasks/{id}/events")));
+    if !key.is_empty() {
+        req = req.bearer_auth(key);
+    }
+    let ev: Value = req.send().await.unwrap().json().await.unwrap();
     ev["events"]
         .as_array()
         .unwrap()
@@ -441,4 +437,49 @@ async fn one_tenants_long_commands_never_hold_every_slot_another_tenants_command
         let r = app.client.post(app.url(&format!("/tasks/{id}/cancel"))).bearer_auth(&a).send().await.unwrap();
         assert!(r.status().is_success());
     }
+}
+
+#[tokio::test]
+async fn directories_and_links_by_the_hundred_thousand_are_stopped_and_links_out_of_the_tree_stay_out_of_the_patch() {
+    let Some(srv) = git_server().await else { return };
+    if !has_bwrap() {
+        return;
+    }
+    // The default limits (65,536 entries more than the start, 1 GiB).
+    let app = spawn_app_with(sb_config, true).await;
+    let repo = format!("{}/repo.git", srv.base);
+    let py = |body: &str| format!("python3 -c \"import os\n{body}\"");
+    let calls = [
+        ("run_command", json!({"command": py("for i in range(300000): os.mkdir('zd%d' % i)")})),
+        ("run_command", json!({"command": "rm -rf zd*"})),
+        ("run_command", json!({"command": py("for i in range(100000): os.symlink('/' + 'x' * 200, 'zl%d' % i)")})),
+        ("run_command", json!({"command": "rm -f zl*"})),
+        ("run_command", json!({"command": "ln -s / rootl && ln -s ../../../etc/passwd src/up && echo kept > ok.txt"})),
+    ];
+    let t = run(&app, json!({"workspace": {"git": repo}, "prompt": script(&calls), "max_turns": 10})).await;
+    assert_eq!(t["status"], "completed", "{t}");
+    let cmds = command_events(&app, "", t["id"].as_str().unwrap()).await;
+    assert_eq!(cmds.len(), 5, "{cmds:?}");
+    for (i, what) in [(0, "300,000 directories"), (2, "100,000 links")] {
+        assert_eq!(cmds[i]["data"]["outcome"], "limit", "{what}: {}", cmds[i]);
+        // Said, not asserted: the command's time, the walk after it included.
+        eprintln!("{what}: stopped after {} ms", cmds[i]["data"]["duration_ms"]);
+        assert_eq!(cmds[i + 1]["data"]["outcome"], "ok", "what it left is removed: {}", cmds[i + 1]);
+    }
+    let results = tool_results(&app, &t).await;
+    assert!(results[0].contains("grew past its limit"), "{}", results[0]);
+    assert_eq!(cmds[4]["data"]["outcome"], "ok", "{}", cmds[4]);
+
+    // The patch: the file, not the links leading out; both named in `omitted`.
+    let omitted: Vec<&str> = t["diff"]["omitted"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+    for name in ["rootl", "src/up"] {
+        assert!(omitted.contains(&format!("{name} (a symbolic link leading outside the tree)").as_str()), "{t}");
+    }
+    let patch = diff(&app, &t).await.text().await.unwrap();
+    assert!(patch.contains("b/ok.txt") && !patch.contains("rootl") && !patch.contains("src/up"), "{patch}");
+    let (r2, c2) = (repo.clone(), srv.main.clone());
+    let applied = tokio::task::spawn_blocking(move || apply(&r2, &c2, &patch)).await.unwrap();
+    let c = applied.path().join("c");
+    assert_eq!(std::fs::read_to_string(c.join("ok.txt")).unwrap(), "kept\n");
+    assert!(c.join("rootl").symlink_metadata().is_err() && c.join("src/up").symlink_metadata().is_err());
 }

@@ -191,10 +191,32 @@ async fn finish(
             "task failed"
         );
     }
-    let status = fin.status;
+    let mut status = fin.status;
     let last_turn = end.last_turn.as_ref().map(|cp| store.turn_write(cp));
     let ending = End::Run { fence: store.fence, last_turn, finish: fin, committer: &store.committer };
-    match end::finish(&store.pool, &store.hub, ending).await {
+    let mut ended = end::finish(&store.pool, &store.hub, ending).await;
+    let refused = match &ended {
+        Err(e) if e.is_unstorable() => Some(e.to_string()),
+        _ => None,
+    };
+    if let Some(why) = refused {
+        // The last turn was refused for what it holds: the task fails naming why, without it,
+        // rather than being rescued to do the work again.
+        tracing::error!(error = %why, "the run's last turn could not be stored; the task fails");
+        status = TaskStatus::Failed;
+        let fin = Finish {
+            status,
+            stop_reason: None,
+            summary: None,
+            output: None,
+            error_code: Some(FailureCode::CheckpointFailed),
+            error_message: Some(format!("the run's last turn could not be stored: {why}")),
+            return_task: false,
+        };
+        let ending = End::Run { fence: store.fence, last_turn: None, finish: fin, committer: &store.committer };
+        ended = end::finish(&store.pool, &store.hub, ending).await;
+    }
+    match ended {
         Ok(Ended::Run(Committed::Finished(_))) => {
             metrics::counter!("subagentd_tasks_finished_total", "status" => status.as_str()).increment(1);
             if let Some(started) = started_at {

@@ -101,6 +101,7 @@ impl Runner {
             committer: self.committer.clone(),
             live: crate::live::Output::new(self.hub.clone(), self.pool.clone(), row.id),
             copy: Default::default(),
+            unstorable: Default::default(),
         };
         let host = self.providers.resolve(&row.model).ok().and_then(|m| self.providers.get(&m.provider)?.host());
         let mut facts = RunFacts {
@@ -135,6 +136,7 @@ impl Runner {
         // The last text goes out before the end is committed: a subscriber has it all when it
         // hears of the end.
         store.live.close().await;
+        let end = store.unstorable_end(end);
         finish::apply(&store, end, facts, row.started_at).await;
     }
 

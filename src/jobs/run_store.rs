@@ -9,8 +9,11 @@ use serde_json::Value;
 use sqlx::PgPool;
 
 use crate::budget;
-use crate::engine::{Ask, BudgetWait, CallOutcome, CallRecord, Grant, LeaseLost, Refusal, RunStore, TurnCheckpoint};
+use crate::engine::{
+    Ask, BudgetWait, CallOutcome, CallRecord, Grant, LeaseLost, Outcome, Refusal, RunEnd, RunStore, TurnCheckpoint,
+};
 use crate::hub::Hub;
+use crate::kinds::FailureCode;
 use crate::kinds::{event, Event};
 use crate::store::budget::{CallAsk, Reserve, ReserveWrite, SpendDefaults};
 use crate::store::calls::CallRow;
@@ -33,6 +36,9 @@ pub struct PgRunStore {
     pub live: Arc<crate::live::Output>,
     /// The run's own copy of its workspace, once made: its changes go with each checkpoint.
     pub copy: std::sync::OnceLock<Arc<super::copy::TaskCopy>>,
+    /// Why a write of the run's was refused for what it holds (`StoreError::is_unstorable`):
+    /// the run then stops, and its task fails naming this (`unstorable_end`).
+    pub unstorable: std::sync::OnceLock<String>,
 }
 
 /// One ledger row, as the engine recorded the call.
@@ -185,13 +191,35 @@ impl PgRunStore {
     }
 }
 
-fn lease_lost(r: Result<Committed, StoreError>, what: &str) -> Result<(), LeaseLost> {
-    match r {
-        Ok(Committed::Applied | Committed::Finished(_)) => Ok(()),
-        Ok(Committed::LeaseLost) => Err(LeaseLost),
-        Err(e) => {
-            tracing::error!(error = %e, "{what} failed; stopping this attempt");
-            Err(LeaseLost)
+impl PgRunStore {
+    /// A write's result for the engine: a lost lease, or a failure that stops this attempt; a
+    /// write refused for what it holds is kept as the reason the task fails.
+    fn lease_lost(&self, r: Result<Committed, StoreError>, what: &str) -> Result<(), LeaseLost> {
+        match r {
+            Ok(Committed::Applied | Committed::Finished(_)) => Ok(()),
+            Ok(Committed::LeaseLost) => Err(LeaseLost),
+            Err(e) if e.is_unstorable() => {
+                tracing::error!(error = %e, "{what} refused for what it holds; the task fails");
+                let _ = self.unstorable.set(format!("the run's {what} could not be stored: {e}"));
+                Err(LeaseLost)
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "{what} failed; stopping this attempt");
+                Err(LeaseLost)
+            }
+        }
+    }
+
+    /// The run's end as it can be written: when one of its writes was refused for what it
+    /// holds, a failure naming why (`checkpoint_failed`), without the turn that could not be
+    /// stored; else `end` itself.
+    pub fn unstorable_end(&self, end: RunEnd) -> RunEnd {
+        match self.unstorable.get() {
+            Some(why) => RunEnd {
+                outcome: Outcome::Failed { code: FailureCode::CheckpointFailed, message: why.clone() },
+                last_turn: None,
+            },
+            None => end,
         }
     }
 }
@@ -241,7 +269,7 @@ impl RunStore for PgRunStore {
         let w = EventsWrite { fence: self.fence, events: evs.to_vec() };
         let r =
             self.committer.events.write(w).await.map(|ok| if ok { Committed::Applied } else { Committed::LeaseLost });
-        lease_lost(self.published(r), "event write")
+        self.lease_lost(self.published(r), "event write")
     }
 
     async fn record_failed_call(&self, call: &CallRecord) -> Result<(), LeaseLost> {
@@ -256,7 +284,7 @@ impl RunStore for PgRunStore {
         })];
         let w = TurnWrite { fence: self.fence, turn: None, call: row, messages: vec![], events, fin: None };
         let r = self.committer.turns.write(w).await;
-        lease_lost(self.published(r), "ledger write")
+        self.lease_lost(self.published(r), "ledger write")
     }
 
     async fn checkpoint(&self, cp: &TurnCheckpoint) -> Result<(), LeaseLost> {
@@ -264,9 +292,9 @@ impl RunStore for PgRunStore {
             Some(c) => c.take_changes().await,
             None => None,
         } {
-            return lease_lost(self.commit_with_changes(cp, &changes).await, "checkpoint");
+            return self.lease_lost(self.commit_with_changes(cp, &changes).await, "checkpoint");
         }
-        lease_lost(self.commit_turn(cp).await, "checkpoint")
+        self.lease_lost(self.commit_turn(cp).await, "checkpoint")
     }
 }
 

@@ -511,6 +511,9 @@ text_enum! {
         /// The uploaded workspace or the secret it names no longer exists, or was replaced since
         /// the task first read it.
         WorkspaceGone = "workspace_gone",
+        /// A turn's results could not be stored (the database refused them): the task ends
+        /// here, naming why, rather than repeating the work on another attempt.
+        CheckpointFailed = "checkpoint_failed",
         /// The workers running it were lost `max_attempts` times.
         WorkerLost = "worker_lost",
         /// The service's own failure.

@@ -79,6 +79,14 @@ impl StoreError {
         matches!(self, StoreError::Db(sqlx::Error::Database(d)) if d.code().is_some_and(|c| c.starts_with("22")))
     }
 
+    /// The database refused what a write holds, and would refuse it again: a value (class 22,
+    /// a NUL in text, a string too long…) or a size (class 54, program limit exceeded). A
+    /// checkpoint that meets it ends its task rather than being retried by another attempt.
+    pub fn is_unstorable(&self) -> bool {
+        self.is_bad_value()
+            || matches!(self, StoreError::Db(sqlx::Error::Database(d)) if d.code().is_some_and(|c| c.starts_with("54")))
+    }
+
     /// An insert found no partition for its row (23514, "no partition of relation ... found
     /// for row"): `partitions::repair` creates them. A check constraint's violation has the same
     /// code and names its constraint; this one names none (whatever the server's language).
@@ -164,6 +172,8 @@ where
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(2));
             }
+            // Refused for what it holds: it would be refused again.
+            Err(e) if e.is_unstorable() => return Err(e),
             Err(e) if tries < 6 => {
                 tries += 1;
                 tracing::warn!(error = %e, tries, "database write failed; retrying");

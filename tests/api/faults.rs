@@ -441,3 +441,57 @@ async fn retention_purges_old_conversations_and_events_but_keeps_tasks_and_the_l
     assert_eq!(rollup_before, rollup_after);
     app.stop().await;
 }
+
+/// A turn the database refuses for what it holds (a NUL in its text was one, before tool results
+/// were made storable) fails its task at once, naming why: never rescued to do the work again
+/// and end `worker_lost` minutes later. The refusal is made here by a trigger that refuses any
+/// conversation row holding a marker, with the code PostgreSQL gives a NUL in JSON (22P05).
+#[tokio::test]
+async fn a_turn_the_database_refuses_fails_its_task_at_once_naming_why_and_its_waiter_hears_it() {
+    let app = crate::helpers::spawn_app().await;
+    sqlx::raw_sql(
+        "CREATE FUNCTION refuse_marked() RETURNS trigger LANGUAGE plpgsql AS
+             $$ BEGIN
+                  IF NEW::text LIKE '%refuse-this-turn%' THEN
+                    RAISE EXCEPTION 'unsupported Unicode escape sequence' USING ERRCODE = '22P05';
+                  END IF;
+                  RETURN NEW;
+                END $$;
+         CREATE TRIGGER refuse_marked BEFORE INSERT ON task_messages FOR EACH ROW EXECUTE FUNCTION refuse_marked();",
+    )
+    .execute(&app.db.pool)
+    .await
+    .unwrap();
+    // The run's last turn (its end's commit), then a turn in the middle (a checkpoint).
+    for prompt in ["refuse-this-turn", "refuse-this-turn [mock:tool_turns=2]"] {
+        let r = app
+            .client
+            .post(app.url("/tasks?wait=true&timeout=120"))
+            .json(&serde_json::json!({"prompt": prompt, "model": "mock/m"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "the waiter is answered when the task ends, not before");
+        let t: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(t["status"], "failed", "{prompt}: {t}");
+        assert_eq!(t["error"]["code"], "checkpoint_failed", "{prompt}: {t}");
+        let message = t["error"]["message"].as_str().unwrap();
+        assert!(message.contains("could not be stored") && message.contains("unsupported Unicode"), "{message}");
+        assert_eq!(t["attempt"], 1, "{prompt}: not tried again: {t}");
+        let id = t["id"].as_str().unwrap();
+        let ev: serde_json::Value =
+            app.client.get(app.url(&format!("/tasks/{id}/events"))).send().await.unwrap().json().await.unwrap();
+        let kinds: Vec<&str> = ev["events"].as_array().unwrap().iter().filter_map(|e| e["kind"].as_str()).collect();
+        assert!(!kinds.contains(&"rescued") && kinds.last() == Some(&"finished"), "{kinds:?}");
+    }
+    // A task whose turns hold no marker runs as ever.
+    let r = app
+        .client
+        .post(app.url("/tasks?wait=true&timeout=60"))
+        .json(&serde_json::json!({"prompt": "fine [mock:tool_turns=1]", "model": "mock/m"}))
+        .send()
+        .await
+        .unwrap();
+    let t: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(t["status"], "completed", "{t}");
+}

@@ -483,3 +483,59 @@ async fn directories_and_links_by_the_hundred_thousand_are_stopped_and_links_out
     assert_eq!(std::fs::read_to_string(c.join("ok.txt")).unwrap(), "kept\n");
     assert!(c.join("rootl").symlink_metadata().is_err() && c.join("src/up").symlink_metadata().is_err());
 }
+
+/// A worker process's peak resident memory (`VmHWM`), in bytes.
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kb * 1024
+}
+
+#[tokio::test]
+async fn two_files_of_300_mb_of_random_bytes_complete_the_task_and_the_workers_memory_stays_under_1_gib() {
+    let Some(srv) = git_server().await else { return };
+    if !has_bwrap() {
+        return;
+    }
+    // The API here; the runs in the real binary, whose memory is read.
+    let app = spawn_app_with(sb_config, false).await;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().to_string_lossy().into_owned();
+    let worker = spawn_binary(
+        &["worker"],
+        &app.db.url,
+        &[
+            ("SUBAGENTD_DATA_DIR", &data),
+            ("SUBAGENTD_BUILTIN_TOOLS_OFF", "web_fetch,web_search"),
+            ("SUBAGENTD_WORKSPACE_GIT_ALLOW", "127.0.0.1/32"),
+            ("SUBAGENTD_DEFAULT_MODEL", "mock/m"),
+        ],
+    );
+    let repo = format!("{}/repo.git", srv.base);
+    let calls = [
+        (
+            "run_command",
+            json!({"command": "head -c 300000000 /dev/urandom > r1 && head -c 300000000 /dev/urandom > r2"}),
+        ),
+        ("run_command", json!({"command": "ls -l r1 r2 | wc -l"})),
+    ];
+    let t = run(&app, json!({"workspace": {"git": repo}, "prompt": script(&calls), "max_turns": 5})).await;
+    assert_eq!(t["status"], "completed", "{t}");
+    let results = tool_results(&app, &t).await;
+    assert!(results[0].starts_with("exit code: 0") && results[1].contains("2\n"), "{results:?}");
+    let omitted: Vec<&str> = t["diff"]["omitted"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+    assert!(omitted.contains(&"r1 (over the diff's size cap)") && omitted.contains(&"r2 (over the diff's size cap)"));
+    let peak = peak_rss(worker.child.id());
+    eprintln!("the worker's peak RSS: {} MiB", peak >> 20);
+    assert!(peak < 1 << 30, "the worker's peak RSS was {} MiB", peak >> 20);
+    // What the checkpoints kept of the changes: under SUBAGENTD_SANDBOX_KEEP_MB (64 MiB).
+    let kept: i64 = sqlx::query_scalar("SELECT coalesce(max(octet_length(changes)), 0)::bigint FROM task_diffs")
+        .fetch_one(&app.db.pool)
+        .await
+        .unwrap();
+    assert!(kept < 64 << 20, "{kept} bytes kept");
+}

@@ -198,6 +198,12 @@ pub struct Config {
     #[arg(long, env = "SUBAGENTD_SANDBOX_KEEP_MB", default_value_t = 64, global = true)]
     pub sandbox_keep_mb: u64,
 
+    /// What a tenant's kept changes and diffs (`task_diffs`, until retention drops their day)
+    /// may hold together, in MiB: past it, the tools that change a task's copy are refused with a
+    /// sentence to the model. Its use is in `GET /admin/tenants/{name}` (`storage`).
+    #[arg(long, env = "SUBAGENTD_TENANT_STORAGE_MB", default_value_t = 10240, global = true)]
+    pub tenant_storage_mb: u64,
+
     /// Entries (files, directories, links) a task's copy may gain over its starting tree: past
     /// it a command is stopped (outcome `limit`), as past the write allowance.
     #[arg(long, env = "SUBAGENTD_SANDBOX_WRITE_ENTRIES", default_value_t = 65536, global = true)]

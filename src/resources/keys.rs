@@ -16,6 +16,15 @@ pub struct TenantView {
     #[serde(rename = "use")]
     pub used: spend::Use,
     pub defaults: serde_json::Value,
+    /// What its kept changes and diffs hold, against its quota.
+    pub storage: Storage,
+}
+
+/// A tenant's kept changes and diffs (`tenant_storage`) and its quota, in bytes.
+#[derive(Debug, Clone, Serialize)]
+pub struct Storage {
+    pub kept_bytes: i64,
+    pub quota_bytes: u64,
 }
 
 impl Resources {
@@ -59,7 +68,11 @@ impl Resources {
             "requests_per_second": d.requests_per_second, "request_burst": d.request_burst,
             "max_streams": d.max_streams, "max_waits": d.max_waits, "max_scheduled": d.max_scheduled,
             "web_fetches_per_minute": d.web_fetches_per_minute});
-        Ok(TenantView { name: name.to_string(), limits, used, defaults })
+        let storage = Storage {
+            kept_bytes: crate::store::diffs::kept_bytes(&self.p.pool, name).await?,
+            quota_bytes: self.p.cfg.tenant_storage_mb.saturating_mul(1 << 20),
+        };
+        Ok(TenantView { name: name.to_string(), limits, used, defaults, storage })
     }
 
     /// Set a tenant's limits (creating it); true when it was created. The room sees them at once

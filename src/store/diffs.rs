@@ -48,6 +48,31 @@ async fn write(conn: &mut PgConnection, f: Fence, saved: Saved<'_>) -> Result<bo
             (None, None, Some(text))
         }
     };
+    // What the row held before, for the tenant's kept bytes (under the task's lock: no other
+    // write of this row runs meanwhile).
+    let (old_changes, old_diff): (i64, i64) = sqlx::query_as(
+        "SELECT coalesce(octet_length(changes), 0)::bigint, coalesce(octet_length(diff), 0)::bigint
+         FROM task_diffs WHERE task_id = $1 AND updated_at >= $2",
+    )
+    .bind(f.id)
+    .bind(created - CLOCK_MARGIN)
+    .persistent(false)
+    .fetch_optional(&mut *tx)
+    .await?
+    .unwrap_or((0, 0));
+    let new_changes = changes.map_or(old_changes, |c| c.len() as i64);
+    let new_diff = diff.map_or(old_diff, |d| d.len() as i64);
+    let delta = new_changes + new_diff - old_changes - old_diff;
+    if delta != 0 {
+        sqlx::query(
+            "INSERT INTO tenant_storage (tenant, kept_bytes) VALUES ($1, greatest($2, 0))
+             ON CONFLICT (tenant) DO UPDATE SET kept_bytes = greatest(tenant_storage.kept_bytes + $2, 0)",
+        )
+        .bind(&tenant)
+        .bind(delta)
+        .execute(&mut *tx)
+        .await?;
+    }
     sqlx::query(
         "WITH u AS (UPDATE task_diffs SET changes = coalesce($2, changes), deleted = coalesce($3, deleted),
                         diff = coalesce($4, diff), updated_at = now()
@@ -134,4 +159,13 @@ pub async fn diff_of(
             .fetch_optional(pool)
             .await?;
     Ok(row.map(|r| r.0))
+}
+
+/// The bytes `tenant`'s kept changes and diffs hold (`tenant_storage`).
+pub async fn kept_bytes(pool: &PgPool, tenant: &str) -> Result<i64, StoreError> {
+    let n: Option<i64> = sqlx::query_scalar("SELECT kept_bytes FROM tenant_storage WHERE tenant = $1")
+        .bind(tenant)
+        .fetch_optional(pool)
+        .await?;
+    Ok(n.unwrap_or(0))
 }

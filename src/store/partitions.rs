@@ -195,8 +195,22 @@ async fn drop_one(conn: &mut sqlx::PgConnection, parent: &str, p: &Partition) ->
             .execute(&mut *conn)
             .await?;
     }
-    // A partition detached here or on an earlier pass whose drop failed.
-    sqlx::query(&format!("DROP TABLE {}", p.name)).execute(&mut *conn).await?;
+    // A partition detached here or on an earlier pass whose drop failed. A day of stored diffs
+    // leaves its tenants' kept bytes in the same transaction (`tenant_storage`, migration 0038).
+    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+    if parent == "task_diffs" {
+        sqlx::query(&format!(
+            "UPDATE tenant_storage s SET kept_bytes = greatest(0, s.kept_bytes - d.bytes)
+             FROM (SELECT tenant, sum(coalesce(octet_length(changes), 0) + coalesce(octet_length(diff), 0)) AS bytes
+                   FROM {} GROUP BY tenant) d
+             WHERE s.tenant = d.tenant",
+            p.name
+        ))
+        .execute(&mut *tx)
+        .await?;
+    }
+    sqlx::query(&format!("DROP TABLE {}", p.name)).execute(&mut *tx).await?;
+    tx.commit().await?;
     Ok(())
 }
 

@@ -272,6 +272,8 @@ pub struct Caller {
     pub builtins: builtin::Registry,
     /// The sandbox `run_command` runs in, where it starts on this host.
     pub sandbox: Option<Arc<sandbox::Sandbox>>,
+    /// What a tenant's kept changes and diffs may hold, in bytes (`SUBAGENTD_TENANT_STORAGE_MB`).
+    pub storage_quota: u64,
 }
 
 impl Caller {
@@ -293,6 +295,7 @@ impl Caller {
             .map_err(ToolError::Config)?,
             web: web::Web::from_config(cfg)?,
             sandbox: None,
+            storage_quota: cfg.tenant_storage_mb.saturating_mul(1 << 20),
         })
     }
 
@@ -335,6 +338,11 @@ impl TaskTools {
             }
             None => None,
         };
+        if tool.writes_workspace() {
+            if let Some(full) = self.storage_full().await {
+                return tool_error(full);
+            }
+        }
         let (root, args, max) = (w.path.clone(), call.arguments.clone(), self.caller.max_result_bytes);
         let out = if tool == builtin::BuiltinTool::RunCommand {
             self.command(w, call).await
@@ -354,6 +362,22 @@ impl TaskTools {
         metrics::counter!("subagentd_builtin_tool_calls_total", "tool" => tool.as_str(), "outcome" => outcome)
             .increment(1);
         out
+    }
+
+    /// The sentence that refuses a change to the copy when the tenant's kept changes and diffs
+    /// are at its storage quota; `None` when there is room (or its use cannot be read now).
+    async fn storage_full(&self) -> Option<String> {
+        let web = self.web.as_ref()?;
+        let used = crate::store::diffs::kept_bytes(&web.pool, &web.tenant).await.ok()?;
+        (used as u64 >= self.caller.storage_quota).then(|| {
+            format!(
+                "not run: the tenant's storage for kept changes and diffs is full ({} of {} MiB); \
+                 no file can be changed until older tasks' diffs expire. Read what you need and give \
+                 your final answer.",
+                used >> 20,
+                self.caller.storage_quota >> 20
+            )
+        })
     }
 
     /// `run_command` over the task's copy.

@@ -543,6 +543,15 @@ async fn stored_diffs_from_the_release_before_keep_every_row_go_by_the_day_and_s
 
     subagentd::db::MIGRATOR.run(&pool).await.unwrap();
     assert_eq!(digest(&pool, "*", "task_diffs").await, before, "every stored diff, unchanged");
+    // The tenant's kept bytes (migration 0038) count them: 3 + 18, 3, and 18 bytes.
+    let kept = || async {
+        let n: i64 = sqlx::query_scalar("SELECT kept_bytes FROM tenant_storage WHERE tenant = 'default'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        n
+    };
+    assert_eq!(kept().await, 42);
     let kind: String = sqlx::query_scalar("SELECT relkind::text FROM pg_class WHERE relname = 'task_diffs'")
         .fetch_one(&pool)
         .await
@@ -566,6 +575,7 @@ async fn stored_diffs_from_the_release_before_keep_every_row_go_by_the_day_and_s
             .unwrap();
     let today = format!("task_diffs_p{}", day(&pool, 0).await);
     assert_eq!(left, [(waiting, today.clone()), (recent, today.clone())]);
+    assert_eq!(kept().await, 21, "the dropped day's 21 bytes left the tenant's kept bytes with it");
     // A running task's first write, not yet committed, and a second one: the second waits for
     // the first and then updates its row (without the lock it would insert a second row).
     use subagentd::store::{diffs, Fence};

@@ -539,3 +539,60 @@ async fn two_files_of_300_mb_of_random_bytes_complete_the_task_and_the_workers_m
         .unwrap();
     assert!(kept < 64 << 20, "{kept} bytes kept");
 }
+
+#[tokio::test]
+async fn a_tenant_at_its_storage_quota_is_refused_new_changes_with_a_sentence_and_its_use_is_shown() {
+    const ADMIN: &str = "sandbox-storage-admin";
+    let Some(srv) = git_server().await else { return };
+    if !has_bwrap() {
+        return;
+    }
+    let app = spawn_app_with(
+        |c| {
+            sb_config(c);
+            c.admin_token = Some(ADMIN.into());
+            c.tenant_storage_mb = 1;
+        },
+        true,
+    )
+    .await;
+    let key = admin_key(&app, ADMIN, "keeper").await;
+    let repo = format!("{}/repo.git", srv.base);
+    let tenant = || async {
+        let r = app.client.get(app.url("/admin/tenants/keeper")).bearer_auth(ADMIN).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        r.json::<Value>().await.unwrap()
+    };
+    assert_eq!(tenant().await["storage"], json!({"kept_bytes": 0, "quota_bytes": 1 << 20}));
+    let task = |calls: Vec<(&'static str, Value)>| {
+        let body = json!({"workspace": {"git": repo}, "prompt": script(&calls), "max_turns": 5});
+        let (app, key) = (&app, key.clone());
+        async move {
+            let r = app.client.post(app.url("/tasks?wait=true&timeout=120")).bearer_auth(&key).json(&body).send();
+            let t: Value = r.await.unwrap().json().await.unwrap();
+            assert_eq!(t["status"], "completed", "{t}");
+            t
+        }
+    };
+    // 2 MB of random bytes, kept with the task's checkpoints: past the 1 MiB quota.
+    let first = task(vec![("run_command", json!({"command": "head -c 2000000 /dev/urandom > blob"}))]).await;
+    let kept = tenant().await["storage"]["kept_bytes"].as_i64().unwrap();
+    assert!(kept > 2_000_000, "{kept}: the kept changes are counted");
+    let second = task(vec![
+        ("write_file", json!({"path": "NOTES.md", "content": "more\n"})),
+        ("run_command", json!({"command": "echo hi"})),
+        ("read_file", json!({"path": "src/retry.rs"})),
+    ])
+    .await;
+    let results: Vec<String> = crate::tools::tool_results(&app, second["id"].as_str().unwrap())
+        .await
+        .into_iter()
+        .map(|m| m["content"].as_str().unwrap_or_default().to_string())
+        .collect();
+    for r in &results[..2] {
+        assert!(r.contains("storage for kept changes and diffs is full") && r.contains("of 1 MiB"), "{r}");
+    }
+    assert!(results[2].contains("retry_policy"), "reading goes on: {}", results[2]);
+    assert!(second.get("diff").is_none() || second["diff"]["files_changed"] == 0, "{second}");
+    assert!(first["diff"]["files_changed"] == 1, "{first}");
+}

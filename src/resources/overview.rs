@@ -55,7 +55,9 @@ impl Resources {
             holds.push(json!({"tenant": t, "streams": open.streams, "waits": open.waits,
                               "max_streams": l.max_streams, "max_waits": l.max_waits}));
         }
+        let storage_quota_bytes = self.p.cfg.tenant_storage_mb.saturating_mul(1 << 20);
         Ok(json!({"now": now, "finished_per_minute": per_minute, "models": models, "spend": spend,
+            "storage_quota_bytes": storage_quota_bytes,
                   "replicas": replicas, "latest": latest, "this_replica": {"holds": holds}}))
     }
 }

@@ -91,6 +91,8 @@ pub struct Spend {
     pub tokens_today: i64,
     pub tokens_per_day: Option<i64>,
     pub reserved_usd: Decimal,
+    /// What its kept changes and diffs hold (`tenant_storage`), in bytes.
+    pub kept_bytes: i64,
 }
 
 pub async fn spend(pool: &PgPool, tenant: Option<&str>, d: SpendDefaults) -> Result<Vec<Spend>, StoreError> {
@@ -108,8 +110,9 @@ pub async fn spend(pool: &PgPool, tenant: Option<&str>, d: SpendDefaults) -> Res
          SELECT t.name AS tenant, coalesce(s.today_usd, 0) AS today_usd, coalesce(s.month_usd, 0) AS month_usd,
                 coalesce(t.usd_per_day, $2) AS usd_per_day, coalesce(t.usd_per_month, $3) AS usd_per_month,
                 coalesce(s.tokens_today, 0)::bigint AS tokens_today, coalesce(t.tokens_per_day, $4) AS tokens_per_day,
-                coalesce(r.reserved, 0) AS reserved_usd
+                coalesce(r.reserved, 0) AS reserved_usd, coalesce(ts.kept_bytes, 0)::bigint AS kept_bytes
          FROM tenants t LEFT JOIN s ON s.tenant = t.name LEFT JOIN r ON r.tenant = t.name
+              LEFT JOIN tenant_storage ts ON ts.tenant = t.name
          WHERE ($1::text IS NULL OR t.name = $1)
          ORDER BY month_usd DESC, t.name LIMIT 100",
     )

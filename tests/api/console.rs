@@ -465,6 +465,11 @@ async fn screenshots_of_the_main_pages_at_desktop_and_phone_size() {
         .await
         .unwrap();
     assert_eq!(r.status(), 201);
+    // What the tenant's kept changes and diffs hold, shown with its spend.
+    sqlx::query("INSERT INTO tenant_storage (tenant, kept_bytes) VALUES ('default', 3355443)")
+        .execute(&s._db.pool)
+        .await
+        .unwrap();
     let Some(b) = browser(1280, 800).await else { return };
     for (name, hash, ready) in [
         ("console-overview", "", "#latest-tasks tr[data-task-id]"),
@@ -476,6 +481,15 @@ async fn screenshots_of_the_main_pages_at_desktop_and_phone_size() {
         tokio::time::sleep(Duration::from_millis(500)).await;
         b.screenshot(name).await;
     }
+    open(&b, &s, "").await;
+    b.wait_for("#spend .spend-row").await;
+    let spend = b.text("#spend").await;
+    assert!(spend.contains("kept diffs 3.2 MiB / 10 GiB"), "{spend}");
+    b.js("document.querySelector('#spend').scrollIntoView(); return true;").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    b.screenshot("console-spend").await;
+    open(&b, &s, "#/catalog").await;
+    b.wait_for("#agents-table [data-test=agent-warnings] li").await;
     // The catalog lists the built-in tools, run by the service, and the types that get them.
     let tools = b.text("#tools-table").await;
     assert!(tools.contains("web_fetch") && tools.contains("built in: run by subagentd"), "{tools}");

@@ -471,7 +471,7 @@
         td(m.model || dash, 'mono'), td(fmtInt(m.calls), 'num'), td(fmtInt(m.failed), 'num'),
         td(fmtPct(m.error_rate), 'num'), td(fmtCost(m.cost_usd), 'num'))));
 
-      renderSpend(spend, d.spend || []);
+      renderSpend(spend, d.spend || [], d.storage_quota_bytes);
 
       fillRows(replicas, (d.replicas || []).map((r) => h('tr', null,
         td(r.worker || dash, 'mono'), td(fmtInt(r.running), 'num'), td(timeEl(r.lease_expires_at, true)))));
@@ -528,12 +528,23 @@
     return h('div', { class: 'spend-cell ' + cls }, parts);
   }
 
-  function renderSpend(el, rows) {
+  // Bytes as the console shows a size: B, KiB, MiB, GiB.
+  function fmtBytes(n) {
+    n = Number(n) || 0;
+    const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
+    let i = 0;
+    while (n >= 1024 && i < units.length - 1) { n /= 1024; i++; }
+    return (i === 0 ? String(n) : n.toFixed(n < 10 ? 1 : 0)) + ' ' + units[i];
+  }
+
+  function renderSpend(el, rows, quota) {
     if (!rows.length) { el.replaceChildren(h('p', { class: 'muted' }, 'No spend recorded.')); return; }
     el.replaceChildren(...rows.map((s) => {
       let tokens = fmtInt(s.tokens_today) + ' tokens today';
       if (s.tokens_per_day != null) tokens += ' / ' + fmtInt(s.tokens_per_day);
       if (s.reserved_usd) tokens += ' · reserved ' + fmtCost(s.reserved_usd);
+      tokens += ' · kept diffs ' + fmtBytes(s.kept_bytes);
+      if (quota != null) tokens += ' / ' + fmtBytes(quota);
       return h('div', { class: 'spend-row', dataset: { tenant: s.tenant == null ? '' : String(s.tenant) } },
         h('div', { class: 'spend-tenant mono' }, s.tenant == null ? dash : String(s.tenant)),
         spendCell('spend-today', 'Today', s.today_usd, s.usd_per_day),

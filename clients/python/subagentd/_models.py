@@ -326,10 +326,11 @@ class TenantView(Model):
     limits: Optional[Limits] = None
     use: Optional[Dict[str, Any]] = None
     defaults: Optional[Dict[str, Any]] = None
+    storage: Optional[Dict[str, Any]] = None
     extra: Dict[str, Any] = _dc.field(default_factory=dict)
-    _fields = ["name", "limits", "use", "defaults"]
+    _fields = ["name", "limits", "use", "defaults", "storage"]
     _nested = {"limits": ("Limits", False)}
-    _required = ["defaults", "limits", "name", "use"]
+    _required = ["defaults", "limits", "name", "storage", "use"]
 
 @dataclass(repr=False)
 class Schedule(Model):
@@ -417,7 +418,8 @@ class DiffStats(Model):
     binary_files: Optional[int] = None
     bytes: Optional[int] = None
     omitted: Optional[List[str]] = None
+    omitted_more: Optional[int] = None
     extra: Dict[str, Any] = _dc.field(default_factory=dict)
-    _fields = ["files_changed", "lines_added", "lines_removed", "binary_files", "bytes", "omitted"]
+    _fields = ["files_changed", "lines_added", "lines_removed", "binary_files", "bytes", "omitted", "omitted_more"]
     _nested = {}
     _required = ["binary_files", "bytes", "files_changed", "lines_added", "lines_removed"]

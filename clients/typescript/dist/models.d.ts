@@ -249,6 +249,7 @@ export interface TenantView {
     limits: Limits;
     use: Record<string, unknown>;
     defaults: Record<string, unknown>;
+    storage: Record<string, unknown>;
     /** Fields this version does not know yet. */
     [field: string]: unknown;
 }
@@ -316,6 +317,7 @@ export interface DiffStats {
     binary_files: number;
     bytes: number;
     omitted?: string[];
+    omitted_more?: number;
     /** Fields this version does not know yet. */
     [field: string]: unknown;
 }

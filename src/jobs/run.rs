@@ -239,8 +239,14 @@ impl Runner {
         input.answers = answers;
         let end = engine::run(input, provider.as_ref(), &tools, store, stop).await;
         if let Some(c) = store.copy.get() {
-            if !matches!(c.finish(&self.pool, store.fence).await, Ok(true)) {
-                return Outcome::Stopped(StopCause::LeaseLost).into();
+            match c.finish(&self.pool, store.fence).await {
+                Ok(true) => {}
+                Err(e) if e.is_unstorable() => {
+                    // Refused for what it holds: the task fails naming why (`unstorable_end`).
+                    let _ = store.unstorable.set(format!("the run's diff could not be stored: {e}"));
+                    return Outcome::Stopped(StopCause::LeaseLost).into();
+                }
+                _ => return Outcome::Stopped(StopCause::LeaseLost).into(),
             }
         }
         end

@@ -15,9 +15,6 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-/// Bytes of a file looked at to tell text from binary.
-const SNIFF: usize = 8192;
-
 /// How each copied file looked when copied: unchanged files are known without reading them.
 #[derive(Debug, Default)]
 pub struct Manifest(HashMap<PathBuf, (u64, i64, i64)>);
@@ -365,10 +362,8 @@ fn contents(root: &Path, rel: &Path, n: &Node, max: u64) -> Option<String> {
         Node::Link(t) => Some(t.to_string_lossy().into_owned()),
         Node::File { .. } => {
             let bytes = read_under(root, rel, max).ok()?;
-            if bytes.len() as u64 >= max {
-                return None;
-            }
-            if bytes[..bytes.len().min(SNIFF)].contains(&0) {
+            // Binary: a NUL anywhere (a diff is text, and the store refuses a NUL in text).
+            if bytes.len() as u64 >= max || bytes.contains(&0) {
                 return None;
             }
             String::from_utf8(bytes).ok()

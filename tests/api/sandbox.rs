@@ -596,3 +596,37 @@ async fn a_tenant_at_its_storage_quota_is_refused_new_changes_with_a_sentence_an
     assert!(second.get("diff").is_none() || second["diff"]["files_changed"] == 0, "{second}");
     assert!(first["diff"]["files_changed"] == 1, "{first}");
 }
+
+#[tokio::test]
+async fn nul_and_invalid_utf8_in_a_commands_output_and_a_repositorys_files_complete_the_task() {
+    let Some(srv) = git_server().await else { return };
+    if !has_bwrap() {
+        return;
+    }
+    let app = spawn_app_with(sb_config, true).await;
+    let repo = format!("{}/repo.git", srv.base);
+    let make = "head -c 9000 /dev/zero | tr '\\000' a > late.txt && printf '\\nhello\\000world\\n' >> late.txt \
+                && touch \"$(printf 'evil\\nname.txt')\" && printf 'x\\000y\\377z' && cat /proc/1/cmdline";
+    let calls = [
+        ("run_command", json!({"command": make})),
+        ("read_file", json!({"path": "late.txt"})),
+        ("grep", json!({"pattern": "hello"})),
+        ("list_directory", json!({"path": ""})),
+        ("write_file", json!({"path": "nul.txt", "content": "a\u{0}b"})),
+    ];
+    let t = run(&app, json!({"workspace": {"git": repo}, "prompt": script(&calls), "max_turns": 10})).await;
+    assert_eq!(t["status"], "completed", "{t}");
+    let results = tool_results(&app, &t).await;
+    assert_eq!(results.len(), 5, "{results:?}");
+    assert!(results.iter().all(|r| !r.contains('\0')), "{results:?}");
+    assert!(
+        results[0].contains("x\u{FFFD}y\u{FFFD}z") && results[0].contains("[note: this result held bytes"),
+        "{}",
+        results[0]
+    );
+    assert!(results[1].contains("binary file (9013 bytes)"), "{}", results[1]);
+    assert!(!results[2].contains("late.txt"), "{}", results[2]);
+    assert!(results[3].contains("\"evil\\nname.txt\""), "{}", results[3]);
+    let patch = diff(&app, &t).await.text().await.unwrap();
+    assert!(patch.contains("+a\u{FFFD}b"), "the model's NUL reached the file as U+FFFD:\n{patch}");
+}

@@ -203,16 +203,12 @@ async fn finish(
         // The last turn was refused for what it holds: the task fails naming why, without it,
         // rather than being rescued to do the work again.
         tracing::error!(error = %why, "the run's last turn could not be stored; the task fails");
-        status = TaskStatus::Failed;
-        let fin = Finish {
-            status,
-            stop_reason: None,
-            summary: None,
-            output: None,
-            error_code: Some(FailureCode::CheckpointFailed),
-            error_message: Some(format!("the run's last turn could not be stored: {why}")),
-            return_task: false,
+        let failed = Outcome::Failed {
+            code: FailureCode::CheckpointFailed,
+            message: format!("the run's last turn could not be stored: {why}"),
         };
+        let Disposition::Finish(fin) = decide(&failed, facts) else { unreachable!("a failure is a finish") };
+        status = fin.status;
         let ending = End::Run { fence: store.fence, last_turn: None, finish: fin, committer: &store.committer };
         ended = end::finish(&store.pool, &store.hub, ending).await;
     }

@@ -356,6 +356,20 @@ async fn the_mcp_result_and_the_a2a_task_carry_the_patch() {
     app.stop().await;
 }
 
+/// The sandbox's app with an admin token (tenants of their own), `tweak` applied after.
+async fn admin_app(admin: &str, tweak: impl FnOnce(&mut subagentd::config::Config)) -> TestApp {
+    let admin = admin.to_string();
+    spawn_app_with(
+        move |c| {
+            sb_config(c);
+            c.admin_token = Some(admin);
+            tweak(c);
+        },
+        true,
+    )
+    .await
+}
+
 /// The `tool_call_finished` events of `run_command` in task `id`'s log, as `key` sees it (""
 /// for the single user).
 async fn command_events(app: &TestApp, key: &str, id: &str) -> Vec<Value> {
@@ -381,15 +395,7 @@ async fn one_tenants_long_commands_never_hold_every_slot_another_tenants_command
         return;
     }
     // A process cap of 2, the tenant share as it is by default (half of it).
-    let app = spawn_app_with(
-        |c| {
-            sb_config(c);
-            c.admin_token = Some(ADMIN.into());
-            c.sandbox_max_commands = 2;
-        },
-        true,
-    )
-    .await;
+    let app = admin_app(ADMIN, |c| c.sandbox_max_commands = 2).await;
     let (a, b) = (admin_key(&app, ADMIN, "tenant-a").await, admin_key(&app, ADMIN, "tenant-b").await);
     let repo = format!("{}/repo.git", srv.base);
     let long = script(&[("run_command", json!({"command": "sleep 45", "timeout_seconds": 60}))]);
@@ -547,15 +553,7 @@ async fn a_tenant_at_its_storage_quota_is_refused_new_changes_with_a_sentence_an
     if !has_bwrap() {
         return;
     }
-    let app = spawn_app_with(
-        |c| {
-            sb_config(c);
-            c.admin_token = Some(ADMIN.into());
-            c.tenant_storage_mb = 1;
-        },
-        true,
-    )
-    .await;
+    let app = admin_app(ADMIN, |c| c.tenant_storage_mb = 1).await;
     let key = admin_key(&app, ADMIN, "keeper").await;
     let repo = format!("{}/repo.git", srv.base);
     let tenant = || async {

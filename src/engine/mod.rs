@@ -679,7 +679,12 @@ async fn call_with_retries(
                     rec.http_status = resp.http_status;
                     return Ok((resp, rec));
                 }
-                Err(e) => e,
+                // What a provider (or a proxy before it) said is kept on the ledger, in events
+                // and as the task's error: made storable first, as a tool's result is.
+                Err(mut e) => {
+                    crate::kinds::text::storable(&mut e.message);
+                    e
+                }
             };
             rec.outcome = CallOutcome::Error;
             rec.http_status = e.http_status;

@@ -20,25 +20,54 @@ impl<S: Send + Sync, T: DeserializeOwned, const LIST: bool> FromRequest<S> for A
             return Err(unsupported_media_type());
         }
         let ApiBytes(bytes) = ApiBytes::from_request(req, state).await?;
-        if let Some(at) = nul_field(&bytes) {
-            return Err(nul_refused(&at));
+        body::<T, LIST>(&bytes).map(ApiJson)
+    }
+}
+
+/// `ApiJson`'s reading of a body already read.
+fn body<T: DeserializeOwned, const LIST: bool>(bytes: &[u8]) -> Result<T, ApiError> {
+    if let Some(at) = nul_field(bytes) {
+        return Err(nul_refused(&at));
+    }
+    let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
+    if !LIST && first == Some(&b'[') {
+        return Err(ApiError::invalid("body", "must be a JSON object"));
+    }
+    match axum::Json::<T>::from_bytes(bytes) {
+        Ok(axum::Json(v)) => Ok(v),
+        // JSON Schema counts `2.0` as the integer 2: a whole number written with a fraction is
+        // read as that integer (tried only when the body did not fit as written).
+        Err(JsonRejection::JsonDataError(e)) => match whole_numbers(bytes) {
+            Some(v) => serde_json::from_value(v).map_err(|_| json_rejection(JsonRejection::JsonDataError(e))),
+            None => Err(json_rejection(JsonRejection::JsonDataError(e))),
+        },
+        Err(r) => Err(json_rejection(r)),
+    }
+}
+
+/// `ApiJson<T, true>` for a list of answers to pending actions: a caller tool's `output` is a
+/// tool's result, so a NUL in it is shown as U+FFFD (`kinds::text`; the model is told, as of
+/// any tool's result, by `ToolOutput::storable`), where a NUL anywhere else is refused.
+pub struct ApiAnswers<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiAnswers<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        if !json_content_type(req.headers()) {
+            return Err(unsupported_media_type());
         }
-        let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
-        if !LIST && first == Some(&b'[') {
-            return Err(ApiError::invalid("body", "must be a JSON object"));
+        let ApiBytes(mut bytes) = ApiBytes::from_request(req, state).await?;
+        if nul_field(&bytes).is_some() {
+            if let Ok(mut v) = serde_json::from_slice::<serde_json::Value>(&bytes) {
+                let outputs = v.as_array_mut().into_iter().flatten().filter_map(|a| a.get_mut("output"));
+                outputs.for_each(|o| {
+                    crate::kinds::text::storable_value(o);
+                });
+                bytes = serde_json::to_vec(&v).unwrap_or_default().into();
+            }
         }
-        match axum::Json::<T>::from_bytes(&bytes) {
-            Ok(axum::Json(v)) => Ok(ApiJson(v)),
-            // JSON Schema counts `2.0` as the integer 2: a whole number written with a fraction is
-            // read as that integer (tried only when the body did not fit as written).
-            Err(JsonRejection::JsonDataError(e)) => match whole_numbers(&bytes) {
-                Some(v) => {
-                    serde_json::from_value(v).map(ApiJson).map_err(|_| json_rejection(JsonRejection::JsonDataError(e)))
-                }
-                None => Err(json_rejection(JsonRejection::JsonDataError(e))),
-            },
-            Err(r) => Err(json_rejection(r)),
-        }
+        body::<T, true>(&bytes).map(ApiAnswers)
     }
 }
 

@@ -13,7 +13,7 @@ use uuid::Uuid;
 
 use super::auth::{key_prefix, Scope};
 use super::error::ApiError;
-use super::extract::{ApiJson, ApiQuery, TaskId};
+use super::extract::{ApiAnswers, ApiJson, ApiQuery, TaskId};
 use super::{AppState, Tenant};
 use crate::kinds::Answerer;
 use crate::tasks::answer::ActionAnswer;
@@ -151,7 +151,7 @@ async fn answer(
     scope: Scope,
     headers: HeaderMap,
     TaskId(id): TaskId,
-    ApiJson(body): ApiJson<Vec<ActionAnswer>, true>,
+    ApiAnswers(body): ApiAnswers<Vec<ActionAnswer>>,
 ) -> Result<Response, ApiError> {
     let by = Answerer::of(&scope, key_prefix(&headers));
     Ok(respond(StatusCode::OK, st.tasks.answer(&scope, &by, id, body).await?))

@@ -40,6 +40,16 @@ pub fn storable_value(v: &mut Value) -> usize {
     }
 }
 
+/// Does any string of `v`, or any key, hold a NUL?
+pub fn has_nul(v: &Value) -> bool {
+    match v {
+        Value::String(s) => s.contains('\0'),
+        Value::Array(items) => items.iter().any(has_nul),
+        Value::Object(map) => map.iter().any(|(k, v)| k.contains('\0') || has_nul(v)),
+        _ => false,
+    }
+}
+
 /// The note a tool result ends with when it held bytes that are not text: `None` when it held
 /// none. `nuls`: the NULs just replaced; a `REPLACEMENT` already there stood for bytes that were
 /// not UTF-8 (or was in the text itself: the note then says no more than is true).
@@ -65,7 +75,9 @@ mod tests {
         let mut clean = "plain".to_string();
         assert_eq!(storable(&mut clean), 0);
         let mut v = serde_json::json!({"k\0": ["x\0", {"y": "\0"}], "n": 1});
+        assert!(has_nul(&v));
         assert_eq!(storable_value(&mut v), 3);
+        assert!(!has_nul(&v));
         assert_eq!(v, serde_json::json!({"k\u{FFFD}": ["x\u{FFFD}", {"y": "\u{FFFD}"}], "n": 1}));
         assert!(!serde_json::to_string(&v).unwrap().contains("\\u0000"));
     }

@@ -126,22 +126,30 @@ impl Lifecycle {
             if decision.is_none() && a.message.is_some() {
                 return Err(TaskError::invalid(&at("message"), "goes with a decision, not an output"));
             }
-            if a.message.as_ref().is_some_and(|m| m.chars().count() > MAX_MESSAGE_CHARS || m.contains('\0')) {
+            if a.message.as_ref().is_some_and(|m| m.chars().count() > MAX_MESSAGE_CHARS) {
                 return Err(TaskError::invalid(
                     &at("message"),
                     format!("must be at most {MAX_MESSAGE_CHARS} characters"),
                 ));
+            }
+            if a.message.as_ref().is_some_and(|m| m.contains('\0')) {
+                return Err(TaskError::invalid(&at("message"), "holds U+0000 (NUL), which cannot be stored"));
             }
             if let Some(o) = &a.output {
                 let size = match o {
                     Value::String(s) => s.len(),
                     other => other.to_string().len(),
                 };
-                if size > cap || o.to_string().contains("\\u0000") {
+                if size > cap {
                     return Err(TaskError::invalid(
                         &at("output"),
                         format!("must be at most {cap} bytes (SUBAGENTD_TOOL_RESULT_MAX_BYTES), like any tool result"),
                     ));
+                }
+                // `POST /tasks/{id}/actions` shows an output's NUL as U+FFFD (`ApiAnswers`); a
+                // door that did not is refused here rather than fail the task's checkpoint.
+                if crate::kinds::text::has_nul(o) {
+                    return Err(TaskError::invalid(&at("output"), "holds U+0000 (NUL), which cannot be stored"));
                 }
             }
             answers.push(actions::Answer { id: a.id, decision, message: a.message, output: a.output });

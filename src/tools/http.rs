@@ -80,7 +80,9 @@ pub async fn call(t: &TaskTools, endpoint: &str, timeout: Duration, call: &ToolC
     if buf.len() > MAX_READ {
         return err(format!("tool {} answered more than {MAX_READ} bytes", call.name));
     }
-    let v: Value = match serde_json::from_slice(&buf) {
+    // Read from the text as decoded (a byte that is not UTF-8 shown as U+FFFD), not from the
+    // bytes: a tool that writes one stray Latin-1 byte in a string still gets its answer through.
+    let v: Value = match serde_json::from_str(&text) {
         Ok(v) => v,
         Err(e) => return err(format!("tool {} answered invalid JSON ({e}); expected {{\"content\": ...}}", call.name)),
     };

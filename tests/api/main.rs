@@ -25,6 +25,7 @@ mod examples;
 mod health;
 mod history;
 mod holds;
+mod hostile;
 mod imports;
 mod lifecycle;
 mod lists;

@@ -10,7 +10,7 @@ use crate::fakes::*;
 use crate::helpers::*;
 
 /// Providers `oai` (OpenAI-compatible) and `ant` (Anthropic) pointing at the fakes.
-fn providers(oai: &str, ant: &str, extra: &str) -> Providers {
+pub(crate) fn providers(oai: &str, ant: &str, extra: &str) -> Providers {
     let file: FileConfig = toml::from_str(&format!(
         r#"
         [providers.oai]

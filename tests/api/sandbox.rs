@@ -17,7 +17,7 @@ fn sb_config(c: &mut subagentd::config::Config) {
 }
 
 /// The sandbox starts here, or the group is skipped (a failure under `.ci/run`).
-fn has_bwrap() -> bool {
+pub(crate) fn has_bwrap() -> bool {
     let ok = std::process::Command::new("bwrap")
         .args(["--unshare-all", "--unshare-user", "--ro-bind", "/", "/", "--", "/usr/bin/true"])
         .output()

@@ -306,6 +306,7 @@ impl Sandbox {
         drop(group);
         // What it wrote faster than the watch saw, it is told of now (a walk that stops once past
         // the limits, so bounded whatever it made).
+        let walked = Instant::now();
         if let Ok(r) = &mut ran {
             let d = copy.to_path_buf();
             let used = tokio::task::spawn_blocking(move || tree_usage(&d, max_copy)).await.unwrap_or_default();
@@ -313,6 +314,7 @@ impl Sandbox {
                 r.ended = Some(Ended::Written);
             }
         }
+        let walk_ms = walked.elapsed().as_millis() as u64;
         let millis = started.elapsed().as_millis() as u64;
         let (mut out, outcome) = match ran {
             Err(e) => (ToolOutput::text(format!("the sandbox could not start: {e}"), true), Outcome::Limit),
@@ -320,6 +322,7 @@ impl Sandbox {
         };
         if let Some(serde_json::Value::Object(d)) = out.detail.as_mut() {
             d.insert("slot_wait_ms".into(), json!(waited.as_millis() as u64));
+            d.insert("walk_ms".into(), json!(walk_ms));
         }
         (out, outcome)
     }

@@ -31,7 +31,7 @@ pub struct TaskCopy {
     pub max: crate::tools::files::Usage,
     diff_max: u64,
     /// What its saved changes hold at most (`SUBAGENTD_SANDBOX_KEEP_MB`).
-    keep_max: u64,
+    pub keep_max: u64,
 }
 
 impl TaskCopy {

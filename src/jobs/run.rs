@@ -274,7 +274,12 @@ impl Runner {
         let c = Arc::new(c);
         tools.workspace = Some(crate::tools::files::Root {
             path: c.dir.clone(),
-            copy: Some(crate::tools::files::Copy { dirty: c.dirty.clone(), max: c.max, lock: Default::default() }),
+            copy: Some(crate::tools::files::Copy {
+                dirty: c.dirty.clone(),
+                max: c.max,
+                keep: c.keep_max,
+                lock: Default::default(),
+            }),
             hold: Box::new((shared.hold, c.clone())),
         });
         let _ = store.copy.set(c);

@@ -46,6 +46,9 @@ pub struct Copy {
     pub dirty: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// The most the copy may hold (its starting usage plus the write allowances).
     pub max: Usage,
+    /// The largest file a checkpoint keeps (`SUBAGENTD_SANDBOX_KEEP_MB`): a larger one stays in
+    /// the copy while the run lasts, and the model is told it is not kept.
+    pub keep: u64,
     /// One call at a time over the copy: a command never runs while a file tool checks a path.
     pub lock: tokio::sync::Mutex<()>,
 }
@@ -94,18 +97,26 @@ impl Usage {
 /// The usage of the tree under `dir` (not following links; `.git` counted too, `dir` itself
 /// not). The walk stops as soon as it is past `limit`: bounded whatever a command made there.
 pub fn tree_usage(dir: &Path, limit: Usage) -> Usage {
+    tree_walk(dir, limit).0
+}
+
+/// `tree_usage`, and the length of the largest regular file the walk met.
+pub fn tree_walk(dir: &Path, limit: Usage) -> (Usage, u64) {
     use std::os::unix::fs::MetadataExt;
-    let mut u = Usage::default();
+    let (mut u, mut largest) = (Usage::default(), 0);
     for e in walkdir::WalkDir::new(dir).follow_links(false).min_depth(1).into_iter().filter_map(Result::ok) {
         u.entries += 1;
         if let Ok(m) = e.metadata() {
+            if m.is_file() {
+                largest = largest.max(m.len());
+            }
             u.bytes += if m.is_file() { m.len() } else { (m.blocks() * 512).max(m.len()) };
         }
         if u.past(limit) {
             break;
         }
     }
-    u
+    (u, largest)
 }
 
 /// Run one workspace tool over the tree at `root` (canonical) with the call's checked arguments.

@@ -391,8 +391,17 @@ impl TaskTools {
             Duration::from_secs(secs.unwrap_or(sandbox::DEFAULT_TIMEOUT_SECONDS).max(1)).min(sb.max_timeout());
         let tenant = self.web.as_ref().map_or("", |t| t.tenant.as_str());
         let max = self.caller.max_result_bytes;
-        let (out, outcome) = sb.run(tenant, &w.path, copy.max, command, timeout, max).await;
+        let (mut out, outcome) = sb.run(tenant, &w.path, copy.max, command, timeout, max).await;
         metrics::counter!("subagentd_sandbox_commands_total", "outcome" => outcome.as_str()).increment(1);
+        let largest = out.detail.as_ref().and_then(|d| d.get("largest_file_bytes")).and_then(Value::as_u64);
+        if largest.is_some_and(|l| l > copy.keep) {
+            out.content.push_str(&format!(
+                "\n[note: a file of your copy is larger than the {} MiB a checkpoint keeps \
+                 (SUBAGENTD_SANDBOX_KEEP_MB): it stays while this run lasts, but is not kept with the \
+                 task's changes, and the diff names it without its content]",
+                copy.keep >> 20
+            ));
+        }
         out
     }
 }

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use tokio::io::AsyncReadExt;
 
-use super::files::{tree_usage, Usage};
+use super::files::{tree_usage, tree_walk, Usage};
 use super::ToolOutput;
 
 /// A command's timeout when the model names none (as Claude Code's Bash).
@@ -306,10 +306,11 @@ impl Sandbox {
         drop(group);
         // What it wrote faster than the watch saw, it is told of now (a walk that stops once past
         // the limits, so bounded whatever it made).
-        let walked = Instant::now();
+        let (walked, mut largest) = (Instant::now(), 0);
         if let Ok(r) = &mut ran {
             let d = copy.to_path_buf();
-            let used = tokio::task::spawn_blocking(move || tree_usage(&d, max_copy)).await.unwrap_or_default();
+            let used;
+            (used, largest) = tokio::task::spawn_blocking(move || tree_walk(&d, max_copy)).await.unwrap_or_default();
             if r.ended.is_none() && used.past(max_copy) {
                 r.ended = Some(Ended::Written);
             }
@@ -323,6 +324,7 @@ impl Sandbox {
         if let Some(serde_json::Value::Object(d)) = out.detail.as_mut() {
             d.insert("slot_wait_ms".into(), json!(waited.as_millis() as u64));
             d.insert("walk_ms".into(), json!(walk_ms));
+            d.insert("largest_file_bytes".into(), json!(largest));
         }
         (out, outcome)
     }

@@ -535,6 +535,7 @@ async fn two_files_of_300_mb_of_random_bytes_complete_the_task_and_the_workers_m
     assert_eq!(t["status"], "completed", "{t}");
     let results = tool_results(&app, &t).await;
     assert!(results[0].starts_with("exit code: 0") && results[1].contains("2\n"), "{results:?}");
+    assert!(results[0].contains("larger than the 64 MiB a checkpoint keeps"), "the model is told: {}", results[0]);
     let omitted: Vec<&str> = t["diff"]["omitted"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
     assert!(omitted.contains(&"r1 (over the diff's size cap)") && omitted.contains(&"r2 (over the diff's size cap)"));
     let peak = peak_rss(worker.child.id());

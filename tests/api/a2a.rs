@@ -425,6 +425,34 @@ async fn the_door_checks_version_origin_tenant_depth_and_envelopes() {
         .await
         .unwrap();
     assert_eq!(bad.status(), 400, "outside the allow-list");
+    // An empty `authentication` is how protobuf's JSON writes an unset one: the same as none.
+    let empty = c
+        .post(format!("{}/a2a/v1/tasks/{id}/pushNotificationConfigs", r.base))
+        .bearer_auth(&a)
+        .header(V1.0, V1.1)
+        .json(&json!({"id": "c2", "url": "http://127.0.0.1:9/hook", "authentication": {}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(empty.status(), 200, "an empty authentication is none");
+    let empty: Value = empty.json().await.unwrap();
+    assert_eq!(empty.get("authentication"), None, "{empty}");
+    // So are an empty push config in a send's configuration, and a page size of 0 (the default).
+    let sent = c
+        .post(format!("{}/a2a/v1/message:send", r.base))
+        .bearer_auth(&a)
+        .header(V1.0, V1.1)
+        .json(&json!({"message": {"messageId": "unset-1", "role": "ROLE_USER", "parts": [{"text": "hi"}]},
+                      "configuration": {"pushNotificationConfig": {}, "historyLength": 0}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(sent.status(), 200, "{}", sent.text().await.unwrap());
+    for path in ["tasks?pageSize=0".to_string(), format!("tasks/{id}/pushNotificationConfigs?pageSize=0")] {
+        let listed =
+            c.get(format!("{}/a2a/v1/{path}", r.base)).bearer_auth(&a).header(V1.0, V1.1).send().await.unwrap();
+        assert_eq!(listed.status(), 200, "{path}");
+    }
     for _ in 0..2 {
         let del = c
             .delete(format!("{}/a2a/v1/tasks/{id}/pushNotificationConfigs/c1", r.base))

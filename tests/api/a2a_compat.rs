@@ -376,6 +376,15 @@ async fn a_03_request_over_http_json_reads_and_answers_the_03_protobuf_shapes() 
     .await
     .unwrap();
     assert_eq!(made["name"], format!("tasks/{id}/pushNotificationConfigs/c1"), "{made}");
+    // An empty `authentication` (protobuf's JSON of an unset message) is the same as none.
+    let empty = post(
+        &format!("tasks/{id}/pushNotificationConfigs"),
+        json!({"parent": format!("tasks/{id}"), "configId": "c2",
+               "config": {"pushNotificationConfig": {"url": "http://127.0.0.1:9/h", "authentication": {}}}}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(empty.status(), 200, "an empty authentication is none");
     let listed: Value = c
         .get(format!("{}/a2a/v1/tasks/{id}/pushNotificationConfigs", r.base))
         .bearer_auth(&a)

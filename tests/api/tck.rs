@@ -1,6 +1,6 @@
 //! The official A2A conformance suites (the TCK) against the real binary: A2A 1.0 at `must` and
-//! `should`, over JSON-RPC and HTTP+JSON; A2A 0.3's mandatory and capability tests (0.3 is served
-//! over JSON-RPC). The suites are vendored in `tests/vendor/` (no registry serves them), unpacked
+//! `should`, over JSON-RPC and HTTP+JSON; A2A 0.3's mandatory and capability tests, over both
+//! bindings too. The suites are vendored in `tests/vendor/` (no registry serves them), unpacked
 //! into a temporary folder and run with pytest as their `run_tck.py` runs them. A test that fails
 //! must be one of the exclusions below, each with its reason; one that is excluded and passes is
 //! reported, so the list stays true.
@@ -71,11 +71,16 @@ fn python(var: &str) -> Option<PathBuf> {
 
 /// The binary as a single-user instance with no keys (the suites send none), the mock model.
 async fn instance(db: &TestDb) -> (Proc, String) {
+    instance_with(db, "none").await
+}
+
+/// The same with `SUBAGENTD_AUTH` set to `auth`.
+async fn instance_with(db: &TestDb, auth: &str) -> (Proc, String) {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let listen = format!("127.0.0.1:{port}");
     let env = [
         ("SUBAGENTD_LISTEN", listen.as_str()),
-        ("SUBAGENTD_AUTH", "none"),
+        ("SUBAGENTD_AUTH", auth),
         ("SUBAGENTD_DEFAULT_MODEL", "mock/m"),
         ("SUBAGENTD_TOOL_ALLOW", "*, 127.0.0.1/32"),
     ];
@@ -187,21 +192,57 @@ async fn the_a2a_0_3_conformance_suites_mandatory_and_capability_tests_pass() {
     let dir = tempfile::tempdir().unwrap();
     unpack("a2a-tck-0.3.x-eb1f804.tar.gz", dir.path());
     let url = format!("{base}/a2a");
-    let run = |path: &str, markers: Option<&str>| {
+    let run = |path: &str, markers: Option<&str>, rest: bool| {
         let mut a = vec![path.to_string(), format!("--sut-url={url}"), "--test-scope=all".into(), "--tb=short".into()];
         if let Some(m) = markers {
             a.extend(["-m".to_string(), m.to_string()]);
         }
+        if rest {
+            a.extend(["--transport-strategy=prefer_rest".to_string(), "--transports=rest".into()]);
+        }
         a
     };
-    let (mut passed, mut failed) = pytest(
-        py.clone(),
-        dir.path().to_path_buf(),
-        run("tests/mandatory/", Some("mandatory_jsonrpc or mandatory_protocol")),
-    )
-    .await;
-    let (p2, f2) = pytest(py, dir.path().to_path_buf(), run("tests/optional/capabilities/", None)).await;
-    passed.extend(p2);
-    failed.extend(f2);
-    judge("A2A 0.3 TCK", &passed, &failed, EXCLUDED_03, 50);
+    // Over JSON-RPC, then over HTTP+JSON (where the JSON-RPC compliance tests do not apply).
+    for (binding, rest, mandatory) in
+        [("JSON-RPC", false, "mandatory_jsonrpc or mandatory_protocol"), ("HTTP+JSON", true, "mandatory_protocol")]
+    {
+        let d = dir.path().to_path_buf();
+        let (mut passed, mut failed) =
+            pytest(py.clone(), d.clone(), run("tests/mandatory/", Some(mandatory), rest)).await;
+        let (p2, f2) = pytest(py.clone(), d, run("tests/optional/capabilities/", None, rest)).await;
+        passed.extend(p2);
+        failed.extend(f2);
+        judge(&format!("A2A 0.3 TCK over {binding}"), &passed, &failed, EXCLUDED_03, if rest { 40 } else { 50 });
+    }
+}
+
+/// 0.3's authenticated extended card, which a card declares only where API keys are required:
+/// its tests against an instance with `SUBAGENTD_AUTH=keys` (they send no key, and expect a 401
+/// at `{card url}/v1/card` over HTTP+JSON and an error over JSON-RPC).
+#[tokio::test]
+async fn the_a2a_0_3_extended_card_tests_pass_over_both_bindings_where_keys_are_required() {
+    let Some(py) = python("SUBAGENTD_TCK03_PYTHON") else { return };
+    let db = test_db().await;
+    let (_proc, base) = instance_with(&db, "keys").await;
+    let dir = tempfile::tempdir().unwrap();
+    unpack("a2a-tck-0.3.x-eb1f804.tar.gz", dir.path());
+    let (mut passed, mut failed) = (BTreeSet::new(), BTreeSet::new());
+    for rest in [false, true] {
+        let mut args = vec![
+            "tests/mandatory/protocol/test_extended_agent_card.py".to_string(),
+            "tests/mandatory/protocol/test_a2a_v030_new_methods.py".into(),
+            format!("--sut-url={base}/a2a"),
+            "--test-scope=all".into(),
+            "--tb=short".into(),
+            "-k".into(),
+            "extended".into(),
+        ];
+        if rest {
+            args.extend(["--transport-strategy=prefer_rest".to_string(), "--transports=rest".into()]);
+        }
+        let (p, f) = pytest(py.clone(), dir.path().to_path_buf(), args).await;
+        passed.extend(p.into_iter().map(|t| format!("{t} ({})", if rest { "HTTP+JSON" } else { "JSON-RPC" })));
+        failed.extend(f.into_iter().map(|t| format!("{t} ({})", if rest { "HTTP+JSON" } else { "JSON-RPC" })));
+    }
+    judge("A2A 0.3 TCK, the extended card", &passed, &failed, &[], 8);
 }

@@ -65,6 +65,10 @@ pub fn router(st: AppState) -> Router<AppState> {
         .route("/a2a/v1/tasks/{id}/pushNotificationConfigs", get(rest::push_list).post(rest::push_create))
         .route("/a2a/v1/tasks/{id}/pushNotificationConfigs/{config}", get(rest::push_get).delete(rest::push_delete))
         .route("/a2a/v1/extendedAgentCard", get(rest::extended_card))
+        // 0.3's authenticated extended card over HTTP+JSON (`GetAgentCard`): `{card url}/v1/card`,
+        // and at the root, where 0.3's TCK asks it (it joins the absolute path to the host).
+        .route("/a2a/v1/card", get(rest::extended_card))
+        .route("/v1/card", get(rest::extended_card))
         .route("/a2a/agents/{name}/v1/message:send", post(rest::send))
         .route("/a2a/agents/{name}/v1/message:stream", post(rest::stream))
         .route("/a2a/agents/{name}/v1/tasks", get(rest::list))
@@ -75,6 +79,7 @@ pub fn router(st: AppState) -> Router<AppState> {
             get(rest::push_get).delete(rest::push_delete),
         )
         .route("/a2a/agents/{name}/v1/extendedAgentCard", get(rest::extended_card))
+        .route("/a2a/agents/{name}/v1/card", get(rest::extended_card))
         .route_layer(axum::middleware::from_fn_with_state(st, check_origin));
     Router::new()
         .route("/.well-known/agent-card.json", get(card::shared))

@@ -102,7 +102,8 @@ fn bad(field: &str, message: String) -> A2aError {
 pub async fn list(ctx: &Ctx, p: Value) -> Result<Value, A2aError> {
     let p: ListParams = params("ListTasks", p)?;
     let history = history_length(p.history_length)?;
-    let page_size = p.page_size.unwrap_or(50);
+    // 0 is how protobuf's JSON writes an unset number: the default.
+    let page_size = p.page_size.filter(|n| *n != 0).unwrap_or(50);
     if !(1..=100).contains(&page_size) {
         return Err(bad("pageSize", "must be between 1 and 100".into()));
     }

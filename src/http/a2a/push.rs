@@ -44,6 +44,19 @@ fn visible(s: &str) -> bool {
     s.bytes().all(|b| (0x20..0x7f).contains(&b))
 }
 
+/// Is `v` what protobuf's JSON writes for an unset message or field: null, `""`, `0`, `false`,
+/// or an array or object of nothing else?
+pub fn unset(v: &Value) -> bool {
+    match v {
+        Value::Null => true,
+        Value::Bool(b) => !b,
+        Value::Number(n) => n.as_f64() == Some(0.0),
+        Value::String(s) => s.is_empty(),
+        Value::Array(a) => a.iter().all(unset),
+        Value::Object(o) => o.values().all(unset),
+    }
+}
+
 /// A config as given, checked (its task not yet: `task` when known).
 pub fn checked(ctx: &Ctx, v: &Value, task: Option<Uuid>) -> Result<PushConfig, A2aError> {
     let c: ConfigIn =
@@ -65,7 +78,10 @@ pub fn checked(ctx: &Ctx, v: &Value, task: Option<Uuid>) -> Result<PushConfig, A
         return Err(bad("token", "must be at most 1024 visible ASCII characters"));
     }
     let (scheme, credentials) = match c.authentication {
+        // An empty object (or one of empty fields) is how protobuf's JSON writes an unset
+        // message: the same as none.
         None => (None, None),
+        Some(a) if a.scheme.is_empty() && a.credentials.as_deref().is_none_or(str::is_empty) => (None, None),
         Some(a) => {
             if a.scheme.is_empty()
                 || a.scheme.len() > 64
@@ -155,7 +171,8 @@ struct ListParams {
 
 pub async fn list(ctx: &Ctx, p: Value) -> Result<Value, A2aError> {
     let p: ListParams = params("ListTaskPushNotificationConfigs", p)?;
-    let size = p.page_size.unwrap_or(50);
+    // 0 is how protobuf's JSON writes an unset number: the default.
+    let size = p.page_size.filter(|n| *n != 0).unwrap_or(50);
     if !(1..=100).contains(&size) {
         return Err(bad("pageSize", "must be between 1 and 100"));
     }

@@ -294,6 +294,8 @@ async fn start(ctx: &Ctx, p: &SendParams, how: How) -> Result<Started, A2aError>
         }
     }
     let push = match p.configuration.as_ref().and_then(|c| c.task_push_notification_config.as_ref()) {
+        // An unset message, as protobuf's JSON writes one (`{}`): no config.
+        Some(c) if c.is_object() && push::unset(c) => None,
         Some(c) if c.is_object() => Some(push::checked(ctx, c, None)?),
         Some(_) => {
             return Err(A2aError::params("configuration.taskPushNotificationConfig: must be an object")

@@ -434,6 +434,15 @@ async fn throughput(env: &Env, report: &Report, secs: u64) {
         if rate >= 500.0 { "met" } else { "not met" }
     );
     println!("{line}\nDB transactions per completed task (incl. submission): {:.1}", d.per_task);
+    let scenario = match STREAM_PIECES.load(Ordering::Relaxed) {
+        0 => "throughput".to_string(),
+        n => format!("throughput_stream{n}"),
+    };
+    record(
+        &scenario,
+        serde_json::json!({"tasks_per_s": (rate * 10.0).round() / 10.0, "seconds": el.round(), "completed": d.completed,
+                           "not_completed": d.bad, "db_transactions_per_task": (d.per_task * 10.0).round() / 10.0}),
+    );
     report.lock().unwrap().push(line);
     report.lock().unwrap().push(format!("@per_task {:.1}", d.per_task));
 }
@@ -775,6 +784,11 @@ async fn history(env: &Env, report: &Report, n: i64, secs: u64) {
         d1 - d0
     );
     println!("{line}");
+    record(
+        "history",
+        serde_json::json!({"tasks": n, "tasks_per_s_empty": x.round(), "tasks_per_s_full": y.round(),
+                           "ratio": (y / x.max(1.0) * 100.0).round() / 100.0, "claim_ms_empty": a, "claim_ms_full": b}),
+    );
     report.lock().unwrap().push(format!("@history {line}"));
 }
 
@@ -996,6 +1010,11 @@ async fn concurrency(env: &Env, report: &Report, n: usize) {
         if ok { "met" } else { "not met" }
     );
     println!("{line}");
+    record(
+        "concurrency",
+        serde_json::json!({"tasks": n, "completed": done, "errors": bad, "peak_running": peak_running,
+                           "worker_peak_rss_mib": rss.round(), "all_done_s": (el * 10.0).round() / 10.0}),
+    );
     report.lock().unwrap().push(line);
 }
 
@@ -1360,6 +1379,17 @@ async fn wait_mode(env: &Env, report: &Report, secs: u64, provider_ms: u64, wait
         if p50 < 5.0 && p99 < 25.0 && failed.load(Ordering::Relaxed) == 0 { "met" } else { "not met" }
     );
     println!("{line}");
+    let scenario = match (waiters, provider_ms) {
+        (1, _) => "wait1".to_string(),
+        (200, 1000) => "wait1000".to_string(),
+        (200, 100) => "wait100".to_string(),
+        (w, p) => format!("wait_{w}x{p}ms"),
+    };
+    record(
+        &scenario,
+        serde_json::json!({"overhead_p50_ms": (p50 * 10.0).round() / 10.0, "overhead_p99_ms": (p99 * 10.0).round() / 10.0,
+                           "requests": v.len(), "failed": failed.load(Ordering::Relaxed)}),
+    );
     report.lock().unwrap().push(line);
 }
 
@@ -1406,6 +1436,11 @@ async fn admission(env: &Env, report: &Report, secs: u64, rate: u64) {
         if p99 < 20.0 && bad == 0 { "met" } else { "not met" }
     );
     println!("{line}");
+    record(
+        "admission",
+        serde_json::json!({"p50_ms": (p50 * 10.0).round() / 10.0, "p99_ms": (p99 * 10.0).round() / 10.0,
+                           "accepted": n, "refused_or_failed": bad, "rate_per_s": rate}),
+    );
     report.lock().unwrap().push(line);
 }
 
@@ -2386,6 +2421,41 @@ async fn pgbench(env: &Env, report: &Report) {
     let line = format!("| 5. PostgreSQL ceiling (`pgbench -N -c 8 -j 2 -T 20`, scale 10, same machine, fsync on) | a reference | **{}** | — |", tps.trim());
     println!("{line}");
     report.lock().unwrap().push(line);
+}
+
+/// Append one run's figures to `benches/results.jsonl` (BENCHMARKS.md's history; print a
+/// scenario's with `python3 benches/history.py SCENARIO`): the scenario, its figures, the commit,
+/// the machine and the date. `BENCH_NO_RESULTS=1` leaves the file alone.
+/// Recorded: throughput, wait mode, admission, concurrency and history.
+fn record(scenario: &str, figures: serde_json::Value) {
+    if std::env::var("BENCH_NO_RESULTS").is_ok_and(|v| v == "1") {
+        return;
+    }
+    let commit = Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let line = serde_json::json!({
+        "scenario": scenario,
+        "figures": figures,
+        "commit": commit,
+        // A short name of the machine (`BENCH_MACHINE`, as BENCHMARKS.md's machines table names
+        // them), else its description.
+        "machine": std::env::var("BENCH_MACHINE").unwrap_or_else(|_| machine()),
+        "date": chrono::Utc::now().format("%Y-%m-%d").to_string(),
+        "harness": "cargo bench --bench load",
+    });
+    use std::io::Write;
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/results.jsonl");
+    match std::fs::OpenOptions::new().create(true).append(true).open(path) {
+        Ok(mut f) => {
+            let _ = writeln!(f, "{line}");
+            println!("appended to benches/results.jsonl: {scenario}");
+        }
+        Err(e) => println!("benches/results.jsonl not written: {e}"),
+    }
 }
 
 fn machine() -> String {

@@ -70,7 +70,11 @@ pub fn parse(body: &[u8]) -> Result<Incoming, RpcError> {
     }
     let id = m.remove("id");
     if let Some(id) = &id {
-        if !(id.is_string() || id.is_i64() || id.is_u64()) {
+        // A whole number written with a fraction (`7.0`) is an integer, as JSON Schema counts it
+        // (within i64 and u64; an integer beyond them arrives as a float too, and is refused).
+        let whole =
+            id.as_f64().is_some_and(|f| f.fract() == 0.0 && (-9.223372036854775e18..1.844674407370955e19).contains(&f));
+        if !(id.is_string() || id.is_i64() || id.is_u64() || whole) {
             return Err(RpcError::new(INVALID_REQUEST, "invalid request: `id` must be a string or an integer"));
         }
     }

@@ -190,6 +190,28 @@ impl Incoming {
 
     /// The version the request names (`A2A-Version`, as a header or a query parameter): 1.x is
     /// served as 1.0, 0.3 (or none named, as the spec says) as 0.3; any other is refused.
+    /// Did the request name a version (the header or the query parameter, not empty)?
+    fn names_version(&self) -> bool {
+        let header = self.headers.get("a2a-version").is_some_and(|v| v.to_str().map_or(true, |v| !v.trim().is_empty()));
+        header || self.query.iter().any(|(k, v)| k.eq_ignore_ascii_case("a2a-version") && !v.trim().is_empty())
+    }
+
+    /// A request that names no version is 0.3's, unless its body is in 1.0's shape alone (a
+    /// message's `parts` and no `content`, a push config's `url` outside a `config`): then 1.0's.
+    fn version_of_body(&self) -> Result<Version, A2aError> {
+        let v = self.version()?;
+        if v != Version::V03 || self.names_version() {
+            return Ok(v);
+        }
+        let body = self.body.as_ref().ok().and_then(|b| serde_json::from_slice::<Value>(b).ok());
+        let v10 = body.is_some_and(|b| {
+            let m = b.get("message");
+            let parts = m.is_some_and(|m| m.get("parts").is_some() && m.get("content").is_none());
+            parts || (b.get("url").is_some() && b.get("config").is_none())
+        });
+        Ok(if v10 { Version::V10 } else { v })
+    }
+
     fn version(&self) -> Result<Version, A2aError> {
         let header = match self.headers.get("a2a-version").map(|v| v.to_str()) {
             // A value that is not text names no version this agent speaks.

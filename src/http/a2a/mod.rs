@@ -188,19 +188,26 @@ impl Incoming {
         Ok((ctx, body, path, self.query))
     }
 
-    /// The version the request names (`A2A-Version`, as a header or a query parameter): 1.x is
-    /// served as 1.0, 0.3 (or none named, as the spec says) as 0.3; any other is refused.
-    /// Did the request name a version (the header or the query parameter, not empty)?
-    fn names_version(&self) -> bool {
-        let header = self.headers.get("a2a-version").is_some_and(|v| v.to_str().map_or(true, |v| !v.trim().is_empty()));
-        header || self.query.iter().any(|(k, v)| k.eq_ignore_ascii_case("a2a-version") && !v.trim().is_empty())
+    /// The version the request names (`A2A-Version`, as a header or a query parameter), if it
+    /// names one: the header's value (one that is not text names no version this agent speaks),
+    /// else the query parameter's, trimmed; empty names none.
+    fn named_version(&self) -> Option<String> {
+        let header = match self.headers.get("a2a-version").map(|v| v.to_str()) {
+            Some(Err(_)) => Some("(not text)".to_string()),
+            Some(Ok(v)) => Some(v.to_string()),
+            None => None,
+        };
+        header
+            .or_else(|| self.query.iter().find(|(k, _)| k.eq_ignore_ascii_case("a2a-version")).map(|(_, v)| v.clone()))
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty())
     }
 
-    /// A request that names no version is 0.3's, unless its body is in 1.0's shape alone (a
-    /// message's `parts` and no `content`, a push config's `url` outside a `config`): then 1.0's.
+    /// `version`, except that a request naming none whose body is in 1.0's shape alone (a
+    /// message's `parts` and no `content`, a push config's `url` outside a `config`) is 1.0's.
     fn version_of_body(&self) -> Result<Version, A2aError> {
         let v = self.version()?;
-        if v != Version::V03 || self.names_version() {
+        if v != Version::V03 || self.named_version().is_some() {
             return Ok(v);
         }
         let body = self.body.as_ref().ok().and_then(|b| serde_json::from_slice::<Value>(b).ok());
@@ -212,18 +219,10 @@ impl Incoming {
         Ok(if v10 { Version::V10 } else { v })
     }
 
+    /// The version the request is served in: 1.x as 1.0, 0.3 (or none named, as the spec says)
+    /// as 0.3; any other is refused.
     fn version(&self) -> Result<Version, A2aError> {
-        let header = match self.headers.get("a2a-version").map(|v| v.to_str()) {
-            // A value that is not text names no version this agent speaks.
-            Some(Err(_)) => Some("(not text)".to_string()),
-            Some(Ok(v)) => Some(v.to_string()),
-            None => None,
-        };
-        let named = header
-            .or_else(|| self.query.iter().find(|(k, _)| k.eq_ignore_ascii_case("a2a-version")).map(|(_, v)| v.clone()))
-            .map(|v| v.trim().to_string())
-            .filter(|v| !v.is_empty())
-            .unwrap_or_else(|| "0.3".to_string());
+        let named = self.named_version().unwrap_or_else(|| "0.3".to_string());
         let mut parts = named.split('.');
         match (parts.next(), parts.next()) {
             (Some("1"), _) => Ok(Version::V10),

@@ -61,7 +61,8 @@ pub async fn extended_card(State(st): State<AppState>, inc: Incoming) -> Respons
 }
 
 async fn serve(st: AppState, inc: Incoming, route: Route) -> Response {
-    // None named is 0.3, its bodies the 0.3 protobuf's JSON (`v03.rs`).
+    // None named is 0.3, its bodies the 0.3 protobuf's JSON (`v03.rs`), unless the body is
+    // in 1.0's shape alone.
     let v03 = match inc.version_of_body() {
         Ok(super::Version::V10) => false,
         Ok(super::Version::V03) => true,

@@ -69,12 +69,31 @@ async fn one_card_serves_both_versions_and_caches() {
     let again = get(Some(etag.clone())).await.unwrap();
     assert_eq!(again.status(), 304);
     assert_eq!(again.headers()["etag"].to_str().unwrap(), etag);
+    assert!(again.headers().contains_key("last-modified"));
     assert!(again.bytes().await.unwrap().is_empty());
     let list = get(Some(format!("\"other\", W/{etag}"))).await.unwrap();
     assert_eq!(list.status(), 304, "a list naming it, weak or not");
     let elsewhere =
         c.get(&url).header("host", "other.example.com").header("if-none-match", &etag).send().await.unwrap();
     assert_eq!(elsewhere.status(), 200);
+    // A Last-Modified, the same for the same bytes; If-Modified-Since at it is 304, before it 200,
+    // and an If-None-Match that does not match wins over an If-Modified-Since that would.
+    let modified = get(None).await.unwrap().headers()["last-modified"].to_str().unwrap().to_string();
+    let at = chrono::DateTime::parse_from_rfc2822(&modified).expect("an HTTP date");
+    assert!(modified.ends_with(" GMT") && at <= chrono::Utc::now(), "{modified}");
+    assert_eq!(get(None).await.unwrap().headers()["last-modified"].to_str().unwrap(), modified);
+    let since = |d: String, tag: Option<&str>| {
+        let mut q = c.get(&url).header("host", "agents.example.com").header("x-forwarded-proto", "https");
+        q = q.header("if-modified-since", d);
+        if let Some(t) = tag {
+            q = q.header("if-none-match", t);
+        }
+        q.send()
+    };
+    assert_eq!(since(modified.clone(), None).await.unwrap().status(), 304);
+    let before = (at - chrono::Duration::seconds(1)).format("%a, %d %b %Y %H:%M:%S GMT").to_string();
+    assert_eq!(since(before, None).await.unwrap().status(), 200);
+    assert_eq!(since(modified, Some("\"other\"")).await.unwrap().status(), 200);
     let agent = c.get(format!("{}/a2a/agents/explore/.well-known/agent-card.json", r.base)).send().await.unwrap();
     assert_eq!(agent.status(), 200);
     assert!(agent.headers().contains_key("etag"));
@@ -188,7 +207,9 @@ async fn a_03_request_is_served_in_03_for_the_same_tasks_under_the_same_rules() 
     assert_eq!(got["result"]["kind"], "task");
     let cancelled: Value = rpc_json(&r.base, "/a2a", Some(&a), &[], &call("tasks/cancel", json!({"id": id}))).await;
     assert_eq!(cancelled["result"]["status"]["state"], "canceled", "{cancelled}");
-    // Errors: 0.3's shape, in an HTTP 200.
+    // Errors: 0.3's shape, in an HTTP 200; none makes a task.
+    let count = || sqlx::query_scalar::<_, i64>("SELECT count(*) FROM tasks").fetch_one(&db.pool);
+    let tasks_before = count().await.unwrap();
     for (body, code) in [
         (call("tasks/cancel", json!({"id": done})), -32002),
         (call("tasks/get", json!({"id": "nosuch"})), -32001),
@@ -202,6 +223,23 @@ async fn a_03_request_is_served_in_03_for_the_same_tasks_under_the_same_rules() 
             ),
             -32005,
         ),
+        // A part of no 0.3 kind, or of none at all, is invalid even where it carries a `text`.
+        (
+            call(
+                "message/send",
+                json!({"message": {"kind": "message", "messageId": "o3b", "role": "user",
+            "parts": [{"type": "unsupported_type", "text": "This should be rejected"}]}}),
+            ),
+            -32602,
+        ),
+        (
+            call(
+                "message/send",
+                json!({"message": {"kind": "message", "messageId": "o3c", "role": "user",
+            "parts": [{"kind": "image", "text": "x"}]}}),
+            ),
+            -32602,
+        ),
     ] {
         let resp = rpc(&r.base, "/a2a", Some(&a), &[], &body).await;
         assert_eq!(resp.status(), 200, "{body}");
@@ -209,6 +247,7 @@ async fn a_03_request_is_served_in_03_for_the_same_tasks_under_the_same_rules() 
         assert_eq!(v["error"]["code"], code, "{body}: {v}");
         assert!(!v["error"]["data"].is_array(), "0.3 errors carry no ErrorInfo list: {v}");
     }
+    assert_eq!(count().await.unwrap(), tasks_before, "a refused send made a task");
     // The rules hold: from inside a sub-agent, refused; no key, 401.
     let deep = rpc(
         &r.base,

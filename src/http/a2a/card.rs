@@ -132,18 +132,51 @@ const ABOUT: &str = "A message starts a task that runs with a fresh conversation
     `max_turns` or `output_schema` go in the message's metadata under the names of POST /tasks. A task that waits \
     for a decision is input-required: answer it with a data part {\"actions\": [...]}.";
 
-/// A card with caching headers: `max-age` and an `ETag` of its bytes, and 304 to an
-/// `If-None-Match` naming it. Its URLs follow the request's host, so caches key on those too; a
-/// tenant's own agent's card is private to that key.
+/// When this process first served a card of these bytes (by its ETag), to the second: the card's
+/// `Last-Modified`. A card's bytes follow what it is made of (the agents, the host asked), so no
+/// earlier copy of them can be served after a change; a later first sight on another replica only
+/// makes a client's `If-Modified-Since` there miss, never match wrongly. At most `SEEN_MAX` cards
+/// are remembered; past that the memory starts again (a later time, which is as safe).
+fn first_seen(etag: &str) -> chrono::DateTime<chrono::Utc> {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    const SEEN_MAX: usize = 1024;
+    static SEEN: OnceLock<Mutex<HashMap<String, chrono::DateTime<chrono::Utc>>>> = OnceLock::new();
+    let mut seen = SEEN.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+    if seen.len() >= SEEN_MAX && !seen.contains_key(etag) {
+        seen.clear();
+    }
+    let now = chrono::Utc::now();
+    let now = now - chrono::Duration::nanoseconds(i64::from(chrono::Timelike::nanosecond(&now)));
+    *seen.entry(etag.to_string()).or_insert(now)
+}
+
+/// Whether a request's validators say its copy of a card is current: `If-None-Match` naming the
+/// ETag (or `*`), or, only where no `If-None-Match` is sent (RFC 9110 §13.1.3), an
+/// `If-Modified-Since` at or after `modified`.
+fn current(headers: &HeaderMap, etag: &str, modified: chrono::DateTime<chrono::Utc>) -> bool {
+    let mut tags = headers.get_all(header::IF_NONE_MATCH).iter().peekable();
+    if tags.peek().is_some() {
+        return tags
+            .filter_map(|h| h.to_str().ok())
+            .any(|h| h.split(',').map(|t| t.trim().trim_start_matches("W/")).any(|t| t == etag || t == "*"));
+    }
+    headers
+        .get(header::IF_MODIFIED_SINCE)
+        .and_then(|h| h.to_str().ok())
+        .and_then(|h| chrono::DateTime::parse_from_rfc2822(h).ok())
+        .is_some_and(|since| since >= modified)
+}
+
+/// A card with caching headers: `max-age`, an `ETag` of its bytes and a `Last-Modified`, and 304
+/// to an `If-None-Match` naming it (or an `If-Modified-Since` not before it). Its URLs follow the
+/// request's host, so caches key on those too; a tenant's own agent's card is private to that key.
 fn reply(v: Value, headers: &HeaderMap, private: bool) -> Response {
     use sha2::Digest;
     let body = v.to_string();
     let etag = format!("\"{}\"", hex::encode(&sha2::Sha256::digest(body.as_bytes())[..12]));
-    let matched = headers
-        .get_all(header::IF_NONE_MATCH)
-        .iter()
-        .filter_map(|h| h.to_str().ok())
-        .any(|h| h.split(',').map(|t| t.trim().trim_start_matches("W/")).any(|t| t == etag || t == "*"));
+    let modified = first_seen(&etag);
+    let matched = current(headers, &etag, modified);
     let mut r = match matched {
         true => StatusCode::NOT_MODIFIED.into_response(),
         false => (StatusCode::OK, body).into_response(),
@@ -153,6 +186,8 @@ fn reply(v: Value, headers: &HeaderMap, private: bool) -> Response {
         h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     }
     h.insert(header::ETAG, HeaderValue::from_str(&etag).expect("hex is a header value"));
+    let http_date = modified.format("%a, %d %b %Y %H:%M:%S GMT").to_string();
+    h.insert(header::LAST_MODIFIED, HeaderValue::from_str(&http_date).expect("a date is a header value"));
     let (cache, vary) = match private {
         true => ("private, max-age=300", "Host, X-Forwarded-Host, X-Forwarded-Proto, Authorization"),
         false => ("public, max-age=300", "Host, X-Forwarded-Host, X-Forwarded-Proto"),

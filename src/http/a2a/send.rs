@@ -102,6 +102,11 @@ fn read_message(m: &Value) -> Result<Inbound, A2aError> {
     let mut actions = None;
     for (i, p) in parts.iter().enumerate() {
         let at = format!("message.parts[{i}]");
+        // A 0.3 part of no kind of 0.3's (1.0's parts have no `kind`; a 1.0 client's stray one
+        // naming a 0.3 kind is let be).
+        if let Some(k) = p.get("kind").filter(|k| !matches!(k.as_str(), Some("text" | "data" | "file"))) {
+            return Err(bad(&format!("{at}.kind"), format!("must be text, data or file, not {k}")));
+        }
         let media = match p.get("mediaType") {
             None => "",
             Some(Value::String(m)) => m.as_str(),

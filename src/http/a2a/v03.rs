@@ -38,7 +38,9 @@ fn copy(from: &Map<String, Value>, to: &mut Map<String, Value>, keys: &[&str]) {
     }
 }
 
-/// A 0.3 part as 1.0 has it; one that is not a 0.3 part is left for the door to refuse.
+/// A 0.3 part as 1.0 has it. One whose `kind` is missing or none of 0.3's (text, data, file) is
+/// only its `kind` (null where missing), which the door refuses as such: a 0.3 part is read by its
+/// kind alone, never by which of 1.0's fields it happens to carry.
 fn part_in(p: &Value) -> Value {
     let Some(o) = p.as_object() else { return p.clone() };
     let mut out = Map::new();
@@ -61,7 +63,7 @@ fn part_in(p: &Value) -> Value {
                 out.insert("filename".into(), n.clone());
             }
         }
-        _ => return p.clone(),
+        _ => return json!({"kind": o.get("kind").cloned().unwrap_or(Value::Null)}),
     }
     Value::Object(out)
 }

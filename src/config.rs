@@ -192,6 +192,18 @@ pub struct Config {
     #[arg(long, env = "SUBAGENTD_SANDBOX_DIFF_MAX_KB", default_value_t = 1024, global = true)]
     pub sandbox_diff_max_kb: u64,
 
+    /// A binary file's size at most, in KiB, to be in the diff in git's binary form (`GIT
+    /// binary patch`); a larger one is left out and named in `diff.omitted` with its size and
+    /// hash.
+    #[arg(long, env = "SUBAGENTD_SANDBOX_DIFF_BINARY_KB", default_value_t = 256, global = true)]
+    pub sandbox_diff_binary_kb: u64,
+
+    /// gitignore patterns, comma-separated, that a task's diff and saved changes leave out even
+    /// where the tree has no `.gitignore` (read as a `.gitignore` at the tree's root, before the
+    /// tree's own, which may un-ignore with `!`). Empty: only the tree's own.
+    #[arg(long, env = "SUBAGENTD_SANDBOX_IGNORE", default_value = crate::workspace::copy::DEFAULT_IGNORE, global = true)]
+    pub sandbox_ignore: String,
+
     /// What a task's saved changes (kept with each checkpoint, so that a rescued run rebuilds
     /// its copy) hold at most, in MiB: a file that does not fit is left out, named with its size
     /// and hash. Bounds each checkpoint's message to PostgreSQL and the memory it takes.

@@ -19,6 +19,16 @@ pub fn process_dir(cfg: &crate::config::Config) -> PathBuf {
     root.join(std::process::id().to_string())
 }
 
+/// What a task's copy may grow to, what its saved changes hold, and what its diff leaves out.
+pub struct Limits {
+    /// Bytes and entries a run may add to its copy (`SUBAGENTD_SANDBOX_WRITE_MB`, `…_ENTRIES`).
+    pub write_bytes: u64,
+    pub write_entries: u64,
+    /// `SUBAGENTD_SANDBOX_KEEP_MB`, in bytes.
+    pub keep_max: u64,
+    pub rules: copy::Rules,
+}
+
 pub struct TaskCopy {
     /// The shared tree it was made from.
     pub base: PathBuf,
@@ -29,7 +39,8 @@ pub struct TaskCopy {
     pub dirty: Arc<AtomicBool>,
     /// The most the copy may hold: its starting usage plus the write allowances (bytes, entries).
     pub max: crate::tools::files::Usage,
-    diff_max: u64,
+    /// What its diff and saved changes leave out, and the diff's caps.
+    rules: copy::Rules,
     /// What its saved changes hold at most (`SUBAGENTD_SANDBOX_KEEP_MB`).
     pub keep_max: u64,
 }
@@ -43,7 +54,7 @@ impl TaskCopy {
         parent: Option<uuid::Uuid>,
         base: &Path,
         root: &Path,
-        (write_bytes, diff_max, keep_max, write_entries): (u64, u64, u64, u64),
+        limits: Limits,
         owner: Option<u32>,
     ) -> Result<TaskCopy, String> {
         let mut saved = retrying(pool, || diffs::changes_of(pool, task)).await.map_err(|e| e.to_string())?;
@@ -81,11 +92,11 @@ impl TaskCopy {
             // A copy rebuilt with changes is saved again at the next checkpoint.
             dirty: Arc::new(AtomicBool::new(changed)),
             max: crate::tools::files::Usage {
-                bytes: start.bytes.saturating_add(write_bytes),
-                entries: start.entries.saturating_add(write_entries),
+                bytes: start.bytes.saturating_add(limits.write_bytes),
+                entries: start.entries.saturating_add(limits.write_entries),
             },
-            diff_max,
-            keep_max,
+            rules: limits.rules,
+            keep_max: limits.keep_max,
         })
     }
 
@@ -96,7 +107,9 @@ impl TaskCopy {
         }
         let me = self.clone();
         let max = self.keep_max;
-        match tokio::task::spawn_blocking(move || copy::changes(&me.base, &me.dir, &me.manifest, max)).await {
+        match tokio::task::spawn_blocking(move || copy::changes(&me.base, &me.dir, &me.manifest, max, &me.rules.ignore))
+            .await
+        {
             Ok(Ok(Some(c))) => {
                 if !c.left_out.is_empty() {
                     tracing::info!(left_out = ?c.left_out, "files past SUBAGENTD_SANDBOX_KEEP_MB are not kept with the task's changes");
@@ -131,10 +144,9 @@ impl TaskCopy {
             }
         }
         let me = self.clone();
-        let (text, stats) =
-            tokio::task::spawn_blocking(move || copy::diff(&me.base, &me.dir, &me.manifest, me.diff_max))
-                .await
-                .map_err(|e| StoreError::Db(sqlx::Error::Protocol(e.to_string())))?;
+        let (text, stats) = tokio::task::spawn_blocking(move || copy::diff(&me.base, &me.dir, &me.manifest, &me.rules))
+            .await
+            .map_err(|e| StoreError::Db(sqlx::Error::Protocol(e.to_string())))?;
         let stats = serde_json::to_value(&stats).unwrap_or_default();
         retrying(pool, || diffs::save_diff(pool, fence, &text, &stats)).await
     }

@@ -262,15 +262,19 @@ impl Runner {
     ) -> Result<(), String> {
         let Some(shared) = tools.workspace.take() else { return Ok(()) };
         let root = super::copy::process_dir(&self.cfg);
-        let caps = (
-            self.cfg.sandbox_write_mb << 20,
-            self.cfg.sandbox_diff_max_kb << 10,
-            self.cfg.sandbox_keep_mb.max(1) << 20,
-            self.cfg.sandbox_write_entries,
-        );
+        let limits = super::copy::Limits {
+            write_bytes: self.cfg.sandbox_write_mb << 20,
+            write_entries: self.cfg.sandbox_write_entries,
+            keep_max: self.cfg.sandbox_keep_mb.max(1) << 20,
+            rules: crate::workspace::copy::Rules {
+                diff_max: self.cfg.sandbox_diff_max_kb << 10,
+                binary_max: self.cfg.sandbox_diff_binary_kb << 10,
+                ignore: crate::workspace::copy::patterns(&self.cfg.sandbox_ignore),
+            },
+        };
         let owner = self.tool_caller.sandbox.as_ref().and_then(|s| s.uid());
-        let c =
-            super::copy::TaskCopy::make(&self.pool, row.id, opts.resume_from, &shared.path, &root, caps, owner).await?;
+        let (task, parent) = (row.id, opts.resume_from);
+        let c = super::copy::TaskCopy::make(&self.pool, task, parent, &shared.path, &root, limits, owner).await?;
         let c = Arc::new(c);
         tools.workspace = Some(crate::tools::files::Root {
             path: c.dir.clone(),

@@ -3,9 +3,11 @@
 //! filesystem shares the blocks where it can: btrfs, XFS), rebuilt on another replica from the
 //! task's saved changes, and compared with the starting tree for the task's diff.
 //!
-//! The comparison leaves out `.git` directories and what the tree's `.gitignore` files ignore
-//! (build output such as `target/`), except files the starting tree has. A file whose size and
-//! modification time are those it was copied with is unchanged without being read.
+//! The comparison leaves out `.git` directories, what the tree's `.gitignore` files ignore, and
+//! what the service's own ignore patterns name (`Rules::ignore`: build output such as
+//! `__pycache__/` or `target/`, left out even from a tree with no `.gitignore`), except files
+//! the starting tree has. A file whose size and modification time are those it was copied with
+//! is unchanged without being read.
 //! Blocking (file I/O): callers run these on a blocking thread.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -111,9 +113,39 @@ fn all_paths(root: &Path) -> BTreeSet<PathBuf> {
         .collect()
 }
 
-/// The paths of the copy its `.gitignore` files do not ignore (not `.git`). The rules are read
-/// here (regular files only, 1 MiB at most each), never through a link.
-fn kept_paths(root: &Path) -> BTreeSet<PathBuf> {
+/// What a task's diff and saved changes leave out, and the diff's caps.
+#[derive(Debug, Clone)]
+pub struct Rules {
+    /// The diff's bytes at most (`SUBAGENTD_SANDBOX_DIFF_MAX_KB`).
+    pub diff_max: u64,
+    /// A binary file's bytes at most to be in the diff, in git's binary form
+    /// (`SUBAGENTD_SANDBOX_DIFF_BINARY_KB`); a larger one is named in `omitted`.
+    pub binary_max: u64,
+    /// gitignore patterns read as a `.gitignore` at the tree's root, before the tree's own
+    /// (which may un-ignore with `!`): `SUBAGENTD_SANDBOX_IGNORE`.
+    pub ignore: Vec<String>,
+}
+
+/// What git leaves out of a fresh checkout's status only through a `.gitignore` nearly every
+/// project of these languages has: Python's bytecode, Rust's and Node's build output.
+pub const DEFAULT_IGNORE: &str = "__pycache__/,*.pyc,target/,node_modules/";
+
+impl Rules {
+    /// The rules with the default binary cap and ignore patterns, and `diff_max`.
+    pub fn with_max(diff_max: u64) -> Rules {
+        Rules { diff_max, binary_max: 256 << 10, ignore: patterns(DEFAULT_IGNORE) }
+    }
+}
+
+/// Comma-separated gitignore patterns (blank ones dropped).
+pub fn patterns(list: &str) -> Vec<String> {
+    list.split(',').map(str::trim).filter(|p| !p.is_empty()).map(str::to_string).collect()
+}
+
+/// The paths of the copy that neither `ignore` (read as a root `.gitignore` before the tree's
+/// own) nor its `.gitignore` files ignore (not `.git`). The rules are read here (regular files
+/// only, 1 MiB at most each), never through a link.
+fn kept_paths(root: &Path, ignore: &[String]) -> BTreeSet<PathBuf> {
     use ignore::gitignore::{Gitignore, GitignoreBuilder};
     let ignored = |rules: &[(PathBuf, Gitignore)], rel: &Path, dir: bool| {
         let mut out = false;
@@ -129,6 +161,13 @@ fn kept_paths(root: &Path) -> BTreeSet<PathBuf> {
         out
     };
     let (mut rules, mut out) = (Vec::<(PathBuf, Gitignore)>::new(), BTreeSet::new());
+    let mut own = GitignoreBuilder::new(root);
+    for line in ignore {
+        let _ = own.add_line(None, line);
+    }
+    if let Ok(g) = own.build() {
+        rules.push((PathBuf::new(), g));
+    }
     let mut it = walkdir::WalkDir::new(root).follow_links(false).sort_by_file_name().into_iter();
     while let Some(entry) = it.next() {
         let Ok(e) = entry else { continue };
@@ -166,10 +205,10 @@ enum Change {
 }
 
 /// Every changed path, in order. Unchanged files (same stamp as copied, or same bytes) are not.
-fn compare(base: &Path, copy: &Path, manifest: &Manifest) -> BTreeMap<PathBuf, Change> {
+fn compare(base: &Path, copy: &Path, manifest: &Manifest, ignore: &[String]) -> BTreeMap<PathBuf, Change> {
     let before = all_paths(base);
     let mut out = BTreeMap::new();
-    for rel in before.iter().chain(kept_paths(copy).difference(&before)) {
+    for rel in before.iter().chain(kept_paths(copy, ignore).difference(&before)) {
         let (a, b) = (node(base, rel), node(copy, rel));
         let change = match (a, b) {
             (None, Some(n)) => Change::Added(n),
@@ -199,10 +238,17 @@ fn same_bytes(base: &Path, copy: &Path, rel: &Path) -> bool {
 /// Their files hold at most `max` bytes: a file that does not fit is left out, named with its
 /// size and hash (`left_out`), never read whole; so what a checkpoint sends, and this process's
 /// memory, stay under `max` whatever a command wrote. `None` is no longer returned for size.
-pub fn changes(base: &Path, copy: &Path, manifest: &Manifest, max: u64) -> std::io::Result<Option<Changes>> {
+/// What `ignore` names (see `Rules::ignore`) is left out, as from the diff.
+pub fn changes(
+    base: &Path,
+    copy: &Path,
+    manifest: &Manifest,
+    max: u64,
+    ignore: &[String],
+) -> std::io::Result<Option<Changes>> {
     let mut b = tar::Builder::new(flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast()));
     let (mut deleted, mut links, mut size, mut left_out) = (vec![], vec![], 0u64, vec![]);
-    for (rel, c) in compare(base, copy, manifest) {
+    for (rel, c) in compare(base, copy, manifest, ignore) {
         match &c {
             Change::Deleted(_) => deleted.push(rel.to_string_lossy().into_owned()),
             Change::Added(Node::Link(t)) | Change::Modified(_, Node::Link(t)) => {
@@ -371,11 +417,14 @@ fn contents(root: &Path, rel: &Path, n: &Node, max: u64) -> Option<String> {
     }
 }
 
-/// The unified diff (as `git diff` writes it, so `git apply` takes it) from the starting tree
-/// `base` to `copy`, with its counts; whole files past `max` bytes are left out and named.
-pub fn diff(base: &Path, copy: &Path, manifest: &Manifest, max: u64) -> (String, Stats) {
+/// The unified diff (as `git diff --binary --full-index` writes it, so `git apply` takes it)
+/// from the starting tree `base` to `copy`, with its counts. Binary files are in git's binary
+/// form up to `rules.binary_max`; whole files past that, or past `rules.diff_max`, are left out
+/// and named.
+pub fn diff(base: &Path, copy: &Path, manifest: &Manifest, rules: &Rules) -> (String, Stats) {
+    let max = rules.diff_max;
     let (mut out, mut stats) = (String::new(), Stats::default());
-    for (rel, c) in compare(base, copy, manifest) {
+    for (rel, c) in compare(base, copy, manifest, &rules.ignore) {
         let name = rel.to_string_lossy().into_owned();
         // A name git would quote (a newline could forge a section of the patch) is named, not diffed.
         if name.chars().any(|ch| ch.is_control() || ch == '"' || ch == '\\') || rel.to_str().is_none() {
@@ -407,14 +456,14 @@ pub fn diff(base: &Path, copy: &Path, manifest: &Manifest, max: u64) -> (String,
         // A link replaced by a file (or the reverse) is a deletion and an addition.
         if let (Some(x), Some(y)) = (a, b) {
             if matches!(x, Node::Link(_)) != matches!(y, Node::Link(_)) {
-                let mut part = section(&name, (base, copy, &rel), Some(x), None, &mut stats, max);
-                part.push_str(&section(&name, (base, copy, &rel), None, Some(y), &mut stats, max));
+                let mut part = section(&name, (base, copy, &rel), Some(x), None, &mut stats, rules);
+                part.push_str(&section(&name, (base, copy, &rel), None, Some(y), &mut stats, rules));
                 stats.files_changed += 1;
                 push(&mut out, &mut stats, part, &name, max);
                 continue;
             }
         }
-        let part = section(&name, (base, copy, &rel), a, b, &mut stats, max);
+        let part = section(&name, (base, copy, &rel), a, b, &mut stats, rules);
         stats.files_changed += 1;
         push(&mut out, &mut stats, part, &name, max);
     }
@@ -437,8 +486,9 @@ fn section(
     a: Option<&Node>,
     b: Option<&Node>,
     stats: &mut Stats,
-    max: u64,
+    rules: &Rules,
 ) -> String {
+    let max = rules.diff_max;
     let mut s = format!("diff --git a/{name} b/{name}\n");
     match (a, b) {
         (None, Some(n)) => s.push_str(&format!("new file mode {}\n", mode(n))),
@@ -454,11 +504,27 @@ fn section(
     };
     let (Some(x), Some(y)) = (text(old, a), text(new, b)) else {
         stats.binary_files += 1;
-        let (l, r) = (
-            if a.is_some() { format!("a/{name}") } else { "/dev/null".into() },
-            if b.is_some() { format!("b/{name}") } else { "/dev/null".into() },
-        );
-        s.push_str(&format!("Binary files {l} and {r} differ\n"));
+        // Each side's bytes (`Some(None)`: not there), `None` past the cap.
+        let bytes = |root: &Path, n: Option<&Node>| match n {
+            None => Some(None),
+            Some(_) => read_under(root, rel, rules.binary_max.saturating_add(1))
+                .ok()
+                .filter(|d| d.len() as u64 <= rules.binary_max)
+                .map(Some),
+        };
+        let (Some(x), Some(y)) = (bytes(old, a), bytes(new, b)) else {
+            let at = if b.is_some() { new } else { old };
+            let len = under(at, rel).and_then(|p| p.symlink_metadata().ok());
+            stats.omit(format!(
+                "{name} (binary, {} bytes, sha256 {}: over the diff's binary cap)",
+                len.map_or(0, |m| m.len()),
+                hash_under(at, rel)
+            ));
+            return String::new();
+        };
+        let same_mode = matches!((a, b), (Some(p), Some(q)) if mode(p) == mode(q));
+        let m = same_mode.then(|| b.map(mode)).flatten();
+        s.push_str(&super::binary_patch::section(x.as_deref(), y.as_deref(), m));
         return s;
     };
     if x == y {
@@ -505,7 +571,7 @@ mod tests {
         let copy = dir.path().join("copy");
         let (bytes, manifest) = make(&base, &copy).unwrap();
         assert_eq!(bytes, 40);
-        assert!(changes(&base, &copy, &manifest, 1 << 20).unwrap().unwrap().deleted.is_empty());
+        assert!(changes(&base, &copy, &manifest, 1 << 20, &[]).unwrap().unwrap().deleted.is_empty());
 
         write(&copy.join("src/lib.rs"), "fn a() {}\nfn b2() {}\n");
         write(&copy.join("new/file.txt"), "new\n");
@@ -514,26 +580,25 @@ mod tests {
         std::fs::set_permissions(copy.join("run.sh"), std::fs::Permissions::from_mode(0o755)).unwrap();
         std::fs::write(copy.join("blob.bin"), [0u8, 1, 2]).unwrap();
 
-        let c = changes(&base, &copy, &manifest, 1 << 20).unwrap().unwrap();
+        let c = changes(&base, &copy, &manifest, 1 << 20, &[]).unwrap().unwrap();
         assert_eq!(c.deleted, ["gone.txt"]);
         let rebuilt = dir.path().join("rebuilt");
         let (_, m2) = make(&base, &rebuilt).unwrap();
         apply(&rebuilt, &c).unwrap();
-        let (d1, s1) = diff(&base, &copy, &manifest, 1 << 20);
-        let (d2, _) = diff(&base, &rebuilt, &m2, 1 << 20);
+        let (d1, s1) = diff(&base, &copy, &manifest, &Rules::with_max(1 << 20));
+        let (d2, _) = diff(&base, &rebuilt, &m2, &Rules::with_max(1 << 20));
         assert_eq!(d1, d2, "the rebuilt copy has the same diff");
         assert!(!d1.contains("target/"), "ignored output left out:\n{d1}");
         assert_eq!((s1.files_changed, s1.lines_added, s1.lines_removed, s1.binary_files), (5, 2, 2, 1), "{d1}");
         assert!(d1.contains("old mode 100644\nnew mode 100755"), "{d1}");
-        let capped = changes(&base, &copy, &manifest, 4).unwrap().unwrap();
+        let capped = changes(&base, &copy, &manifest, 4, &[]).unwrap().unwrap();
         assert_eq!(capped.deleted, ["gone.txt"], "past the cap, deletions are still kept");
         assert!(capped.left_out.iter().any(|l| l.starts_with("src/lib.rs (21 bytes, sha256 ")), "{capped:?}");
-        let (small, s) = diff(&base, &copy, &manifest, 200);
+        let (small, s) = diff(&base, &copy, &manifest, &Rules::with_max(200));
         assert!(!s.omitted.is_empty() && small.len() <= 200, "{small}");
 
-        // git apply takes it (binary parts aside: git needs full indexes for those).
-        std::fs::remove_file(copy.join("blob.bin")).unwrap();
-        let (patch, _) = diff(&base, &copy, &manifest, 1 << 20);
+        // git apply takes it, the binary file too.
+        let (patch, _) = diff(&base, &copy, &manifest, &Rules::with_max(1 << 20));
         let git = std::process::Command::new("git").arg("--version").output();
         if git.is_err() {
             eprintln!("git not found: the apply check is skipped");
@@ -550,6 +615,40 @@ mod tests {
     }
 
     #[test]
+    fn build_output_is_left_out_by_the_setting_and_a_trees_own_gitignore_can_take_it_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().join("base");
+        write(&base.join("app.py"), "x = 1\n");
+        write(&base.join("vendor/keep.pyc"), "in the starting tree\n");
+        let copy = dir.path().join("copy");
+        let (_, manifest) = make(&base, &copy).unwrap();
+        for f in ["__pycache__/app.cpython-311.pyc", "lib/x.pyc", "target/out", "node_modules/m/i.js", "new.py"] {
+            write(&copy.join(f), "made\n");
+        }
+        write(&copy.join("vendor/keep.pyc"), "changed\n");
+        let names = |rules: &Rules| {
+            let (d, _) = diff(&base, &copy, &manifest, rules);
+            d.lines()
+                .filter_map(|l| l.strip_prefix("diff --git a/"))
+                .map(|l| l.split(' ').next().unwrap().to_string())
+                .collect::<Vec<_>>()
+        };
+        // The defaults: only what is not build output, and a file the starting tree had.
+        assert_eq!(names(&Rules::with_max(1 << 20)), ["new.py", "vendor/keep.pyc"]);
+        let saved = changes(&base, &copy, &manifest, 1 << 20, &Rules::with_max(0).ignore).unwrap().unwrap();
+        let mut tar = tar::Archive::new(flate2::read::GzDecoder::new(saved.archive.as_slice()));
+        let kept: Vec<String> =
+            tar.entries().unwrap().map(|e| e.unwrap().path().unwrap().to_string_lossy().into_owned()).collect();
+        assert_eq!(kept, ["new.py", "vendor/keep.pyc"], "saved changes leave out the same");
+        // The setting emptied: everything.
+        let none = Rules { ignore: vec![], ..Rules::with_max(1 << 20) };
+        assert_eq!(names(&none).len(), 6);
+        // A tree's own `.gitignore` may take a default back.
+        write(&copy.join(".gitignore"), "!target/\n");
+        assert_eq!(names(&Rules::with_max(1 << 20)), [".gitignore", "new.py", "target/out", "vendor/keep.pyc"]);
+    }
+
+    #[test]
     fn links_leading_outside_are_left_out_of_the_patch_and_omitted_is_capped() {
         let dir = tempfile::tempdir().unwrap();
         let base = dir.path().join("base");
@@ -560,7 +659,7 @@ mod tests {
         std::os::unix::fs::symlink("../../../etc/passwd", copy.join("a/up")).unwrap();
         std::os::unix::fs::symlink("../../x", copy.join("a/away")).unwrap();
         std::os::unix::fs::symlink("keep.txt", copy.join("a/inside")).unwrap();
-        let (d, s) = diff(&base, &copy, &manifest, 1 << 20);
+        let (d, s) = diff(&base, &copy, &manifest, &Rules::with_max(1 << 20));
         assert!(
             d.contains("b/a/inside") && !d.contains("rootl") && !d.contains("a/up") && !d.contains("a/away"),
             "{d}"
@@ -572,7 +671,7 @@ mod tests {
         for i in 0..(MAX_OMITTED + 7) {
             std::os::unix::fs::symlink("/etc", copy.join(format!("l{i}"))).unwrap();
         }
-        let (_, s) = diff(&base, &copy, &manifest, 1 << 20);
+        let (_, s) = diff(&base, &copy, &manifest, &Rules::with_max(1 << 20));
         assert_eq!((s.omitted.len(), s.omitted_more), (MAX_OMITTED, 10), "3 + 107 left out, 100 named");
     }
 
@@ -612,13 +711,13 @@ mod tests {
         std::os::unix::fs::symlink("/dev/zero", copy.join(".gitignore")).unwrap();
         let fifo = std::ffi::CString::new(copy.join("pipe").to_str().unwrap()).unwrap();
         assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
-        let (d, _) = diff(&base, &copy, &manifest, 1 << 20);
+        let (d, _) = diff(&base, &copy, &manifest, &Rules::with_max(1 << 20));
         assert!(!d.contains("host secret"), "{d}");
         assert!(d.contains("deleted file mode 100644") && d.contains("-in the tree"), "{d}");
-        let c = changes(&base, &copy, &manifest, 1 << 20).unwrap().unwrap();
+        let c = changes(&base, &copy, &manifest, 1 << 20, &[]).unwrap().unwrap();
         assert!(c.deleted.contains(&"d/x.txt".to_string()), "{:?}", c.deleted);
         write(&copy.join("bad\nname"), "x\n");
-        let (d, s) = diff(&base, &copy, &manifest, 1 << 20);
+        let (d, s) = diff(&base, &copy, &manifest, &Rules::with_max(1 << 20));
         assert!(!d.contains("bad\nname") && s.omitted.iter().any(|o| o.contains("git would quote")), "{d}");
     }
 }

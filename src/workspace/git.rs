@@ -33,6 +33,11 @@ pub fn is_commit_id(r: &str) -> bool {
     r.len() == 40 && r.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
+/// Whether `r` reads as an abbreviated commit id (git shows 7 or more hex digits).
+fn is_short_commit_id(r: &str) -> bool {
+    (4..40).contains(&r.len()) && r.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
 fn scratch_repo(dir: &Path) -> Result<gix::Repository, WorkspaceError> {
     let opts = gix::open::Options::isolated().config_overrides(["gitoxide.objects.allocLimit=268435456"]);
     gix::ThreadSafeRepository::init_opts(dir, gix::create::Kind::Bare, gix::create::Options::default(), opts)
@@ -127,13 +132,16 @@ fn check_url(r: &Remote<'_>) -> Result<(), WorkspaceError> {
     r.allow.check_url(r.url).map(|_| ()).map_err(|e| WorkspaceError::Refused(e.0))
 }
 
-/// The commit `git_ref` names at the remote (`None`: its default branch). A branch wins over a
-/// tag of the same name; an annotated tag is peeled to its commit.
+/// The commit `git_ref` names at the remote (`None`, or `HEAD` as git names it: its default
+/// branch). A branch wins over a tag of the same name; an annotated tag is peeled to its commit.
+/// A short commit id is looked for as a branch or tag and is otherwise refused: git servers send
+/// a commit asked for by its full id only.
 pub fn resolve(r: &Remote<'_>, git_ref: Option<&str>, caps: &Caps, scratch: &Path) -> Result<String, WorkspaceError> {
     check_url(r)?;
     if let Some(id) = git_ref.filter(|g| is_commit_id(g)) {
         return Ok(id.to_ascii_lowercase());
     }
+    let git_ref = git_ref.filter(|g| *g != "HEAD");
     let repo = scratch_repo(scratch)?;
     let remote = fetching_from(&repo, r.url)?;
     let names: Vec<String> = match git_ref {
@@ -155,6 +163,11 @@ pub fn resolve(r: &Remote<'_>, git_ref: Option<&str>, caps: &Caps, scratch: &Pat
         }
     }
     Err(WorkspaceError::RefNotFound(match git_ref {
+        Some(g) if is_short_commit_id(g) => format!(
+            "{}: no branch or tag named {g:?}; if it is an abbreviated commit id, give all 40 hex digits (git \
+             servers send a commit by its full id only)",
+            r.url
+        ),
         Some(g) => format!("{}: no branch or tag named {g:?}", r.url),
         None => format!("{}: the repository has no default branch", r.url),
     }))

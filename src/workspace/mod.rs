@@ -7,6 +7,7 @@
 //! removed: the cache is disposable.
 
 pub mod archive;
+pub mod binary_patch;
 pub mod copy;
 pub mod git;
 

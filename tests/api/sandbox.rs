@@ -497,6 +497,52 @@ async fn directories_and_links_by_the_hundred_thousand_are_stopped_and_links_out
     assert!(c.join("rootl").symlink_metadata().is_err() && c.join("src/up").symlink_metadata().is_err());
 }
 
+#[tokio::test]
+async fn binary_files_are_in_the_patch_in_gits_form_and_build_output_is_left_out_without_a_gitignore() {
+    let Some(srv) = git_server().await else { return };
+    if !has_bwrap() {
+        return;
+    }
+    let app = spawn_app_with(sb_config, true).await;
+    let repo = format!("{}/repo.git", srv.base);
+    // A tree with no `.gitignore`; a binary added, one changed, one past the binary cap (256 KiB),
+    // a text file edited, and the bytecode and build output a run leaves.
+    let make = "rm .gitignore && mkdir -p __pycache__ node_modules/x target/debug && python3 -c \"\
+import os
+open('data.bin', 'wb').write(bytes(range(256)) * 12)
+open('logo.bin', 'ab').write(bytes([1, 2, 0]))
+open('big.bin', 'wb').write(os.urandom(400000))
+open('__pycache__/m.cpython-311.pyc', 'wb').write(os.urandom(300))
+open('mod.pyc', 'wb').write(os.urandom(300))
+open('node_modules/x/index.js', 'w').write('x')
+open('target/debug/out', 'wb').write(os.urandom(300))\" && sed -i 's/    5/    7/' src/retry.rs";
+    let calls = [("run_command", json!({"command": make}))];
+    let t = run(&app, json!({"workspace": {"git": repo}, "prompt": script(&calls), "max_turns": 4})).await;
+    assert_eq!(t["status"], "completed", "{t}");
+    let omitted: Vec<&str> = t["diff"]["omitted"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+    assert!(
+        omitted.len() == 1 && omitted[0].starts_with("big.bin (binary, 400000 bytes, sha256 "),
+        "the binary past the cap is named with its size and hash: {omitted:?}"
+    );
+    assert_eq!(t["diff"]["binary_files"], 3, "data.bin, logo.bin, big.bin: {t}");
+    let patch = diff(&app, &t).await.text().await.unwrap();
+    assert_eq!(patch.matches("GIT binary patch").count(), 2, "{patch}");
+    assert!(patch.contains(
+        "diff --git a/data.bin b/data.bin\nnew file mode 100644\nindex 0000000000000000000000000000000000000000.."
+    ));
+    for left in ["a/__pycache__", "a/mod.pyc", "a/node_modules", "a/target/", "a/big.bin", "Binary files"] {
+        assert!(!patch.contains(left), "{left} is in the patch:\n{patch}");
+    }
+    // It applies with git to the starting commit, and gives the run's bytes.
+    let (r2, c2) = (repo.clone(), srv.main.clone());
+    let applied = tokio::task::spawn_blocking(move || apply(&r2, &c2, &patch)).await.unwrap();
+    let c = applied.path().join("c");
+    assert_eq!(std::fs::read(c.join("data.bin")).unwrap(), (0..=255u8).collect::<Vec<_>>().repeat(12));
+    assert_eq!(std::fs::read(c.join("logo.bin")).unwrap(), [0u8, 159, 146, 150, 1, 2, 0]);
+    assert!(std::fs::read_to_string(c.join("src/retry.rs")).unwrap().contains("    7"));
+    assert!(!c.join(".gitignore").exists() && !c.join("mod.pyc").exists() && !c.join("big.bin").exists());
+}
+
 /// A worker process's peak resident memory (`VmHWM`), in bytes.
 fn peak_rss(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();

@@ -405,6 +405,23 @@ async fn refused_unknown_and_unreachable_repositories_are_named() {
         "{t}"
     );
     assert!(t["error"]["message"].as_str().unwrap().contains("no-such-branch"), "{t}");
+    // An abbreviated commit id: not fetchable by it, and the message says what to give instead.
+    let short = &srv.main[..7];
+    let t = run(&app, fail(json!({"git": format!("{}/repo.git", srv.base), "ref": short}))).await;
+    assert_eq!(t["error"]["code"], "workspace_ref_not_found", "{t}");
+    assert!(t["error"]["message"].as_str().unwrap().contains("40 hex digits"), "{t}");
+    // HEAD, as git and its clients name the default branch, is the default branch.
+    let t = run(
+        &app,
+        json!({"subagent_type": "explore", "prompt": calling("glob", json!({"pattern": "**"})),
+               "workspace": {"git": format!("{}/repo.git", srv.base), "ref": "HEAD"}}),
+    )
+    .await;
+    assert_eq!(
+        (t["status"].as_str(), t["workspace"]["commit"].as_str()),
+        (Some("completed"), Some(srv.main.as_str())),
+        "{t}"
+    );
     let t = run(&app, fail(json!({"git": format!("{}/nothing.git", srv.base)}))).await;
     assert_eq!(t["error"]["code"], "workspace_unreachable", "{t}");
     // A name that resolves to an address the guard refuses fails at connect: never fetched.

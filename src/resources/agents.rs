@@ -7,8 +7,9 @@ use super::{Error, Resources};
 use crate::engine::agents::{AgentType, BUILTIN_NAMES};
 use crate::engine::definitions::AgentDefinition;
 use crate::store::agents;
+use crate::store::tenants::Limits;
 pub use crate::tasks::submit::agents::Described;
-use crate::tasks::submit::agents::{described, resolve, tenant_definitions, unservable, Resolved};
+use crate::tasks::submit::agents::{described, resolve, tenant_definitions, unservable, Here, Resolved};
 use crate::tasks::TaskError;
 use crate::tools::ToolDef;
 
@@ -28,9 +29,10 @@ impl Resources {
     /// `claude_code`), with `warnings` — what reading it noticed, and what it names that cannot
     /// be served here now (`unmatched_tools`: names of its `tools` that are no tool of the
     /// tenant's).
-    fn custom_view(&self, d: &AgentDefinition, source: &str, tools: &[ToolDef]) -> Value {
+    fn custom_view(&self, d: &AgentDefinition, source: &str, (tools, limits): &(Vec<ToolDef>, Limits)) -> Value {
         let mut v = serde_json::to_value(d).unwrap_or(Value::Null);
-        let u = unservable(d, &self.p.providers, Some(tools), &self.p.file_agents.tool_aliases);
+        let here = Here { tools, builtins: &self.p.tool_caller.builtins, limits };
+        let u = unservable(d, &self.p.providers, Some(&here), &self.p.file_agents.tool_aliases);
         if let Some(o) = v.as_object_mut() {
             o.remove("notices");
         }
@@ -39,17 +41,20 @@ impl Resources {
         v["warnings"] = json!(warnings);
         if d.tools.is_some() {
             v["unmatched_tools"] = json!(u.unmatched_tools);
+            v["tool_mapping"] = json!(u.tool_mapping);
         }
         v["source"] = json!(source);
         v
     }
 
-    /// The tools a definition of the tenant's may name: its own, and the built-ins it has.
-    async fn tenant_tools(&self, tenant: &str) -> Result<Vec<ToolDef>, Error> {
+    /// The tools a definition of the tenant's may name (its own, and the built-ins it has), and
+    /// its limits.
+    async fn tenant_tools(&self, tenant: &str) -> Result<(Vec<ToolDef>, Limits), Error> {
         let mut tools = crate::tools::catalog::available(&self.p.pool, &self.p.tools_cache, tenant).await?;
         tools.retain(|t| !crate::tools::builtin::is_reserved(&t.name));
-        tools.extend(self.builtin_tools(tenant).await?);
-        Ok(tools)
+        let limits = self.p.limits(tenant).await?;
+        tools.extend(self.p.tool_caller.builtins.for_tenant(&limits));
+        Ok((tools, limits))
     }
 
     /// Every agent the tenant may name, as the API shows each, and the agents directory's files

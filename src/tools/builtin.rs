@@ -84,6 +84,28 @@ impl Registry {
             .collect()
     }
 
+    /// Why `t` is not among a tenant's built-ins (`for_tenant`), in words an operator can act
+    /// on; `None` where it is.
+    pub fn why_off(&self, t: BuiltinTool, limits: &Limits) -> Option<String> {
+        if limits.builtin_tools_off.as_deref().unwrap_or_default().iter().any(|o| o == t.as_str()) {
+            return Some(format!("{t} is switched off for this tenant (its builtin_tools_off)"));
+        }
+        if self.off.contains(&t) {
+            return Some(format!("{t} is switched off for the service (SUBAGENTD_BUILTIN_TOOLS_OFF)"));
+        }
+        if t == BuiltinTool::WebSearch && !self.search && !self.anthropic_search {
+            return Some(
+                "web_search has no search backend: set SUBAGENTD_WEB_SEARCH_URL (a SearXNG-compatible API) or \
+                 SUBAGENTD_WEB_SEARCH_ANTHROPIC"
+                    .into(),
+            );
+        }
+        if t == BuiltinTool::RunCommand && !self.sandbox {
+            return Some("run_command needs the sandbox, which cannot start on this host (bubblewrap)".into());
+        }
+        None
+    }
+
     /// The built-ins a tenant with these (own) limits may be offered, with its policy for them.
     pub fn for_tenant(&self, limits: &Limits) -> Vec<ToolDef> {
         let off = limits.builtin_tools_off.as_deref().unwrap_or_default();

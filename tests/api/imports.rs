@@ -123,6 +123,22 @@ async fn claude_code_files_load_the_same_from_the_directory_and_over_put_with_wa
     // Claude Code's own tools name nothing here; `Read` is mapped by [tool_aliases].
     assert_eq!(a["unmatched_tools"], json!(["Write", "MultiEdit", "Bash", "openapi-generator"]));
     assert!(warnings.contains("[tool_aliases]"), "{warnings}");
+    // What each name maps to here, and why one is not offered, with its fix.
+    let m = a["tool_mapping"].as_array().unwrap();
+    let row = |name: &str| m.iter().find(|r| r["name"] == name).unwrap_or_else(|| panic!("{name}: {m:?}")).clone();
+    assert_eq!(m.len(), 5, "{m:?}");
+    assert_eq!(row("Read"), json!({"name": "Read", "tool": "docs__lookup", "offered": true}));
+    for (name, tool, why) in [
+        ("Write", "write_file", "switched off for the service (SUBAGENTD_BUILTIN_TOOLS_OFF)"),
+        ("Bash", "run_command", "switched off for the service (SUBAGENTD_BUILTIN_TOOLS_OFF)"),
+        ("MultiEdit", "MultiEdit", "Claude Code's own tool, with no counterpart here"),
+        ("openapi-generator", "openapi-generator", "register one (PUT /tools/openapi-generator)"),
+    ] {
+        let r = row(name);
+        assert_eq!((r["tool"].as_str(), r["offered"].as_bool()), (Some(tool), Some(false)), "{r}");
+        assert!(r["note"].as_str().unwrap().contains(why), "{r}");
+        assert!(warnings.contains(why), "the warning gives the same cause: {warnings}");
+    }
     let r = app.post_task(json!({"prompt": "x", "subagent_type": "api-designer"})).await;
     let p = assert_problem(r, 422, "unknown_model").await;
     assert!(p["detail"].as_str().unwrap().contains("\"sonnet\" (a model alias for"), "{p}");

@@ -583,6 +583,15 @@ async fn a_claude_code_agent_naming_webfetch_and_websearch_gets_both_with_no_war
     assert!(r.status().is_success(), "{}", r.text().await.unwrap());
     let a: Value = app.client.get(app.url("/agents/web-researcher")).send().await.unwrap().json().await.unwrap();
     assert_eq!(a["unmatched_tools"], json!(["Read"]), "WebFetch and WebSearch match: {a}");
+    // Each name's mapping: the web tools offered (not beside a private workspace, by default),
+    // `Read` not (the workspace tools are off here).
+    let m = &a["tool_mapping"];
+    assert_eq!(
+        (m[0]["name"].as_str(), m[0]["tool"].as_str(), m[0]["offered"].as_bool()),
+        (Some("WebFetch"), Some("web_fetch"), Some(true))
+    );
+    assert!(m[0]["note"].as_str().unwrap().contains("never beside a private workspace"), "{a}");
+    assert_eq!((m[2]["tool"].as_str(), m[2]["offered"].as_bool()), (Some("read_file"), Some(false)), "{a}");
     let t = done(&app, json!({"prompt": "x", "subagent_type": "web-researcher"})).await;
     assert_eq!(t["tools"], json!(["web_fetch", "web_search"]));
     // A definition with no tools list has every tool, the built-ins as `general` does.
@@ -596,6 +605,33 @@ async fn a_claude_code_agent_naming_webfetch_and_websearch_gets_both_with_no_war
     assert_eq!(r.status(), 201);
     let t = done(&app, json!({"prompt": "x", "subagent_type": "anything"})).await;
     assert_eq!(t["tools"], json!(["web_fetch", "web_search"]));
+    app.stop().await;
+    // With no search backend, `WebSearch` says so, and the warning does not advise registering a
+    // tool named web_search (no tenant tool may take a built-in's name).
+    let app = spawn_app_with(
+        |c| {
+            web_config(c, &base);
+            c.web_search_url = None
+        },
+        true,
+    )
+    .await;
+    let r = app
+        .client
+        .put(app.url("/agents/web-researcher"))
+        .header("content-type", "text/markdown")
+        .body(file)
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success());
+    let a: Value = app.client.get(app.url("/agents/web-researcher")).send().await.unwrap().json().await.unwrap();
+    let m = &a["tool_mapping"];
+    assert_eq!((m[1]["tool"].as_str(), m[1]["offered"].as_bool()), (Some("web_search"), Some(false)), "{a}");
+    let why = "no search backend: set SUBAGENTD_WEB_SEARCH_URL";
+    assert!(m[1]["note"].as_str().unwrap().contains(why), "{a}");
+    let warnings = a["warnings"].to_string();
+    assert!(warnings.contains(why) && !warnings.contains("register a tool named WebSearch"), "{warnings}");
     app.stop().await;
 }
 

@@ -115,15 +115,102 @@ pub struct Unservable {
     pub warnings: Vec<String>,
     /// Names of its `tools` list (as written) that name no tool of the tenant.
     pub unmatched_tools: Vec<String>,
+    /// Each name of its `tools` list, what it maps to here and whether it is offered (empty
+    /// where the tenant's tools are not known).
+    pub tool_mapping: Vec<ToolMapping>,
+}
+
+/// What one name of a definition's `tools` list is here.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ToolMapping {
+    /// The name as written (`WebSearch`, `Bash`, `mcp__github__search`).
+    pub name: String,
+    /// The tool it means here (`web_search`, `run_command`, `github__search`).
+    pub tool: String,
+    /// Offered to the agent's tasks (some only in some tasks: see `note`).
+    pub offered: bool,
+    /// Why it is not offered, and its fix; or, where offered, in which tasks only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// Where a definition's tool names are read: the tenant's tools (its own and the built-ins it
+/// has), the service's built-ins and the tenant's limits.
+pub struct Here<'a> {
+    pub tools: &'a [crate::tools::ToolDef],
+    pub builtins: &'a crate::tools::builtin::Registry,
+    pub limits: &'a crate::store::tenants::Limits,
+}
+
+/// What `name` (as written in `d`'s tools) maps to here, whether it is offered, and why not.
+fn mapping(
+    d: &AgentDefinition,
+    name: &str,
+    here: &Here<'_>,
+    aliases: &std::collections::BTreeMap<String, String>,
+) -> ToolMapping {
+    use crate::engine::claude_code;
+    use crate::kinds::BuiltinTool;
+    let tool = claude_code::tool_name(name, aliases);
+    let builtin = BuiltinTool::parse(&tool);
+    let found = here.tools.iter().find(|t| t.name == tool);
+    let (offered, note) = match (found, builtin) {
+        (None, Some(b)) => {
+            (false, Some(here.builtins.why_off(b, here.limits).unwrap_or_else(|| format!("{b} is off"))))
+        }
+        (None, None) if tool == name && claude_code::BUILTIN_TOOLS.contains(&name) => (
+            false,
+            Some(format!(
+                "{name} is Claude Code's own tool, with no counterpart here: map it to a tool under [tool_aliases] in \
+                 the config file, or register a tool named {name}"
+            )),
+        ),
+        (None, None) => (
+            false,
+            Some(format!(
+                "this tenant has no tool named {tool}: register one (PUT /tools/{tool}), or map {name} to another \
+                 under [tool_aliases] in the config file"
+            )),
+        ),
+        (Some(t), _) if d.read_only && t.policy != crate::tools::Policy::Auto => (
+            false,
+            Some(format!(
+                "the agent is read-only (permissionMode: plan), and {tool} asks for a decision ({:?})",
+                t.policy
+            )),
+        ),
+        (Some(_), Some(b)) => {
+            let mut only = vec![];
+            if b.writes_workspace() {
+                only.push("in a task with a workspace (on the task's own copy of it)".to_string());
+            } else if b.needs_workspace() {
+                only.push("in a task with a workspace".to_string());
+            }
+            if b.reaches_web() {
+                only.push(match here.limits.private_workspace_web.as_deref() {
+                    Some("always") => return ToolMapping { name: name.into(), tool, offered: true, note: None },
+                    Some("task") => "beside a private workspace (an upload, or a repository read with a secret) only \
+                                     when the task sets workspace.web: true"
+                        .into(),
+                    _ => "never beside a private workspace (an upload, or a repository read with a secret): the \
+                          tenant's private_workspace_web is off; a task without one, or over a public repository, has it"
+                        .into(),
+                });
+            }
+            (true, (!only.is_empty()).then(|| format!("offered only {}", only.join("; "))))
+        }
+        (Some(_), None) => (true, None),
+    };
+    ToolMapping { name: name.into(), tool, offered, note }
 }
 
 /// Check `d`'s model against `providers` and its tool names (through `aliases`) against the
-/// tenant's `available` tools; `None` for the tools: not known (at start, for the agents
-/// directory: then only Claude Code's own tool names, unmapped, are reported).
+/// tenant's tools; `None` for those: not known (at start, for the agents directory: then only
+/// Claude Code's own tool names, unmapped, are reported).
 pub fn unservable(
     d: &AgentDefinition,
     providers: &crate::llm::Providers,
-    available: Option<&[crate::tools::ToolDef]>,
+    here: Option<&Here<'_>>,
     aliases: &std::collections::BTreeMap<String, String>,
 ) -> Unservable {
     use crate::engine::claude_code;
@@ -147,40 +234,45 @@ pub fn unservable(
             ));
         }
     }
-    if let Some(names) = &d.tools {
-        for n in names {
-            let here = claude_code::tool_name(n, aliases);
-            let missing = match available {
-                Some(tools) => !tools.iter().any(|t| t.name == here),
-                None => here == *n && claude_code::BUILTIN_TOOLS.contains(&n.as_str()),
-            };
-            if missing {
-                out.unmatched_tools.push(n.clone());
+    let Some(names) = &d.tools else { return out };
+    let mut why_not = vec![];
+    match here {
+        Some(h) => {
+            out.tool_mapping = names.iter().map(|n| mapping(d, n, h, aliases)).collect();
+            for m in out.tool_mapping.iter().filter(|m| !m.offered) {
+                if !h.tools.iter().any(|t| t.name == m.tool) {
+                    out.unmatched_tools.push(m.name.clone());
+                }
+                let to = if m.tool != m.name { format!(" (→ {})", m.tool) } else { String::new() };
+                why_not.push(format!("{}{to}: {}", m.name, m.note.as_deref().unwrap_or("not offered")));
             }
         }
-        if !out.unmatched_tools.is_empty() {
-            let listed = out
-                .unmatched_tools
-                .iter()
-                .map(|n| match claude_code::tool_name(n, aliases) {
-                    here if here != *n => format!("{n} (→ {here})"),
-                    _ => n.clone(),
-                })
-                .collect::<Vec<_>>()
-                .join(", ");
-            let offered: Vec<&str> =
-                names.iter().filter(|n| !out.unmatched_tools.contains(n)).map(String::as_str).collect();
-            out.warnings.push(format!(
-                "tools {listed} name no tool here{}: map them to tools under [tool_aliases] in the config file, or \
-                 register tools of those names; {}",
-                if available.is_none() { " unless a tenant registers them" } else { "" },
-                if offered.is_empty() {
-                    "until then the agent is offered no tools".to_string()
-                } else {
-                    format!("until then it is offered only {}", offered.join(", "))
+        None => {
+            for n in names {
+                if claude_code::tool_name(n, aliases) == *n && claude_code::BUILTIN_TOOLS.contains(&n.as_str()) {
+                    out.unmatched_tools.push(n.clone());
+                    why_not.push(format!(
+                        "{n}: Claude Code's own tool, with no counterpart here unless a tenant registers a tool so \
+                         named: map it under [tool_aliases] in the config file"
+                    ));
                 }
-            ));
+            }
         }
+    }
+    if !why_not.is_empty() {
+        let offered: Vec<&str> = match here {
+            Some(_) => out.tool_mapping.iter().filter(|m| m.offered).map(|m| m.name.as_str()).collect(),
+            None => names.iter().filter(|n| !out.unmatched_tools.contains(n)).map(String::as_str).collect(),
+        };
+        out.warnings.push(format!(
+            "not offered: {}; {}",
+            why_not.join("; "),
+            if offered.is_empty() {
+                "the agent is offered none of its tools".to_string()
+            } else {
+                format!("it is offered {}", offered.join(", "))
+            }
+        ));
     }
     out
 }

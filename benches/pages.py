@@ -25,14 +25,15 @@ import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
-FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})(.*)$")
+# A fence may sit in a blockquote (`> `) or a list item (indented), as CommonMark allows.
+FENCE = re.compile(r"^(?: {0,3}> ?)*\s*(`{3,}|~{3,})(.*)$")
 CODE_SPAN = re.compile(r"(`+)(?:(?!\1).)+?\1")
 INLINE_LINK = re.compile(
     r"(?<!!)\[((?:[^\[\]]|\[[^\[\]]*\])*)\]"  # [text], one level of nested brackets
     r"\(\s*<?((?:[^()\s<>]|\([^()\s]*\))*)>?(?:\s+(?:\"[^\"]*\"|'[^']*'|\([^)]*\)))?\s*\)"
 )
 REF_DEF = re.compile(r"^ {0,3}\[([^\]]+)\]:\s*<?(\S+?)>?(?:\s.*)?$")
-PIPE_SEP = re.compile(r"^\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$")
+PIPE_SEP = re.compile(r"^(?: {0,3}> ?)*\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$")
 SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 
 

@@ -1,8 +1,8 @@
-//! A fetched HTML page as readable text, in time linear in its size whatever it holds.
+//! A fetched HTML page bounded before it is parsed, in time linear in its size whatever it holds.
 //!
-//! html2text (over html5ever's tree builder) does the conversion. Both take time quadratic in
-//! the nesting depth: the tree builder checks the stack of open elements for each block start
-//! tag, and the renderer recurses over the tree. A hostile page of 100,000 nested `<div>`s took
+//! The conversion to Markdown (`page`: html5ever's tree builder under dom_query, dom_smoothie and
+//! htmd) takes time quadratic in the nesting depth: the tree builder checks the stack of open
+//! elements for each block start tag, and the converters recurse over the tree. A hostile page of 100,000 nested `<div>`s took
 //! 82 s of CPU. So the page first goes through html5ever's tokenizer (linear), which re-writes it
 //! with elements nested deeper than `MAX_DEPTH` unwrapped (their text kept), and scripts and
 //! styles, which are never shown, dropped.
@@ -218,23 +218,6 @@ pub struct PageText {
     pub cut: bool,
 }
 
-/// HTML as readable text: headings, paragraphs, lists, tables and links (as numbered
-/// references) kept; scripts, styles and navigation chrome dropped. Only the page's first
-/// `budget` characters of text are rendered: a 1 MB page's text is cut to the tool-result cap
-/// anyway, and rendering takes time in what it renders.
-pub fn to_text(html: &[u8], budget: usize) -> Result<PageText, String> {
-    const CHROME: &str = "script, style, noscript, template, nav, header, footer, aside, form, svg, iframe, \
-                          button, select { display: none; }";
-    let (limited, total_chars) = limit_nesting(&String::from_utf8_lossy(html), budget);
-    let text = html2text::config::plain()
-        .add_css(CHROME)
-        .map_err(|e| e.to_string())?
-        .no_table_borders()
-        .string_from_read(limited.as_bytes(), 100)
-        .map_err(|e| e.to_string())?;
-    Ok(PageText { text, total_chars, cut: total_chars > budget })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -249,9 +232,10 @@ mod tests {
         assert!(!out.contains("x =") && !out.contains("color: red"), "{out}");
         assert!(out.contains(r#"<a href="https://e.org/?a=1&amp;b=&quot;2&quot;">link</a>"#), "{out}");
         assert!(out.contains("&lt;tag&gt;") && out.contains("<title>A &amp; B</title>"), "{out}");
-        let text = to_text(page.as_bytes(), usize::MAX).unwrap().text;
-        assert!(text.contains("Title") && text.contains("link") && text.contains("<tag>"), "{text}");
-        assert!(text.contains("https://e.org/?a=1&b=\"2\""), "{text}");
+        let text = super::super::page::to_markdown(page.as_bytes(), "https://e.org/", usize::MAX).unwrap().text;
+        // `<tag>` as Markdown writes it; the link's quotes as a URL writes them.
+        assert!(text.contains("## Title") && text.contains("\\<tag>"), "{text}");
+        assert!(text.contains("[link](https://e.org/?a=1&b=%222%22)"), "{text}");
     }
 
     #[test]
@@ -313,7 +297,7 @@ mod tests {
         let (out, total) = limit_nesting(&page, 25);
         assert_eq!(total, 1000);
         assert_eq!(out.matches("0123456789").count(), 3, "{out}");
-        let t = to_text(page.as_bytes(), 25).unwrap();
+        let t = super::super::page::to_markdown(page.as_bytes(), "https://e.org/", 25).unwrap();
         assert!(t.cut && t.total_chars == 1000 && t.text.matches("0123456789").count() == 3, "{}", t.text);
     }
 }

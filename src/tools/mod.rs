@@ -13,6 +13,7 @@ pub mod files;
 pub mod html;
 pub mod http;
 pub mod mcp;
+pub mod page;
 pub mod sandbox;
 pub mod slots;
 pub mod ssrf;

@@ -342,9 +342,10 @@ async fn read_page(
         // Twice the room in text is rendered: the rest would be cut anyway.
         let budget = max_chars.unwrap_or(usize::MAX).min(room).saturating_mul(2);
         let permit = web.convert.clone().acquire_owned().await;
+        let at = url.clone();
         let converted = tokio::task::spawn_blocking(move || {
             let _permit = permit;
-            super::html::to_text(&buf, budget)
+            super::page::to_markdown(&buf, &at, budget)
         })
         .await;
         match converted {
@@ -390,6 +391,9 @@ fn fit(text: &str, max_bytes: usize, max_chars: Option<usize>, cut_read: bool, t
             end -= 1;
         }
     }
+    if end < text.len() {
+        end = link_safe(text, end);
+    }
     let mut out = text[..end].to_string();
     if end < text.len() || total.is_some() {
         let shown = out.chars().count();
@@ -400,6 +404,20 @@ fn fit(text: &str, max_bytes: usize, max_chars: Option<usize>, cut_read: bool, t
         out.push_str("\n[cut: the page was longer than web_fetch reads; only its beginning is shown]");
     }
     out
+}
+
+/// `end` moved back, where needed, so that `text[..end]` does not stop inside a Markdown link: a
+/// reference is shown with its target or not at all.
+fn link_safe(text: &str, end: usize) -> usize {
+    let shown = &text[..end];
+    let Some(open) = shown.rfind('[') else { return end };
+    let closed = shown[open..].find("](").is_some_and(|i| shown[open + i..].contains(')'));
+    let plain = !shown[open..].contains(']') && shown[open..].contains('\n');
+    if closed || plain {
+        end
+    } else {
+        open
+    }
 }
 
 async fn search(web: &Web, call: &ToolCall, max_result: usize) -> ToolOutput {
@@ -477,7 +495,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn html_becomes_text_without_scripts_styles_or_chrome() {
+    fn html_becomes_markdown_without_scripts_styles_or_chrome() {
         let page = br#"<html><head><title>T</title><style>body{color:red}</style>
             <script>var secret = "SCRIPT_BODY";</script></head><body>
             <nav><a href="/home">NAV_LINK</a></nav>
@@ -485,10 +503,10 @@ mod tests {
             <ul><li>one</li><li>two</li></ul>
             <table><tr><th>k</th><th>v</th></tr><tr><td>alpha</td><td>1</td></tr></table>
             <footer>FOOTER_TEXT</footer></body></html>"#;
-        let t = super::super::html::to_text(page, usize::MAX).unwrap().text;
-        assert!(t.contains("The Heading"), "{t}");
-        assert!(t.contains("a link") && t.contains("https://example.com/x"), "{t}");
-        assert!(t.contains("one") && t.contains("two") && t.contains("alpha"), "{t}");
+        let t = super::super::page::to_markdown(page, "https://example.com/a/b.html", usize::MAX).unwrap().text;
+        assert!(t.contains("# The Heading"), "{t}");
+        assert!(t.contains("[a link](https://example.com/x)"), "{t}");
+        assert!(t.contains("- one\n- two") && t.contains("| alpha | 1 |"), "{t}");
         for gone in ["SCRIPT_BODY", "color:red", "NAV_LINK", "FOOTER_TEXT"] {
             assert!(!t.contains(gone), "{gone} in {t}");
         }
@@ -505,7 +523,9 @@ mod tests {
         page.push_str("deep text");
         let t = std::thread::Builder::new()
             .stack_size(2 * 1024 * 1024)
-            .spawn(move || (super::super::html::to_text(page.as_bytes(), usize::MAX).map(|t| t.text), ()))
+            .spawn(move || {
+                (super::super::page::to_markdown(page.as_bytes(), "http://x/", usize::MAX).map(|t| t.text), ())
+            })
             .unwrap()
             .join()
             .expect("no stack overflow");
@@ -528,6 +548,15 @@ mod tests {
         assert!(fit("abcdef", 100, Some(3), false, None).starts_with("abc\n[cut:"));
         assert!(fit("abc", 100, None, true, None).contains("longer than web_fetch reads"));
         assert!(fit("abc", 100, None, false, Some(900)).contains("is 900 characters and only the first 3"));
+        // A cut never leaves a link without its target.
+        let md = "See [the guide](https://e.org/guide) and [the API](https://e.org/api).";
+        for n in 0..md.len() {
+            let shown = fit(md, n, None, false, None);
+            let shown = shown.split("\n[cut:").next().unwrap();
+            let links = shown.matches('[').count();
+            assert_eq!(links, shown.matches("](https://").count(), "{n}: {shown}");
+            assert_eq!(links, shown.matches(')').count(), "{n}: {shown}");
+        }
         assert!(domain_allowed("docs.example.com", &["example.com".into()]));
         assert!(domain_allowed("example.com.", &["Example.com".into()]));
         assert!(!domain_allowed("badexample.com", &["example.com".into()]));

@@ -65,6 +65,13 @@ async fn site() -> (Site, String) {
             }),
         )
         .route(
+            "/1.63.0/std/vec/struct.Vec.html",
+            get(|| async {
+                let page = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pages/rust-std-vec.html");
+                Html(std::fs::read(page).unwrap())
+            }),
+        )
+        .route(
             "/data.json",
             get(|State(s): State<Site>, h: HeaderMap| async move {
                 s.hit("/data.json", h);
@@ -265,7 +272,7 @@ async fn pages_become_text_json_and_text_pass_and_other_content_is_described() {
     let bin = t.run(&call("web_fetch", json!({"url": format!("{base}/untyped.bin")}))).await;
     assert!(bin.content.contains("untyped binary content of 7 bytes"), "{}", bin.content);
 
-    let short = t.run(&call("web_fetch", json!({"url": format!("{base}/article"), "max_chars": 120}))).await;
+    let short = t.run(&call("web_fetch", json!({"url": format!("{base}/article"), "max_chars": 4000}))).await;
     assert!(short.content.contains("[cut: the page's text is"), "{}", short.content);
 }
 
@@ -280,6 +287,40 @@ async fn a_3_mb_page_is_read_only_up_to_the_cap_and_cut_with_a_note() {
     let detail = out.detail.unwrap();
     assert_eq!(detail["bytes"], 1024 * 1024, "the body was read only up to SUBAGENTD_WEB_FETCH_MAX_BYTES: {detail}");
     assert_eq!(detail["read_cut"], true);
+}
+
+#[tokio::test]
+async fn a_real_api_page_cut_to_the_cap_shows_every_reference_with_its_target_resolved_against_its_url() {
+    let (_site, base) = site().await;
+    // rustdoc's Vec page (875 KB; 2,000 links, relative ones among them), under a 16 KiB cap and
+    // under a character limit that cuts inside its prose.
+    let t = runner(&base, |_| {});
+    let url = format!("{base}/1.63.0/std/vec/struct.Vec.html");
+    // First under the byte cap; then with `max_chars` set to end inside a link's target, and
+    // inside a link's text.
+    let whole = t.run(&call("web_fetch", json!({"url": url}))).await.content;
+    let text = whole.split_once("\">\n").unwrap().1;
+    let at = text.match_indices("](http").nth(10).unwrap().0;
+    let chars = text[..at].chars().count();
+    for args in
+        [json!({"url": url}), json!({"url": url, "max_chars": chars + 8}), json!({"url": url, "max_chars": chars - 2})]
+    {
+        let out = t.run(&call("web_fetch", args.clone())).await;
+        assert!(!out.is_error, "{}", out.content);
+        let body = out.content.split("<fetched").nth(1).unwrap();
+        let shown = body.split("\n[cut:").next().unwrap();
+        assert!(body.contains("\n[cut: the page's text is"), "{args}: cut with a note");
+        // Every link shown has its whole target: `](` then an absolute URL and its `)`.
+        let links: Vec<&str> = shown.split("](").skip(1).collect();
+        assert!(links.len() > 3, "{args}: {shown}");
+        for l in &links {
+            let target = l.split(')').next().unwrap();
+            assert!(l.contains(')') && target.starts_with("http"), "{args}: a reference without its target: {l:.80}");
+        }
+        // `../primitive.slice.html` resolved against the page's own URL.
+        assert!(shown.contains(&format!("({base}/1.63.0/std/")), "{shown}");
+        assert!(!shown.contains("](../") && !shown.contains("](#"), "no relative targets: {shown}");
+    }
 }
 
 #[tokio::test]

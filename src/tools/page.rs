@@ -1,0 +1,342 @@
+//! A fetched HTML page as Markdown an LLM reads well: the page's main content (a
+//! readability.js-style pass, `dom_smoothie`) converted by `htmd`, with code blocks fenced and
+//! named by language, tables as pipe tables with whole cells, links made absolute against the
+//! page's final URL, and chrome (navigation, sidebars, keyboard help, theme menus, cookie
+//! banners, forms) dropped.
+//!
+//! The page first goes through `html::limit_nesting` (linear in its size): elements nested deeper
+//! than `html::MAX_DEPTH` are unwrapped, scripts and styles dropped, and only the first `budget`
+//! characters of text written, so that the parsers after it, whose time grows with nesting, get
+//! a bounded page.
+
+use dom_query::{Document, Selection};
+
+use super::html::{limit_nesting, PageText};
+
+/// What is never the content: navigation, sidebars, menus and dialogs, forms, cookie banners,
+/// mdBook's keyboard help and theme menu, Sphinx's and rustdoc's chrome, screen-reader skips.
+const CHROME: &str = "nav, aside, form, button, select, dialog, svg, iframe, object, embed, canvas, \
+    [role=navigation], [role=banner], [role=search], [role=contentinfo], [role=dialog], [aria-hidden=true], \
+    [hidden], .sidebar, #sidebar, .sphinxsidebar, .related, .headerlink, .anchor, .navheader, .navfooter, \
+    #mdbook-help-container, #mdbook-menu-bar, #menu-bar, .theme-popup, #theme-list, .nav-chapters, .nav-wrapper, \
+    rustdoc-toolbar, .out-of-band, .src, .srclink, .test-arrow, .rustdoc-breadcrumbs, \
+    .navbox, .vertical-navbox, .mw-editsection, .mw-jump-link, #toc, .toc, \
+    [id*=cookie], [class*=cookie], [id*=consent], [class*=consent], .skip-link, .visually-hidden, .sr-only";
+
+/// The language a code block names: a `language-x` or `lang-x` class on the `pre` or inside it
+/// (mdBook nests a `pre` and a `code` in it), a Sphinx `highlight-x` on an ancestor, or
+/// rustdoc's `rust` class.
+fn language(pre: &Selection) -> Option<String> {
+    let from = |class: &str| {
+        class.split_ascii_whitespace().find_map(|c| {
+            c.strip_prefix("language-")
+                .or_else(|| c.strip_prefix("lang-"))
+                .or_else(|| c.strip_prefix("highlight-").filter(|l| *l != "default"))
+                .or((c == "rust").then_some("rust"))
+                .map(str::to_string)
+        })
+    };
+    let inside = pre
+        .attr("class")
+        .and_then(|c| from(&c))
+        .or_else(|| pre.select("[class]").iter().find_map(|n| n.attr("class").and_then(|c| from(&c))));
+    inside
+        .or_else(|| pre.ancestors(Some(3)).iter().find_map(|a| a.attr("class").and_then(|c| from(&c))))
+        .map(|l| l.trim_end_matches(|c: char| c.is_ascii_digit()).to_string())
+        .filter(|l| !l.is_empty() && l.chars().all(|c| c.is_ascii_alphanumeric() || "+-_#".contains(c)))
+}
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+}
+
+/// Make the document's structure what the converter reads well: every `pre` a single `code` of
+/// its text (so links and markup inside a code block do not become Markdown, and a `pre` without
+/// `code` is fenced too), named by its language; a table with no header cell gets its first row
+/// as its header (a pipe table needs one) unless it holds a table or has one column; chrome gone;
+/// links and images absolute against `base`.
+fn normalize(doc: &Document, base: Option<&reqwest::Url>) {
+    doc.select(CHROME).remove();
+    // A page's footer is never its content; a header is chrome unless it holds a heading (an
+    // article's header does).
+    doc.select("footer").remove();
+    for h in doc.select("header").iter() {
+        if !h.select("h1, h2, h3").exists() {
+            h.remove();
+        }
+    }
+    // Outermost `pre`s only (mdBook nests them).
+    for pre in doc.select("pre").iter().filter(|p| !p.ancestors(None).is("pre")) {
+        let lang = language(&pre);
+        let text = pre.text();
+        let class = lang.map(|l| format!(" class=\"language-{l}\"")).unwrap_or_default();
+        pre.set_html(format!("<code{class}>{}</code>", escape(&text)));
+    }
+    // A line break in a cell would end the table's row: a separator instead.
+    doc.select("td br, th br").replace_with_html("; ");
+    for table in doc.select("table").iter() {
+        if table.select("table").exists() || table.select("th").exists() {
+            continue;
+        }
+        let rows = table.select("tr");
+        let first = rows.first();
+        if rows.length() >= 2 && first.select("td").length() >= 2 {
+            first.select("td").rename("th");
+        }
+    }
+    if let Some(base) = base {
+        let base = doc
+            .select_single("base[href]")
+            .attr("href")
+            .and_then(|h| base.join(&h).ok())
+            .unwrap_or_else(|| base.clone());
+        for (sel, attr) in [("a[href]", "href"), ("img[src]", "src")] {
+            for n in doc.select(sel).nodes() {
+                if let Some(v) = n.attr(attr) {
+                    if let Ok(abs) = base.join(v.trim()) {
+                        if matches!(abs.scheme(), "http" | "https" | "mailto") {
+                            n.set_attr(attr, abs.as_str());
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Pipe tables without the converter's padding (cells padded to their column's widest, which
+/// can be hundreds of spaces a row): each cell's text trimmed, each separator `---`. Lines in
+/// fenced code are left as they are.
+fn tidy_tables(md: &str) -> String {
+    let mut out = String::with_capacity(md.len());
+    let mut fence: Option<&str> = None;
+    for line in md.lines() {
+        let body = line.trim_start_matches(['>', ' ']);
+        let prefix = &line[..line.len() - body.len()];
+        if let Some(f) = fence {
+            if body.starts_with(f) {
+                fence = None;
+            }
+        } else if body.starts_with("```") || body.starts_with("~~~") {
+            fence = Some(&body[..3]);
+        } else if body.starts_with('|') && body.trim_end().ends_with('|') && body.trim_end().len() > 1 {
+            let inner = &body.trim_end()[1..body.trim_end().len() - 1];
+            let cells = cells(inner);
+            let sep = cells.iter().all(|c| !c.is_empty() && c.chars().all(|ch| ch == '-' || ch == ':'));
+            out.push_str(prefix);
+            out.push('|');
+            for c in cells {
+                out.push(' ');
+                if sep || !c.is_empty() {
+                    out.push_str(if sep { "---" } else { c });
+                    out.push(' ');
+                }
+                out.push('|');
+            }
+            out.push('\n');
+            continue;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
+/// A table row's cells: split at each `|` that is not escaped (`\|` is a pipe in a cell), trimmed.
+fn cells(row: &str) -> Vec<&str> {
+    let (mut out, mut start, mut escaped) = (vec![], 0, false);
+    for (i, c) in row.char_indices() {
+        match c {
+            '\\' => escaped = !escaped,
+            '|' if !escaped => {
+                out.push(row[start..i].trim());
+                start = i + 1;
+            }
+            _ => escaped = false,
+        }
+    }
+    out.push(row[start..].trim());
+    out
+}
+
+/// HTML as Markdown (see the module's doc). Only the page's first `budget` characters of text are
+/// converted: a 1 MB page's text is cut to the tool-result cap anyway.
+pub fn to_markdown(html: &[u8], url: &str, budget: usize) -> Result<PageText, String> {
+    let (limited, total_chars) = limit_nesting(&String::from_utf8_lossy(html), budget);
+    let base = reqwest::Url::parse(url).ok();
+    let doc = Document::from(limited.as_str());
+    normalize(&doc, base.as_ref());
+    let page_text = doc.select("body").text().split_whitespace().map(str::len).sum::<usize>();
+    let whole = doc.select("body").inner_html().to_string();
+    let title = doc.select_single("title").text().trim().to_string();
+    // The main content, where readability finds one that holds most of the page's text (an API
+    // reference or a table of many rows is all content: there it would keep too little).
+    let cfg = dom_smoothie::Config { keep_classes: true, ..Default::default() };
+    let main = dom_smoothie::Readability::with_document(doc, base.as_ref().map(|u| u.as_str()), Some(cfg))
+        .ok()
+        .and_then(|mut r| r.parse_with_policy(dom_smoothie::ParsePolicy::Moderate).ok())
+        .filter(|a| a.text_content.split_whitespace().map(str::len).sum::<usize>() * 2 >= page_text)
+        .map(|a| a.content.to_string());
+    let converter = htmd::HtmlToMarkdown::builder()
+        .options(htmd::options::Options {
+            bullet_list_marker: htmd::options::BulletListMarker::Dash,
+            ul_bullet_spacing: 1,
+            ol_number_spacing: 1,
+            ..Default::default()
+        })
+        .skip_tags(vec!["script", "style", "noscript", "template", "head", "nav", "aside", "form", "svg"])
+        .build();
+    let body = main.unwrap_or(whole);
+    let mut text = tidy_tables(&converter.convert(&body).map_err(|e| e.to_string())?);
+    if !title.is_empty() && !text.trim_start().starts_with('#') {
+        text = format!("# {title}\n\n{text}");
+    }
+    Ok(PageText { text, total_chars, cut: total_chars > budget })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture(name: &str) -> String {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pages");
+        let pages: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("pages.json")).unwrap()).unwrap();
+        let url =
+            pages.as_array().unwrap().iter().find(|p| p["file"] == name).unwrap()["url"].as_str().unwrap().to_string();
+        let html = std::fs::read(dir.join(name)).unwrap();
+        to_markdown(&html, &url, usize::MAX).unwrap().text
+    }
+
+    /// The fenced blocks of `md` (inside blockquotes too): (language, body).
+    fn fences(md: &str) -> Vec<(String, String)> {
+        type Block = (String, String);
+        let (mut out, mut open): (Vec<Block>, Option<Block>) = (vec![], None);
+        for line in md.lines() {
+            let body = line.trim_start_matches(['>', ' ']);
+            match (&mut open, body.strip_prefix("```")) {
+                (None, Some(lang)) => open = Some((lang.trim().to_string(), String::new())),
+                (Some(_), Some("")) => out.extend(open.take()),
+                (Some((_, b)), _) => {
+                    b.push_str(body);
+                    b.push('\n');
+                }
+                (None, None) => {}
+            }
+        }
+        out
+    }
+
+    /// Every inline link's target in `md` (outside code).
+    fn targets(md: &str) -> Vec<String> {
+        let mut out = vec![];
+        let prose: String = md.split("```").step_by(2).collect();
+        let mut rest = prose.as_str();
+        while let Some(i) = rest.find("](") {
+            rest = &rest[i + 2..];
+            let end = rest.find([')', ' ']).unwrap_or(rest.len());
+            out.push(rest[..end].to_string());
+        }
+        out
+    }
+
+    #[test]
+    fn code_blocks_come_fenced_with_their_language_and_their_text_alone() {
+        // (page, its `pre`s, a language it names, how many blocks name it)
+        for (name, pres, lang, named) in [
+            ("rust-book-strings.html", 25, "rust", 18),
+            ("nodejs-http.html", 74, "js", 44),
+            ("python-stdtypes.html", 131, "python", 100),
+            ("rust-std-vec.html", 219, "rust", 200),
+            ("postgres-datetime.html", 39, "", 39),
+            ("git-rebase.html", 40, "", 40),
+        ] {
+            let md = fixture(name);
+            let f = fences(&md);
+            assert!(f.len() * 100 >= pres * 97, "{name}: {} fenced blocks of {pres}", f.len());
+            let n = f.iter().filter(|(l, _)| l == lang).count();
+            assert!(n >= named, "{name}: {n} of {} fenced as {lang:?}", f.len());
+            // Links and markup inside code stay code (rustdoc links its types in examples).
+            for (_, body) in &f {
+                assert!(!body.contains("](https://"), "{name}: a link in a code block: {body}");
+            }
+        }
+        let book = fences(&fixture("rust-book-strings.html"));
+        assert!(book.iter().any(|(_, b)| b.contains("let mut s = String::new();")), "{book:?}");
+    }
+
+    #[test]
+    fn tables_come_as_pipe_tables_with_whole_cells_and_without_padding() {
+        let py = fixture("python-stdtypes.html");
+        assert!(
+            py.contains("\n| `x or y` | if *x* is false, then *y*, else *x* | (1) |\n"),
+            "a row of its first table"
+        );
+        let sqlite = fixture("sqlite-datatypes.html");
+        assert!(
+            sqlite.contains(
+                "| INT; INTEGER; TINYINT; SMALLINT; MEDIUMINT; BIGINT; UNSIGNED BIG INT; INT2; INT8 | INTEGER | 1 |"
+            ),
+            "a cell's line breaks are separators, its words whole"
+        );
+        let node = fixture("nodejs-http.html");
+        assert!(node.matches("| Version | Changes |\n| --- | --- |").count() >= 25, "the history tables");
+        for md in [&py, &sqlite, &node, &fixture("postgres-datetime.html")] {
+            assert!(!md.lines().any(|l| l.starts_with('|') && l.contains("  |")), "no padded cells");
+        }
+    }
+
+    #[test]
+    fn links_are_absolute_against_the_pages_url() {
+        for name in ["rust-std-vec.html", "git-rebase.html", "python-stdtypes.html", "wikipedia-tsne.html"] {
+            let md = fixture(name);
+            let t = targets(&md);
+            assert!(t.len() > 5, "{name}");
+            let relative: Vec<&String> = t
+                .iter()
+                .filter(|u| !u.starts_with("https://") && !u.starts_with("http://") && !u.starts_with("mailto:"))
+                .collect();
+            assert!(relative.is_empty(), "{name}: {relative:?}");
+        }
+        // `../primitive.slice.html` from /1.63.0/std/vec/struct.Vec.html; a fragment keeps the page.
+        let vec = fixture("rust-std-vec.html");
+        assert!(vec.contains("(https://doc.rust-lang.org/1.63.0/std/primitive.slice.html"), "resolved from the page");
+        assert!(vec.contains("(https://doc.rust-lang.org/1.63.0/std/vec/struct.Vec.html#method.with_capacity)"));
+        assert!(fixture("git-rebase.html")
+            .contains("(https://mirrors.edge.kernel.org/pub/software/scm/git/docs/git-config.html)"));
+    }
+
+    #[test]
+    fn chrome_is_dropped() {
+        for (name, chrome) in [
+            ("rust-book-strings.html", &["Keyboard shortcuts", "Navy", "Coal", "Print this book"][..]),
+            ("python-stdtypes.html", &["Quick search", "Previous topic", "Show Source", "Report a Bug"]),
+            ("wikipedia-tsne.html", &["Jump to navigation", "Jump to search", "Edit links", "Random article"]),
+            ("wikipedia-new-zealand.html", &["Jump to navigation", "Print/export", "Main page"]),
+            ("nodejs-http.html", &["Table of contents", "Edit on GitHub", "View another version"]),
+            ("rust-std-vec.html", &["[Run](", "[source]("]),
+        ] {
+            let md = fixture(name);
+            for c in chrome {
+                assert!(!md.contains(c), "{name}: {c:?} is left");
+            }
+        }
+    }
+
+    /// Writes each fixture's Markdown beside it (`<name>.subagentd.md`), for `benches/pages.py`.
+    #[test]
+    #[ignore = "writes files: run by hand to refresh the side-by-side table"]
+    fn write_the_fixtures_markdown() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pages");
+        let pages: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("pages.json")).unwrap()).unwrap();
+        for p in pages.as_array().unwrap() {
+            let file = p["file"].as_str().unwrap();
+            let html = std::fs::read(dir.join(file)).unwrap();
+            let t = std::time::Instant::now();
+            let md = to_markdown(&html, p["url"].as_str().unwrap(), usize::MAX).unwrap();
+            eprintln!("{file}: {} chars in {:?}", md.text.chars().count(), t.elapsed());
+            std::fs::write(dir.join(file.replace(".html", ".subagentd.md")), md.text + "\n").unwrap();
+        }
+    }
+}

@@ -8,6 +8,9 @@
 //! always fails. `<id>` is the id of the task the file's examples last got back. Blocks that
 //! cannot run here are on `SKIP`, each with its reason; a skip that matches nothing fails too.
 //!
+//! No tool call of the tasks the examples start may fail (`tool_call_finished` with `is_error`):
+//! an example that calls a tool with arguments it refuses fails here, not only in its messages.
+//!
 //! Also: the configuration table of docs/operations.md names every setting the service reads,
 //! and only those.
 //!
@@ -325,6 +328,18 @@ async fn every_shell_example_in_the_readme_and_the_docs_runs_against_the_binary(
                     String::from_utf8_lossy(&out.stdout),
                     String::from_utf8_lossy(&out.stderr)
                 ));
+            }
+        }
+        // The tool calls the examples' tasks made all went through: a call that failed (say,
+        // with arguments the tool refuses) would leave a summary that looks fine.
+        let ids: Vec<String> = sqlx::query_scalar("SELECT id::text FROM tasks").fetch_all(&db.pool).await.unwrap();
+        for id in ids {
+            let events: serde_json::Value =
+                client.get(format!("http://{listen}/tasks/{id}/events")).send().await.unwrap().json().await.unwrap();
+            for e in events["events"].as_array().into_iter().flatten() {
+                if e["kind"] == "tool_call_finished" && e["data"]["is_error"] == true {
+                    failures.push(format!("{rel}: a tool call of task {id} failed: {}", e["data"]));
+                }
             }
         }
         drop(proc);

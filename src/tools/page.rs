@@ -104,42 +104,91 @@ fn normalize(doc: &Document, base: Option<&reqwest::Url>) {
     }
 }
 
+/// The most columns a pipe table keeps; a wider one is written as a list of records, each row a
+/// line of `**header**: value` pairs, which reads whole where a wide row would wrap past reading.
+const MAX_COLUMNS: usize = 8;
+
 /// Pipe tables without the converter's padding (cells padded to their column's widest, which
-/// can be hundreds of spaces a row): each cell's text trimmed, each separator `---`. Lines in
-/// fenced code are left as they are.
+/// can be hundreds of spaces a row): each cell's text trimmed, each separator `---`; a table of
+/// more than `MAX_COLUMNS` columns as records. Lines in fenced code are left as they are.
 fn tidy_tables(md: &str) -> String {
     let mut out = String::with_capacity(md.len());
     let mut fence: Option<&str> = None;
+    // The table being read: its lines' prefix (a blockquote's `> `) and its rows' cells.
+    let mut table: Option<(&str, Vec<Vec<&str>>)> = None;
     for line in md.lines() {
         let body = line.trim_start_matches(['>', ' ']);
         let prefix = &line[..line.len() - body.len()];
+        let row = body.trim_end();
+        if fence.is_none() && row.len() > 1 && row.starts_with('|') && row.ends_with('|') {
+            let cells = cells(&row[1..row.len() - 1]);
+            match &mut table {
+                Some((p, rows)) if *p == prefix => rows.push(cells),
+                _ => {
+                    if let Some((p, rows)) = table.take() {
+                        write_table(&mut out, p, &rows);
+                    }
+                    table = Some((prefix, vec![cells]));
+                }
+            }
+            continue;
+        }
+        if let Some((p, rows)) = table.take() {
+            write_table(&mut out, p, &rows);
+        }
         if let Some(f) = fence {
             if body.starts_with(f) {
                 fence = None;
             }
         } else if body.starts_with("```") || body.starts_with("~~~") {
             fence = Some(&body[..3]);
-        } else if body.starts_with('|') && body.trim_end().ends_with('|') && body.trim_end().len() > 1 {
-            let inner = &body.trim_end()[1..body.trim_end().len() - 1];
-            let cells = cells(inner);
-            let sep = cells.iter().all(|c| !c.is_empty() && c.chars().all(|ch| ch == '-' || ch == ':'));
-            out.push_str(prefix);
-            out.push('|');
-            for c in cells {
-                out.push(' ');
-                if sep || !c.is_empty() {
-                    out.push_str(if sep { "---" } else { c });
-                    out.push(' ');
-                }
-                out.push('|');
-            }
-            out.push('\n');
-            continue;
         }
         out.push_str(line);
         out.push('\n');
     }
+    if let Some((p, rows)) = table.take() {
+        write_table(&mut out, p, &rows);
+    }
     out
+}
+
+/// One table's rows, as a pipe table or (past `MAX_COLUMNS`, with a header) as records.
+fn write_table(out: &mut String, prefix: &str, rows: &[Vec<&str>]) {
+    let is_sep = |r: &[&str]| r.iter().all(|c| !c.is_empty() && c.chars().all(|ch| ch == '-' || ch == ':'));
+    let wide = rows.len() >= 2 && is_sep(&rows[1]) && rows[0].len() > MAX_COLUMNS;
+    if wide {
+        let header = &rows[0];
+        for r in &rows[2..] {
+            let pairs: Vec<String> = r
+                .iter()
+                .enumerate()
+                .filter(|(_, v)| !v.is_empty())
+                .map(|(i, v)| match header.get(i).filter(|h| !h.is_empty()) {
+                    Some(h) => format!("**{h}**: {v}"),
+                    None => v.to_string(),
+                })
+                .collect();
+            out.push_str(prefix);
+            out.push_str("- ");
+            out.push_str(&pairs.join("; "));
+            out.push('\n');
+        }
+        return;
+    }
+    for r in rows {
+        let sep = is_sep(r);
+        out.push_str(prefix);
+        out.push('|');
+        for c in r {
+            out.push(' ');
+            if sep || !c.is_empty() {
+                out.push_str(if sep { "---" } else { c });
+                out.push(' ');
+            }
+            out.push('|');
+        }
+        out.push('\n');
+    }
 }
 
 /// A table row's cells: split at each `|` that is not escaped (`\|` is a pipe in a cell), trimmed.
@@ -304,6 +353,21 @@ mod tests {
         assert!(vec.contains("(https://doc.rust-lang.org/1.63.0/std/vec/struct.Vec.html#method.with_capacity)"));
         assert!(fixture("git-rebase.html")
             .contains("(https://mirrors.edge.kernel.org/pub/software/scm/git/docs/git-config.html)"));
+    }
+
+    #[test]
+    fn a_table_too_wide_reads_as_records_and_a_nested_one_as_text() {
+        let head: String = (1..=10).map(|i| format!("<th>c{i}</th>")).collect();
+        let row: String = (1..=10).map(|i| format!("<td>v{i}</td>")).collect();
+        let html = format!(
+            "<h1>T</h1><p>Wide:</p><table><tr>{head}</tr><tr>{row}</tr></table>\
+             <table><tr><th>a</th><th>b</th></tr><tr><td>1</td><td>2</td></tr></table>\
+             <table><tr><td><table><tr><td>inner</td><td>cell</td></tr></table></td><td>outer</td></tr></table>"
+        );
+        let md = to_markdown(html.as_bytes(), "https://e.org/", usize::MAX).unwrap().text;
+        assert!(md.contains("- **c1**: v1; **c2**: v2;") && md.contains("**c10**: v10\n"), "{md}");
+        assert!(md.contains("| a | b |\n| --- | --- |\n| 1 | 2 |"), "a narrow one stays a pipe table: {md}");
+        assert!(md.contains("inner") && md.contains("outer") && !md.contains("| inner"), "{md}");
     }
 
     #[test]

@@ -201,7 +201,12 @@ pub struct Config {
     /// gitignore patterns, comma-separated, that a task's diff and saved changes leave out even
     /// where the tree has no `.gitignore` (read as a `.gitignore` at the tree's root, before the
     /// tree's own, which may un-ignore with `!`). Empty: only the tree's own.
-    #[arg(long, env = "SUBAGENTD_SANDBOX_IGNORE", default_value = crate::workspace::copy::DEFAULT_IGNORE, global = true)]
+    #[arg(
+        long,
+        env = "SUBAGENTD_SANDBOX_IGNORE",
+        default_value = "__pycache__/,*.pyc,target/,node_modules/",
+        global = true
+    )]
     pub sandbox_ignore: String,
 
     /// What a task's saved changes (kept with each checkpoint, so that a rescued run rebuilds

@@ -84,6 +84,12 @@ impl Registry {
             .collect()
     }
 
+    /// Is Anthropic's own search the only one (so `web_search` is offered only on Anthropic
+    /// models, where searches are not gated)?
+    pub fn searches_only_on_anthropic(&self) -> bool {
+        self.anthropic_search && !self.search
+    }
+
     /// Why `t` is not among a tenant's built-ins (`for_tenant`), in words an operator can act
     /// on; `None` where it is.
     pub fn why_off(&self, t: BuiltinTool, limits: &Limits) -> Option<String> {

@@ -46,6 +46,14 @@ fn language(pre: &Selection) -> Option<String> {
         .filter(|l| !l.is_empty() && l.chars().all(|c| c.is_ascii_alphanumeric() || "+-_#".contains(c)))
 }
 
+/// The characters a table may make at most as a pipe table (see `normalize`).
+const MAX_TABLE: usize = 1 << 20;
+
+/// Is `url` absolute, of a scheme shown to the model (http, https, and for links mailto)?
+fn shown_scheme(url: &str, link: bool) -> bool {
+    reqwest::Url::parse(url).is_ok_and(|u| matches!(u.scheme(), "http" | "https") || (link && u.scheme() == "mailto"))
+}
+
 fn escape(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
 }
@@ -75,6 +83,25 @@ fn normalize(doc: &Document, base: Option<&reqwest::Url>) {
     // A line break in a cell would end the table's row: a separator instead.
     doc.select("td br, th br").replace_with_html("; ");
     for table in doc.select("table").iter() {
+        // A pipe table pads each row to its columns' widths (and records repeat the header in
+        // each row): where rows × width would make more than `MAX_TABLE` characters, the table
+        // is read as its text, block by block.
+        let rows = table.select("tr");
+        let mut widths: Vec<usize> = vec![];
+        for r in rows.iter() {
+            for (i, c) in r.select("td, th").iter().enumerate() {
+                let n = c.text().len();
+                match widths.get_mut(i) {
+                    Some(w) => *w = (*w).max(n),
+                    None => widths.push(n),
+                }
+            }
+        }
+        if rows.length().saturating_mul(widths.iter().sum::<usize>() + 4 * widths.len()) > MAX_TABLE {
+            table.select("thead, tbody, tfoot, tr, td, th, caption").rename("div");
+            table.rename("div");
+            continue;
+        }
         if table.select("table").exists() || table.select("th").exists() {
             continue;
         }
@@ -92,14 +119,23 @@ fn normalize(doc: &Document, base: Option<&reqwest::Url>) {
             .unwrap_or_else(|| base.clone());
         for (sel, attr) in [("a[href]", "href"), ("img[src]", "src")] {
             for n in doc.select(sel).nodes() {
-                if let Some(v) = n.attr(attr) {
-                    if let Ok(abs) = base.join(v.trim()) {
-                        if matches!(abs.scheme(), "http" | "https" | "mailto") {
-                            n.set_attr(attr, abs.as_str());
-                        }
-                    }
+                if let Some(abs) = n.attr(attr).and_then(|v| base.join(v.trim()).ok()) {
+                    n.set_attr(attr, abs.as_str());
                 }
             }
+        }
+    }
+    // Only web and mail addresses are shown: a `javascript:` or `data:` link keeps its text and
+    // loses its target; an image of another scheme (a `data:` one can be megabytes) is its alt.
+    for n in doc.select("a[href]").nodes() {
+        if !n.attr("href").is_some_and(|h| shown_scheme(&h, true)) {
+            n.remove_attr("href");
+        }
+    }
+    for n in doc.select("img").nodes() {
+        if !n.attr("src").is_some_and(|h| shown_scheme(&h, false)) {
+            let alt = n.attr("alt").map(|a| escape(&a)).unwrap_or_default();
+            n.replace_with_html(alt);
         }
     }
 }
@@ -113,7 +149,7 @@ const MAX_COLUMNS: usize = 8;
 /// more than `MAX_COLUMNS` columns as records. Lines in fenced code are left as they are.
 fn tidy_tables(md: &str) -> String {
     let mut out = String::with_capacity(md.len());
-    let mut fence: Option<&str> = None;
+    let mut fence: Option<(char, usize)> = None;
     // The table being read: its lines' prefix (a blockquote's `> `) and its rows' cells.
     let mut table: Option<(&str, Vec<Vec<&str>>)> = None;
     for line in md.lines() {
@@ -136,12 +172,16 @@ fn tidy_tables(md: &str) -> String {
         if let Some((p, rows)) = table.take() {
             write_table(&mut out, p, &rows);
         }
-        if let Some(f) = fence {
-            if body.starts_with(f) {
+        // A fence is closed by a run of its character at least as long as the one that opened it.
+        let run = |ch: char| body.len() - body.trim_start_matches(ch).len();
+        if let Some((ch, n)) = fence {
+            if run(ch) >= n && body.trim_start_matches(ch).trim().is_empty() {
                 fence = None;
             }
-        } else if body.starts_with("```") || body.starts_with("~~~") {
-            fence = Some(&body[..3]);
+        } else if run('`') >= 3 {
+            fence = Some(('`', run('`')));
+        } else if run('~') >= 3 {
+            fence = Some(('~', run('~')));
         }
         out.push_str(line);
         out.push('\n');
@@ -368,6 +408,31 @@ mod tests {
         assert!(md.contains("- **c1**: v1; **c2**: v2;") && md.contains("**c10**: v10\n"), "{md}");
         assert!(md.contains("| a | b |\n| --- | --- |\n| 1 | 2 |"), "a narrow one stays a pipe table: {md}");
         assert!(md.contains("inner") && md.contains("outer") && !md.contains("| inner"), "{md}");
+    }
+
+    #[test]
+    fn hostile_tables_links_and_images_are_bounded() {
+        // A header 100,000 characters wide over 30,000 rows: as a pipe table, 3 GB of padding.
+        let html =
+            format!("<table><tr><th>{}</th></tr>{}</table>", "A".repeat(100_000), "<tr><td>x</td></tr>".repeat(30_000));
+        let md = to_markdown(html.as_bytes(), "https://e.org/", 1 << 20).unwrap().text;
+        assert!(md.len() < 400_000, "{} bytes", md.len());
+        // Other schemes: the text without the target, the image as its alt.
+        let html = format!(
+            "<p><a href=\"javascript:alert(1)\">click</a> <a href=\"data:text/html,x\">d</a> \
+             <img alt=\"a plot\" src=\"data:image/png;base64,{}\"> <a href=\"/ok\">ok</a></p>",
+            "A".repeat(80_000)
+        );
+        let md = to_markdown(html.as_bytes(), "https://e.org/x/", usize::MAX).unwrap().text;
+        assert!(!md.contains("javascript:") && !md.contains("data:"), "{md}");
+        assert!(md.contains("click") && md.contains("a plot") && md.contains("[ok](https://e.org/ok)"), "{md}");
+        assert!(md.len() < 200, "{md}");
+    }
+
+    #[test]
+    fn a_longer_fence_holds_a_shorter_one_and_the_rows_in_it_are_left_alone() {
+        let md = "````\n```\n|  a  |  b  |\n````\n|  c  |  d  |\n|---|---|\n";
+        assert_eq!(tidy_tables(md), "````\n```\n|  a  |  b  |\n````\n| c | d |\n| --- | --- |\n");
     }
 
     #[test]

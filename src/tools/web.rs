@@ -407,17 +407,57 @@ fn fit(text: &str, max_bytes: usize, max_chars: Option<usize>, cut_read: bool, t
 }
 
 /// `end` moved back, where needed, so that `text[..end]` does not stop inside a Markdown link: a
-/// reference is shown with its target or not at all.
+/// reference is shown with its target or not at all. The last line is read as Markdown does:
+/// brackets nest (an image in a link), `\[` is a bracket of text, and a target runs to the `)`
+/// that balances its `(` (a URL may hold brackets and parentheses). The cut goes back to the
+/// outermost `[` still open, or to the link whose target is cut.
 fn link_safe(text: &str, end: usize) -> usize {
     let shown = &text[..end];
-    let Some(open) = shown.rfind('[') else { return end };
-    let closed = shown[open..].find("](").is_some_and(|i| shown[open + i..].contains(')'));
-    let plain = !shown[open..].contains(']') && shown[open..].contains('\n');
-    if closed || plain {
-        end
-    } else {
-        open
+    let start = shown.rfind('\n').map_or(0, |i| i + 1);
+    let line = &shown.as_bytes()[start..];
+    let (mut open, mut target, mut escaped) = (Vec::<usize>::new(), None::<(usize, usize)>, false);
+    let mut i = 0;
+    while i < line.len() {
+        let c = line[i];
+        if let Some((_, depth)) = &mut target {
+            match c {
+                b'(' => *depth += 1,
+                b')' => {
+                    *depth -= 1;
+                    if *depth == 0 {
+                        // A link inside another's text leaves the outer one open.
+                        target = None;
+                    }
+                }
+                _ => {}
+            }
+        } else if escaped {
+            escaped = false;
+        } else {
+            match c {
+                b'\\' => escaped = true,
+                b'[' => open.push(i),
+                b']' => {
+                    let at = open.pop();
+                    // Looked up in the whole text: a `(` just past the cut opens a target too.
+                    if let (Some(at), Some(b'(')) = (at, text.as_bytes().get(start + i + 1)) {
+                        target = Some((at, 1));
+                        i += 1;
+                    }
+                }
+                _ => {}
+            }
+        }
+        i += 1;
     }
+    let cut = match (target, open.first()) {
+        (Some((at, _)), Some(&outer)) => Some(at.min(outer)),
+        (Some((at, _)), None) => Some(at),
+        (None, Some(&outer)) => Some(outer),
+        (None, None) => None,
+    };
+    // An image's `!` goes with its `[`.
+    cut.map_or(end, |c| start + if c > 0 && line[c - 1] == b'!' { c - 1 } else { c })
 }
 
 async fn search(web: &Web, call: &ToolCall, max_result: usize) -> ToolOutput {
@@ -548,7 +588,19 @@ mod tests {
         assert!(fit("abcdef", 100, Some(3), false, None).starts_with("abc\n[cut:"));
         assert!(fit("abc", 100, None, true, None).contains("longer than web_fetch reads"));
         assert!(fit("abc", 100, None, false, Some(900)).contains("is 900 characters and only the first 3"));
-        // A cut never leaves a link without its target.
+        // A cut never leaves a link without its target: an image in a link, brackets and
+        // parentheses in a target, an escaped bracket of text.
+        let all = |t: &str| link_safe(t, t.len());
+        assert_eq!(all("x [![logo](https://e.org/l.png)](https://e.org/ho"), 2);
+        assert_eq!(all("x [![logo](https://e.org/l.png)"), 2);
+        assert_eq!(all("x ![logo](https://e.org/l"), 2, "an image goes with its `!`");
+        assert_eq!(all("[Issues](https://e.org/i?q[state]=open"), 0);
+        let whole = "[W](https://e.org/a_(b)) and";
+        assert_eq!(all(whole), whole.len());
+        let escaped = "a \\[not a link and";
+        assert_eq!(all(escaped), escaped.len());
+        let two = "done [a](https://e.org/a)\nnext [b](https://e";
+        assert_eq!(all(two), two.find("[b").unwrap());
         let md = "See [the guide](https://e.org/guide) and [the API](https://e.org/api).";
         for n in 0..md.len() {
             let shown = fit(md, n, None, false, None);

@@ -127,7 +127,8 @@ pub struct Rules {
 }
 
 /// What git leaves out of a fresh checkout's status only through a `.gitignore` nearly every
-/// project of these languages has: Python's bytecode, Rust's and Node's build output.
+/// project of these languages has: Python's bytecode, Rust's and Node's build output. The
+/// default of `SUBAGENTD_SANDBOX_IGNORE` (tests/api/sandbox.rs checks they agree).
 pub const DEFAULT_IGNORE: &str = "__pycache__/,*.pyc,target/,node_modules/";
 
 impl Rules {
@@ -513,15 +514,20 @@ fn section(
                 .map(Some),
         };
         let (Some(x), Some(y)) = (bytes(old, a), bytes(new, b)) else {
-            let at = if b.is_some() { new } else { old };
-            let len = under(at, rel).and_then(|p| p.symlink_metadata().ok());
+            // Named by the side that is over the cap (the new one where both are).
+            let size = |root: &Path| under(root, rel).and_then(|p| p.symlink_metadata().ok()).map_or(0, |m| m.len());
+            let at = if b.is_some() && size(new) > rules.binary_max { new } else { old };
             stats.omit(format!(
                 "{name} (binary, {} bytes, sha256 {}: over the diff's binary cap)",
-                len.map_or(0, |m| m.len()),
+                size(at),
                 hash_under(at, rel)
             ));
             return String::new();
         };
+        // Only its mode changed: the mode lines say it all, as git writes them.
+        if x.is_some() && x == y {
+            return s;
+        }
         let same_mode = matches!((a, b), (Some(p), Some(q)) if mode(p) == mode(q));
         let m = same_mode.then(|| b.map(mode)).flatten();
         s.push_str(&super::binary_patch::section(x.as_deref(), y.as_deref(), m));

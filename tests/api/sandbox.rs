@@ -497,6 +497,12 @@ async fn directories_and_links_by_the_hundred_thousand_are_stopped_and_links_out
     assert!(c.join("rootl").symlink_metadata().is_err() && c.join("src/up").symlink_metadata().is_err());
 }
 
+#[test]
+fn the_default_ignore_patterns_are_the_settings_default() {
+    let c = subagentd::config::Config::defaults();
+    assert_eq!(c.sandbox_ignore, subagentd::workspace::copy::DEFAULT_IGNORE);
+}
+
 #[tokio::test]
 async fn binary_files_are_in_the_patch_in_gits_form_and_build_output_is_left_out_without_a_gitignore() {
     let Some(srv) = git_server().await else { return };

@@ -709,6 +709,12 @@ async fn the_web_beside_a_private_workspace_is_the_tenants_choice() {
     let r = app.client.post(app.url("/tasks")).json(&body(Some(true))).send().await.unwrap();
     let p = assert_problem(r, 422, "validation_failed").await;
     assert!(p.to_string().contains("workspace.web"), "{p}");
+    // Asking for web_fetch by name says why it is not there, not that it is not the tenant's.
+    let mut asked = body(None);
+    asked["allowed_tools"] = json!(["web_fetch"]);
+    let r = app.client.post(app.url("/tasks")).json(&asked).send().await.unwrap();
+    let p = assert_problem(r, 422, "validation_failed").await;
+    assert!(p.to_string().contains("not offered beside a private workspace"), "{p}");
     put_tenant_limits(&app.base, ADMIN, "default", &json!({"private_workspace_web": "task"})).await;
     assert_eq!(tools(&run(&app, body(None)).await), json!(["glob", "grep", "read_file"]));
     assert_eq!(tools(&run(&app, body(Some(true))).await), json!(["web_fetch", "glob", "grep", "read_file"]));

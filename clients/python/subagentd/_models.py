@@ -181,8 +181,9 @@ class Agent(Model):
     claude_code: Optional[Dict[str, Any]] = None
     warnings: Optional[List[str]] = None
     unmatched_tools: Optional[List[str]] = None
+    tool_mapping: Optional[List[Dict[str, Any]]] = None
     extra: Dict[str, Any] = _dc.field(default_factory=dict)
-    _fields = ["name", "source", "description", "system_prompt", "tools", "builtin_tools", "disallowed_tools", "model", "max_turns", "max_output_tokens", "approval", "read_only", "output_schema", "fallback_models", "fallback_on", "priority", "claude_code", "warnings", "unmatched_tools"]
+    _fields = ["name", "source", "description", "system_prompt", "tools", "builtin_tools", "disallowed_tools", "model", "max_turns", "max_output_tokens", "approval", "read_only", "output_schema", "fallback_models", "fallback_on", "priority", "claude_code", "warnings", "unmatched_tools", "tool_mapping"]
     _nested = {}
     _required = ["name", "source"]
 

@@ -132,23 +132,32 @@ const ABOUT: &str = "A message starts a task that runs with a fresh conversation
     `max_turns` or `output_schema` go in the message's metadata under the names of POST /tasks. A task that waits \
     for a decision is input-required: answer it with a data part {\"actions\": [...]}.";
 
-/// When this process first served a card of these bytes (by its ETag), to the second: the card's
-/// `Last-Modified`. A card's bytes follow what it is made of (the agents, the host asked), so no
-/// earlier copy of them can be served after a change; a later first sight on another replica only
-/// makes a client's `If-Modified-Since` there miss, never match wrongly. At most `SEEN_MAX` cards
-/// are remembered; past that the memory starts again (a later time, which is as safe).
-fn first_seen(etag: &str) -> chrono::DateTime<chrono::Utc> {
+/// When this process first served a card's current bytes, to the second: the card's
+/// `Last-Modified`. A card is known by its URL (which names the host asked and the agent) and
+/// whether it is private; when its bytes change, its time is the time they changed, so bytes
+/// that come back to an earlier version get a later time, never their old one. A later first
+/// sight on another replica only makes a client's `If-Modified-Since` there miss, never match
+/// wrongly. At most `SEEN_MAX` cards are remembered; past that the memory starts again (a later
+/// time, which is as safe).
+fn modified(card: &str, etag: &str) -> chrono::DateTime<chrono::Utc> {
     use std::collections::HashMap;
     use std::sync::{Mutex, OnceLock};
+    type Seen = HashMap<String, (String, chrono::DateTime<chrono::Utc>)>;
     const SEEN_MAX: usize = 1024;
-    static SEEN: OnceLock<Mutex<HashMap<String, chrono::DateTime<chrono::Utc>>>> = OnceLock::new();
+    static SEEN: OnceLock<Mutex<Seen>> = OnceLock::new();
     let mut seen = SEEN.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
-    if seen.len() >= SEEN_MAX && !seen.contains_key(etag) {
+    if seen.len() >= SEEN_MAX && !seen.contains_key(card) {
         seen.clear();
     }
     let now = chrono::Utc::now();
     let now = now - chrono::Duration::nanoseconds(i64::from(chrono::Timelike::nanosecond(&now)));
-    *seen.entry(etag.to_string()).or_insert(now)
+    match seen.get(card) {
+        Some((tag, at)) if tag == etag => *at,
+        _ => {
+            seen.insert(card.to_string(), (etag.to_string(), now));
+            now
+        }
+    }
 }
 
 /// Whether a request's validators say its copy of a card is current: `If-None-Match` naming the
@@ -175,7 +184,9 @@ fn reply(v: Value, headers: &HeaderMap, private: bool) -> Response {
     use sha2::Digest;
     let body = v.to_string();
     let etag = format!("\"{}\"", hex::encode(&sha2::Sha256::digest(body.as_bytes())[..12]));
-    let modified = first_seen(&etag);
+    let card =
+        format!("{}|{}|{private}", v["url"].as_str().unwrap_or_default(), v["name"].as_str().unwrap_or_default());
+    let modified = modified(&card, &etag);
     let matched = current(headers, &etag, modified);
     let mut r = match matched {
         true => StatusCode::NOT_MODIFIED.into_response(),
@@ -236,4 +247,21 @@ pub async fn extended(ctx: &Ctx) -> Result<Value, A2aError> {
         }
         None => card(&ctx.st, &ctx.base, None, &all),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cards_bytes_that_come_back_get_the_time_they_came_back() {
+        let first = modified("https://h/a2a|c|false", "\"x\"");
+        assert_eq!(modified("https://h/a2a|c|false", "\"x\""), first, "the same bytes keep their time");
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+        let changed = modified("https://h/a2a|c|false", "\"y\"");
+        assert!(changed > first);
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+        assert!(modified("https://h/a2a|c|false", "\"x\"") > changed, "never the old time again");
+        assert_eq!(modified("https://other/a2a|c|false", "\"x\"").timestamp_subsec_nanos(), 0, "to the second");
+    }
 }

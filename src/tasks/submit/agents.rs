@@ -154,6 +154,10 @@ fn mapping(
     let tool = claude_code::tool_name(name, aliases);
     let builtin = BuiltinTool::parse(&tool);
     let found = here.tools.iter().find(|t| t.name == tool);
+    if d.disallowed_tools.iter().any(|n| claude_code::tool_name(n, aliases) == tool) {
+        let note = format!("{tool} is also in the definition's disallowedTools, which wins");
+        return ToolMapping { name: name.into(), tool, offered: false, note: Some(note) };
+    }
     let (offered, note) = match (found, builtin) {
         (None, Some(b)) => {
             (false, Some(here.builtins.why_off(b, here.limits).unwrap_or_else(|| format!("{b} is off"))))
@@ -186,9 +190,16 @@ fn mapping(
             } else if b.needs_workspace() {
                 only.push("in a task with a workspace".to_string());
             }
+            if b == BuiltinTool::WebSearch && here.builtins.searches_only_on_anthropic() {
+                only.push(
+                    "on an Anthropic model, and where no decision is asked before a search (the only search \
+                     configured is Anthropic's own: SUBAGENTD_WEB_SEARCH_ANTHROPIC, no SUBAGENTD_WEB_SEARCH_URL)"
+                        .to_string(),
+                );
+            }
             if b.reaches_web() {
                 only.push(match here.limits.private_workspace_web.as_deref() {
-                    Some("always") => return ToolMapping { name: name.into(), tool, offered: true, note: None },
+                    Some("always") => String::new(),
                     Some("task") => "beside a private workspace (an upload, or a repository read with a secret) only \
                                      when the task sets workspace.web: true"
                         .into(),
@@ -197,6 +208,7 @@ fn mapping(
                         .into(),
                 });
             }
+            only.retain(|o| !o.is_empty());
             (true, (!only.is_empty()).then(|| format!("offered only {}", only.join("; "))))
         }
         (Some(_), None) => (true, None),

@@ -523,10 +523,26 @@ impl Lifecycle {
         if let Some(allowed) = &body.allowed_tools {
             if let Some(unknown) = allowed.iter().find(|n| !available.iter().any(|a| &a.name == *n)) {
                 let names: Vec<&str> = available.iter().map(|a| a.name.as_str()).collect();
+                // A built-in not offered here says why, not that it is not the tenant's.
+                let why = crate::kinds::BuiltinTool::parse(unknown).map(|t| {
+                    if let Some(off) = self.p.tool_caller.builtins.why_off(t, limits) {
+                        off
+                    } else if t.needs_workspace() && workspace.is_none() {
+                        format!("{t} is offered only in a task with a workspace")
+                    } else if t.reaches_web() && !web_ok {
+                        format!(
+                            "{t} is not offered beside a private workspace (an upload, or a repository read with a \
+                             secret) unless the tenant's private_workspace_web allows it (`task`: with workspace.web: true)"
+                        )
+                    } else {
+                        format!("{t} is not offered to this task")
+                    }
+                });
                 return Err(TaskError::invalid(
                     "allowed_tools",
                     format!(
-                        "{unknown:?} is not a tool of yours; available: {}",
+                        "{}; available: {}",
+                        why.unwrap_or_else(|| format!("{unknown:?} is not a tool of yours")),
                         if names.is_empty() { "none".into() } else { names.join(", ") }
                     ),
                 ));

@@ -635,6 +635,22 @@ async fn a_claude_code_agent_naming_webfetch_and_websearch_gets_both_with_no_war
     assert_eq!((m[2]["tool"].as_str(), m[2]["offered"].as_bool()), (Some("read_file"), Some(false)), "{a}");
     let t = done(&app, json!({"prompt": "x", "subagent_type": "web-researcher"})).await;
     assert_eq!(t["tools"], json!(["web_fetch", "web_search"]));
+    // A name the definition also disallows is not offered, and its mapping says so.
+    let denied = "---\nname: fetch-only\ndescription: Fetches\ntools: WebFetch, WebSearch\ndisallowedTools: WebSearch\n---\nYou fetch.";
+    let r = app
+        .client
+        .put(app.url("/agents/fetch-only"))
+        .header("content-type", "text/markdown")
+        .body(denied)
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    let a: Value = app.client.get(app.url("/agents/fetch-only")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(a["tool_mapping"][1]["offered"], false, "{a}");
+    assert!(a["tool_mapping"][1]["note"].as_str().unwrap().contains("disallowedTools"), "{a}");
+    let t = done(&app, json!({"prompt": "x", "subagent_type": "fetch-only"})).await;
+    assert_eq!(t["tools"], json!(["web_fetch"]));
     // A definition with no tools list has every tool, the built-ins as `general` does.
     let r = app
         .client

@@ -136,6 +136,7 @@ export interface Agent {
     claude_code?: Record<string, unknown>;
     warnings?: string[];
     unmatched_tools?: string[];
+    tool_mapping?: Record<string, unknown>[];
     /** Fields this version does not know yet. */
     [field: string]: unknown;
 }

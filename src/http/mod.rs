@@ -70,6 +70,13 @@ impl AppState {
     }
 }
 
+impl AppState {
+    /// The lifecycle room, named where a door follows a task.
+    pub fn room(&self) -> &crate::tasks::Lifecycle {
+        &self.0.tasks
+    }
+}
+
 impl std::ops::Deref for AppState {
     type Target = Shared;
     fn deref(&self) -> &Shared {

@@ -164,6 +164,96 @@ impl Lifecycle {
     }
 }
 
+/// What following a task gives a door, in order (`Lifecycle::steps`): each door says it in its
+/// own protocol.
+pub enum Step {
+    /// A worker claimed the run (its `claimed` event).
+    Claimed(EventRow),
+    /// A turn ended (its checkpoint): the turn, and the event.
+    Turn(u32, EventRow),
+    /// The run's text as it streams.
+    Output(Arc<crate::live::Delta>),
+    /// The task waits for a decision: the task as it stands, read when its pause came (a pause
+    /// already answered by then is not a step).
+    Paused(Box<TaskView>),
+    /// The follow is over (the task ended, or the caller's deadline came): the task as it stands.
+    /// Nothing comes after it.
+    Ended(Box<TaskView>),
+}
+
+/// The state of `Lifecycle::steps`.
+struct Steps<S> {
+    room: Lifecycle,
+    scope: Scope,
+    id: Uuid,
+    items: std::pin::Pin<Box<S>>,
+    deadline: Option<tokio::time::Instant>,
+    ended: bool,
+}
+
+impl<S: Stream<Item = Item> + Send> Steps<S> {
+    async fn next(mut self) -> Option<(Result<Step, TaskError>, Self)> {
+        use futures_util::StreamExt;
+        if self.ended {
+            return None;
+        }
+        loop {
+            let until = self.deadline;
+            let item = tokio::select! {
+                item = self.items.next() => item,
+                _ = async move {
+                    match until {
+                        Some(d) => tokio::time::sleep_until(d).await,
+                        None => std::future::pending().await,
+                    }
+                } => None,
+            };
+            let step = match item {
+                Some(Item::Output(d)) => Step::Output(d),
+                // Matched on the kind (a row whose data does not read still counts); the data,
+                // typed, only where it is used.
+                Some(Item::Event(ev)) => match ev.known() {
+                    Some(EventKind::Claimed) => Step::Claimed(ev),
+                    Some(EventKind::Checkpoint) => Step::Turn(ev.event().and_then(|e| e.turn()).unwrap_or(0), ev),
+                    Some(EventKind::RequiresAction) => match self.room.get(&self.scope, self.id).await {
+                        Ok(now) if now.status == TaskStatus::RequiresAction => Step::Paused(Box::new(now)),
+                        Ok(_) => continue,
+                        Err(e) => return Some((Err(e), self)),
+                    },
+                    _ => continue,
+                },
+                // The feed ends after the task's last event (or the deadline came): the final read.
+                None => {
+                    self.ended = true;
+                    let now = self.room.get(&self.scope, self.id).await.map(|t| Step::Ended(Box::new(t)));
+                    return Some((now, self));
+                }
+            };
+            return Some((Ok(step), self));
+        }
+    }
+}
+
+impl Lifecycle {
+    /// A door's follow of task `id` over `items` (from `watch` or `watch_waiting`): its steps —
+    /// the run claimed, each turn, its text, a pause — then, when the feed ends or `deadline`
+    /// comes, the task as it stands. The door stops reading when its client leaves.
+    pub fn steps<S>(
+        &self,
+        scope: &Scope,
+        id: Uuid,
+        items: S,
+        deadline: Option<tokio::time::Instant>,
+    ) -> impl Stream<Item = Result<Step, TaskError>> + Send + 'static
+    where
+        S: Stream<Item = Item> + Send + 'static,
+    {
+        let state =
+            Steps { room: self.clone(), scope: scope.clone(), id, items: Box::pin(items), deadline, ended: false };
+        futures_util::stream::unfold(state, Steps::next)
+    }
+}
+
 /// A task's live text subscribed ahead of its run (`Lifecycle::output_ahead`).
 pub struct OutputAhead {
     id: Uuid,

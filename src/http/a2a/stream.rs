@@ -11,10 +11,9 @@ use tokio::sync::mpsc;
 use super::errors::A2aError;
 use super::Ctx;
 use crate::a2a::{state, stream_ends, timestamp, Shown};
-use crate::kinds::EventKind;
 use crate::kinds::TaskStatus;
 use crate::tasks::context::ContextRow as A2aTask;
-use crate::tasks::feed::{Item, OutputAhead};
+use crate::tasks::feed::{OutputAhead, Step};
 use crate::tasks::guard::Hold;
 use crate::tasks::TaskView;
 
@@ -55,7 +54,7 @@ async fn produce(
     history: Option<usize>,
 ) -> Result<(), A2aError> {
     let Followed { task, a2a, after, hold, live: ahead } = f;
-    let room = &ctx.st.tasks;
+    let room = ctx.st.room();
     let scope = ctx.scope();
     let shown = Shown { task: &task, a2a: a2a.as_ref() };
     let context = shown.context_id();
@@ -64,18 +63,17 @@ async fn produce(
     }
     let mut working = task.status == TaskStatus::Running;
     let output = ahead.unwrap_or_else(|| room.output_ahead(task.id));
-    let mut events = Box::pin(room.watch(&task, after, hold, Some(output)));
+    let mut steps = Box::pin(room.steps(&scope, task.id, room.watch(&task, after, hold, Some(output)), None));
     // The live text's artifact of each turn: (turn, try) of the text it holds so far.
     let mut live: Option<(u32, u32)> = None;
     loop {
-        let item = tokio::select! {
-            ev = events.next() => ev,
+        let step = tokio::select! {
+            step = steps.next() => step,
             _ = tx.closed() => return Ok(()),
         };
-        let ev = match item {
-            None => break,
-            Some(Item::Event(ev)) => ev,
-            Some(Item::Output(d)) => {
+        let Some(step) = step else { return Ok(()) };
+        let (metadata, at) = match step? {
+            Step::Output(d) => {
                 // An artifact of its own per turn (not the summary's), appended to as the text
                 // comes; a retried call's text starts it again.
                 let append = live == Some((d.turn, d.attempt));
@@ -89,26 +87,29 @@ async fn produce(
                 }
                 continue;
             }
-        };
-        // Matched on the kind (a row whose data does not read still counts); the data, typed,
-        // only where it is used.
-        let metadata = match ev.known() {
-            Some(EventKind::Claimed) if !working => json!({}),
-            Some(EventKind::Checkpoint) => json!({"turn": ev.event().and_then(|e| e.turn())}),
-            Some(EventKind::RequiresAction) => {
-                let now = room.get(&scope, task.id).await?;
-                if now.status == TaskStatus::RequiresAction {
-                    let update = Shown { task: &now, a2a: a2a.as_ref() }.status_update(None);
-                    let _ = tx.send(Ok(update)).await;
-                    return Ok(());
-                }
-                continue;
+            Step::Claimed(ev) if !working => (json!({}), ev.created_at),
+            Step::Claimed(_) => continue,
+            Step::Turn(turn, ev) => (json!({"turn": turn}), ev.created_at),
+            Step::Paused(now) => {
+                let update = Shown { task: &now, a2a: a2a.as_ref() }.status_update(None);
+                let _ = tx.send(Ok(update)).await;
+                return Ok(());
             }
-            _ => continue,
+            // The feed ends after the task's last event: it has ended.
+            Step::Ended(now) => {
+                let shown = Shown { task: &now, a2a: a2a.as_ref() };
+                for artifact in shown.artifacts() {
+                    if tx.send(Ok(shown.artifact_update(artifact))).await.is_err() {
+                        return Ok(());
+                    }
+                }
+                let _ = tx.send(Ok(shown.status_update(None))).await;
+                return Ok(());
+            }
         };
         working = true;
         let mut update = json!({"taskId": task.id, "contextId": context,
-                                "status": {"state": state(TaskStatus::Running), "timestamp": timestamp(ev.created_at)}});
+                                "status": {"state": state(TaskStatus::Running), "timestamp": timestamp(at)}});
         if metadata.as_object().is_some_and(|m| !m.is_empty()) {
             update["metadata"] = metadata;
         }
@@ -116,14 +117,4 @@ async fn produce(
             return Ok(());
         }
     }
-    // The feed ends after the task's last event: it has ended.
-    let now = room.get(&scope, task.id).await?;
-    let shown = Shown { task: &now, a2a: a2a.as_ref() };
-    for artifact in shown.artifacts() {
-        if tx.send(Ok(shown.artifact_update(artifact))).await.is_err() {
-            return Ok(());
-        }
-    }
-    let _ = tx.send(Ok(shown.status_update(None))).await;
-    Ok(())
 }

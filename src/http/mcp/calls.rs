@@ -17,9 +17,9 @@ use uuid::Uuid;
 use super::rpc::{self, RpcError};
 use super::tools;
 use super::{Ctx, Reply};
-use crate::kinds::{EventKind, Gate, TaskStatus};
+use crate::kinds::{Gate, TaskStatus};
 use crate::tasks::answer::ActionAnswer;
-use crate::tasks::feed::Item;
+use crate::tasks::feed::Step;
 use crate::tasks::{ActionRow, Submission, TaskError, TaskRequest, TaskView};
 
 /// The related-task metadata key of 2025-11-25 tasks.
@@ -304,7 +304,7 @@ async fn produce(
     progress: Option<Value>,
     related: Option<Uuid>,
 ) -> Result<Value, RpcError> {
-    let room = &ctx.st.tasks;
+    let room = ctx.st.room();
     let scope = ctx.scope();
     // With a progress token, the run's text as it streams goes out as progress messages: for a
     // task this call makes, subscribed before it is made, so none of it is missed; for one it
@@ -325,14 +325,14 @@ async fn produce(
         return Ok(tools::result(&task));
     }
     let output = progress.is_some().then(|| ahead.unwrap_or_else(|| room.output_ahead(task.id)));
-    let (mut events, deadline) = match until {
+    let mut steps = match until {
         // A wait: at the tenant's `max_waits` it is answered at once, as if it had run out.
         Until::Bound(bound) => match room.watch_waiting(&task, output).await {
-            Ok(Some(events)) => (events.boxed(), Some(tokio::time::Instant::now() + bound)),
+            Ok(Some(events)) => room.steps(&scope, task.id, events, Some(tokio::time::Instant::now() + bound)).boxed(),
             Ok(None) => return Ok(tools::result(&task)),
             Err(e) => return Err(internal(e)),
         },
-        Until::End(hold) => (room.watch(&task, 0, hold, output).boxed(), None),
+        Until::End(hold) => room.steps(&scope, task.id, room.watch(&task, 0, hold, output), None).boxed(),
     };
     // Text messages sent in the turn now running: progress between its turn's numbers.
     let mut texts_in_turn = (0u32, 0u32);
@@ -340,18 +340,10 @@ async fn produce(
     note.total = max_turns;
     let beat = tokio::time::sleep(BEAT);
     tokio::pin!(beat);
-    let out_of_time = async move {
-        match deadline {
-            Some(d) => tokio::time::sleep_until(d).await,
-            None => std::future::pending().await,
-        }
-    };
-    tokio::pin!(out_of_time);
     let mut asked: Vec<Uuid> = vec![];
     loop {
-        let ev = tokio::select! {
-            ev = events.next() => ev,
-            _ = &mut out_of_time => None,
+        let step = tokio::select! {
+            step = steps.next() => step,
             _ = tx.closed() => return Err(RpcError::internal()),
             _ = &mut beat, if progress.is_some() => {
                 note.send(None, "still running").await?;
@@ -359,13 +351,8 @@ async fn produce(
                 continue;
             }
         };
-        let ev = match ev {
-            None => break,
-            Some(Item::Event(ev)) => ev,
-            Some(Item::Output(d)) => {
-                if progress.is_none() {
-                    continue;
-                }
+        match step.ok_or_else(RpcError::internal)?.map_err(|_| RpcError::internal())? {
+            Step::Output(d) if progress.is_some() => {
                 if texts_in_turn.0 != d.turn {
                     texts_in_turn = (d.turn, 0);
                 }
@@ -374,19 +361,12 @@ async fn produce(
                 let p = f64::from(d.turn.saturating_sub(1)) + 1.0 - 1.0 / f64::from(1 + texts_in_turn.1);
                 note.send(Some(p), &d.text).await?;
                 beat.as_mut().reset(tokio::time::Instant::now() + BEAT);
-                continue;
             }
-        };
-        // Matched on the kind (a row whose data does not read still counts); the data, typed,
-        // only where it is used.
-        match ev.known() {
-            Some(EventKind::Checkpoint) if progress.is_some() => {
-                let turn = ev.event().and_then(|e| e.turn()).unwrap_or(0);
+            Step::Turn(turn, _) if progress.is_some() => {
                 note.send(Some(f64::from(turn)), &format!("turn {turn} of {max_turns} done")).await?;
                 beat.as_mut().reset(tokio::time::Instant::now() + BEAT);
             }
-            Some(EventKind::RequiresAction) => {
-                let now = room.get(&scope, task.id).await.map_err(|_| RpcError::internal())?;
+            Step::Paused(now) => {
                 if !ctx.elicits() {
                     return Ok(tools::result(&now));
                 }
@@ -400,11 +380,10 @@ async fn produce(
                     }
                 }
             }
+            Step::Ended(now) => return Ok(tools::result(&now)),
             _ => {}
         }
     }
-    let now = room.get(&scope, task.id).await.map_err(|_| RpcError::internal())?;
-    Ok(tools::result(&now))
 }
 
 /// The task a call follows, made (a waiting caller's: it may start in this process at once) or

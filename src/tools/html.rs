@@ -63,7 +63,8 @@ struct State {
 
 struct Limiter(RefCell<State>);
 
-fn escape_text(out: &mut String, s: &str) {
+/// `s` as HTML text (`&`, `<`, `>` escaped), appended to `out`.
+pub(super) fn escape_text(out: &mut String, s: &str) {
     for c in s.chars() {
         match c {
             '&' => out.push_str("&amp;"),

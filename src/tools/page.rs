@@ -55,7 +55,9 @@ fn shown_scheme(url: &str, link: bool) -> bool {
 }
 
 fn escape(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+    let mut out = String::with_capacity(s.len());
+    super::html::escape_text(&mut out, s);
+    out
 }
 
 /// Make the document's structure what the converter reads well: every `pre` a single `code` of
@@ -253,10 +255,13 @@ fn cells(row: &str) -> Vec<&str> {
 pub fn to_markdown(html: &[u8], url: &str, budget: usize) -> Result<PageText, String> {
     let (limited, total_chars) = limit_nesting(&String::from_utf8_lossy(html), budget);
     let base = reqwest::Url::parse(url).ok();
-    let doc = Document::from(limited.as_str());
-    normalize(&doc, base.as_ref());
+    let prepared = || {
+        let doc = Document::from(limited.as_str());
+        normalize(&doc, base.as_ref());
+        doc
+    };
+    let doc = prepared();
     let page_text = doc.select("body").text().split_whitespace().map(str::len).sum::<usize>();
-    let whole = doc.select("body").inner_html().to_string();
     let title = doc.select_single("title").text().trim().to_string();
     // The main content, where readability finds one that holds most of the page's text (an API
     // reference or a table of many rows is all content: there it would keep too little).
@@ -273,9 +278,11 @@ pub fn to_markdown(html: &[u8], url: &str, budget: usize) -> Result<PageText, St
             ol_number_spacing: 1,
             ..Default::default()
         })
-        .skip_tags(vec!["script", "style", "noscript", "template", "head", "nav", "aside", "form", "svg"])
+        // The title is written apart; scripts, styles and chrome are gone already.
+        .skip_tags(vec!["head"])
         .build();
-    let body = main.unwrap_or(whole);
+    // Where readability kept too little, the whole page (made again: readability took the first).
+    let body = main.unwrap_or_else(|| prepared().select("body").inner_html().to_string());
     let mut text = tidy_tables(&converter.convert(&body).map_err(|e| e.to_string())?);
     if !title.is_empty() && !text.trim_start().starts_with('#') {
         text = format!("# {title}\n\n{text}");

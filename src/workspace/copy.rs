@@ -65,6 +65,11 @@ enum Node {
     Link(PathBuf),
 }
 
+/// The size of the entry at `rel` under `root` (a link's own), 0 where there is none.
+fn size_under(root: &Path, rel: &Path) -> u64 {
+    under(root, rel).and_then(|p| p.symlink_metadata().ok()).map_or(0, |m| m.len())
+}
+
 /// `root/rel`, if every directory on the way is a real directory (not a link): a command in the
 /// sandbox may have put a link where the other tree has a directory, and nothing here follows one.
 fn under(root: &Path, rel: &Path) -> Option<PathBuf> {
@@ -261,7 +266,7 @@ pub fn changes(
                 if matches!(c, Change::Modified(Node::Link(_), _)) {
                     deleted.push(rel.to_string_lossy().into_owned());
                 }
-                let len = under(copy, &rel).and_then(|p| p.symlink_metadata().ok()).map_or(0, |m| m.len());
+                let len = size_under(copy, &rel);
                 if size.saturating_add(len) > max {
                     left_out.push(format!("{} ({len} bytes, sha256 {})", rel.display(), hash_under(copy, &rel)));
                     continue;
@@ -448,7 +453,7 @@ pub fn diff(base: &Path, copy: &Path, manifest: &Manifest, rules: &Rules) -> (St
             }
         }
         // Too large to be in the diff: named without being read.
-        let size = |root: &Path| under(root, &rel).and_then(|p| p.symlink_metadata().ok()).map_or(0, |m| m.len());
+        let size = |root: &Path| size_under(root, &rel);
         if size(base).max(size(copy)) > max {
             stats.files_changed += 1;
             stats.omit(format!("{name} (over the diff's size cap)"));
@@ -515,7 +520,7 @@ fn section(
         };
         let (Some(x), Some(y)) = (bytes(old, a), bytes(new, b)) else {
             // Named by the side that is over the cap (the new one where both are).
-            let size = |root: &Path| under(root, rel).and_then(|p| p.symlink_metadata().ok()).map_or(0, |m| m.len());
+            let size = |root: &Path| size_under(root, rel);
             let at = if b.is_some() && size(new) > rules.binary_max { new } else { old };
             stats.omit(format!(
                 "{name} (binary, {} bytes, sha256 {}: over the diff's binary cap)",

@@ -276,11 +276,13 @@ impl Hub {
                 payloads.push(cur);
             }
             for attempt in 0..5 {
-                let r = sqlx::query("SELECT count(pg_notify(c, p)) FROM unnest($1::text[], $2::text[]) AS x(c, p)")
-                    .bind(&chans)
-                    .bind(&payloads)
-                    .execute(&pool)
-                    .await;
+                let r = sqlx::query!(
+                    "SELECT count(pg_notify(c, p)) FROM unnest($1::text[], $2::text[]) AS x(c, p)",
+                    &chans,
+                    &payloads
+                )
+                .fetch_one(&pool)
+                .await;
                 match r {
                     Ok(_) => break,
                     Err(e) => {

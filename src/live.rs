@@ -372,11 +372,7 @@ impl Output {
         for text in pieces(&d.text, NOTIFY_TEXT_BYTES) {
             let payload =
                 serde_json::json!({"from": self.hub.registry().id, "turn": d.turn, "try": d.attempt, "text": text});
-            let r = sqlx::query("SELECT pg_notify($1, $2)")
-                .bind(&channel)
-                .bind(payload.to_string())
-                .execute(&self.pool)
-                .await;
+            let r = sqlx::query!("SELECT pg_notify($1, $2)", channel, payload.to_string()).execute(&self.pool).await;
             if let Err(e) = r {
                 // Live output is best effort: the stored events carry the run's record.
                 tracing::debug!(error = %e, task_id = %self.task, "live output not sent");

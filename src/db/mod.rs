@@ -103,12 +103,13 @@ fn is_transient(e: &sqlx::Error) -> bool {
 }
 
 pub async fn ensure_database(admin: &PgPool, name: &str) -> Result<(), sqlx::Error> {
-    let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
-        .bind(name)
-        .fetch_one(admin)
-        .await?;
+    let exists =
+        sqlx::query_scalar!(r#"SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1) AS "exists!""#, name)
+            .fetch_one(admin)
+            .await?;
     if !exists {
-        // Identifiers cannot be bound; `name` is ours, not user input.
+        // Identifiers cannot be bound; `name` is ours, not user input. Its one shape runs in every
+        // test that starts the embedded cluster (`helpers::spawn_app`).
         match sqlx::query(&format!("CREATE DATABASE \"{name}\"")).execute(admin).await {
             Ok(_) => {}
             // 42P04: created concurrently by another process.

@@ -9,7 +9,7 @@ use uuid::Uuid;
 use super::StoreError;
 
 /// A task's A2A context and the messages its caller sent it.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct A2aTask {
     pub task_id: Uuid,
     pub context_id: String,
@@ -26,13 +26,13 @@ pub async fn insert(
     context_id: &str,
     message: &Value,
 ) -> Result<(), StoreError> {
-    sqlx::query(
+    sqlx::query!(
         "INSERT INTO a2a_tasks (task_id, tenant, context_id, messages) VALUES ($1, $2, $3, jsonb_build_array($4::jsonb))",
+        task_id,
+        tenant,
+        context_id,
+        message
     )
-    .bind(task_id)
-    .bind(tenant)
-    .bind(context_id)
-    .bind(message)
     .execute(conn)
     .await?;
     Ok(())
@@ -40,20 +40,19 @@ pub async fn insert(
 
 /// The rows of these tasks (a task started at another door has none).
 pub async fn of(pool: &PgPool, ids: &[Uuid]) -> Result<Vec<A2aTask>, StoreError> {
-    Ok(sqlx::query_as("SELECT task_id, context_id, messages FROM a2a_tasks WHERE task_id = ANY($1)")
-        .bind(ids)
+    Ok(sqlx::query_as!(A2aTask, "SELECT task_id, context_id, messages FROM a2a_tasks WHERE task_id = ANY($1)", ids)
         .fetch_all(pool)
         .await?)
 }
 
 /// The newest task of the tenant's context, if any.
 pub async fn latest_in_context(pool: &PgPool, tenant: &str, context_id: &str) -> Result<Option<Uuid>, StoreError> {
-    Ok(sqlx::query_scalar(
+    Ok(sqlx::query_scalar!(
         "SELECT a.task_id FROM a2a_tasks a JOIN tasks t ON t.id = a.task_id
          WHERE a.tenant = $1 AND a.context_id = $2 ORDER BY a.task_id DESC LIMIT 1",
+        tenant,
+        context_id
     )
-    .bind(tenant)
-    .bind(context_id)
     .fetch_optional(pool)
     .await?)
 }
@@ -61,22 +60,22 @@ pub async fn latest_in_context(pool: &PgPool, tenant: &str, context_id: &str) ->
 /// Add a message of the caller's to the task's history (once: a retry of the same message id
 /// adds nothing). A task started at another door gets its row here.
 pub async fn append(pool: &PgPool, task_id: Uuid, tenant: &str, message: &Value) -> Result<(), StoreError> {
-    sqlx::query(
+    sqlx::query!(
         "INSERT INTO a2a_tasks (task_id, tenant, context_id, messages)
-         VALUES ($1, $2, $1::text, jsonb_build_array($3::jsonb))
+         VALUES ($1::uuid, $2, $1::uuid::text, jsonb_build_array($3::jsonb))
          ON CONFLICT (task_id) DO UPDATE SET messages = a2a_tasks.messages || jsonb_build_array($3::jsonb)
          WHERE NOT a2a_tasks.messages @> jsonb_build_array(jsonb_build_object('messageId', $3::jsonb -> 'messageId'))",
+        task_id,
+        tenant,
+        message
     )
-    .bind(task_id)
-    .bind(tenant)
-    .bind(message)
     .execute(pool)
     .await?;
     Ok(())
 }
 
 /// A push notification config of a task.
-#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct PushConfig {
     pub task_id: Uuid,
     pub id: String,
@@ -86,19 +85,18 @@ pub struct PushConfig {
     pub auth_credentials: Option<String>,
 }
 
-const PUSH_COLS: &str = "task_id, id, url, token, auth_scheme, auth_credentials";
-
 /// Create (or replace) a config of the tenant's task, with its deliveries: the task's end, and
 /// its current pause if it is paused now. `None`: no such task of the tenant's.
 pub async fn put_push(pool: &PgPool, tenant: &str, c: &PushConfig) -> Result<Option<PushConfig>, StoreError> {
-    Ok(sqlx::query_as(&format!(
-        "WITH t AS (SELECT id, status, pauses FROM tasks WHERE id = $1 AND tenant = $2),
+    Ok(sqlx::query_as!(
+        PushConfig,
+        r#"WITH t AS (SELECT id, status, pauses FROM tasks WHERE id = $1 AND tenant = $2),
          c AS (
             INSERT INTO a2a_push_configs (task_id, id, tenant, url, token, auth_scheme, auth_credentials)
             SELECT id, $3, $2, $4, $5, $6, $7 FROM t
             ON CONFLICT (task_id, id) DO UPDATE SET url = EXCLUDED.url, token = EXCLUDED.token,
                 auth_scheme = EXCLUDED.auth_scheme, auth_credentials = EXCLUDED.auth_credentials
-            RETURNING {PUSH_COLS}
+            RETURNING task_id, id, url, token, auth_scheme, auth_credentials
          ), d AS (
             INSERT INTO webhook_deliveries (task_id, event, seq, push_config)
             SELECT t.id, 'task.finished', 0, c.id FROM t, c
@@ -106,38 +104,43 @@ pub async fn put_push(pool: &PgPool, tenant: &str, c: &PushConfig) -> Result<Opt
             SELECT t.id, 'task.requires_action', t.pauses, c.id FROM t, c WHERE t.status = 'requires_action'
             ON CONFLICT DO NOTHING
          )
-         SELECT {PUSH_COLS} FROM c"
-    ))
-    .bind(c.task_id)
-    .bind(tenant)
-    .bind(&c.id)
-    .bind(&c.url)
-    .bind(&c.token)
-    .bind(&c.auth_scheme)
-    .bind(&c.auth_credentials)
+         SELECT task_id AS "task_id!", id AS "id!", url AS "url!", token, auth_scheme, auth_credentials FROM c"#,
+        c.task_id,
+        tenant,
+        c.id,
+        c.url,
+        c.token,
+        c.auth_scheme,
+        c.auth_credentials
+    )
     .fetch_optional(pool)
     .await?)
 }
 
 /// A config of the tenant's task.
 pub async fn get_push(pool: &PgPool, tenant: &str, task_id: Uuid, id: &str) -> Result<Option<PushConfig>, StoreError> {
-    Ok(sqlx::query_as(&format!(
-        "SELECT {PUSH_COLS} FROM a2a_push_configs WHERE task_id = $1 AND id = $2 AND tenant = $3"
-    ))
-    .bind(task_id)
-    .bind(id)
-    .bind(tenant)
+    Ok(sqlx::query_as!(
+        PushConfig,
+        "SELECT task_id, id, url, token, auth_scheme, auth_credentials FROM a2a_push_configs
+         WHERE task_id = $1 AND id = $2 AND tenant = $3",
+        task_id,
+        id,
+        tenant
+    )
     .fetch_optional(pool)
     .await?)
 }
 
 /// A config by its task and id, whoever's (for its deliveries).
 pub async fn push_target(pool: &PgPool, task_id: Uuid, id: &str) -> Result<Option<PushConfig>, StoreError> {
-    Ok(sqlx::query_as(&format!("SELECT {PUSH_COLS} FROM a2a_push_configs WHERE task_id = $1 AND id = $2"))
-        .bind(task_id)
-        .bind(id)
-        .fetch_optional(pool)
-        .await?)
+    Ok(sqlx::query_as!(
+        PushConfig,
+        "SELECT task_id, id, url, token, auth_scheme, auth_credentials FROM a2a_push_configs WHERE task_id = $1 AND id = $2",
+        task_id,
+        id
+    )
+    .fetch_optional(pool)
+    .await?)
 }
 
 /// A page of the task's configs, by id, after `after`.
@@ -148,28 +151,30 @@ pub async fn list_push(
     after: &str,
     limit: i64,
 ) -> Result<Vec<PushConfig>, StoreError> {
-    Ok(sqlx::query_as(&format!(
-        "SELECT {PUSH_COLS} FROM a2a_push_configs WHERE task_id = $1 AND tenant = $2 AND id > $3 ORDER BY id LIMIT $4"
-    ))
-    .bind(task_id)
-    .bind(tenant)
-    .bind(after)
-    .bind(limit)
+    Ok(sqlx::query_as!(
+        PushConfig,
+        "SELECT task_id, id, url, token, auth_scheme, auth_credentials FROM a2a_push_configs
+         WHERE task_id = $1 AND tenant = $2 AND id > $3 ORDER BY id LIMIT $4",
+        task_id,
+        tenant,
+        after,
+        limit
+    )
     .fetch_all(pool)
     .await?)
 }
 
 /// Delete a config and its deliveries not yet made; whether there was one.
 pub async fn delete_push(pool: &PgPool, tenant: &str, task_id: Uuid, id: &str) -> Result<bool, StoreError> {
-    let n: i64 = sqlx::query_scalar(
-        "WITH c AS (DELETE FROM a2a_push_configs WHERE task_id = $1 AND id = $2 AND tenant = $3 RETURNING task_id, id),
+    let n = sqlx::query_scalar!(
+        r#"WITH c AS (DELETE FROM a2a_push_configs WHERE task_id = $1 AND id = $2 AND tenant = $3 RETURNING task_id, id),
          d AS (DELETE FROM webhook_deliveries w USING c
                WHERE w.task_id = c.task_id AND w.push_config = c.id AND w.status = 'pending')
-         SELECT count(*) FROM c",
+         SELECT count(*) AS "n!" FROM c"#,
+        task_id,
+        id,
+        tenant
     )
-    .bind(task_id)
-    .bind(id)
-    .bind(tenant)
     .fetch_one(pool)
     .await?;
     Ok(n > 0)

@@ -12,7 +12,7 @@ use super::{Fence, StoreError, CH_QUEUED};
 use crate::kinds::{event, Answerer, Decision, Event, Gate, TaskStatus};
 
 /// One action as stored and as the API shows it.
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, Serialize)]
 pub struct ActionRow {
     pub id: Uuid,
     #[serde(skip)]
@@ -38,8 +38,20 @@ pub struct ActionRow {
     pub answered_by: Option<Answerer>,
 }
 
-const ACTION_COLS: &str = "id, task_id, pause, turn, tool_call_id, kind, name, arguments, created_at, expires_at, \
-    answered_at, decision, message, output, answered_by";
+/// An action as read from `task_actions` (every statement that answers with `ActionRow`s),
+/// for `sqlx::query_as!`: the statement's text after its columns, then its arguments.
+macro_rules! actions_where {
+    ($rest:literal, $($arg:expr),+) => {
+        sqlx::query_as!(
+            ActionRow,
+            r#"SELECT id, task_id, pause, turn, tool_call_id, kind AS "kind: Gate", name, arguments, created_at,
+                    expires_at, answered_at, decision AS "decision: Decision", message, output,
+                    answered_by AS "answered_by: Answerer"
+             FROM task_actions a "# + $rest,
+            $($arg),+
+        )
+    };
+}
 
 /// A call to wait on.
 #[derive(Debug, Clone)]
@@ -71,8 +83,7 @@ pub async fn pause(
         .zip(&ids)
         .map(|(a, id)| serde_json::json!({"id": id, "tool_call_id": a.tool_call_id, "kind": a.kind, "name": a.name}))
         .collect();
-    Ok(sqlx::query_scalar(
-        "WITH u AS (
+    Ok(sqlx::query_scalar!(r#"WITH u AS (
             UPDATE task_queue SET status = 'requires_action', lease_token = NULL,
                 lease_expires_at = NULL, worker_id = NULL, reserved_usd = 0, reserved_tokens = 0, pauses = pauses + 1,
                 paused_at = now(), last_event_seq = last_event_seq + 1
@@ -93,29 +104,14 @@ pub async fn pause(
             UNION ALL
             SELECT u.id, 'task.requires_action', u.pauses, c.id FROM u JOIN a2a_push_configs c ON c.task_id = u.id
          )
-         SELECT pauses FROM u",
-    )
-    .bind(f.id)
-    .bind(f.lease)
-    .bind(turn)
-    .bind(timeout_secs)
-    .bind(&ids)
-    .bind(&calls)
-    .bind(&kinds)
-    .bind(&names)
-    .bind(&args)
-    .bind(Value::Array(listed))
+         SELECT pauses AS "pauses!" FROM u"#, f.id, f.lease, turn, timeout_secs, &ids, &calls as _, &kinds as _, &names as _, &args as _, Value::Array(listed))
     .fetch_optional(conn)
     .await?)
 }
 
 /// The actions of `task`'s pause `pause`.
 pub async fn of_pause(pool: &PgPool, task: Uuid, pause: i32) -> Result<Vec<ActionRow>, StoreError> {
-    Ok(sqlx::query_as(&format!("SELECT {ACTION_COLS} FROM task_actions WHERE task_id = $1 AND pause = $2 ORDER BY id"))
-        .bind(task)
-        .bind(pause)
-        .fetch_all(pool)
-        .await?)
+    Ok(actions_where!("WHERE task_id = $1 AND pause = $2 ORDER BY id", task, pause).fetch_all(pool).await?)
 }
 
 /// The unanswered actions of paused tasks, by task.
@@ -123,11 +119,11 @@ pub async fn pending_of(pool: &PgPool, tasks: &[Uuid]) -> Result<Vec<ActionRow>,
     if tasks.is_empty() {
         return Ok(vec![]);
     }
-    Ok(sqlx::query_as(&format!(
-        "SELECT {ACTION_COLS} FROM task_actions a WHERE a.task_id = ANY($1) AND a.answered_at IS NULL
-         AND a.pause = (SELECT pauses FROM tasks t WHERE t.id = a.task_id) ORDER BY a.task_id, a.id"
-    ))
-    .bind(tasks)
+    Ok(actions_where!(
+        "WHERE a.task_id = ANY($1) AND a.answered_at IS NULL
+         AND a.pause = (SELECT pauses FROM tasks t WHERE t.id = a.task_id) ORDER BY a.task_id, a.id",
+        tasks
+    )
     .fetch_all(pool)
     .await?)
 }
@@ -195,18 +191,18 @@ async fn answer_once(
     by: &Answerer,
 ) -> Result<Result<Answered, Refused>, StoreError> {
     let mut tx = pool.begin().await?;
-    let row: Option<(String, TaskStatus, i32)> = sqlx::query_as(
-        "SELECT tenant, status, pauses FROM tasks WHERE id = $1 AND ($2::text IS NULL OR tenant = $2) FOR UPDATE",
+    let row = sqlx::query!(
+        r#"SELECT tenant, status AS "status: TaskStatus", pauses FROM tasks
+         WHERE id = $1 AND ($2::text IS NULL OR tenant = $2) FOR UPDATE"#,
+        task,
+        tenant
     )
-    .bind(task)
-    .bind(tenant)
     .fetch_optional(&mut *tx)
     .await?;
-    let Some((owner, status, pause)) = row else { return Ok(Err(Refused::NoTask)) };
-    let all: Vec<ActionRow> = sqlx::query_as(&format!("SELECT {ACTION_COLS} FROM task_actions WHERE task_id = $1"))
-        .bind(task)
-        .fetch_all(&mut *tx)
-        .await?;
+    let Some((owner, status, pause)) = row.map(|r| (r.tenant, r.status, r.pauses)) else {
+        return Ok(Err(Refused::NoTask));
+    };
+    let all = actions_where!("WHERE task_id = $1", task).fetch_all(&mut *tx).await?;
     // A task that never paused has nothing to answer: that it is not waiting is the news, not
     // which id was sent.
     if all.is_empty() && status != TaskStatus::RequiresAction {
@@ -238,25 +234,25 @@ async fn answer_once(
         return Ok(Err(Refused::NotPaused(status)));
     }
     for a in &fresh {
-        sqlx::query(
-            "UPDATE task_actions SET answered_at = now(), decision = $2, message = $3, output = $4, answered_by = $5
-             WHERE id = $1 AND answered_at IS NULL",
+        sqlx::query!(
+            r#"UPDATE task_actions SET answered_at = now(), decision = $2, message = $3, output = $4, answered_by = $5
+             WHERE id = $1 AND answered_at IS NULL"#,
+            a.id,
+            a.decision.map(Decision::as_str),
+            a.message,
+            a.output,
+            by.to_string()
         )
-        .bind(a.id)
-        .bind(a.decision)
-        .bind(&a.message)
-        .bind(&a.output)
-        .bind(by)
         .execute(&mut *tx)
         .await?;
         let data = event::ActionAnswered { id: a.id, decision: a.decision, output: a.output.is_some(), by: by.clone() };
         answered_event(&mut tx, task, &Event::ActionAnswered(data)).await?;
     }
-    let left: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM task_actions WHERE task_id = $1 AND pause = $2 AND answered_at IS NULL",
+    let left: i64 = sqlx::query_scalar!(
+        r#"SELECT count(*) AS "n!" FROM task_actions WHERE task_id = $1 AND pause = $2 AND answered_at IS NULL"#,
+        task,
+        pause
     )
-    .bind(task)
-    .bind(pause)
     .fetch_one(&mut *tx)
     .await?;
     if left == 0 && !fresh.is_empty() {
@@ -268,12 +264,12 @@ async fn answer_once(
 
 /// The task's `action_answered` event (one per answer, so the story says who decided what).
 async fn answered_event(conn: &mut PgConnection, task: Uuid, data: &Event) -> Result<(), StoreError> {
-    sqlx::query(
-        "WITH u AS (UPDATE tasks SET last_event_seq = last_event_seq + 1 WHERE id = $1 RETURNING id, last_event_seq)
-         INSERT INTO task_events (task_id, seq, kind, data) SELECT id, last_event_seq, 'action_answered', $2 FROM u",
+    sqlx::query!(
+        r#"WITH u AS (UPDATE tasks SET last_event_seq = last_event_seq + 1 WHERE id = $1 RETURNING id, last_event_seq)
+         INSERT INTO task_events (task_id, seq, kind, data) SELECT id, last_event_seq, 'action_answered', $2 FROM u"#,
+        task,
+        sqlx::types::Json(data) as _
     )
-    .bind(task)
-    .bind(sqlx::types::Json(data))
     .execute(conn)
     .await?;
     Ok(())
@@ -283,8 +279,8 @@ async fn answered_event(conn: &mut PgConnection, task: Uuid, data: &Event) -> Re
 /// and its attempt given back: the claim that resumes it continues the same attempt), with its
 /// `actions_answered` event; tells the workers.
 async fn resume(conn: &mut PgConnection, task: Uuid) -> Result<bool, StoreError> {
-    let n: i64 = sqlx::query_scalar(&format!(
-        "WITH u AS (
+    let n = sqlx::query_scalar!(
+        r#"WITH u AS (
             UPDATE task_queue SET status = 'queued', attempt = attempt - 1, paused_ms = paused_ms + (extract(epoch FROM now() - paused_at) * 1000)::bigint,
                 paused_at = NULL, last_event_seq = last_event_seq + 1
             WHERE id = $1 AND status = 'requires_action'
@@ -295,9 +291,10 @@ async fn resume(conn: &mut PgConnection, task: Uuid) -> Result<bool, StoreError>
             INSERT INTO task_events (task_id, seq, kind, data)
             SELECT id, last_event_seq, 'actions_answered', jsonb_build_object('pause', pauses) FROM u
          )
-         SELECT count(pg_notify('{CH_QUEUED}', '')) FROM u"
-    ))
-    .bind(task)
+         SELECT count(pg_notify($2, '')) AS "n!" FROM u"#,
+        task,
+        CH_QUEUED
+    )
     .fetch_one(conn)
     .await?;
     Ok(n > 0)
@@ -309,28 +306,28 @@ pub async fn expire(pool: &PgPool) -> Result<Vec<Uuid>, StoreError> {
     let mut tx = pool.begin().await?;
     // Tasks first, like `answer` (same lock order); one being answered right now is left for
     // the next sweep.
-    let due: Vec<Uuid> = sqlx::query_scalar(
-        "SELECT id FROM task_queue WHERE status = 'requires_action' AND id IN
+    let due: Vec<Uuid> = sqlx::query_scalar!(
+        r#"SELECT id FROM task_queue WHERE status = 'requires_action' AND id IN
             (SELECT task_id FROM task_actions WHERE answered_at IS NULL AND expires_at < now())
-         ORDER BY id FOR UPDATE SKIP LOCKED",
+         ORDER BY id FOR UPDATE SKIP LOCKED"#
     )
     .fetch_all(&mut *tx)
     .await?;
     if due.is_empty() {
         return Ok(vec![]);
     }
-    let expired: Vec<(Uuid, Uuid, Option<Decision>)> = sqlx::query_as(
-        "UPDATE task_actions SET answered_at = now(), answered_by = 'expired',
+    let expired = sqlx::query!(
+        r#"UPDATE task_actions SET answered_at = now(), answered_by = 'expired',
              decision = CASE WHEN kind = 'approval' THEN 'deny' END,
              message = CASE WHEN kind = 'approval' THEN 'no decision came in time' END
          WHERE task_id = ANY($1) AND answered_at IS NULL AND expires_at < now()
-         RETURNING task_id, id, decision",
+         RETURNING task_id, id, decision AS "decision: Decision""#,
+        &due
     )
-    .bind(&due)
     .fetch_all(&mut *tx)
     .await?;
     let mut tasks: Vec<Uuid> = vec![];
-    for (task, id, decision) in expired {
+    for (task, id, decision) in expired.into_iter().map(|r| (r.task_id, r.id, r.decision)) {
         let data = event::ActionAnswered { id, decision, output: false, by: Answerer::Expired };
         answered_event(&mut tx, task, &Event::ActionAnswered(data)).await?;
         if !tasks.contains(&task) {
@@ -349,9 +346,5 @@ pub async fn expire(pool: &PgPool) -> Result<Vec<Uuid>, StoreError> {
 
 /// One action of `tenant`'s, by its id.
 pub async fn get(pool: &PgPool, tenant: &str, id: Uuid) -> Result<Option<ActionRow>, StoreError> {
-    Ok(sqlx::query_as(&format!("SELECT {ACTION_COLS} FROM task_actions WHERE id = $1 AND tenant = $2"))
-        .bind(id)
-        .bind(tenant)
-        .fetch_optional(pool)
-        .await?)
+    Ok(actions_where!("WHERE id = $1 AND tenant = $2", id, tenant).fetch_optional(pool).await?)
 }

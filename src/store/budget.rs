@@ -6,7 +6,7 @@
 
 use rust_decimal::Decimal;
 use serde::Serialize;
-use sqlx::{FromRow, PgConnection, PgPool, Row};
+use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use super::{Fence, StoreError};
@@ -48,8 +48,9 @@ pub enum Reserve {
     LeaseLost,
 }
 
-#[derive(sqlx::FromRow)]
+/// `budget_reserve_call`'s answer; `i`: its place in a batch (`reserve_many`).
 struct ReserveRow {
+    i: i64,
     result: String,
     lim: Option<String>,
     granted: Option<i32>,
@@ -70,21 +71,24 @@ pub async fn reserve(
     d: SpendDefaults,
     event: Option<&Event>,
 ) -> Result<Reserve, StoreError> {
-    let r: ReserveRow =
-        sqlx::query_as("SELECT * FROM budget_reserve_call($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11::json)")
-            .bind(f.id)
-            .bind(f.lease)
-            .bind(ask.prompt_usd)
-            .bind(ask.out_usd)
-            .bind(ask.prompt_tokens)
-            .bind(ask.max_out)
-            .bind(ask.floor)
-            .bind(d.usd_per_day)
-            .bind(d.usd_per_month)
-            .bind(d.tokens_per_day)
-            .bind(event.map(compact))
-            .fetch_one(db)
-            .await?;
+    let r = sqlx::query_as!(
+        ReserveRow,
+        r#"SELECT 1::int8 AS "i!", result AS "result!", lim, granted, need_usd, need_tokens, want_usd, want_tokens, r_usd, r_tok
+         FROM budget_reserve_call($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11::json)"#,
+        f.id,
+        f.lease,
+        ask.prompt_usd,
+        ask.out_usd,
+        ask.prompt_tokens,
+        ask.max_out,
+        ask.floor,
+        d.usd_per_day,
+        d.usd_per_month,
+        d.tokens_per_day,
+        event.map(compact) as _
+    )
+    .fetch_one(db)
+    .await?;
     Ok(r.answer())
 }
 
@@ -145,31 +149,34 @@ pub async fn reserve_many(pool: &PgPool, items: &[&ReserveWrite]) -> Result<Vec<
     let col = |f: &dyn Fn(&ReserveWrite) -> Option<Decimal>| order.iter().map(|&i| f(items[i])).collect::<Vec<_>>();
     let (day, month) = (col(&|w| w.defaults.usd_per_day), col(&|w| w.defaults.usd_per_month));
     let (prompt_usd, out_usd) = (col(&|w| Some(w.ask.prompt_usd)), col(&|w| Some(w.ask.out_usd)));
-    let rows = sqlx::query(
-        "SELECT b.i, r.* FROM unnest($1::uuid[], $2::uuid[], $3::numeric[], $4::numeric[], $5::int8[], $6::int[],
+    let column = |f: &dyn Fn(&ReserveWrite) -> i64| order.iter().map(|&i| f(items[i])).collect::<Vec<_>>();
+    let ints = |f: &dyn Fn(&ReserveWrite) -> i32| order.iter().map(|&i| f(items[i])).collect::<Vec<_>>();
+    let rows = sqlx::query_as!(
+        ReserveRow,
+        r#"SELECT b.i AS "i!", r.result AS "result!", r.lim, r.granted, r.need_usd, r.need_tokens, r.want_usd,
+                r.want_tokens, r.r_usd, r.r_tok
+         FROM unnest($1::uuid[], $2::uuid[], $3::numeric[], $4::numeric[], $5::int8[], $6::int[],
                 $7::int[], $8::numeric[], $9::numeric[], $10::int8[], $11::json[])
             WITH ORDINALITY AS b(task, lease, pu, ou, pt, mo, fl, dd, dm, dt, ev, i),
-         LATERAL budget_reserve_call(b.task, b.lease, b.pu, b.ou, b.pt, b.mo, b.fl, b.dd, b.dm, b.dt, b.ev) r",
+         LATERAL budget_reserve_call(b.task, b.lease, b.pu, b.ou, b.pt, b.mo, b.fl, b.dd, b.dm, b.dt, b.ev) r"#,
+        &order.iter().map(|&i| items[i].fence.id).collect::<Vec<_>>(),
+        &order.iter().map(|&i| items[i].fence.lease).collect::<Vec<_>>(),
+        &prompt_usd as _,
+        &out_usd as _,
+        &column(&|w| w.ask.prompt_tokens),
+        &ints(&|w| w.ask.max_out),
+        &ints(&|w| w.ask.floor),
+        &day as _,
+        &month as _,
+        &order.iter().map(|&i| items[i].defaults.tokens_per_day).collect::<Vec<_>>() as _,
+        &order.iter().map(|&i| items[i].event.as_ref().map(compact)).collect::<Vec<_>>() as _
     )
-    .bind(order.iter().map(|&i| items[i].fence.id).collect::<Vec<_>>())
-    .bind(order.iter().map(|&i| items[i].fence.lease).collect::<Vec<_>>())
-    .bind(prompt_usd)
-    .bind(out_usd)
-    .bind(order.iter().map(|&i| items[i].ask.prompt_tokens).collect::<Vec<_>>())
-    .bind(order.iter().map(|&i| items[i].ask.max_out).collect::<Vec<_>>())
-    .bind(order.iter().map(|&i| items[i].ask.floor).collect::<Vec<_>>())
-    .bind(day)
-    .bind(month)
-    .bind(order.iter().map(|&i| items[i].defaults.tokens_per_day).collect::<Vec<_>>())
-    .bind(order.iter().map(|&i| items[i].event.as_ref().map(compact)).collect::<Vec<_>>())
     .fetch_all(pool)
     .await?;
     let mut out: Vec<Reserve> = vec![Reserve::LeaseLost; items.len()];
     for row in rows {
-        let at: i64 = row.try_get("i")?;
-        let r = ReserveRow::from_row(&row)?.answer();
-        if let Some(&i) = usize::try_from(at - 1).ok().and_then(|k| order.get(k)) {
-            out[i] = r;
+        if let Some(&i) = usize::try_from(row.i - 1).ok().and_then(|k| order.get(k)) {
+            out[i] = row.answer();
         }
     }
     Ok(out)
@@ -178,22 +185,30 @@ pub async fn reserve_many(pool: &PgPool, items: &[&ReserveWrite]) -> Result<Vec<
 /// Wake `tenant`'s budget waiters that fit (`budget_wake`); each woken task with how long it
 /// waited, in seconds.
 pub async fn wake(pool: &PgPool, tenant: &str, d: SpendDefaults) -> Result<Vec<(Uuid, f64)>, StoreError> {
-    Ok(sqlx::query_as("SELECT task_id, coalesce(waited_seconds, 0) FROM budget_wake($1, $2, $3, $4)")
-        .bind(tenant)
-        .bind(d.usd_per_day)
-        .bind(d.usd_per_month)
-        .bind(d.tokens_per_day)
-        .fetch_all(pool)
-        .await?)
+    Ok(sqlx::query!(
+        r#"SELECT task_id AS "task_id!", coalesce(waited_seconds, 0) AS "waited!" FROM budget_wake($1, $2, $3, $4)"#,
+        tenant,
+        d.usd_per_day,
+        d.usd_per_month,
+        d.tokens_per_day
+    )
+    .fetch_all(pool)
+    .await?
+    .into_iter()
+    .map(|r| (r.task_id, r.waited))
+    .collect())
 }
 
 /// Tenants with tasks waiting for budget, and how many wait.
 pub async fn waiting(pool: &PgPool) -> Result<Vec<(String, i64)>, StoreError> {
-    Ok(sqlx::query_as(
-        "SELECT tenant, count(*) FROM task_queue WHERE waiting_for IS NOT NULL AND status = 'queued' GROUP BY tenant",
+    Ok(sqlx::query!(
+        r#"SELECT tenant, count(*) AS "n!" FROM task_queue WHERE waiting_for IS NOT NULL AND status = 'queued' GROUP BY tenant"#
     )
     .fetch_all(pool)
-    .await?)
+    .await?
+    .into_iter()
+    .map(|r| (r.tenant, r.n))
+    .collect())
 }
 
 /// End the budget waits that ran past their task's time limit (`incomplete` / `timeout`); its
@@ -203,7 +218,8 @@ pub async fn end_expired_waits(pool: &PgPool) -> Result<Vec<Uuid>, StoreError> {
 }
 
 async fn end_expired_waits_once(pool: &PgPool) -> Result<Vec<Uuid>, StoreError> {
-    let sql = "WITH u AS (
+    Ok(sqlx::query_scalar!(
+        r#"WITH u AS (
             UPDATE tasks SET status = 'incomplete', stop_reason = 'timeout', finished_at = now(), history_at = now(), waiting_for = NULL,
                 summary = '(sub-agent ' || subagent_type || ' stopped: its time limit was reached while it waited for budget)',
                 last_event_seq = last_event_seq + 1
@@ -211,14 +227,16 @@ async fn end_expired_waits_once(pool: &PgPool) -> Result<Vec<Uuid>, StoreError> 
             RETURNING id, last_event_seq
          ), e AS (
             INSERT INTO task_events (task_id, seq, kind, data)
-            SELECT id, last_event_seq, 'finished', '{\"status\": \"incomplete\", \"stop_reason\": \"timeout\"}' FROM u
+            SELECT id, last_event_seq, 'finished', '{"status": "incomplete", "stop_reason": "timeout"}' FROM u
          )
-         SELECT id FROM u";
-    Ok(sqlx::query_scalar(sql).fetch_all(pool).await?)
+         SELECT id AS "id!" FROM u"#
+    )
+    .fetch_all(pool)
+    .await?)
 }
 
 /// What a tenant uses now, against its limits.
-#[derive(Debug, Clone, Default, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct Use {
     pub usd_today: Decimal,
     pub usd_this_month: Decimal,
@@ -234,28 +252,29 @@ pub struct Use {
 /// The tenant's scheduled tasks, counted up to `upto` (its limit: beyond it the number does not
 /// matter, and the count runs under the tenant's row lock).
 pub async fn scheduled(conn: &mut PgConnection, tenant: &str, upto: i64) -> Result<i64, StoreError> {
-    Ok(sqlx::query_scalar(
-        "SELECT count(*) FROM (SELECT 1 FROM task_queue WHERE tenant = $1 AND status = 'scheduled' LIMIT $2) s",
+    Ok(sqlx::query_scalar!(
+        r#"SELECT count(*) AS "n!" FROM (SELECT 1 FROM task_queue WHERE tenant = $1 AND status = 'scheduled' LIMIT $2) s"#,
+        tenant,
+        upto
     )
-    .bind(tenant)
-    .bind(upto)
     .fetch_one(conn)
     .await?)
 }
 
 pub async fn usage_now(conn: &mut PgConnection, tenant: &str) -> Result<Use, StoreError> {
-    Ok(sqlx::query_as(
-        "WITH d AS (SELECT (now() AT TIME ZONE 'UTC')::date AS today)
+    Ok(sqlx::query_as!(
+        Use,
+        r#"WITH d AS (SELECT (now() AT TIME ZONE 'UTC')::date AS today)
          SELECT
-           coalesce((SELECT sum(cost_usd) FROM usage_daily, d WHERE tenant = $1 AND day = d.today), 0) AS usd_today,
-           coalesce((SELECT sum(cost_usd) FROM usage_daily, d WHERE tenant = $1 AND day >= date_trunc('month', d.today)::date), 0) AS usd_this_month,
-           coalesce((SELECT sum(input_tokens + output_tokens) FROM usage_daily, d WHERE tenant = $1 AND day = d.today), 0)::bigint AS tokens_today,
-           coalesce((SELECT sum(reserved_usd) FROM task_queue WHERE tenant = $1 AND status = 'running'), 0) AS reserved_usd,
-           coalesce((SELECT sum(reserved_tokens) FROM task_queue WHERE tenant = $1 AND status = 'running'), 0)::bigint AS reserved_tokens,
-           (SELECT count(*) FROM task_queue WHERE tenant = $1 AND status = 'running') AS running,
-           (SELECT count(*) FROM task_queue WHERE tenant = $1 AND status = 'queued') AS queued",
+           coalesce((SELECT sum(cost_usd) FROM usage_daily, d WHERE tenant = $1 AND day = d.today), 0) AS "usd_today!",
+           coalesce((SELECT sum(cost_usd) FROM usage_daily, d WHERE tenant = $1 AND day >= date_trunc('month', d.today)::date), 0) AS "usd_this_month!",
+           coalesce((SELECT sum(input_tokens + output_tokens) FROM usage_daily, d WHERE tenant = $1 AND day = d.today), 0)::bigint AS "tokens_today!",
+           coalesce((SELECT sum(reserved_usd) FROM task_queue WHERE tenant = $1 AND status = 'running'), 0) AS "reserved_usd!",
+           coalesce((SELECT sum(reserved_tokens) FROM task_queue WHERE tenant = $1 AND status = 'running'), 0)::bigint AS "reserved_tokens!",
+           (SELECT count(*) FROM task_queue WHERE tenant = $1 AND status = 'running') AS "running!",
+           (SELECT count(*) FROM task_queue WHERE tenant = $1 AND status = 'queued') AS "queued!""#,
+        tenant
     )
-    .bind(tenant)
     .fetch_one(conn)
     .await?)
 }

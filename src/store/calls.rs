@@ -58,14 +58,16 @@ pub struct CallRow {
 /// A task's ledger, in order. `since`: the task's creation (its calls are later, give or take a
 /// worker's clock: a day's margin), so the read visits only the days since.
 pub async fn of_task(pool: &PgPool, task: Uuid, since: DateTime<Utc>) -> Result<Vec<CallRow>, StoreError> {
-    Ok(sqlx::query_as(
-        "SELECT call_key, turn, attempt, try, provider, model, input_tokens, output_tokens, cached_tokens,
-                cache_write_tokens, web_searches::int8 AS web_searches, cost_usd,
-                latency_ms, http_status, outcome, error, usage_estimated, created_at
-         FROM llm_calls WHERE task_id = $1 AND created_at >= $2 - interval '1 day' ORDER BY id",
+    Ok(sqlx::query_as!(
+        CallRow,
+        r#"SELECT call_key, turn, attempt, try AS try_no, provider, model, input_tokens, output_tokens, cached_tokens,
+                cache_write_tokens, web_searches::int8 AS "web_searches!", cost_usd,
+                latency_ms, http_status, outcome AS "outcome: CallOutcome", error, usage_estimated,
+                0::numeric AS "reserved_usd!", 0::int8 AS "reserved_tokens!", created_at
+         FROM llm_calls WHERE task_id = $1 AND created_at >= $2::timestamptz - interval '1 day' ORDER BY id"#,
+        task,
+        since
     )
-    .bind(task)
-    .bind(since)
     .fetch_all(pool)
     .await?)
 }

@@ -40,16 +40,15 @@ async fn write(conn: &mut PgConnection, f: Fence, saved: Saved<'_>) -> Result<bo
     let (changes, deleted, diff) = match saved {
         Saved::Changes(archive, deleted) => (Some(archive), Some(deleted), None),
         Saved::Diff(text, stats) => {
-            sqlx::query("UPDATE task_queue SET diff_stats = $2 WHERE id = $1")
-                .bind(f.id)
-                .bind(stats)
-                .execute(&mut *tx)
-                .await?;
+            sqlx::query!("UPDATE task_queue SET diff_stats = $2 WHERE id = $1", f.id, stats).execute(&mut *tx).await?;
             (None, None, Some(text))
         }
     };
     // What the row held before, for the tenant's kept bytes (under the task's lock: no other
     // write of this row runs meanwhile).
+    // Planned for its parameters each time (`persistent(false)`, which only a runtime query
+    // takes): the days before the task's are pruned at planning and never locked. Its one shape
+    // runs in `sandbox::a_run_s_changes_are_saved…` and every test that saves a copy's changes.
     let (old_changes, old_diff): (i64, i64) = sqlx::query_as(
         "SELECT coalesce(octet_length(changes), 0)::bigint, coalesce(octet_length(diff), 0)::bigint
          FROM task_diffs WHERE task_id = $1 AND updated_at >= $2",
@@ -64,28 +63,28 @@ async fn write(conn: &mut PgConnection, f: Fence, saved: Saved<'_>) -> Result<bo
     let new_diff = diff.map_or(old_diff, |d| d.len() as i64);
     let delta = new_changes + new_diff - old_changes - old_diff;
     if delta != 0 {
-        sqlx::query(
-            "INSERT INTO tenant_storage (tenant, kept_bytes) VALUES ($1, greatest($2, 0))
+        sqlx::query!(
+            "INSERT INTO tenant_storage (tenant, kept_bytes) VALUES ($1, greatest($2::int8, 0))
              ON CONFLICT (tenant) DO UPDATE SET kept_bytes = greatest(tenant_storage.kept_bytes + $2, 0)",
+            tenant,
+            delta
         )
-        .bind(&tenant)
-        .bind(delta)
         .execute(&mut *tx)
         .await?;
     }
-    sqlx::query(
+    sqlx::query!(
         "WITH u AS (UPDATE task_diffs SET changes = coalesce($2, changes), deleted = coalesce($3, deleted),
                         diff = coalesce($4, diff), updated_at = now()
                     WHERE task_id = $1 AND updated_at >= $6 RETURNING 1)
          INSERT INTO task_diffs (task_id, tenant, changes, deleted, diff)
          SELECT $1, $5, $2, coalesce($3, '{}'), $4 WHERE NOT EXISTS (SELECT FROM u)",
+        f.id,
+        changes,
+        deleted,
+        diff,
+        tenant,
+        created - CLOCK_MARGIN
     )
-    .bind(f.id)
-    .bind(changes)
-    .bind(deleted)
-    .bind(diff)
-    .bind(tenant)
-    .bind(created - CLOCK_MARGIN)
     // Planned for its parameters each time: the days before the task's are pruned at planning
     // and never locked (a generic plan would lock every day's partition).
     .persistent(false)
@@ -102,12 +101,15 @@ async fn write(conn: &mut PgConnection, f: Fence, saved: Saved<'_>) -> Result<bo
 /// the table's key holds the time (`updated_at`, the partition key).
 /// A task that ended while the lock was awaited has left the queue (40001): its lease is gone.
 async fn lock(conn: &mut PgConnection, f: Fence) -> Result<Option<(String, Time)>, StoreError> {
-    let r = sqlx::query_as("SELECT tenant, created_at FROM task_queue WHERE id = $1 AND lease_token = $2 FOR UPDATE")
-        .bind(f.id)
-        .bind(f.lease)
-        .fetch_optional(conn)
-        .await
-        .map_err(StoreError::from);
+    let r = sqlx::query!(
+        "SELECT tenant, created_at FROM task_queue WHERE id = $1 AND lease_token = $2 FOR UPDATE",
+        f.id,
+        f.lease
+    )
+    .fetch_optional(conn)
+    .await
+    .map(|r| r.map(|r| (r.tenant, r.created_at)))
+    .map_err(StoreError::from);
     match r {
         Err(e) if e.is_moved() => Ok(None),
         r => r,
@@ -116,23 +118,20 @@ async fn lock(conn: &mut PgConnection, f: Fence) -> Result<Option<(String, Time)
 
 /// The changes saved for `task`: (tar.gz, deleted paths).
 pub async fn changes_of(pool: &PgPool, task: uuid::Uuid) -> Result<Option<(Vec<u8>, Vec<String>)>, StoreError> {
-    let row: Option<(Option<Vec<u8>>, Vec<String>)> =
-        sqlx::query_as("SELECT changes, deleted FROM task_diffs WHERE task_id = $1")
-            .bind(task)
-            .fetch_optional(pool)
-            .await?;
-    Ok(row.and_then(|(c, d)| c.map(|c| (c, d))))
+    let row =
+        sqlx::query!("SELECT changes, deleted FROM task_diffs WHERE task_id = $1", task).fetch_optional(pool).await?;
+    Ok(row.and_then(|r| r.changes.map(|c| (c, r.deleted))))
 }
 
 /// Do tasks `a` and `b` read the same workspace version (a resumed task may start from its
 /// parent's changes only then)?
 pub async fn same_version(pool: &PgPool, a: uuid::Uuid, b: uuid::Uuid) -> Result<bool, StoreError> {
-    Ok(sqlx::query_scalar(
-        "SELECT (SELECT workspace_version FROM tasks WHERE id = $1) IS NOT DISTINCT FROM
-                (SELECT workspace_version FROM tasks WHERE id = $2)",
+    Ok(sqlx::query_scalar!(
+        r#"SELECT (SELECT workspace_version FROM tasks WHERE id = $1) IS NOT DISTINCT FROM
+                (SELECT workspace_version FROM tasks WHERE id = $2) AS "same!""#,
+        a,
+        b
     )
-    .bind(a)
-    .bind(b)
     .fetch_one(pool)
     .await?)
 }
@@ -150,21 +149,20 @@ pub async fn diff_of(
     task: uuid::Uuid,
     since: Time,
 ) -> Result<Option<Option<String>>, StoreError> {
-    let row: Option<(Option<String>,)> =
-        sqlx::query_as("SELECT diff FROM task_diffs WHERE task_id = $1 AND tenant = $2 AND updated_at >= $3")
-            .bind(task)
-            .bind(tenant)
-            .bind(since - CLOCK_MARGIN)
-            .persistent(false)
-            .fetch_optional(pool)
-            .await?;
-    Ok(row.map(|r| r.0))
+    // Planned for its parameters each time, as `write`'s read (a runtime query). Its one shape
+    // runs in `workspaces::a_task_s_diff…` and every test that reads a task's diff.
+    Ok(sqlx::query_scalar("SELECT diff FROM task_diffs WHERE task_id = $1 AND tenant = $2 AND updated_at >= $3")
+        .bind(task)
+        .bind(tenant)
+        .bind(since - CLOCK_MARGIN)
+        .persistent(false)
+        .fetch_optional(pool)
+        .await?)
 }
 
 /// The bytes `tenant`'s kept changes and diffs hold (`tenant_storage`).
 pub async fn kept_bytes(pool: &PgPool, tenant: &str) -> Result<i64, StoreError> {
-    let n: Option<i64> = sqlx::query_scalar("SELECT kept_bytes FROM tenant_storage WHERE tenant = $1")
-        .bind(tenant)
+    let n = sqlx::query_scalar!("SELECT kept_bytes FROM tenant_storage WHERE tenant = $1", tenant)
         .fetch_optional(pool)
         .await?;
     Ok(n.unwrap_or(0))

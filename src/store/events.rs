@@ -34,14 +34,15 @@ impl EventRow {
 /// event's), each opened into its events (migration 0033), those at or before `after` left out.
 pub async fn after(pool: &PgPool, task: Uuid, after: i32, limit: i64) -> Result<Vec<EventRow>, StoreError> {
     // Each row holds at least one event after `after`: `limit` rows hold enough.
-    let rows: Vec<StoredRow> = sqlx::query_as(
-        "SELECT seq, kind, coalesce(data_text, data::json) AS data, earlier, created_at FROM task_events
+    let rows = sqlx::query_as!(
+        StoredRow,
+        r#"SELECT seq, kind, coalesce(data_text, data::json) AS "data!", earlier, created_at FROM task_events
          WHERE task_id = $1 AND seq > $2
-         ORDER BY seq LIMIT $3",
+         ORDER BY seq LIMIT $3"#,
+        task,
+        after,
+        limit
     )
-    .bind(task)
-    .bind(after)
-    .bind(limit)
     .fetch_all(pool)
     .await?;
     let mut out: Vec<EventRow> = rows.into_iter().flat_map(StoredRow::open).filter(|e| e.seq > after).collect();
@@ -50,7 +51,6 @@ pub async fn after(pool: &PgPool, task: Uuid, after: i32, limit: i64) -> Result<
 }
 
 /// A stored row of `task_events`: one statement's events for a task.
-#[derive(sqlx::FromRow)]
 struct StoredRow {
     seq: i32,
     kind: String,
@@ -120,7 +120,8 @@ pub(super) fn pack<'a>(events: impl IntoIterator<Item = &'a Event>) -> Packed {
 /// Returns false (writing nothing) if the lease is gone.
 pub async fn append(pool: &PgPool, f: Fence, events: &[Event]) -> Result<bool, StoreError> {
     let p = pack(events);
-    let sql = "WITH u AS (
+    let n = sqlx::query_scalar!(
+        r#"WITH u AS (
             UPDATE task_queue SET last_event_seq = last_event_seq + $6
             WHERE id = $1 AND lease_token = $2
             RETURNING id, last_event_seq
@@ -128,16 +129,16 @@ pub async fn append(pool: &PgPool, f: Fence, events: &[Event]) -> Result<bool, S
             INSERT INTO task_events (task_id, seq, kind, data, data_text, earlier)
             SELECT id, last_event_seq, $3, NULL, $4::json, $5::json FROM u WHERE $3::text IS NOT NULL
          )
-         SELECT count(*)::int FROM u";
-    let n: i32 = sqlx::query_scalar(sql)
-        .bind(f.id)
-        .bind(f.lease)
-        .bind(p.kind)
-        .bind(p.data)
-        .bind(p.earlier)
-        .bind(p.n)
-        .fetch_one(pool)
-        .await?;
+         SELECT count(*)::int AS "n!" FROM u"#,
+        f.id,
+        f.lease,
+        p.kind.map(EventKind::as_str),
+        p.data as _,
+        p.earlier as _,
+        p.n
+    )
+    .fetch_one(pool)
+    .await?;
     Ok(n == 1)
 }
 
@@ -155,16 +156,30 @@ pub async fn append_many(pool: &PgPool, items: &[&EventsWrite]) -> Result<Vec<bo
     for (i, w) in items.iter().enumerate() {
         rows.push(i as i64 + 1, &w.events);
     }
-    let done: Vec<i64> = sqlx::query_scalar(&APPEND_MANY)
-        .bind(items.iter().map(|w| w.fence.id).collect::<Vec<_>>())
-        .bind(items.iter().map(|w| w.fence.lease).collect::<Vec<_>>())
-        .bind(items.iter().map(|w| w.events.len() as i32).collect::<Vec<_>>())
-        .bind(&rows.of)
-        .bind(&rows.kinds)
-        .bind(&rows.datas)
-        .bind(&rows.earlier)
-        .fetch_all(pool)
-        .await?;
+    let done = sqlx::query_scalar!(
+        r#"WITH b AS (
+            SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::int[]) WITH ORDINALITY AS b(b_id, b_lease, b_nev, b_i)
+            ORDER BY b_id
+         ), u AS (
+            UPDATE task_queue SET last_event_seq = last_event_seq + b_nev FROM b
+            WHERE id = b_id AND lease_token = b_lease AND id = ANY($1)
+            RETURNING b_i, b_id, b_nev, last_event_seq AS u_seq
+         ), e AS (
+            INSERT INTO task_events (task_id, seq, kind, data, data_text, earlier)
+            SELECT b_id, u_seq, x.kind, NULL, x.data, x.earlier
+            FROM u JOIN unnest($4::int8[], $5::text[], $6::json[], $7::json[]) AS x(ei, kind, data, earlier) ON x.ei = u.b_i
+         )
+         SELECT b_i AS "b_i!" FROM u"#,
+        &items.iter().map(|w| w.fence.id).collect::<Vec<_>>(),
+        &items.iter().map(|w| w.fence.lease).collect::<Vec<_>>(),
+        &items.iter().map(|w| w.events.len() as i32).collect::<Vec<_>>(),
+        &rows.of,
+        &rows.kinds as _,
+        &rows.datas as _,
+        &rows.earlier as _
+    )
+    .fetch_all(pool)
+    .await?;
     let mut out = vec![false; items.len()];
     for i in done {
         if let Some(o) = usize::try_from(i - 1).ok().and_then(|i| out.get_mut(i)) {
@@ -174,34 +189,19 @@ pub async fn append_many(pool: &PgPool, items: &[&EventsWrite]) -> Result<Vec<bo
     Ok(out)
 }
 
-static APPEND_MANY: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-    format!(
-        "WITH b AS (
-            SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::int[]) WITH ORDINALITY AS b(b_id, b_lease, b_nev, b_i)
-            ORDER BY b_id
-         ), u AS (
-            UPDATE task_queue SET last_event_seq = last_event_seq + b_nev FROM b
-            WHERE id = b_id AND lease_token = b_lease AND id = ANY($1)
-            RETURNING b_i, b_id, b_nev, last_event_seq AS u_seq
-         ), e AS ({})
-         SELECT b_i FROM u",
-        insert_batched(4)
-    )
-});
-
 /// The event rows of a batch of runs, one per run with events (`pack`), as four parallel
 /// arrays: the run's place in the batch, and the row's kind, data and earlier events.
 #[derive(Default)]
-pub(super) struct Rows {
-    pub of: Vec<i64>,
-    pub kinds: Vec<EventKind>,
-    pub datas: Vec<String>,
-    pub earlier: Vec<Option<Earlier>>,
+struct Rows {
+    of: Vec<i64>,
+    kinds: Vec<EventKind>,
+    datas: Vec<String>,
+    earlier: Vec<Option<Earlier>>,
 }
 
 impl Rows {
     /// Run `i`'s events (nothing for none).
-    pub fn push<'a>(&mut self, i: i64, events: impl IntoIterator<Item = &'a Event>) {
+    fn push<'a>(&mut self, i: i64, events: impl IntoIterator<Item = &'a Event>) {
         let p = pack(events);
         if let (Some(kind), Some(data)) = (p.kind, p.data) {
             self.of.push(i);
@@ -212,24 +212,13 @@ impl Rows {
     }
 }
 
-/// The event rows of a batch of runs, for a statement whose CTE `u` has, per run written, its
-/// place in the batch (`b_i`), task (`b_id`) and new `last_event_seq` (`u_seq`, moved by its
-/// event count). `Rows`' arrays are parameters `$first` to `$first + 3`.
-pub(super) fn insert_batched(first: u8) -> String {
-    let (of, kinds, datas, earlier) = (first, first + 1, first + 2, first + 3);
-    format!(
-        "INSERT INTO task_events (task_id, seq, kind, data, data_text, earlier)
-            SELECT b_id, u_seq, x.kind, NULL, x.data, x.earlier
-            FROM u JOIN unnest(${of}::int8[], ${kinds}::text[], ${datas}::json[], ${earlier}::json[])
-                 AS x(ei, kind, data, earlier) ON x.ei = u.b_i"
-    )
-}
-
 /// The seq of the task's last event (0 for none; `None`: no such task of `tenant`'s).
 pub async fn last_seq(pool: &PgPool, tenant: Option<&str>, task: Uuid) -> Result<Option<i32>, StoreError> {
-    Ok(sqlx::query_scalar("SELECT last_event_seq FROM tasks WHERE id = $1 AND ($2::text IS NULL OR tenant = $2)")
-        .bind(task)
-        .bind(tenant)
-        .fetch_optional(pool)
-        .await?)
+    Ok(sqlx::query_scalar!(
+        "SELECT last_event_seq FROM tasks WHERE id = $1 AND ($2::text IS NULL OR tenant = $2)",
+        task,
+        tenant
+    )
+    .fetch_optional(pool)
+    .await?)
 }

@@ -9,7 +9,7 @@ use sqlx::PgPool;
 
 use super::StoreError;
 
-#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct McpSession {
     pub id: String,
     pub tenant: String,
@@ -25,15 +25,15 @@ pub async fn create(
     capabilities: &Value,
     client_info: &Value,
 ) -> Result<(), StoreError> {
-    sqlx::query(
+    sqlx::query!(
         "INSERT INTO mcp_sessions (id, tenant, protocol_version, client_capabilities, client_info)
          VALUES ($1, $2, $3, $4, $5)",
+        id,
+        tenant,
+        version,
+        capabilities,
+        client_info
     )
-    .bind(id)
-    .bind(tenant)
-    .bind(version)
-    .bind(capabilities)
-    .bind(client_info)
     .execute(pool)
     .await?;
     Ok(())
@@ -51,22 +51,29 @@ pub enum Found {
 
 /// The session `id` as `tenant` sees it, noting that it was seen when it is live.
 pub async fn get(pool: &PgPool, tenant: &str, id: &str) -> Result<Found, StoreError> {
-    let row: Option<(McpSession, bool)> = sqlx::query_as::<_, (String, String, String, Value, bool)>(
-        "WITH seen AS (
+    let row = sqlx::query!(
+        r#"WITH seen AS (
              UPDATE mcp_sessions SET last_seen_at = now()
              WHERE id = $1 AND tenant = $2 AND ended_at IS NULL
              RETURNING id, tenant, protocol_version, client_capabilities, true AS live)
-         SELECT * FROM seen
+         SELECT id AS "id!", tenant AS "tenant!", protocol_version AS "protocol_version!",
+                client_capabilities AS "client_capabilities!", live AS "live!" FROM seen
          UNION ALL
          SELECT id, tenant, protocol_version, client_capabilities, false FROM mcp_sessions
-         WHERE id = $1 AND NOT EXISTS (SELECT 1 FROM seen)",
+         WHERE id = $1 AND NOT EXISTS (SELECT 1 FROM seen)"#,
+        id,
+        tenant
     )
-    .bind(id)
-    .bind(tenant)
     .fetch_optional(pool)
     .await?
-    .map(|(id, tenant, protocol_version, client_capabilities, live)| {
-        (McpSession { id, tenant, protocol_version, client_capabilities }, live)
+    .map(|r| {
+        let session = McpSession {
+            id: r.id,
+            tenant: r.tenant,
+            protocol_version: r.protocol_version,
+            client_capabilities: r.client_capabilities,
+        };
+        (session, r.live)
     });
     Ok(match row {
         Some((s, true)) => Found::Live(s),
@@ -78,15 +85,16 @@ pub async fn get(pool: &PgPool, tenant: &str, id: &str) -> Result<Found, StoreEr
 /// Adopt a session id the service does not know as a fresh session of `tenant`, with no client
 /// capabilities; `None` if the id was taken meanwhile (by another tenant, or ended).
 pub async fn adopt(pool: &PgPool, id: &str, tenant: &str, version: &str) -> Result<Option<McpSession>, StoreError> {
-    Ok(sqlx::query_as(
-        "INSERT INTO mcp_sessions (id, tenant, protocol_version, client_info)
-         VALUES ($1, $2, $3, '{\"adopted\": true}')
+    Ok(sqlx::query_as!(
+        McpSession,
+        r#"INSERT INTO mcp_sessions (id, tenant, protocol_version, client_info)
+         VALUES ($1, $2, $3, '{"adopted": true}')
          ON CONFLICT (id) DO NOTHING
-         RETURNING id, tenant, protocol_version, client_capabilities",
+         RETURNING id, tenant, protocol_version, client_capabilities"#,
+        id,
+        tenant,
+        version
     )
-    .bind(id)
-    .bind(tenant)
-    .bind(version)
     .fetch_optional(pool)
     .await?)
 }
@@ -95,18 +103,18 @@ pub async fn adopt(pool: &PgPool, id: &str, tenant: &str, version: &str) -> Resu
 /// idempotency keys of its calls still in flight (their tasks are the caller's to cancel).
 pub async fn end(pool: &PgPool, tenant: &str, id: &str) -> Result<Option<Vec<String>>, StoreError> {
     let mut tx = pool.begin().await?;
-    let ended =
-        sqlx::query("UPDATE mcp_sessions SET ended_at = now() WHERE id = $1 AND tenant = $2 AND ended_at IS NULL")
-            .bind(id)
-            .bind(tenant)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
+    let ended = sqlx::query!(
+        "UPDATE mcp_sessions SET ended_at = now() WHERE id = $1 AND tenant = $2 AND ended_at IS NULL",
+        id,
+        tenant
+    )
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
     if ended == 0 {
         return Ok(None);
     }
-    let keys = sqlx::query_scalar("DELETE FROM mcp_calls WHERE session_id = $1 RETURNING request_key")
-        .bind(id)
+    let keys = sqlx::query_scalar!("DELETE FROM mcp_calls WHERE session_id = $1 RETURNING request_key", id)
         .fetch_all(&mut *tx)
         .await?;
     tx.commit().await?;
@@ -116,35 +124,30 @@ pub async fn end(pool: &PgPool, tenant: &str, id: &str) -> Result<Option<Vec<Str
 /// Note a call of session `id` held open for its task (`key`: the task's idempotency key);
 /// false if the session has ended meanwhile (nothing is noted: the call must not start a task).
 pub async fn call_started(pool: &PgPool, id: &str, tenant: &str, key: &str) -> Result<bool, StoreError> {
-    Ok(sqlx::query_scalar(
-        "WITH live AS (SELECT 1 FROM mcp_sessions WHERE id = $1 AND tenant = $3 AND ended_at IS NULL),
+    Ok(sqlx::query_scalar!(
+        r#"WITH live AS (SELECT 1 FROM mcp_sessions WHERE id = $1 AND tenant = $3 AND ended_at IS NULL),
               noted AS (INSERT INTO mcp_calls (session_id, request_key, tenant) SELECT $1, $2, $3 FROM live
                         ON CONFLICT (session_id, request_key) DO NOTHING)
-         SELECT EXISTS (SELECT 1 FROM live)",
+         SELECT EXISTS (SELECT 1 FROM live) AS "live!""#,
+        id,
+        key,
+        tenant
     )
-    .bind(id)
-    .bind(key)
-    .bind(tenant)
     .fetch_one(pool)
     .await?)
 }
 
 /// The call answered (or its client went away): ending its session no longer touches its task.
 pub async fn call_answered(pool: &PgPool, id: &str, key: &str) -> Result<(), StoreError> {
-    sqlx::query("DELETE FROM mcp_calls WHERE session_id = $1 AND request_key = $2")
-        .bind(id)
-        .bind(key)
-        .execute(pool)
-        .await?;
+    sqlx::query!("DELETE FROM mcp_calls WHERE session_id = $1 AND request_key = $2", id, key).execute(pool).await?;
     Ok(())
 }
 
 /// Forget sessions not seen for `days` (live or ended), and calls noted a day ago (no call is
 /// held that long: those a replica held when it died); how many sessions.
 pub async fn purge_idle(pool: &PgPool, days: i32) -> Result<u64, StoreError> {
-    sqlx::query("DELETE FROM mcp_calls WHERE started_at < now() - interval '1 day'").execute(pool).await?;
-    Ok(sqlx::query("DELETE FROM mcp_sessions WHERE last_seen_at < now() - make_interval(days => $1)")
-        .bind(days)
+    sqlx::query!("DELETE FROM mcp_calls WHERE started_at < now() - interval '1 day'").execute(pool).await?;
+    Ok(sqlx::query!("DELETE FROM mcp_sessions WHERE last_seen_at < now() - make_interval(days => $1)", days)
         .execute(pool)
         .await?
         .rows_affected())

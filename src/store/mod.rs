@@ -119,13 +119,12 @@ impl StoreError {
 /// taken first, so only a clock stepped back could put a row before its task; a margin of
 /// minutes, not the day it was (which had every turn commit probe yesterday's messages
 /// partition's index: 10,700 blocks read from disk in a 10M history run), keeps that case
-/// covered.
-pub(crate) const DB_CLOCK_MARGIN: &str = "interval '5 minutes'";
-
-/// `DB_CLOCK_MARGIN` as a duration, for a bound given as a parameter: `col >= $n` with a value
-/// is pruned when an unnamed statement is planned (an expression on it, `$n - interval`, is
-/// stable and pruned only at execution, after every partition is locked).
-pub(crate) const CLOCK_MARGIN: chrono::Duration = chrono::Duration::minutes(5);
+/// covered. In SQL it is `subagentd_clock_margin()` (migration 0039; the same, checked by
+/// `history::the_clock_margin_is_the_same_in_sql_and_in_the_service`); given as a parameter,
+/// `col >= $n` with the bound computed here is pruned when an unnamed statement is planned (an
+/// expression on it, `$n - interval`, is stable and pruned only at execution, after every
+/// partition is locked).
+pub const CLOCK_MARGIN: chrono::Duration = chrono::Duration::minutes(5);
 
 /// Who is writing: a task under one lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,8 +136,8 @@ pub struct Fence {
 /// Is the database reachable and fully migrated?
 pub async fn ready(pool: &PgPool) -> Result<bool, StoreError> {
     let latest = crate::db::MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
-    let applied: Option<i64> =
-        sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations WHERE success").fetch_one(pool).await?;
+    let applied =
+        sqlx::query_scalar!("SELECT max(version) FROM _sqlx_migrations WHERE success").fetch_one(pool).await?;
     Ok(applied.unwrap_or(0) >= latest)
 }
 
@@ -226,12 +225,3 @@ where
 
 /// How long a write waits for an unavailable database before it gives up.
 pub const UNAVAILABLE_WAIT: Duration = Duration::from_secs(30);
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn the_clock_margin_is_the_same_in_sql_and_as_a_duration() {
-        let sql = format!("interval '{} minutes'", super::CLOCK_MARGIN.num_minutes());
-        assert_eq!(super::DB_CLOCK_MARGIN, sql);
-    }
-}

@@ -46,7 +46,7 @@ pub const LOCK_TIMEOUT: &str = "1s";
 /// Create the partitions from yesterday to `ahead` days on (one caller at a time). Returns the
 /// last UTC day covered.
 pub async fn ensure(pool: &PgPool, ahead: i32) -> Result<NaiveDate, StoreError> {
-    Ok(sqlx::query_scalar("SELECT subagentd_ensure_partitions($1)").bind(ahead).fetch_one(pool).await?)
+    Ok(sqlx::query_scalar!(r#"SELECT subagentd_ensure_partitions($1) AS "until!""#, ahead).fetch_one(pool).await?)
 }
 
 /// How many whole days ahead of today (UTC) every history table has partitions, `tasks`' month
@@ -62,9 +62,9 @@ pub async fn reach(pool: &PgPool) -> Result<i64, StoreError> {
         least = Some(least.map_or(ahead, |l| l.min(ahead)));
     }
     // And the month partitions of `tasks`, which a task ending on those days moves into.
-    let months: std::collections::BTreeSet<String> = sqlx::query_scalar(
-        "SELECT c.relname::text FROM pg_class c JOIN pg_inherits i ON i.inhrelid = c.oid
-         WHERE i.inhparent = to_regclass('tasks') AND c.relname ~ '^tasks_p[0-9]{6}$'",
+    let months: std::collections::BTreeSet<String> = sqlx::query_scalar!(
+        r#"SELECT c.relname::text AS "name!" FROM pg_class c JOIN pg_inherits i ON i.inhrelid = c.oid
+         WHERE i.inhparent = to_regclass('tasks') AND c.relname ~ '^tasks_p[0-9]{6}$'"#
     )
     .fetch_all(pool)
     .await?
@@ -89,21 +89,22 @@ pub struct Partition {
 /// The partitions of `parent` named the service's way, oldest first, and the tables of such a
 /// name that are no longer attached.
 pub async fn partitions(pool: &PgPool, parent: &str) -> Result<Vec<Partition>, StoreError> {
-    let rows: Vec<(String, Option<bool>)> = sqlx::query_as(
-        "SELECT c.relname::text, i.inhdetachpending FROM pg_class c
+    let rows = sqlx::query!(
+        r#"SELECT c.relname::text AS "name!", i.inhdetachpending AS "pending?" FROM pg_class c
          LEFT JOIN pg_inherits i ON i.inhrelid = c.oid
          WHERE c.relkind = 'r' AND c.relnamespace = current_schema()::regnamespace
            AND c.relname ~ ('^' || $1 || '_p[0-9]{8}$')
            AND (i.inhparent IS NULL OR i.inhparent = to_regclass($1))
-         ORDER BY 1",
+         ORDER BY 1"#,
+        parent
     )
-    .bind(parent)
     .fetch_all(pool)
     .await?;
     let prefix = format!("{parent}_p");
     Ok(rows
         .into_iter()
-        .filter_map(|(name, pending)| {
+        .filter_map(|r| {
+            let (name, pending) = (r.name, r.pending);
             let day = NaiveDate::parse_from_str(name.strip_prefix(&prefix)?, "%Y%m%d").ok()?;
             Some(Partition { name, day, detaching: pending == Some(true), detached: pending.is_none() })
         })
@@ -127,7 +128,7 @@ pub async fn drop_expired(pool: &PgPool, parent: &str, days: u32) -> Result<Vec<
         return Ok(vec![]);
     }
     let mut conn = pool.acquire().await?;
-    let mine: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock(hashtext('subagentd_retention'))")
+    let mine = sqlx::query_scalar!(r#"SELECT pg_try_advisory_lock(hashtext('subagentd_retention')) AS "mine!""#)
         .fetch_one(&mut *conn)
         .await?;
     if !mine {
@@ -136,8 +137,11 @@ pub async fn drop_expired(pool: &PgPool, parent: &str, days: u32) -> Result<Vec<
     let outcome = drop_all(&mut conn, parent, expired).await;
     // Whatever happened, the setting and the lock go before the connection is given back.
     let reset = async {
-        sqlx::query("RESET lock_timeout").execute(&mut *conn).await?;
-        sqlx::query("SELECT pg_advisory_unlock(hashtext('subagentd_retention'))").execute(&mut *conn).await
+        sqlx::query!("RESET lock_timeout").execute(&mut *conn).await?;
+        sqlx::query!("SELECT pg_advisory_unlock(hashtext('subagentd_retention'))")
+            .fetch_one(&mut *conn)
+            .await
+            .map(|_| ())
     }
     .await;
     if reset.is_err() {
@@ -153,7 +157,7 @@ async fn drop_all(
     parent: &str,
     expired: Vec<Partition>,
 ) -> Result<Vec<String>, StoreError> {
-    sqlx::query(&format!("SET lock_timeout = '{LOCK_TIMEOUT}'")).execute(&mut *conn).await?;
+    sqlx::query!("SELECT set_config('lock_timeout', $1, false)", LOCK_TIMEOUT).fetch_one(&mut *conn).await?;
     let mut dropped = vec![];
     for p in expired {
         match drop_one(conn, parent, &p).await {
@@ -175,42 +179,69 @@ async fn drop_all(
 async fn drop_one(conn: &mut sqlx::PgConnection, parent: &str, p: &Partition) -> Result<(), StoreError> {
     if p.detaching {
         // A detach a timeout interrupted (on this pass or an earlier one) is finished.
-        sqlx::query(&format!("ALTER TABLE {parent} DETACH PARTITION {} FINALIZE", p.name)).execute(&mut *conn).await?;
+        execute(conn, &Ddl::Finalize(parent, &p.name).sql()).await?;
     } else if !p.detached {
         if let Some(at) = moved_on(parent) {
             // Open tasks keep their rows: moved (an update of the partition key) to today.
             // Their times become the move's.
-            sqlx::query(&format!(
-                "UPDATE {parent} SET {at} = now()
-                 WHERE {at} >= $1::date::timestamp AT TIME ZONE 'UTC'
-                   AND {at} < ($1::date + 1)::timestamp AT TIME ZONE 'UTC'
-                   AND task_id IN (SELECT id FROM task_queue
-                                   WHERE status IN ('scheduled', 'queued', 'running', 'requires_action'))"
-            ))
-            .bind(p.day)
-            .execute(&mut *conn)
-            .await?;
+            execute(conn, &Ddl::MoveOpen(parent, at, p.day).sql()).await?;
         }
-        sqlx::query(&format!("ALTER TABLE {parent} DETACH PARTITION {} CONCURRENTLY", p.name))
-            .execute(&mut *conn)
-            .await?;
+        execute(conn, &Ddl::Detach(parent, &p.name).sql()).await?;
     }
     // A partition detached here or on an earlier pass whose drop failed. A day of stored diffs
     // leaves its tenants' kept bytes in the same transaction (`tenant_storage`, migration 0038).
     let mut tx = sqlx::Connection::begin(&mut *conn).await?;
     if parent == "task_diffs" {
-        sqlx::query(&format!(
-            "UPDATE tenant_storage s SET kept_bytes = greatest(0, s.kept_bytes - d.bytes)
-             FROM (SELECT tenant, sum(coalesce(octet_length(changes), 0) + coalesce(octet_length(diff), 0)) AS bytes
-                   FROM {} GROUP BY tenant) d
-             WHERE s.tenant = d.tenant",
-            p.name
-        ))
-        .execute(&mut *tx)
-        .await?;
+        execute(&mut tx, &Ddl::Unkeep(&p.name).sql()).await?;
     }
-    sqlx::query(&format!("DROP TABLE {}", p.name)).execute(&mut *tx).await?;
+    execute(&mut tx, &Ddl::Drop(&p.name).sql()).await?;
     tx.commit().await?;
+    Ok(())
+}
+
+/// A retention statement on tables named at run time (a partition, its parent): SQL no macro
+/// can check. Every name is the service's own (`partitions`' rows, this module's constants).
+enum Ddl<'a> {
+    /// `(parent, partition)`: finish an interrupted `DETACH ... CONCURRENTLY`.
+    Finalize(&'a str, &'a str),
+    /// `(parent, time column, day)`: move the rows of open tasks out of the day's partition.
+    MoveOpen(&'a str, &'a str, NaiveDate),
+    /// `(parent, partition)`.
+    Detach(&'a str, &'a str),
+    /// A detached day of `task_diffs`: its bytes leave its tenants' kept bytes.
+    Unkeep(&'a str),
+    Drop(&'a str),
+}
+
+impl Ddl<'_> {
+    fn sql(&self) -> String {
+        match self {
+            Ddl::Finalize(parent, name) => format!("ALTER TABLE {parent} DETACH PARTITION {name} FINALIZE"),
+            Ddl::MoveOpen(parent, at, day) => format!(
+                "UPDATE {parent} SET {at} = now()
+                 WHERE {at} >= '{day}'::date::timestamp AT TIME ZONE 'UTC'
+                   AND {at} < ('{day}'::date + 1)::timestamp AT TIME ZONE 'UTC'
+                   AND task_id IN (SELECT id FROM task_queue
+                                   WHERE status IN ('scheduled', 'queued', 'running', 'requires_action'))"
+            ),
+            Ddl::Detach(parent, name) => format!("ALTER TABLE {parent} DETACH PARTITION {name} CONCURRENTLY"),
+            Ddl::Unkeep(name) => format!(
+                "UPDATE tenant_storage s SET kept_bytes = greatest(0, s.kept_bytes - d.bytes)
+                 FROM (SELECT tenant, sum(coalesce(octet_length(changes), 0) + coalesce(octet_length(diff), 0)) AS bytes
+                       FROM {name} GROUP BY tenant) d
+                 WHERE s.tenant = d.tenant"
+            ),
+            Ddl::Drop(name) => format!("DROP TABLE {name}"),
+        }
+    }
+}
+
+/// Run a `Ddl` statement. Its shapes run against the real schema in
+/// `history::retention_drops_partitions_while_the_claim_and_inserts_go_on` (finalize, move,
+/// detach, drop) and `history::stored_diffs_from_the_release_before_keep_every_row_go_by_the_day…`
+/// (the kept bytes of a day of diffs).
+async fn execute(conn: &mut sqlx::PgConnection, sql: &str) -> Result<(), StoreError> {
+    sqlx::query(sql).execute(conn).await?;
     Ok(())
 }
 

@@ -9,31 +9,54 @@ use super::StoreError;
 /// Forget idempotency keys past their 24 hours (a key then names no task: `tasks::insert`),
 /// a batch at a time. Not history: the table holds a day of keys.
 pub async fn purge_keys(pool: &PgPool) -> Result<u64, StoreError> {
-    delete_older(pool, "task_keys", "tenant, key", "created_at", "24 hours").await
+    in_batches(|| async {
+        sqlx::query!(
+            "DELETE FROM task_keys WHERE (tenant, key) IN (
+                SELECT tenant, key FROM task_keys WHERE created_at < now() - interval '24 hours' LIMIT 5000)"
+        )
+        .execute(pool)
+        .await
+    })
+    .await
 }
 
 /// Forget the per-minute counts no reader needs any more: the overview's finishes (it charts the
 /// last hour) older than two hours, the web fetches (their limit is per minute) older than one.
 /// A few rows a minute each, a batch at a time.
 pub async fn purge_minutes(pool: &PgPool) -> Result<u64, StoreError> {
-    let finished =
-        delete_older(pool, "finished_minutes", "minute, tenant, status, backend", "minute", "2 hours").await?;
-    let fetches = delete_older(pool, "web_fetch_minutes", "tenant, minute", "minute", "1 hour").await?;
+    let finished = in_batches(|| async {
+        sqlx::query!(
+            "DELETE FROM finished_minutes WHERE (minute, tenant, status, backend) IN (
+                SELECT minute, tenant, status, backend FROM finished_minutes
+                WHERE minute < now() - interval '2 hours' LIMIT 5000)"
+        )
+        .execute(pool)
+        .await
+    })
+    .await?;
+    let fetches = in_batches(|| async {
+        sqlx::query!(
+            "DELETE FROM web_fetch_minutes WHERE (tenant, minute) IN (
+                SELECT tenant, minute FROM web_fetch_minutes WHERE minute < now() - interval '1 hour' LIMIT 5000)"
+        )
+        .execute(pool)
+        .await
+    })
+    .await?;
     Ok(finished + fetches)
 }
 
-/// Delete the rows of `table` whose `time` is older than `age`, 5,000 at a time (by its primary
-/// key, `key`) until a batch comes back short; the rows deleted in all. Names and ages are this
-/// module's constants.
-async fn delete_older(pool: &PgPool, table: &str, key: &str, time: &str, age: &str) -> Result<u64, StoreError> {
+/// Run a delete of at most `BATCH` (5,000) rows until a batch comes back short; the rows deleted
+/// in all.
+async fn in_batches<F, Fut>(delete: F) -> Result<u64, StoreError>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<sqlx::postgres::PgQueryResult, sqlx::Error>>,
+{
     const BATCH: u64 = 5000;
-    let sql = format!(
-        "DELETE FROM {table} WHERE ({key}) IN (
-            SELECT {key} FROM {table} WHERE {time} < now() - interval '{age}' LIMIT {BATCH})"
-    );
     let mut total = 0;
     loop {
-        let n = sqlx::query(&sql).execute(pool).await?.rows_affected();
+        let n = delete().await?.rows_affected();
         total += n;
         if n < BATCH {
             return Ok(total);

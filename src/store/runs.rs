@@ -2,15 +2,14 @@
 //! Every write by a worker is one statement fenced on `(id, lease_token)`.
 
 use serde_json::Value;
-use sqlx::{FromRow, PgPool, Row};
+use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::calls::CallRow;
-use super::tasks::{StopReason, TaskRow, TaskStatus, COLS, COL_NAMES, OPTIONS_READ, WEBHOOK};
+use super::tasks::{query_tasks, task_from, StopReason, TaskRow, TaskStatus};
 pub use super::Fence;
 use super::StoreError;
-use super::DB_CLOCK_MARGIN;
-use crate::kinds::{event, Event, FailureCode};
+use crate::kinds::{event, Event, EventKind, FailureCode};
 
 /// Claim up to `limit` queued tasks, fairly across tenants and within each tenant's running
 /// limit: each slot goes to the tenant that would then have the fewest tasks running (each
@@ -28,10 +27,44 @@ pub async fn claim(
     super::on_move(pool, || claim_once(pool, limit, lease_secs, worker, default_max_running)).await
 }
 
-/// The claim's second statement: count, pick and claim (`claim_once`).
-static CLAIM: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-    format!(
-        "WITH lim AS (
+async fn claim_once(
+    pool: &PgPool,
+    limit: i64,
+    lease_secs: f64,
+    worker: &str,
+    default_max_running: Option<i32>,
+) -> Result<Vec<TaskRow>, StoreError> {
+    let mut tx = pool.begin().await?;
+    // Planned as PostgreSQL chooses: the claim reads only the queue, whose planning does not grow
+    // with the history. A generic plan forced here (as before the queue had a table of its own)
+    // was made once per connection from the queue's statistics of that moment: after an ANALYZE
+    // of an empty queue it kept seq scans while the queue grew, 0.4 -> 12 ms a tenant walk (#47).
+    // First lock the tenants to serve (skipping those another claimer holds) …
+    let served = sqlx::query!(
+        r#"WITH RECURSIVE qt AS (
+            (SELECT tenant FROM task_queue WHERE status = 'queued' ORDER BY tenant LIMIT 1)
+            UNION ALL
+            SELECT (SELECT t.tenant FROM task_queue t WHERE t.status = 'queued' AND t.tenant > qt.tenant ORDER BY t.tenant LIMIT 1)
+            FROM qt WHERE qt.tenant IS NOT NULL
+         )
+         SELECT tn.name, coalesce(tn.max_running, $1) AS max_running FROM tenants tn
+         WHERE tn.name IN (SELECT tenant FROM qt WHERE tenant IS NOT NULL)
+         FOR UPDATE OF tn SKIP LOCKED"#,
+        default_max_running
+    )
+    .fetch_all(&mut *tx)
+    .await?;
+    if served.is_empty() {
+        tx.commit().await?;
+        return Ok(vec![]);
+    }
+    // … then count and claim in a second statement, whose snapshot sees every claim committed
+    // before the locks were ours: the running limit holds exactly, across replicas.
+    let names: Vec<&str> = served.iter().map(|s| s.name.as_str()).collect();
+    let limits: Vec<Option<i32>> = served.iter().map(|s| s.max_running).collect();
+    let rows = query_tasks!(
+        unhooked "u",
+        (r#"WITH lim AS (
             SELECT * FROM unnest($4::text[], $5::int[]) AS l(tenant, max_running)
          ), busy AS MATERIALIZED (
             -- Materialized: counted once per tenant, not once per candidate row (inlined, this
@@ -64,53 +97,16 @@ static CLAIM: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
             INSERT INTO task_events (task_id, seq, kind, data)
             SELECT id, last_event_seq, 'claimed', jsonb_build_object('attempt', attempt, 'worker', worker_id) FROM u
          )
-         SELECT {COLS} FROM u ORDER BY id"
+         SELECT "#),
+        (" FROM u ORDER BY id"),
+        limit,
+        lease_secs,
+        worker,
+        &names as _,
+        &limits as _
     )
-});
-
-async fn claim_once(
-    pool: &PgPool,
-    limit: i64,
-    lease_secs: f64,
-    worker: &str,
-    default_max_running: Option<i32>,
-) -> Result<Vec<TaskRow>, StoreError> {
-    let mut tx = pool.begin().await?;
-    // Planned as PostgreSQL chooses: the claim reads only the queue, whose planning does not grow
-    // with the history. A generic plan forced here (as before the queue had a table of its own)
-    // was made once per connection from the queue's statistics of that moment: after an ANALYZE
-    // of an empty queue it kept seq scans while the queue grew, 0.4 -> 12 ms a tenant walk (#47).
-    // First lock the tenants to serve (skipping those another claimer holds) …
-    let served: Vec<(String, Option<i32>)> = sqlx::query_as(
-        "WITH RECURSIVE qt AS (
-            (SELECT tenant FROM task_queue WHERE status = 'queued' ORDER BY tenant LIMIT 1)
-            UNION ALL
-            SELECT (SELECT t.tenant FROM task_queue t WHERE t.status = 'queued' AND t.tenant > qt.tenant ORDER BY t.tenant LIMIT 1)
-            FROM qt WHERE qt.tenant IS NOT NULL
-         )
-         SELECT tn.name, coalesce(tn.max_running, $1) FROM tenants tn
-         WHERE tn.name IN (SELECT tenant FROM qt WHERE tenant IS NOT NULL)
-         FOR UPDATE OF tn SKIP LOCKED",
-    )
-    .bind(default_max_running)
     .fetch_all(&mut *tx)
     .await?;
-    if served.is_empty() {
-        tx.commit().await?;
-        return Ok(vec![]);
-    }
-    // … then count and claim in a second statement, whose snapshot sees every claim committed
-    // before the locks were ours: the running limit holds exactly, across replicas.
-    let names: Vec<String> = served.iter().map(|s| s.0.clone()).collect();
-    let limits: Vec<Option<i32>> = served.iter().map(|s| s.1).collect();
-    let rows: Vec<TaskRow> = sqlx::query_as(&CLAIM)
-        .bind(limit)
-        .bind(lease_secs)
-        .bind(worker)
-        .bind(&names)
-        .bind(&limits)
-        .fetch_all(&mut *tx)
-        .await?;
     tx.commit().await?;
     Ok(rows)
 }
@@ -124,12 +120,12 @@ async fn claim_once(
 /// Never truncated (that takes an exclusive lock the claim would wait for, and the queue reuses
 /// its free pages); its TOAST table is left to autovacuum.
 pub async fn vacuum_queue(pool: &PgPool) -> Result<(), StoreError> {
-    sqlx::query("VACUUM (SKIP_LOCKED, TRUNCATE false, PROCESS_TOAST false) task_queue").execute(pool).await?;
+    sqlx::query!("VACUUM (SKIP_LOCKED, TRUNCATE false, PROCESS_TOAST false) task_queue").execute(pool).await?;
     Ok(())
 }
 
 /// What a heartbeat found of one lease it holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::FromRow)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Beat {
     pub id: Uuid,
     /// A cancel was requested (known only for a renewed lease).
@@ -153,8 +149,9 @@ async fn heartbeat_once(pool: &PgPool, held: &[Fence], lease_secs: f64) -> Resul
     held.sort_by_key(|f| f.id);
     let ids: Vec<Uuid> = held.iter().map(|f| f.id).collect();
     let leases: Vec<Uuid> = held.iter().map(|f| f.lease).collect();
-    Ok(sqlx::query_as(
-        "WITH h AS (
+    Ok(sqlx::query_as!(
+        Beat,
+        r#"WITH h AS (
             SELECT * FROM unnest($1::uuid[], $2::uuid[]) AS h(id, lease)
          ), l AS (
             SELECT t.id FROM task_queue t JOIN h ON t.id = h.id AND t.lease_token = h.lease
@@ -165,20 +162,20 @@ async fn heartbeat_once(pool: &PgPool, held: &[Fence], lease_secs: f64) -> Resul
             FROM l WHERE t.id = l.id AND t.id = ANY($1)
             RETURNING t.id, t.cancel_requested
          )
-         SELECT id, cancel_requested, true AS renewed FROM u
+         SELECT id AS "id!", cancel_requested AS "cancel_requested!", true AS "renewed!" FROM u
          UNION ALL
          SELECT t.id, false, false FROM task_queue t JOIN h ON t.id = h.id AND t.lease_token = h.lease
-         WHERE t.id = ANY($1) AND t.id NOT IN (SELECT id FROM l)",
+         WHERE t.id = ANY($1) AND t.id NOT IN (SELECT id FROM l)"#,
+        &ids,
+        &leases,
+        lease_secs
     )
-    .bind(&ids)
-    .bind(&leases)
-    .bind(lease_secs)
     .fetch_all(pool)
     .await?)
 }
 
 /// One message of a task's saved conversation, as `GET /tasks/{id}/messages` shows it.
-#[derive(Debug, Clone, serde::Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, serde::Serialize)]
 pub struct MessageRow {
     pub seq: i32,
     pub turn: i32,
@@ -193,12 +190,13 @@ pub async fn conversation(
     id: Uuid,
     since: chrono::DateTime<chrono::Utc>,
 ) -> Result<Vec<MessageRow>, StoreError> {
-    Ok(sqlx::query_as(&format!(
-        "SELECT seq, turn, message, created_at FROM task_message_log
-         WHERE task_id = $1 AND created_at >= $2 - {DB_CLOCK_MARGIN} ORDER BY seq"
-    ))
-    .bind(id)
-    .bind(since)
+    Ok(sqlx::query_as!(
+        MessageRow,
+        r#"SELECT seq AS "seq!", turn AS "turn!", message AS "message!", created_at AS "created_at!"
+         FROM task_message_log WHERE task_id = $1 AND created_at >= $2 ORDER BY seq"#,
+        id,
+        since - super::CLOCK_MARGIN
+    )
     .fetch_all(pool)
     .await?)
 }
@@ -207,15 +205,16 @@ pub async fn conversation(
 /// without a gap): retention drops a task's days one at a time, so a conversation that crossed
 /// midnight can be half gone for a day.
 pub async fn messages(pool: &PgPool, id: Uuid) -> Result<Vec<Value>, StoreError> {
-    let rows: Vec<(i32, Value)> =
-        sqlx::query_as("SELECT seq, message FROM task_message_log WHERE task_id = $1 ORDER BY seq")
-            .bind(id)
-            .fetch_all(pool)
-            .await?;
-    if rows.iter().enumerate().any(|(i, (seq, _))| *seq != i as i32 + 1) {
+    let rows = sqlx::query!(
+        r#"SELECT seq AS "seq!", message AS "message!" FROM task_message_log WHERE task_id = $1 ORDER BY seq"#,
+        id
+    )
+    .fetch_all(pool)
+    .await?;
+    if rows.iter().enumerate().any(|(i, r)| r.seq != i as i32 + 1) {
         return Ok(vec![]);
     }
-    Ok(rows.into_iter().map(|(_, m)| m).collect())
+    Ok(rows.into_iter().map(|r| r.message).collect())
 }
 
 /// A turn's write that was not applied now: either the lease is gone (`LeaseLost`), or this is a
@@ -227,32 +226,22 @@ async fn settle_unapplied(
     fin: Option<&Finish>,
 ) -> Result<Committed, StoreError> {
     let whole = fin.is_some_and(|f| f.return_task);
-    let sql = format!(
-        "SELECT {COLS}, {WEBHOOK} FROM tasks WHERE id = $1
-         AND EXISTS (SELECT 1 FROM llm_calls WHERE call_key = $2 AND created_at = subagentd_uuid_time($2))"
-    );
-    let done: Option<TaskRow> = sqlx::query_as(&sql).bind(f.id).bind(call.call_key).fetch_optional(&mut *conn).await?;
+    let done = query_tasks!(
+        view,
+        ("SELECT "),
+        (" FROM task_rows WHERE id = $1
+           AND EXISTS (SELECT 1 FROM llm_calls WHERE call_key = $2 AND created_at = subagentd_uuid_time($2))"),
+        f.id,
+        call.call_key
+    )
+    .fetch_optional(&mut *conn)
+    .await?;
     Ok(match (done, fin) {
         (None, _) => Committed::LeaseLost,
         (Some(r), Some(_)) => Committed::Finished(whole.then(|| Box::new(r))),
         (Some(_), None) => Committed::Applied,
     })
 }
-
-/// A settlement's CTE: when the run's tenant has tasks waiting for budget, tell the workers
-/// (NOTIFY), which wake those that now fit. (An index probe on an index that is mostly empty.)
-const WAKE_WAITERS: &str = "w AS (
-            SELECT pg_notify('subagentd_budget', u.tenant) FROM u
-            WHERE EXISTS (SELECT 1 FROM task_queue q WHERE q.tenant = u.tenant AND q.waiting_for IS NOT NULL
-                          AND q.status = 'queued')
-         )";
-
-/// A rollup upsert's update: the new row's figures added to the existing one's.
-const ROLLUP_ADD: &str = "calls = d.calls + EXCLUDED.calls, ok = d.ok + EXCLUDED.ok, failed = d.failed + EXCLUDED.failed,
-                input_tokens = d.input_tokens + EXCLUDED.input_tokens, output_tokens = d.output_tokens + EXCLUDED.output_tokens,
-                cached_tokens = d.cached_tokens + EXCLUDED.cached_tokens,
-                cache_write_tokens = d.cache_write_tokens + EXCLUDED.cache_write_tokens,
-                cost_usd = d.cost_usd + EXCLUDED.cost_usd, estimated_calls = d.estimated_calls + EXCLUDED.estimated_calls";
 
 /// One run's turn, for `commit_turns`: the task's totals, the call's ledger row, the turn's
 /// messages and events. `turn` is `None` for a failed call that completes no turn. With `fin`,
@@ -272,20 +261,176 @@ impl TurnWrite {
     /// written) if the lease is no longer held; true if written, now or by an earlier try whose
     /// answer was lost with its connection.
     pub async fn commit_alone(&self, conn: &mut sqlx::PgConnection) -> Result<Committed, StoreError> {
-        commit_turn(conn, self).await
+        commit_turns_on(conn, &[self]).await.map(|mut c| c.pop().unwrap_or(Committed::LeaseLost))
     }
 
-    /// The events of the run's end, when this write ends the task (written after its own).
-    fn ending(&self) -> Vec<Event> {
-        self.fin.as_ref().map(Finish::events).unwrap_or_default()
+    /// The row the commit's statement takes for this write, whose messages are `stored`.
+    fn row<'a>(&'a self, stored: &'a StoredMessages<'a>) -> TurnRow<'a> {
+        let (c, fin) = (&self.call, self.fin.as_ref());
+        let ending = fin.map(Finish::events).unwrap_or_default();
+        let ev = super::events::pack(self.events.iter().chain(&ending));
+        TurnRow {
+            task: self.fence.id,
+            lease: self.fence.lease,
+            turns: self.turn,
+            call_key: c.call_key,
+            call_turn: c.turn,
+            attempt: c.attempt,
+            try_no: c.try_no,
+            provider: &c.provider,
+            model: &c.model,
+            outcome: c.outcome.as_str(),
+            error: c.error.as_deref(),
+            input_tokens: c.input_tokens,
+            output_tokens: c.output_tokens,
+            cached_tokens: c.cached_tokens,
+            cache_write_tokens: c.cache_write_tokens,
+            web_searches: c.web_searches,
+            cost_usd: c.cost_usd,
+            latency_ms: c.latency_ms,
+            http_status: c.http_status,
+            usage_estimated: c.usage_estimated,
+            reserved_usd: c.reserved_usd,
+            reserved_tokens: c.reserved_tokens,
+            status: fin.map(|f| f.status.as_str()),
+            stop_reason: fin.and_then(|f| f.stop_reason.map(StopReason::as_str)),
+            summary: fin.and_then(|f| f.summary.as_deref()),
+            output: fin.and_then(|f| f.output.as_ref()),
+            error_code: fin.and_then(|f| f.error_code.map(FailureCode::as_str)),
+            error_message: fin.and_then(|f| f.error_message.as_deref()),
+            want_task: fin.is_some_and(|f| f.return_task),
+            messages: stored.rows(),
+            text_hashes: stored.hashes.clone(),
+            texts: stored.texts.clone(),
+            event_kind: ev.kind.map(EventKind::as_str),
+            event_data: ev.data,
+            earlier: ev.earlier,
+            events: ev.n,
+        }
+    }
+}
+
+/// One write as `commit_turns`' statement takes it: a value of the composite type
+/// `subagentd_turn` (migration 0039), whose attributes are these fields, by name and in order
+/// (`tests::a_turn_row_is_the_type_the_statement_takes` checks both against the database). The
+/// statement names each attribute it reads, checked against the type when it compiles.
+#[derive(Debug)]
+struct TurnRow<'a> {
+    task: Uuid,
+    lease: Uuid,
+    turns: Option<i32>,
+    call_key: Uuid,
+    call_turn: i32,
+    attempt: i32,
+    try_no: i32,
+    provider: &'a str,
+    model: &'a str,
+    outcome: &'a str,
+    error: Option<&'a str>,
+    input_tokens: i64,
+    output_tokens: i64,
+    cached_tokens: i64,
+    cache_write_tokens: i64,
+    web_searches: i64,
+    cost_usd: Option<rust_decimal::Decimal>,
+    latency_ms: i32,
+    http_status: Option<i32>,
+    usage_estimated: bool,
+    reserved_usd: rust_decimal::Decimal,
+    reserved_tokens: i64,
+    status: Option<&'a str>,
+    stop_reason: Option<&'a str>,
+    summary: Option<&'a str>,
+    output: Option<&'a Value>,
+    error_code: Option<&'a str>,
+    error_message: Option<&'a str>,
+    want_task: bool,
+    messages: Vec<&'a Value>,
+    text_hashes: Vec<Vec<u8>>,
+    texts: Vec<&'a str>,
+    event_kind: Option<&'static str>,
+    event_data: Option<String>,
+    earlier: Option<super::events::Earlier>,
+    events: i32,
+}
+
+impl sqlx::Type<sqlx::Postgres> for TurnRow<'_> {
+    fn type_info() -> sqlx::postgres::PgTypeInfo {
+        sqlx::postgres::PgTypeInfo::with_name("subagentd_turn")
+    }
+}
+
+impl sqlx::Encode<'_, sqlx::Postgres> for TurnRow<'_> {
+    fn encode_by_ref(
+        &self,
+        buf: &mut sqlx::postgres::PgArgumentBuffer,
+    ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
+        // Every field, in order: a field added to the struct does not compile until it is here.
+        let TurnRow {
+            task,
+            lease,
+            turns,
+            call_key,
+            call_turn,
+            attempt,
+            try_no,
+            provider,
+            model,
+            outcome,
+            error,
+            input_tokens,
+            output_tokens,
+            cached_tokens,
+            cache_write_tokens,
+            web_searches,
+            cost_usd,
+            latency_ms,
+            http_status,
+            usage_estimated,
+            reserved_usd,
+            reserved_tokens,
+            status,
+            stop_reason,
+            summary,
+            output,
+            error_code,
+            error_message,
+            want_task,
+            messages,
+            text_hashes,
+            texts,
+            event_kind,
+            event_data,
+            earlier,
+            events,
+        } = self;
+        let mut r = sqlx::postgres::types::PgRecordEncoder::new(buf);
+        r.encode(task)?.encode(lease)?.encode(turns)?.encode(call_key)?.encode(call_turn)?.encode(attempt)?;
+        r.encode(try_no)?.encode(provider)?.encode(model)?.encode(outcome)?.encode(error)?;
+        r.encode(input_tokens)?.encode(output_tokens)?.encode(cached_tokens)?.encode(cache_write_tokens)?;
+        r.encode(web_searches)?.encode(cost_usd)?.encode(latency_ms)?.encode(http_status)?;
+        r.encode(usage_estimated)?.encode(reserved_usd)?.encode(reserved_tokens)?;
+        r.encode(status)?.encode(stop_reason)?.encode(summary)?.encode(output)?.encode(error_code)?;
+        r.encode(error_message)?.encode(want_task)?;
+        r.encode(messages)?.encode(text_hashes)?.encode(texts)?;
+        r.encode(event_kind)?.encode(event_data)?.encode(earlier)?.encode(events)?;
+        r.finish();
+        Ok(sqlx::encode::IsNull::No)
+    }
+}
+
+impl sqlx::postgres::PgHasArrayType for TurnRow<'_> {
+    fn array_type_info() -> sqlx::postgres::PgTypeInfo {
+        sqlx::postgres::PgTypeInfo::with_name("_subagentd_turn")
     }
 }
 
 /// Commit the turns of several runs in one statement (a group commit, or one turn alone: see
-/// `TurnWrite`): each fenced on its own lease, and written only once however often it is sent, with one transaction and one rollup upsert per
-/// (tenant, model, agent, key) for all. The answer is each write's result, in order: a write
-/// whose lease is gone is `LeaseLost` and changes nothing, and does not stop the others. An
-/// error fails the whole statement and writes nothing (the caller commits each alone then).
+/// `TurnWrite`): each fenced on its own lease, and written only once however often it is sent,
+/// with one transaction and one rollup upsert per (tenant, model, agent, key) for all. The answer
+/// is each write's result, in order: a write whose lease is gone is `LeaseLost` and changes
+/// nothing, and does not stop the others. An error fails the whole statement and writes nothing
+/// (the caller commits each alone then).
 pub async fn commit_turns(pool: &PgPool, writes: &[&TurnWrite]) -> Result<Vec<Committed>, StoreError> {
     let mut conn = pool.acquire().await?;
     commit_turns_on(&mut conn, writes).await
@@ -293,109 +438,28 @@ pub async fn commit_turns(pool: &PgPool, writes: &[&TurnWrite]) -> Result<Vec<Co
 
 /// `commit_turns` on one connection.
 async fn commit_turns_on(conn: &mut sqlx::PgConnection, writes: &[&TurnWrite]) -> Result<Vec<Committed>, StoreError> {
-    if let [one] = writes {
-        return Ok(vec![commit_turn(conn, one).await?]);
-    }
-    let whole = writes.iter().any(|w| w.fin.as_ref().is_some_and(|f| f.return_task));
-    let n = writes.len();
-    let (mut ids, mut leases, mut keys) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
-    let (mut turns, mut cturns, mut attempts, mut tries) = (vec![], vec![], vec![], vec![]);
-    let (mut providers, mut models, mut outcomes, mut errors) = (vec![], vec![], vec![], vec![]);
-    let (mut inp, mut out, mut cached, mut cwrite, mut rtok) = (vec![], vec![], vec![], vec![], vec![]);
-    let (mut cost, mut rusd, mut latency, mut http, mut est) = (vec![], vec![], vec![], vec![], vec![]);
-    let (mut status, mut stop, mut summary, mut ecode, mut emsg) = (vec![], vec![], vec![], vec![], vec![]);
-    let (mut output, mut nev, mut wants, mut ws) = (vec![], vec![], vec![], vec![]);
-    let mut m_of = vec![];
-    let mut rows = super::events::Rows::default();
-    let endings: Vec<Vec<Event>> = writes.iter().map(|w| w.ending()).collect();
-    for (i, (w, ending)) in writes.iter().zip(&endings).enumerate() {
-        let (c, fin) = (&w.call, w.fin.as_ref());
-        let i = i as i64 + 1;
-        ids.push(w.fence.id);
-        leases.push(w.fence.lease);
-        keys.push(c.call_key);
-        turns.push(w.turn);
-        cturns.push(c.turn);
-        attempts.push(c.attempt);
-        tries.push(c.try_no);
-        providers.push(c.provider.as_str());
-        models.push(c.model.as_str());
-        outcomes.push(c.outcome.as_str());
-        errors.push(c.error.as_deref());
-        inp.push(c.input_tokens);
-        out.push(c.output_tokens);
-        cached.push(c.cached_tokens);
-        cwrite.push(c.cache_write_tokens);
-        ws.push(c.web_searches);
-        rtok.push(c.reserved_tokens);
-        cost.push(c.cost_usd);
-        rusd.push(c.reserved_usd);
-        latency.push(c.latency_ms);
-        http.push(c.http_status);
-        est.push(c.usage_estimated);
-        status.push(fin.map(|f| f.status.as_str()));
-        stop.push(fin.and_then(|f| f.stop_reason.map(StopReason::as_str)));
-        summary.push(fin.and_then(|f| f.summary.as_deref()));
-        ecode.push(fin.and_then(|f| f.error_code.map(FailureCode::as_str)));
-        emsg.push(fin.and_then(|f| f.error_message.as_deref()));
-        output.push(fin.and_then(|f| f.output.clone()));
-        wants.push(fin.is_some_and(|f| f.return_task));
-        for _ in &w.messages {
-            m_of.push(i);
-        }
-        nev.push((w.events.len() + ending.len()) as i32);
-        rows.push(i, w.events.iter().chain(ending));
-    }
-    let stored = StoredMessages::of(writes.iter().flat_map(|w| &w.messages));
-    let sql: &str = &COMMIT_TURNS[usize::from(whole)];
-    let rows = sqlx::query(sql)
-        .bind(&ids) // 1
-        .bind(&leases) // 2
-        .bind(&turns) // 3
-        .bind(&cturns) // 4
-        .bind(&attempts) // 5
-        .bind(&tries) // 6
-        .bind(&providers) // 7
-        .bind(&inp) // 8
-        .bind(&out) // 9
-        .bind(&cached) // 10
-        .bind(&cost) // 11
-        .bind(&latency) // 12
-        .bind(&http) // 13
-        .bind(&outcomes) // 14
-        .bind(&errors) // 15
-        .bind(&models) // 16
-        .bind(&keys) // 17
-        .bind(&rusd) // 18
-        .bind(&rtok) // 19
-        .bind(&status) // 20
-        .bind(&stop) // 21
-        .bind(&summary) // 22
-        .bind(&ecode) // 23
-        .bind(&emsg) // 24
-        .bind(&est) // 25
-        .bind(&output) // 26
-        .bind(&cwrite) // 27
-        .bind(&nev) // 28
-        .bind(&wants) // 29
-        .bind(&ws) // 30
-        .bind(&m_of) // 31
-        .bind(stored.rows()) // 32
-        .bind(&rows.of) // 33
-        .bind(&rows.kinds) // 34
-        .bind(&rows.datas) // 35
-        .bind(&rows.earlier) // 36
-        .bind(&stored.hashes) // 37
-        .bind(&stored.texts) // 38
-        .fetch_all(&mut *conn)
-        .await?;
-    let mut done: Vec<Option<Committed>> = (0..n).map(|_| None).collect();
-    for r in &rows {
-        let i: i64 = r.try_get("b_i")?;
-        let Some(w) = usize::try_from(i - 1).ok().and_then(|i| writes.get(i).map(|w| (i, w))) else { continue };
-        done[w.0] = Some(match &w.1.fin {
+    let stored: Vec<StoredMessages> = writes.iter().map(|w| StoredMessages::of(&w.messages)).collect();
+    let rows: Vec<TurnRow> = writes.iter().zip(&stored).map(|(w, s)| w.row(s)).collect();
+    // Each applied write's place in `writes` (from 1), and its task when one was asked for.
+    let applied: Vec<(i64, Option<TaskRow>)> = if rows.iter().any(|r| r.want_task) {
+        commit_turns_sql!(tasks, rows)
+            .fetch_all(&mut *conn)
+            .await?
+            .into_iter()
+            .map(|r| {
+                let i = r.b_i;
+                (i, Some(task_from!(r)))
+            })
+            .collect()
+    } else {
+        commit_turns_sql!(index, rows).fetch_all(&mut *conn).await?.into_iter().map(|i| (i, None)).collect()
+    };
+    let mut done: Vec<Option<Committed>> = (0..writes.len()).map(|_| None).collect();
+    for (i, task) in applied {
+        let Some(w) = usize::try_from(i - 1).ok().filter(|&i| i < writes.len()) else { continue };
+        done[w] = Some(match &writes[w].fin {
             None => Committed::Applied,
-            Some(f) => Committed::finished(f.return_task.then_some(r))?,
+            Some(f) => Committed::Finished(task.filter(|_| f.return_task).map(Box::new)),
         });
     }
     // Those not written now: a lease gone, or a write already made by an earlier try whose
@@ -408,267 +472,107 @@ async fn commit_turns_on(conn: &mut sqlx::PgConnection, writes: &[&TurnWrite]) -
     Ok(done.into_iter().map(|d| d.unwrap_or(Committed::LeaseLost)).collect())
 }
 
-/// `commit_turns`' statement; `whole`: the one that also answers with the whole task of each
-/// write that asks for it (NULLs for the others).
-/// The types and names of a write's columns in `commit_turns`' statement (parameters $1 to $30).
-const TYPES: [&str; 30] = [
-    "uuid", "uuid", "int", "int", "int", "int", "text", "int8", "int8", "int8", "numeric", "int", "int", "text",
-    "text", "text", "uuid", "numeric", "int8", "text", "text", "text", "text", "text", "bool", "jsonb", "int8", "int",
-    "bool", "int8",
-];
-const NAMES: [&str; 30] = [
-    "b_id",
-    "b_lease",
-    "b_turn",
-    "b_cturn",
-    "b_attempt",
-    "b_try",
-    "b_provider",
-    "b_in",
-    "b_out",
-    "b_cached",
-    "b_cost",
-    "b_latency",
-    "b_http",
-    "b_outcome",
-    "b_error",
-    "b_model",
-    "b_key",
-    "b_rusd",
-    "b_rtok",
-    "b_status",
-    "b_stop",
-    "b_summary",
-    "b_ecode",
-    "b_emsg",
-    "b_est",
-    "b_output",
-    "b_cw",
-    "b_nev",
-    "b_want",
-    "b_ws",
-];
-
-fn commit_turns_sql(whole: bool) -> String {
-    let hook = WEBHOOK.strip_suffix(" AS webhook").unwrap_or(WEBHOOK);
-    let whole_cols = if whole {
-        let cols: Vec<String> = COL_NAMES
-            .split(',')
-            .map(str::trim)
-            .map(|c| {
-                let read = if c == "options" { OPTIONS_READ } else { c };
-                format!("CASE WHEN b_want THEN {read} END AS {c}")
-            })
-            .collect();
-        format!(", {}, CASE WHEN b_want THEN {hook} END AS webhook", cols.join(", "))
-    } else {
-        String::new()
-    };
-    let answer = if whole { format!(", {COL_NAMES}, webhook") } else { String::new() };
-    let params: Vec<String> = TYPES.iter().enumerate().map(|(i, t)| format!("${}::{t}[]", i + 1)).collect();
-    let source = format!(
-        "SELECT * FROM unnest({}) WITH ORDINALITY AS b({}, b_i) ORDER BY b_id",
-        params.join(", "),
-        NAMES.join(", ")
-    );
-    format!(
-        "WITH b AS (
-            {source}
+/// `commit_turns`' statement over `$rows` (`TurnRow`s), answering with each applied write's place
+/// (`index`: `b_i` alone) or with its task as well (`tasks`, a record for `task_from!`). The writes
+/// are taken in task order, the order their rows are locked in. A task's messages are written
+/// after it was (a run's, or a retention move's, now()): the bound on `created_at` spares the
+/// probe of every older day's partition. A run's messages are one row: the last, and the ones
+/// before it (migration 0034); its events too (migration 0033). The texts its system messages name
+/// go to `message_texts` once each, in hash order, so two statements that both bring new ones
+/// insert them in one order. When a run's tenant has tasks waiting for budget, the workers are told
+/// (NOTIFY), and wake those that now fit.
+macro_rules! commit_turns_sql {
+    ($answer:ident, $rows:expr) => {
+        commit_turns_sql!(@answer $answer, $rows, r#"WITH b AS (
+            SELECT * FROM unnest($1::subagentd_turn[]) WITH ORDINALITY ORDER BY task
          ), u AS (
-            UPDATE tasks SET turns = coalesce(b_turn, turns), last_call_key = b_key,
-                input_tokens = input_tokens + b_in, output_tokens = output_tokens + b_out,
-                cached_tokens = cached_tokens + b_cached, cache_write_tokens = cache_write_tokens + b_cw,
-                cost_usd = cost_usd + coalesce(b_cost, 0),
-                unpriced_calls = unpriced_calls + (b_cost IS NULL AND b_outcome = 'ok')::int,
-                estimated_calls = estimated_calls + b_est::int,
-                reserved_usd = CASE WHEN b_status IS NULL THEN greatest(reserved_usd - b_rusd, 0) ELSE 0 END,
-                reserved_tokens = CASE WHEN b_status IS NULL THEN greatest(reserved_tokens - b_rtok, 0) ELSE 0 END,
-                last_event_seq = last_event_seq + b_nev,
-                status = coalesce(b_status, status),
-                stop_reason = CASE WHEN b_status IS NULL THEN stop_reason ELSE b_stop END,
-                summary = CASE WHEN b_status IS NULL THEN summary ELSE b_summary END,
-                output = CASE WHEN b_status IS NULL THEN output ELSE b_output END,
-                answered_model = CASE WHEN b_status IS NOT NULL AND b_outcome = 'ok'
-                    THEN b_provider || '/' || b_model ELSE answered_model END,
-                error_code = CASE WHEN b_status IS NULL THEN error_code ELSE b_ecode END,
-                error_message = CASE WHEN b_status IS NULL THEN error_message ELSE b_emsg END,
-                finished_at = CASE WHEN b_status IS NULL THEN finished_at ELSE now() END,
-                history_at = CASE WHEN b_status IS NULL THEN history_at ELSE now() END,
-                lease_token = CASE WHEN b_status IS NULL THEN lease_token END,
-                lease_expires_at = CASE WHEN b_status IS NULL THEN lease_expires_at END
+            UPDATE tasks t SET turns = coalesce(b.turns, t.turns), last_call_key = b.call_key,
+                input_tokens = t.input_tokens + b.input_tokens, output_tokens = t.output_tokens + b.output_tokens,
+                cached_tokens = t.cached_tokens + b.cached_tokens,
+                cache_write_tokens = t.cache_write_tokens + b.cache_write_tokens,
+                cost_usd = t.cost_usd + coalesce(b.cost_usd, 0),
+                unpriced_calls = t.unpriced_calls + (b.cost_usd IS NULL AND b.outcome = 'ok')::int,
+                estimated_calls = t.estimated_calls + b.usage_estimated::int,
+                reserved_usd = CASE WHEN b.status IS NULL THEN greatest(t.reserved_usd - b.reserved_usd, 0) ELSE 0 END,
+                reserved_tokens = CASE WHEN b.status IS NULL THEN greatest(t.reserved_tokens - b.reserved_tokens, 0) ELSE 0 END,
+                last_event_seq = t.last_event_seq + b.events,
+                status = coalesce(b.status, t.status),
+                stop_reason = CASE WHEN b.status IS NULL THEN t.stop_reason ELSE b.stop_reason END,
+                summary = CASE WHEN b.status IS NULL THEN t.summary ELSE b.summary END,
+                output = CASE WHEN b.status IS NULL THEN t.output ELSE b.output END,
+                answered_model = CASE WHEN b.status IS NOT NULL AND b.outcome = 'ok'
+                    THEN b.provider || '/' || b.model ELSE t.answered_model END,
+                error_code = CASE WHEN b.status IS NULL THEN t.error_code ELSE b.error_code END,
+                error_message = CASE WHEN b.status IS NULL THEN t.error_message ELSE b.error_message END,
+                finished_at = CASE WHEN b.status IS NULL THEN t.finished_at ELSE now() END,
+                history_at = CASE WHEN b.status IS NULL THEN t.history_at ELSE now() END,
+                lease_token = CASE WHEN b.status IS NULL THEN t.lease_token END,
+                lease_expires_at = CASE WHEN b.status IS NULL THEN t.lease_expires_at END
             FROM b
-            WHERE id = b_id AND lease_token = b_lease AND history_at = 'infinity' AND id = ANY($1)
-              AND last_call_key IS DISTINCT FROM b_key
-            RETURNING b.*, tasks.tenant AS u_tenant, tasks.subagent_type AS u_agent, tasks.created_at AS u_created,
-                coalesce(tasks.api_key, '') AS u_api_key, tasks.last_event_seq AS u_seq{whole_cols}
+            WHERE t.id = b.task AND t.lease_token = b.lease AND t.history_at = 'infinity'
+              AND t.last_call_key IS DISTINCT FROM b.call_key
+            RETURNING t.*, b.ordinality AS b_i
+         ), ub AS (
+            SELECT u.id AS task_id, u.tenant, u.subagent_type, coalesce(u.api_key, '') AS api_key, u.created_at,
+                   u.last_event_seq, b.* FROM u JOIN b ON b.ordinality = u.b_i
          ), c AS (
             INSERT INTO llm_calls (call_key, task_id, tenant, turn, attempt, try, provider, model, input_tokens,
                 output_tokens, cached_tokens, cache_write_tokens, cost_usd, latency_ms, http_status, outcome, error,
                 usage_estimated, web_searches, created_at)
-            SELECT b_key, b_id, u_tenant, b_cturn, b_attempt, b_try, b_provider, b_model, b_in, b_out, b_cached, b_cw,
-                b_cost, b_latency, b_http, b_outcome, b_error, b_est, b_ws, subagentd_uuid_time(b_key) FROM u
+            SELECT call_key, task_id, tenant, call_turn, attempt, try_no, provider, model, input_tokens, output_tokens,
+                cached_tokens, cache_write_tokens, cost_usd, latency_ms, http_status, outcome, error, usage_estimated,
+                web_searches, subagentd_uuid_time(call_key)
+            FROM ub
          ), r AS (
             INSERT INTO usage_daily AS d (day, tenant, model, agent_type, api_key, shard, calls, ok, failed, input_tokens,
                 output_tokens, cached_tokens, cache_write_tokens, cost_usd, estimated_calls)
-            SELECT (now() AT TIME ZONE 'UTC')::date, u_tenant, b_provider || '/' || b_model, u_agent, u_api_key,
-                pg_backend_pid() % 16, count(*), count(*) FILTER (WHERE b_outcome = 'ok'),
-                count(*) FILTER (WHERE b_outcome <> 'ok'), sum(b_in), sum(b_out), sum(b_cached), sum(b_cw),
-                coalesce(sum(b_cost), 0), count(*) FILTER (WHERE b_est)
-            FROM u GROUP BY u_tenant, b_provider || '/' || b_model, u_agent, u_api_key
+            SELECT (now() AT TIME ZONE 'UTC')::date, tenant, provider || '/' || model, subagent_type, api_key,
+                pg_backend_pid() % 16, count(*), count(*) FILTER (WHERE outcome = 'ok'),
+                count(*) FILTER (WHERE outcome <> 'ok'), sum(input_tokens), sum(output_tokens), sum(cached_tokens),
+                sum(cache_write_tokens), coalesce(sum(cost_usd), 0), count(*) FILTER (WHERE usage_estimated)
+            FROM ub GROUP BY tenant, provider || '/' || model, subagent_type, api_key
             ORDER BY 2, 3, 4, 5
-            ON CONFLICT (tenant, day, model, agent_type, api_key, shard) DO UPDATE SET {ROLLUP_ADD}
+            ON CONFLICT (tenant, day, model, agent_type, api_key, shard) DO UPDATE SET calls = d.calls + EXCLUDED.calls,
+                ok = d.ok + EXCLUDED.ok, failed = d.failed + EXCLUDED.failed,
+                input_tokens = d.input_tokens + EXCLUDED.input_tokens, output_tokens = d.output_tokens + EXCLUDED.output_tokens,
+                cached_tokens = d.cached_tokens + EXCLUDED.cached_tokens,
+                cache_write_tokens = d.cache_write_tokens + EXCLUDED.cache_write_tokens,
+                cost_usd = d.cost_usd + EXCLUDED.cost_usd, estimated_calls = d.estimated_calls + EXCLUDED.estimated_calls
          ), m AS (
             INSERT INTO task_messages (task_id, seq, turn, message, earlier)
-            -- A task's messages are written after it was (a run's, or a retention move's, now()):
-            -- the bound on created_at spares the probe of every older day's partition. A run's
-            -- messages are one row: the last, and the ones before it (migration 0034).
-            SELECT b_id, (SELECT coalesce(max(seq), 0) FROM task_messages
-                          WHERE task_id = b_id AND created_at >= u_created - {DB_CLOCK_MARGIN}) + cardinality(x.msgs),
-                   b_cturn, {last_and_earlier}
-            FROM u JOIN (SELECT mi, array_agg(msg ORDER BY ord) AS msgs
-                         FROM unnest($31::int8[], $32::jsonb[]) WITH ORDINALITY AS y(mi, msg, ord) GROUP BY mi) x
-                 ON x.mi = u.b_i
-         ), e AS ({events}
-         ), mt AS ({texts}
-         ), w AS (
-            SELECT pg_notify('subagentd_budget', t.u_tenant) FROM (SELECT DISTINCT u_tenant FROM u) t
-            WHERE EXISTS (SELECT 1 FROM task_queue q WHERE q.tenant = t.u_tenant AND q.waiting_for IS NOT NULL
-                          AND q.status = 'queued')
-         )
-         SELECT b_i{answer} FROM u, (SELECT count(*) FROM w) AS woken",
-        events = super::events::insert_batched(33),
-        last_and_earlier = message_row("x.msgs"),
-        texts = texts_insert(37, 38),
-    )
-}
-
-/// Built once each: a run's checkpoint may wait for a connection, and thousands do at once.
-static COMMIT_TURNS: std::sync::LazyLock<[String; 2]> =
-    std::sync::LazyLock::new(|| [commit_turns_sql(false), commit_turns_sql(true)]);
-
-/// One write's own statement (`commit_alone`, and a batch of one): the batched statement's
-/// window functions, grouping and array subscripts cost a lone write measurably more
-/// (issue 42's wait-mode benchmark: a lone finish 1.2–1.65 ms against 1.0–1.3 ms).
-async fn commit_turn(conn: &mut sqlx::PgConnection, w: &TurnWrite) -> Result<Committed, StoreError> {
-    let (call, fin) = (&w.call, w.fin.as_ref());
-    let ending = w.ending();
-    let ev = super::events::pack(w.events.iter().chain(&ending));
-    let whole = fin.is_some_and(|f| f.return_task);
-    let sql: &str = if whole { &COMMIT_TURN_ENDING } else { &COMMIT_TURN };
-    let stored = StoredMessages::of(&w.messages);
-    let row = sqlx::query(sql)
-        .bind(w.fence.id) // 1
-        .bind(w.fence.lease) // 2
-        .bind(w.turn) // 3
-        .bind(call.turn) // 4
-        .bind(call.attempt) // 5
-        .bind(call.try_no) // 6
-        .bind(&call.provider) // 7
-        .bind(call.input_tokens) // 8
-        .bind(call.output_tokens) // 9
-        .bind(call.cached_tokens) // 10
-        .bind(call.cost_usd) // 11
-        .bind(call.latency_ms) // 12
-        .bind(call.http_status) // 13
-        .bind(call.outcome.as_str()) // 14
-        .bind(&call.error) // 15
-        .bind(stored.rows()) // 16
-        .bind(ev.kind) // 17
-        .bind(ev.data) // 18
-        .bind(&call.model) // 19
-        .bind(call.call_key) // 20
-        .bind(call.reserved_usd) // 21
-        .bind(call.reserved_tokens) // 22
-        .bind(fin.map(|f| f.status.as_str())) // 23
-        .bind(fin.and_then(|f| f.stop_reason.map(StopReason::as_str))) // 24
-        .bind(fin.and_then(|f| f.summary.as_deref())) // 25
-        .bind(fin.and_then(|f| f.error_code.map(FailureCode::as_str))) // 26
-        .bind(fin.and_then(|f| f.error_message.as_deref())) // 27
-        .bind(call.usage_estimated) // 28
-        .bind(fin.and_then(|f| f.output.as_ref())) // 29
-        .bind(call.cache_write_tokens) // 30
-        .bind(call.web_searches) // 31
-        .bind(ev.earlier) // 32
-        .bind(ev.n) // 33
-        .bind(&stored.hashes) // 34
-        .bind(&stored.texts) // 35
-        .fetch_optional(&mut *conn)
-        .await?;
-    match (row, fin) {
-        (Some(r), Some(_)) => Committed::finished(whole.then_some(&r)),
-        (Some(_), None) => Ok(Committed::Applied),
-        (None, _) => settle_unapplied(conn, w.fence, call, fin).await,
-    }
-}
-
-/// `commit_turn`'s statement; `whole`: the one that also answers with the whole task.
-fn commit_turn_sql(whole: bool) -> String {
-    format!(
-        "WITH u AS (
-            UPDATE tasks SET turns = coalesce($3, turns), last_call_key = $20,
-                input_tokens = input_tokens + $8, output_tokens = output_tokens + $9,
-                cached_tokens = cached_tokens + $10, cache_write_tokens = cache_write_tokens + $30,
-                cost_usd = cost_usd + coalesce($11, 0),
-                unpriced_calls = unpriced_calls + ($11 IS NULL AND $14 = 'ok')::int,
-                estimated_calls = estimated_calls + $28::bool::int,
-                reserved_usd = CASE WHEN $23::text IS NULL THEN greatest(reserved_usd - $21, 0) ELSE 0 END,
-                reserved_tokens = CASE WHEN $23::text IS NULL THEN greatest(reserved_tokens - $22, 0) ELSE 0 END,
-                last_event_seq = last_event_seq + $33,
-                status = coalesce($23, status),
-                stop_reason = CASE WHEN $23::text IS NULL THEN stop_reason ELSE $24 END,
-                summary = CASE WHEN $23::text IS NULL THEN summary ELSE $25 END,
-                output = CASE WHEN $23::text IS NULL THEN output ELSE $29::jsonb END,
-                answered_model = CASE WHEN $23::text IS NOT NULL AND $14 = 'ok'
-                    THEN $7 || '/' || $19 ELSE answered_model END,
-                error_code = CASE WHEN $23::text IS NULL THEN error_code ELSE $26 END,
-                error_message = CASE WHEN $23::text IS NULL THEN error_message ELSE $27 END,
-                finished_at = CASE WHEN $23::text IS NULL THEN finished_at ELSE now() END,
-                history_at = CASE WHEN $23::text IS NULL THEN history_at ELSE now() END,
-                lease_token = CASE WHEN $23::text IS NULL THEN lease_token END,
-                lease_expires_at = CASE WHEN $23::text IS NULL THEN lease_expires_at END
-            WHERE id = $1 AND lease_token = $2 AND history_at = 'infinity'
-              AND last_call_key IS DISTINCT FROM $20
-            RETURNING {returning}
-         ), c AS (
-            INSERT INTO llm_calls (call_key, task_id, tenant, turn, attempt, try, provider, model, input_tokens,
-                output_tokens, cached_tokens, cache_write_tokens, cost_usd, latency_ms, http_status, outcome, error,
-                usage_estimated, web_searches, created_at)
-            SELECT $20, $1, tenant, $4, $5, $6, $7, $19, $8, $9, $10, $30, $11, $12, $13, $14, $15, $28, $31, subagentd_uuid_time($20) FROM u
-         ), r AS (
-            INSERT INTO usage_daily AS d (day, tenant, model, agent_type, api_key, shard, calls, ok, failed, input_tokens,
-                output_tokens, cached_tokens, cache_write_tokens, cost_usd, estimated_calls)
-            SELECT (now() AT TIME ZONE 'UTC')::date, tenant, $7 || '/' || $19, subagent_type, coalesce(api_key, ''),
-                pg_backend_pid() % 16, 1, ($14 = 'ok')::int, ($14 <> 'ok')::int, $8, $9, $10, $30, coalesce($11, 0),
-                $28::bool::int FROM u
-            ON CONFLICT (tenant, day, model, agent_type, api_key, shard) DO UPDATE SET {ROLLUP_ADD}
-         ), m AS (
-            INSERT INTO task_messages (task_id, seq, turn, message, earlier)
-            SELECT $1, (SELECT coalesce(max(seq), 0) FROM task_messages
-                        WHERE task_id = $1 AND created_at >= u.created_at - {DB_CLOCK_MARGIN}) + cardinality($16::jsonb[]),
-                   $4, {last_and_earlier}
-            FROM u WHERE cardinality($16::jsonb[]) > 0
+            SELECT task_id, (SELECT coalesce(max(seq), 0) FROM task_messages x
+                             WHERE x.task_id = ub.task_id AND x.created_at >= ub.created_at - subagentd_clock_margin())
+                            + cardinality(messages),
+                   call_turn, messages[cardinality(messages)],
+                   CASE WHEN cardinality(messages) > 1 THEN to_jsonb(messages[1:cardinality(messages) - 1]) END
+            FROM ub WHERE cardinality(messages) > 0
          ), e AS (
             INSERT INTO task_events (task_id, seq, kind, data, data_text, earlier)
-            SELECT $1, u.last_event_seq, $17, NULL, $18::json, $32::json FROM u WHERE $17::text IS NOT NULL
-         ), mt AS ({texts}
-         ), {WAKE_WAITERS}
-         SELECT {answer} FROM u, (SELECT count(*) FROM w) AS woken",
-        // The whole task only for the commit that ends it (for its waiters).
-        returning = if whole {
-            format!("{COLS}, {WEBHOOK}, last_event_seq")
-        } else {
-            "tenant, subagent_type, api_key, last_event_seq, created_at".into()
-        },
-        answer = if whole { format!("{COL_NAMES}, webhook") } else { "1".into() },
-        last_and_earlier = message_row("$16::jsonb[]"),
-        texts = texts_insert(34, 35),
-    )
+            SELECT task_id, last_event_seq, event_kind, NULL, event_data::json, earlier::json FROM ub
+            WHERE event_kind IS NOT NULL
+         ), mt AS (
+            INSERT INTO message_texts (hash, content)
+            SELECT s.h, s.c FROM ub, unnest(ub.text_hashes, ub.texts) AS s(h, c) ORDER BY s.h
+            ON CONFLICT DO NOTHING
+         ), w AS (
+            SELECT pg_notify('subagentd_budget', t.tenant) FROM (SELECT DISTINCT tenant FROM u) t
+            WHERE EXISTS (SELECT 1 FROM task_queue q WHERE q.tenant = t.tenant AND q.waiting_for IS NOT NULL
+                          AND q.status = 'queued')
+         )
+         SELECT b_i AS "b_i!""#)
+    };
+    (@answer index, $rows:expr, $body:tt) => {
+        sqlx::query_scalar!($body + " FROM u, (SELECT count(*) FROM w) AS woken", $rows as _)
+    };
+    (@answer tasks, $rows:expr, $body:tt) => {
+        query_tasks!(record "u", ($body + ", "), (" FROM u, (SELECT count(*) FROM w) AS woken"), $rows as _)
+    };
 }
+use commit_turns_sql;
 
 /// A statement's messages as they are stored (migration 0035): a system message names its text
-/// by SHA-256 (`text_sha256`), and the texts so named go to `message_texts` once each, in hash
-/// order, so two statements that both bring new ones insert them in one order (and neither
-/// waits on the other for long). Read back through `task_message_log`, which puts them back.
+/// by SHA-256 (`text_sha256`), and the texts so named go to `message_texts` once each. Read back
+/// through `task_message_log`, which puts them back.
 struct StoredMessages<'a> {
     sent: Vec<&'a Value>,
     /// The stored form of each message that differs from the one sent.
@@ -705,28 +609,6 @@ impl<'a> StoredMessages<'a> {
     }
 }
 
-/// The statement that stores the texts a write's system messages name ($h, $t: `bytea[]`,
-/// `text[]`), when the write applies (`u` has a row); a text already stored is left as it is.
-fn texts_insert(h: usize, t: usize) -> String {
-    format!(
-        "INSERT INTO message_texts (hash, content)
-            SELECT s.h, s.c FROM unnest(${h}::bytea[], ${t}::text[]) AS s(h, c) WHERE EXISTS (SELECT 1 FROM u)
-            ON CONFLICT DO NOTHING"
-    )
-}
-
-/// A statement's messages (`msgs`, a `jsonb[]` expression) as the `message` and `earlier` of the
-/// one row it writes (migration 0034): the last, and the ones before it as a JSON array.
-fn message_row(msgs: &str) -> String {
-    format!(
-        "({msgs})[cardinality({msgs})],
-         CASE WHEN cardinality({msgs}) > 1 THEN to_jsonb(({msgs})[1:cardinality({msgs}) - 1]) END"
-    )
-}
-
-static COMMIT_TURN: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| commit_turn_sql(false));
-static COMMIT_TURN_ENDING: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| commit_turn_sql(true));
-
 /// What a fenced write of a run did.
 #[derive(Debug)]
 pub enum Committed {
@@ -735,12 +617,6 @@ pub enum Committed {
     Finished(Option<Box<TaskRow>>),
     /// The lease is no longer held: nothing was written.
     LeaseLost,
-}
-
-impl Committed {
-    fn finished(row: Option<&sqlx::postgres::PgRow>) -> Result<Committed, StoreError> {
-        Ok(Committed::Finished(row.map(TaskRow::from_row).transpose()?.map(Box::new)))
-    }
 }
 
 /// How a run ended, as written to the task.
@@ -770,61 +646,71 @@ impl Finish {
     }
 }
 
-/// `finish`'s statement; `whole`: the one that also answers with the whole task.
-fn finish_sql(whole: bool) -> String {
-    let (returning, answer) = if whole {
-        (format!("{COLS}, {WEBHOOK}, last_event_seq"), format!("{COL_NAMES}, webhook"))
-    } else {
-        ("id, tenant, last_event_seq".to_string(), "1".to_string())
-    };
-    format!(
-        "WITH u AS (
+/// `finish`'s statement, answering `one` (`1`) or `task` (the whole task, `query_tasks!`): the
+/// end written under the lease with its events, and the budget waiters told.
+macro_rules! finish_sql {
+    ($answer:ident, $($arg:expr),+) => {
+        finish_sql!(@answer $answer, r#"WITH u AS (
             UPDATE tasks SET status = $3, stop_reason = $4, summary = $5, error_code = $6, error_message = $7,
                 output = $10::jsonb, finished_at = now(), history_at = now(), lease_token = NULL, lease_expires_at = NULL,
                 reserved_usd = 0, reserved_tokens = 0, last_event_seq = last_event_seq + $12
             WHERE id = $1 AND lease_token = $2 AND history_at = 'infinity'
-            RETURNING {returning}
+            RETURNING *
          ), e AS (
             INSERT INTO task_events (task_id, seq, kind, data, data_text, earlier)
             SELECT id, u.last_event_seq, $8, NULL, $9::json, $11::json FROM u WHERE $8::text IS NOT NULL
-         ), {WAKE_WAITERS}
-         SELECT {answer} FROM u, (SELECT count(*) FROM w) AS woken"
-    )
+         ), w AS (
+            SELECT pg_notify('subagentd_budget', u.tenant) FROM u
+            WHERE EXISTS (SELECT 1 FROM task_queue q WHERE q.tenant = u.tenant AND q.waiting_for IS NOT NULL
+                          AND q.status = 'queued')
+         )
+         SELECT "#, $($arg),+)
+    };
+    (@answer one, $body:tt, $($arg:expr),+) => {
+        sqlx::query_scalar!($body + r#"1 AS "one!" FROM u, (SELECT count(*) FROM w) AS woken"#, $($arg),+)
+    };
+    (@answer task, $body:tt, $($arg:expr),+) => {
+        query_tasks!("u", ($body), (" FROM u, (SELECT count(*) FROM w) AS woken"), $($arg),+)
+    };
 }
-
-static FINISH: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| finish_sql(false));
-static FINISH_ENDING: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| finish_sql(true));
 
 /// Write the terminal state and its `finished` event (`LeaseLost`, and nothing written, if the
 /// lease is no longer held).
 pub async fn finish(pool: &PgPool, f: Fence, fin: &Finish) -> Result<Committed, StoreError> {
-    let sql: &str = if fin.return_task { &FINISH_ENDING } else { &FINISH };
     let events = fin.events();
     let ev = super::events::pack(&events);
-    let row = sqlx::query(sql)
-        .bind(f.id)
-        .bind(f.lease)
-        .bind(fin.status)
-        .bind(fin.stop_reason)
-        .bind(&fin.summary)
-        .bind(fin.error_code)
-        .bind(&fin.error_message)
-        .bind(ev.kind)
-        .bind(ev.data)
-        .bind(&fin.output)
-        .bind(ev.earlier)
-        .bind(ev.n)
-        .fetch_optional(pool)
-        .await?;
-    match row {
-        Some(r) => Committed::finished(fin.return_task.then_some(&r)),
-        None => Ok(Committed::LeaseLost),
+    macro_rules! finish_with {
+        ($answer:ident) => {
+            finish_sql!(
+                $answer,
+                f.id,
+                f.lease,
+                fin.status.as_str(),
+                fin.stop_reason.map(StopReason::as_str),
+                fin.summary,
+                fin.error_code.map(FailureCode::as_str),
+                fin.error_message,
+                ev.kind.map(EventKind::as_str),
+                ev.data as _,
+                fin.output,
+                ev.earlier as _,
+                ev.n
+            )
+            .fetch_optional(pool)
+            .await?
+        };
     }
+    Ok(if fin.return_task {
+        finish_with!(task).map_or(Committed::LeaseLost, |t| Committed::Finished(Some(Box::new(t))))
+    } else {
+        finish_with!(one).map_or(Committed::LeaseLost, |_| Committed::Finished(None))
+    })
 }
 
 /// Give a task back to the queue without counting the attempt (graceful drain).
 pub async fn release(pool: &PgPool, f: Fence) -> Result<bool, StoreError> {
-    let sql = "WITH u AS (
+    let n = sqlx::query_scalar!(
+        r#"WITH u AS (
             UPDATE task_queue SET status = 'queued', attempt = attempt - 1, lease_token = NULL, lease_expires_at = NULL,
                 worker_id = NULL, reserved_usd = 0, reserved_tokens = 0, last_event_seq = last_event_seq + 1
             WHERE id = $1 AND lease_token = $2
@@ -832,8 +718,12 @@ pub async fn release(pool: &PgPool, f: Fence) -> Result<bool, StoreError> {
          ), e AS (
             INSERT INTO task_events (task_id, seq, kind, data) SELECT id, last_event_seq, 'released', '{}' FROM u
          )
-         SELECT count(*)::int FROM u";
-    let n: i32 = sqlx::query_scalar(sql).bind(f.id).bind(f.lease).fetch_one(pool).await?;
+         SELECT count(*)::int AS "n!" FROM u"#,
+        f.id,
+        f.lease
+    )
+    .fetch_one(pool)
+    .await?;
     Ok(n == 1)
 }
 
@@ -852,7 +742,8 @@ pub struct BudgetWaitRow {
 /// Give a task back to the queue to wait for budget (not counting the attempt), with its
 /// `budget_wait` event. False (nothing written) if the lease is no longer held.
 pub async fn wait_for_budget(pool: &PgPool, f: Fence, w: &BudgetWaitRow) -> Result<bool, StoreError> {
-    let sql = "WITH u AS (
+    let n = sqlx::query_scalar!(
+        r#"WITH u AS (
             UPDATE task_queue SET status = 'queued', attempt = attempt - 1, lease_token = NULL, lease_expires_at = NULL,
                 worker_id = NULL, reserved_usd = 0, reserved_tokens = 0, last_event_seq = last_event_seq + 1,
                 waiting_for = 'budget', waiting_since = now(), wait_need_usd = $3, wait_need_tokens = $4,
@@ -864,18 +755,18 @@ pub async fn wait_for_budget(pool: &PgPool, f: Fence, w: &BudgetWaitRow) -> Resu
             SELECT id, last_event_seq, 'budget_wait', jsonb_build_object('limit', $8::text, 'need_usd', $3::numeric,
                 'need_tokens', $4::bigint, 'want_usd', $5::numeric, 'want_tokens', $6::bigint) FROM u
          )
-         SELECT count(*)::int FROM u";
-    let n: i32 = sqlx::query_scalar(sql)
-        .bind(f.id)
-        .bind(f.lease)
-        .bind(w.need_usd)
-        .bind(w.need_tokens)
-        .bind(w.want_usd)
-        .bind(w.want_tokens)
-        .bind(w.deadline)
-        .bind(&w.limit)
-        .fetch_one(pool)
-        .await?;
+         SELECT count(*)::int AS "n!" FROM u"#,
+        f.id,
+        f.lease,
+        w.need_usd,
+        w.need_tokens,
+        w.want_usd,
+        w.want_tokens,
+        w.deadline,
+        w.limit
+    )
+    .fetch_one(pool)
+    .await?;
     Ok(n == 1)
 }
 
@@ -894,49 +785,23 @@ pub async fn rescue(pool: &PgPool, max_attempts: i32, grace_secs: f64) -> Result
 
 async fn rescue_once(pool: &PgPool, max_attempts: i32, grace_secs: f64) -> Result<Vec<(Uuid, TaskStatus)>, StoreError> {
     let mut tx = pool.begin().await?;
-    let ids: Vec<Uuid> = sqlx::query_scalar(&format!(
+    let ids = sqlx::query_scalar!(
         "SELECT id FROM task_queue WHERE status = 'running'
            AND ((lease_expires_at < now() AND now() > pg_postmaster_start_time() + make_interval(secs => $1::float8))
-                OR worker_id IN ({}))
+                OR worker_id IN (SELECT subagentd_dead_workers($1)))
          ORDER BY lease_expires_at LIMIT 500 FOR UPDATE SKIP LOCKED",
-        super::workers::dead_sql("$1")
-    ))
-    .bind(grace_secs)
+        grace_secs
+    )
     .fetch_all(&mut *tx)
     .await?;
     if ids.is_empty() {
         return Ok(vec![]);
     }
-    sqlx::query(RECORD_INTERRUPTED).bind(&ids).execute(&mut *tx).await?;
-    let sql = "WITH u AS (
-            UPDATE tasks t SET
-                status = CASE WHEN t.cancel_requested THEN 'cancelled'
-                              WHEN t.attempt >= $1 THEN 'failed' ELSE 'queued' END,
-                stop_reason = CASE WHEN t.cancel_requested THEN 'cancelled' ELSE t.stop_reason END,
-                error_code = CASE WHEN NOT t.cancel_requested AND t.attempt >= $1 THEN 'worker_lost' ELSE t.error_code END,
-                error_message = CASE WHEN NOT t.cancel_requested AND t.attempt >= $1
-                    THEN 'the worker running this task stopped responding ' || t.attempt || ' time(s)'
-                    ELSE t.error_message END,
-                finished_at = CASE WHEN t.cancel_requested OR t.attempt >= $1 THEN now() ELSE NULL END,
-                history_at = CASE WHEN t.cancel_requested OR t.attempt >= $1 THEN now() ELSE 'infinity' END,
-                lease_token = NULL, lease_expires_at = NULL, worker_id = NULL,
-                reserved_usd = 0, reserved_tokens = 0, last_event_seq = t.last_event_seq + 1
-            WHERE t.id = ANY($2) AND t.history_at = 'infinity'
-            RETURNING t.id, t.status, t.last_event_seq, t.attempt
-         ), e AS (
-            INSERT INTO task_events (task_id, seq, kind, data)
-            SELECT id, last_event_seq, 'rescued', jsonb_build_object('status', status, 'attempt', attempt) FROM u
-         )
-         SELECT id, status FROM u";
-    let rows: Vec<(Uuid, TaskStatus)> = sqlx::query_as(sql).bind(max_attempts).bind(&ids).fetch_all(&mut *tx).await?;
-    tx.commit().await?;
-    Ok(rows)
-}
-
-/// The calls rescued tasks ($1) had in flight, in the ledger: `interrupted`, usage estimated
-/// from the reservation (the prompt as the call's `llm_call_started` event estimated it, the rest
-/// of the reserved tokens as output; the reserved cost), added to the task and the rollup.
-const RECORD_INTERRUPTED: &str = "WITH est AS (
+    // The calls these tasks had in flight, in the ledger: `interrupted`, usage estimated from the
+    // reservation (the prompt as the call's `llm_call_started` event estimated it, the rest of the
+    // reserved tokens as output; the reserved cost), added to the task and the rollup.
+    sqlx::query!(
+        r#"WITH est AS (
         SELECT t.id, t.tenant, t.attempt, t.subagent_type, coalesce(t.api_key, '') AS api_key,
                split_part(t.model, '/', 1) AS provider, substr(t.model, strpos(t.model, '/') + 1) AS model,
                t.reserved_usd, t.reserved_tokens,
@@ -972,4 +837,40 @@ const RECORD_INTERRUPTED: &str = "WITH est AS (
      ON CONFLICT (tenant, day, model, agent_type, api_key, shard) DO UPDATE SET calls = d.calls + EXCLUDED.calls,
          failed = d.failed + EXCLUDED.failed, input_tokens = d.input_tokens + EXCLUDED.input_tokens,
          output_tokens = d.output_tokens + EXCLUDED.output_tokens, cost_usd = d.cost_usd + EXCLUDED.cost_usd,
-         estimated_calls = d.estimated_calls + EXCLUDED.estimated_calls";
+         estimated_calls = d.estimated_calls + EXCLUDED.estimated_calls"#,
+        &ids
+    )
+    .execute(&mut *tx)
+    .await?;
+    let rows = sqlx::query!(
+        r#"WITH u AS (
+            UPDATE tasks t SET
+                status = CASE WHEN t.cancel_requested THEN 'cancelled'
+                              WHEN t.attempt >= $1 THEN 'failed' ELSE 'queued' END,
+                stop_reason = CASE WHEN t.cancel_requested THEN 'cancelled' ELSE t.stop_reason END,
+                error_code = CASE WHEN NOT t.cancel_requested AND t.attempt >= $1 THEN 'worker_lost' ELSE t.error_code END,
+                error_message = CASE WHEN NOT t.cancel_requested AND t.attempt >= $1
+                    THEN 'the worker running this task stopped responding ' || t.attempt || ' time(s)'
+                    ELSE t.error_message END,
+                finished_at = CASE WHEN t.cancel_requested OR t.attempt >= $1 THEN now() ELSE NULL END,
+                history_at = CASE WHEN t.cancel_requested OR t.attempt >= $1 THEN now() ELSE 'infinity' END,
+                lease_token = NULL, lease_expires_at = NULL, worker_id = NULL,
+                reserved_usd = 0, reserved_tokens = 0, last_event_seq = t.last_event_seq + 1
+            WHERE t.id = ANY($2) AND t.history_at = 'infinity'
+            RETURNING t.id, t.status, t.last_event_seq, t.attempt
+         ), e AS (
+            INSERT INTO task_events (task_id, seq, kind, data)
+            SELECT id, last_event_seq, 'rescued', jsonb_build_object('status', status, 'attempt', attempt) FROM u
+         )
+         SELECT id AS "id!", status AS "status!: TaskStatus" FROM u"#,
+        max_attempts,
+        &ids
+    )
+    .fetch_all(&mut *tx)
+    .await?
+    .into_iter()
+    .map(|r| (r.id, r.status))
+    .collect();
+    tx.commit().await?;
+    Ok(rows)
+}

@@ -9,7 +9,7 @@ use uuid::Uuid;
 
 use super::StoreError;
 
-#[derive(Debug, Clone, sqlx::FromRow, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize)]
 pub struct ScheduleRow {
     #[serde(skip)]
     pub tenant: String,
@@ -26,17 +26,29 @@ pub struct ScheduleRow {
     pub updated_at: DateTime<Utc>,
 }
 
-const COLS: &str = "tenant, name, cron, timezone, task, paused, next_run_at, last_run_at, last_task_id, last_error, \
-    created_at, updated_at";
-
 pub async fn list(pool: &PgPool, tenant: &str) -> Result<Vec<ScheduleRow>, StoreError> {
-    let sql = format!("SELECT {COLS} FROM schedules WHERE tenant = $1 ORDER BY name");
-    Ok(sqlx::query_as(&sql).bind(tenant).fetch_all(pool).await?)
+    Ok(sqlx::query_as!(
+        ScheduleRow,
+        "SELECT tenant, name, cron, timezone, task, paused, next_run_at, last_run_at, last_task_id, last_error,
+                created_at, updated_at
+         FROM schedules WHERE tenant = $1 ORDER BY name",
+        tenant
+    )
+    .fetch_all(pool)
+    .await?)
 }
 
 pub async fn get(pool: &PgPool, tenant: &str, name: &str) -> Result<Option<ScheduleRow>, StoreError> {
-    let sql = format!("SELECT {COLS} FROM schedules WHERE tenant = $1 AND name = $2");
-    Ok(sqlx::query_as(&sql).bind(tenant).bind(name).fetch_optional(pool).await?)
+    Ok(sqlx::query_as!(
+        ScheduleRow,
+        "SELECT tenant, name, cron, timezone, task, paused, next_run_at, last_run_at, last_task_id, last_error,
+                created_at, updated_at
+         FROM schedules WHERE tenant = $1 AND name = $2",
+        tenant,
+        name
+    )
+    .fetch_optional(pool)
+    .await?)
 }
 
 /// A schedule as written by `put`.
@@ -52,39 +64,43 @@ pub struct SchedulePut<'a> {
 
 /// Insert or replace a schedule (its history kept); the row, and true when it was created.
 pub async fn put(pool: &PgPool, p: &SchedulePut<'_>) -> Result<(ScheduleRow, bool), StoreError> {
-    let sql = format!(
-        "INSERT INTO schedules (tenant, name, cron, timezone, task, paused, next_run_at)
+    let r = sqlx::query!(
+        r#"INSERT INTO schedules (tenant, name, cron, timezone, task, paused, next_run_at)
          VALUES ($1, $2, $3, $4, $5, $6, $7)
          ON CONFLICT (tenant, name) DO UPDATE SET cron = EXCLUDED.cron, timezone = EXCLUDED.timezone,
              task = EXCLUDED.task, paused = EXCLUDED.paused, next_run_at = EXCLUDED.next_run_at,
              ticking_until = NULL, updated_at = now()
-         RETURNING {COLS}, (xmax = 0) AS created"
-    );
-    #[derive(sqlx::FromRow)]
-    struct Put {
-        #[sqlx(flatten)]
-        row: ScheduleRow,
-        created: bool,
-    }
-    let r: Put = sqlx::query_as(&sql)
-        .bind(p.tenant)
-        .bind(p.name)
-        .bind(p.cron)
-        .bind(p.timezone)
-        .bind(p.task)
-        .bind(p.paused)
-        .bind(p.next_run_at)
-        .fetch_one(pool)
-        .await?;
-    Ok((r.row, r.created))
+         RETURNING tenant, name, cron, timezone, task, paused, next_run_at, last_run_at, last_task_id, last_error,
+                   created_at, updated_at, (xmax = 0) AS "created!""#,
+        p.tenant,
+        p.name,
+        p.cron,
+        p.timezone,
+        p.task,
+        p.paused,
+        p.next_run_at
+    )
+    .fetch_one(pool)
+    .await?;
+    let row = ScheduleRow {
+        tenant: r.tenant,
+        name: r.name,
+        cron: r.cron,
+        timezone: r.timezone,
+        task: r.task,
+        paused: r.paused,
+        next_run_at: r.next_run_at,
+        last_run_at: r.last_run_at,
+        last_task_id: r.last_task_id,
+        last_error: r.last_error,
+        created_at: r.created_at,
+        updated_at: r.updated_at,
+    };
+    Ok((row, r.created))
 }
 
 pub async fn delete(pool: &PgPool, tenant: &str, name: &str) -> Result<bool, StoreError> {
-    let r = sqlx::query("DELETE FROM schedules WHERE tenant = $1 AND name = $2")
-        .bind(tenant)
-        .bind(name)
-        .execute(pool)
-        .await?;
+    let r = sqlx::query!("DELETE FROM schedules WHERE tenant = $1 AND name = $2", tenant, name).execute(pool).await?;
     Ok(r.rows_affected() == 1)
 }
 
@@ -96,17 +112,26 @@ pub async fn set_paused(
     paused: bool,
     next_run_at: Option<DateTime<Utc>>,
 ) -> Result<Option<ScheduleRow>, StoreError> {
-    let sql = format!(
+    Ok(sqlx::query_as!(
+        ScheduleRow,
         "UPDATE schedules SET paused = $3, next_run_at = $4, ticking_until = NULL, updated_at = now()
-         WHERE tenant = $1 AND name = $2 RETURNING {COLS}"
-    );
-    Ok(sqlx::query_as(&sql).bind(tenant).bind(name).bind(paused).bind(next_run_at).fetch_optional(pool).await?)
+         WHERE tenant = $1 AND name = $2
+         RETURNING tenant, name, cron, timezone, task, paused, next_run_at, last_run_at, last_task_id, last_error,
+                   created_at, updated_at",
+        tenant,
+        name,
+        paused,
+        next_run_at
+    )
+    .fetch_optional(pool)
+    .await?)
 }
 
 /// Take the schedules due now (at most `limit`), each held by this replica for `hold_secs`:
 /// another replica takes a tick only if this one has not finished it by then.
 pub async fn take_due(pool: &PgPool, limit: i64, hold_secs: f64) -> Result<Vec<ScheduleRow>, StoreError> {
-    let sql = format!(
+    Ok(sqlx::query_as!(
+        ScheduleRow,
         "WITH due AS (
             SELECT tenant, name FROM schedules
             WHERE NOT paused AND next_run_at <= now() AND (ticking_until IS NULL OR ticking_until < now())
@@ -114,10 +139,13 @@ pub async fn take_due(pool: &PgPool, limit: i64, hold_secs: f64) -> Result<Vec<S
          )
          UPDATE schedules s SET ticking_until = now() + make_interval(secs => $2)
          FROM due WHERE s.tenant = due.tenant AND s.name = due.name
-         RETURNING {}",
-        COLS.split(", ").map(|c| format!("s.{}", c.trim())).collect::<Vec<_>>().join(", ")
-    );
-    Ok(sqlx::query_as(&sql).bind(limit).bind(hold_secs).fetch_all(pool).await?)
+         RETURNING s.tenant, s.name, s.cron, s.timezone, s.task, s.paused, s.next_run_at, s.last_run_at, s.last_task_id,
+                   s.last_error, s.created_at, s.updated_at",
+        limit,
+        hold_secs
+    )
+    .fetch_all(pool)
+    .await?)
 }
 
 /// The tick due at `due` is done: the schedule ticks next at `next`, its last tick was `tick`
@@ -134,18 +162,18 @@ pub async fn ticked(
     task: Option<Uuid>,
     error: Option<&str>,
 ) -> Result<bool, StoreError> {
-    let r = sqlx::query(
+    let r = sqlx::query!(
         "UPDATE schedules SET next_run_at = $4, last_run_at = $5, last_task_id = coalesce($6, last_task_id),
              last_error = $7, ticking_until = NULL, updated_at = now()
          WHERE tenant = $1 AND name = $2 AND next_run_at = $3",
+        tenant,
+        name,
+        due,
+        next,
+        tick,
+        task,
+        error
     )
-    .bind(tenant)
-    .bind(name)
-    .bind(due)
-    .bind(next)
-    .bind(tick)
-    .bind(task)
-    .bind(error)
     .execute(pool)
     .await?;
     Ok(r.rows_affected() == 1)
@@ -155,8 +183,8 @@ pub async fn ticked(
 /// whose tick just failed) counts from the end of its hold, so a held, past-due schedule does not
 /// make every timer spin.
 pub async fn next_due(pool: &PgPool) -> Result<Option<DateTime<Utc>>, StoreError> {
-    Ok(sqlx::query_scalar(
-        "SELECT min(greatest(next_run_at, coalesce(ticking_until, next_run_at))) FROM schedules WHERE NOT paused",
+    Ok(sqlx::query_scalar!(
+        "SELECT min(greatest(next_run_at, coalesce(ticking_until, next_run_at))) FROM schedules WHERE NOT paused"
     )
     .fetch_one(pool)
     .await?)

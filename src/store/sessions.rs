@@ -7,7 +7,7 @@ use sqlx::PgPool;
 use super::StoreError;
 
 /// Who a session acts as, and the token its writes must carry.
-#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Session {
     /// `None` for the admin.
     pub tenant: Option<String>,
@@ -36,31 +36,34 @@ pub async fn create(
 ) -> Result<(String, Session), StoreError> {
     let value = random_hex(32);
     let csrf = random_hex(16);
-    sqlx::query(
+    sqlx::query!(
         "INSERT INTO console_sessions (id_hash, tenant, admin, csrf, expires_at)
          VALUES ($1, $2, $3, $4, now() + make_interval(secs => $5))",
+        hash(&value),
+        tenant,
+        admin,
+        csrf,
+        ttl_secs
     )
-    .bind(hash(&value))
-    .bind(tenant)
-    .bind(admin)
-    .bind(&csrf)
-    .bind(ttl_secs)
     .execute(pool)
     .await?;
     // Expired sessions go with each new one.
-    sqlx::query("DELETE FROM console_sessions WHERE expires_at < now()").execute(pool).await?;
+    sqlx::query!("DELETE FROM console_sessions WHERE expires_at < now()").execute(pool).await?;
     Ok((value, Session { tenant: tenant.map(Into::into), admin, csrf }))
 }
 
 /// The live session a cookie's value names.
 pub async fn get(pool: &PgPool, value: &str) -> Result<Option<Session>, StoreError> {
-    Ok(sqlx::query_as("SELECT tenant, admin, csrf FROM console_sessions WHERE id_hash = $1 AND expires_at > now()")
-        .bind(hash(value))
-        .fetch_optional(pool)
-        .await?)
+    Ok(sqlx::query_as!(
+        Session,
+        "SELECT tenant, admin, csrf FROM console_sessions WHERE id_hash = $1 AND expires_at > now()",
+        hash(value)
+    )
+    .fetch_optional(pool)
+    .await?)
 }
 
 pub async fn delete(pool: &PgPool, value: &str) -> Result<(), StoreError> {
-    sqlx::query("DELETE FROM console_sessions WHERE id_hash = $1").bind(hash(value)).execute(pool).await?;
+    sqlx::query!("DELETE FROM console_sessions WHERE id_hash = $1", hash(value)).execute(pool).await?;
     Ok(())
 }

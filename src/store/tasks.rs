@@ -3,7 +3,7 @@
 use chrono::{DateTime, Utc};
 use rust_decimal::Decimal;
 use serde_json::Value;
-use sqlx::{PgConnection, PgPool, Postgres, QueryBuilder};
+use sqlx::{PgConnection, PgPool, Postgres};
 use uuid::Uuid;
 
 use super::budget::SpendDefaults;
@@ -152,49 +152,123 @@ pub enum Inserted {
     Existing(TaskRow),
 }
 
-/// A task's columns, with `$options` for its options (the one that is not read as it is
-/// stored).
-macro_rules! task_cols {
-    ($($options:tt)+) => {
-        concat!(
-            "id, tenant, status, stop_reason, subagent_type, description, prompt, model, ",
-            $($options)+,
-            ", summary, output, error_code, error_message, turns, input_tokens, output_tokens, cached_tokens, \
-            cache_write_tokens, cost_usd, unpriced_calls, estimated_calls, attempt, lease_token, lease_expires_at, \
-            worker_id, cancel_requested, idempotency_key, request_hash, metadata, created_at, started_at, finished_at, \
-            parent_task_id, max_cost_usd, max_tokens, traceparent, webhook_url, waiting_for, api_key, pauses, \
-            paused_ms, answered_model, run_at, priority, workspace_version, diff_stats"
+/// A statement that answers with tasks, as `sqlx::query_as!(TaskRow, …)`: `$head` (the statement
+/// up to its answer's columns), a task's columns (`TaskRow`'s), then `$tail` (from `FROM` on), then
+/// the arguments. The pieces are literals joined by `+`, which the query macros take as one
+/// statement (they take no string made at run time).
+/// - `view`: the columns of `task_rows` (migration 0039), the view that reads tasks.
+/// - `$t`: the rows of a CTE that returned a task's whole row (`RETURNING t.*`), read the way the
+///   view reads a row of `tasks`: the same two expressions for its options and its webhook.
+/// - `unhooked $t`: the same with no `webhook` (NULL), for the worker's reads.
+/// - `record inserted $t`, as `sqlx::query!` (for a statement that answers with more than a task:
+///   `task_from!` makes its task): `$t` is a CTE of rows inserted by the same statement, whose
+///   options are the statement's own (`$7`: the row of `task_options` that stores them is not yet
+///   visible to it), and whose delivery, written by the same statement, is `pending`.
+macro_rules! query_tasks {
+    (view, ($($head:tt)+), ($($tail:tt)+) $(, $arg:expr)* $(,)?) => {
+        query_tasks!(@cols query_as [TaskRow,], ($($head)+), ("options"), ("webhook"), ($($tail)+) $(, $arg)*)
+    };
+    (record inserted $t:tt, ($($head:tt)+), ($($tail:tt)+) $(, $arg:expr)* $(,)?) => {
+        query_tasks!(@cols query [], ($($head)+), ("$7::jsonb"),
+            ("CASE WHEN " + $t + ".webhook_url IS NULL THEN NULL ELSE jsonb_build_object('status', 'pending', 'attempts', 0, 'last_error', NULL, 'delivered_at', NULL) END"),
+            ($($tail)+) $(, $arg)*)
+    };
+    (unhooked $t:tt, ($($head:tt)+), ($($tail:tt)+) $(, $arg:expr)* $(,)?) => {
+        query_tasks!(@cols query_as [TaskRow,], ($($head)+),
+            ("CASE WHEN " + $t + ".options_sha256 IS NULL THEN " + $t + ".options ELSE (SELECT o.options FROM task_options o WHERE o.hash = " + $t + ".options_sha256) END"),
+            ("NULL::jsonb"),
+            ($($tail)+) $(, $arg)*)
+    };
+    (record $t:tt, ($($head:tt)+), ($($tail:tt)+) $(, $arg:expr)* $(,)?) => {
+        query_tasks!(@cols query [], ($($head)+),
+            ("CASE WHEN " + $t + ".options_sha256 IS NULL THEN " + $t + ".options ELSE (SELECT o.options FROM task_options o WHERE o.hash = " + $t + ".options_sha256) END"),
+            ("(SELECT jsonb_build_object('status', d.status, 'attempts', d.attempts, 'last_error', d.last_error, 'delivered_at', d.delivered_at) FROM webhook_deliveries d WHERE d.task_id = " + $t + ".id AND d.event = 'task.finished' AND d.push_config = '')"),
+            ($($tail)+) $(, $arg)*)
+    };
+    ($t:tt, ($($head:tt)+), ($($tail:tt)+) $(, $arg:expr)* $(,)?) => {
+        query_tasks!(@cols query_as [TaskRow,], ($($head)+),
+            ("CASE WHEN " + $t + ".options_sha256 IS NULL THEN " + $t + ".options ELSE (SELECT o.options FROM task_options o WHERE o.hash = " + $t + ".options_sha256) END"),
+            ("(SELECT jsonb_build_object('status', d.status, 'attempts', d.attempts, 'last_error', d.last_error, 'delivered_at', d.delivered_at) FROM webhook_deliveries d WHERE d.task_id = " + $t + ".id AND d.event = 'task.finished' AND d.push_config = '')"),
+            ($($tail)+) $(, $arg)*)
+    };
+    (@cols $mac:ident [$($pre:tt)*], ($($head:tt)+), ($($options:tt)+), ($($webhook:tt)+), ($($tail:tt)+) $(, $arg:expr)*) => {
+        sqlx::$mac!(
+            $($pre)*
+            $($head)+ + r#"id AS "id!", tenant AS "tenant!", status AS "status!: crate::kinds::TaskStatus",
+                stop_reason AS "stop_reason: crate::kinds::StopReason", subagent_type AS "subagent_type!", description,
+                prompt AS "prompt!", model AS "model!", "# + $($options)+ + r#" AS "options!", summary, output,
+                error_code, error_message, turns AS "turns!", input_tokens AS "input_tokens!",
+                output_tokens AS "output_tokens!", cached_tokens AS "cached_tokens!",
+                cache_write_tokens AS "cache_write_tokens!", cost_usd AS "cost_usd!", unpriced_calls AS "unpriced_calls!",
+                estimated_calls AS "estimated_calls!", attempt AS "attempt!", lease_token, lease_expires_at, worker_id,
+                cancel_requested AS "cancel_requested!", idempotency_key, request_hash, metadata AS "metadata!",
+                created_at AS "created_at!", started_at, finished_at, parent_task_id, max_cost_usd, max_tokens,
+                traceparent, webhook_url, waiting_for, api_key, pauses AS "pauses!", paused_ms AS "paused_ms!",
+                answered_model, run_at, priority AS "priority!", "# + $($webhook)+ + r#" AS webhook, workspace_version,
+                diff_stats"# + $($tail)+
+            $(, $arg)*
         )
     };
 }
+pub(crate) use query_tasks;
 
-/// A task's options as read from its row: from `task_options`, where the row names them by hash
-/// (migration 0036), else its own (rows written before).
-macro_rules! options_read {
-    () => {
-        "CASE WHEN options_sha256 IS NULL THEN options \
-         ELSE (SELECT o.options FROM task_options o WHERE o.hash = options_sha256) END"
-    };
+/// The task of a record `query_tasks!(record …)` answered with (its other columns are the
+/// caller's).
+macro_rules! task_from {
+    ($r:expr) => {{
+        let r = $r;
+        $crate::store::tasks::TaskRow {
+            id: r.id,
+            tenant: r.tenant,
+            status: r.status,
+            stop_reason: r.stop_reason,
+            subagent_type: r.subagent_type,
+            description: r.description,
+            prompt: r.prompt,
+            model: r.model,
+            options: r.options,
+            summary: r.summary,
+            output: r.output,
+            error_code: r.error_code,
+            error_message: r.error_message,
+            turns: r.turns,
+            input_tokens: r.input_tokens,
+            output_tokens: r.output_tokens,
+            cached_tokens: r.cached_tokens,
+            cache_write_tokens: r.cache_write_tokens,
+            cost_usd: r.cost_usd,
+            unpriced_calls: r.unpriced_calls,
+            estimated_calls: r.estimated_calls,
+            attempt: r.attempt,
+            lease_token: r.lease_token,
+            lease_expires_at: r.lease_expires_at,
+            worker_id: r.worker_id,
+            cancel_requested: r.cancel_requested,
+            idempotency_key: r.idempotency_key,
+            request_hash: r.request_hash,
+            metadata: r.metadata,
+            created_at: r.created_at,
+            started_at: r.started_at,
+            finished_at: r.finished_at,
+            parent_task_id: r.parent_task_id,
+            max_cost_usd: r.max_cost_usd,
+            max_tokens: r.max_tokens,
+            traceparent: r.traceparent,
+            webhook_url: r.webhook_url,
+            waiting_for: r.waiting_for,
+            api_key: r.api_key,
+            pauses: r.pauses,
+            paused_ms: r.paused_ms,
+            answered_model: r.answered_model,
+            run_at: r.run_at,
+            priority: r.priority,
+            webhook: r.webhook,
+            workspace_version: r.workspace_version,
+            diff_stats: r.diff_stats,
+        }
+    }};
 }
-
-/// A task as read from a row of `tasks` (or `task_queue`).
-pub(crate) const COLS: &str = task_cols!(options_read!(), " AS options");
-/// The same columns by name, for a statement that reads them from a CTE that returned `COLS`.
-pub(crate) const COL_NAMES: &str = task_cols!("options");
-/// `options`' read, for a statement that lists the columns one by one.
-pub(crate) const OPTIONS_READ: &str = options_read!();
-/// A task as its insert returns it: its options are the statement's own (`$7`), as the row that
-/// stores them, inserted by the same statement, is not yet visible to it.
-const INSERT_RETURNING: &str = task_cols!("$7::jsonb AS options");
-
-/// A task's completion webhook as views show it: its `task.finished` delivery.
-pub(crate) const WEBHOOK: &str = "(SELECT jsonb_build_object('status', d.status, 'attempts', d.attempts, \
-    'last_error', d.last_error, 'delivered_at', d.delivered_at) FROM webhook_deliveries d \
-    WHERE d.task_id = tasks.id AND d.event = 'task.finished' AND d.push_config = '') AS webhook";
-
-/// The same for a task being inserted (its delivery is written by the same statement).
-const NEW_WEBHOOK: &str = "CASE WHEN webhook_url IS NULL THEN NULL ELSE jsonb_build_object('status', 'pending', \
-    'attempts', 0, 'last_error', NULL, 'delivered_at', NULL) END AS webhook";
+pub(crate) use task_from;
 
 /// Insert a task with its `created` event, in one statement: queued, or with `t.start`
 /// already claimed (attempt 1, with its `claimed` event). A task started so has its first
@@ -207,42 +281,19 @@ pub async fn insert(conn: &mut PgConnection, t: &NewTask) -> Result<Inserted, St
 }
 
 async fn insert_once(conn: &mut PgConnection, t: &NewTask, retried: bool) -> Result<Inserted, StoreError> {
-    let row: Option<StartedRow> = match &t.start {
-        None => {
-            bind_common(sqlx::query_as(&INSERT_QUEUED), t)
-                .bind(&t.api_key)
-                .bind(t.priority)
-                .bind(t.run_at)
-                .fetch_optional(&mut *conn)
-                .await?
-        }
-        Some(s) => {
-            let first = s.first_call.as_ref();
-            bind_common(sqlx::query_as(&INSERT_STARTED), t)
-                .bind(s.lease)
-                .bind(&s.worker)
-                .bind(s.lease_secs)
-                .bind(first.map(|f| f.usd))
-                .bind(first.map(|f| f.tokens))
-                .bind(first.map(|f| serde_json::to_string(&f.started).expect("events serialise as JSON")))
-                .bind(first.and_then(|f| f.defaults.usd_per_day))
-                .bind(first.and_then(|f| f.defaults.usd_per_month))
-                .bind(first.and_then(|f| f.defaults.tokens_per_day))
-                .bind(&t.api_key)
-                .bind(t.priority)
-                .fetch_optional(&mut *conn)
-                .await?
-        }
+    let row: Option<(TaskRow, bool)> = match &t.start {
+        None => insert_queued(conn, t).await?,
+        Some(s) => insert_started(conn, t, s).await?,
     };
     match row {
-        Some(r) => Ok(Inserted::New(r.row, r.reserved)),
+        Some((row, reserved)) => Ok(Inserted::New(row, reserved)),
         None if !retried => {
             // A key is remembered for 24 hours: an older task gives its key up.
-            let freed = sqlx::query(
+            let freed = sqlx::query!(
                 "DELETE FROM task_keys WHERE tenant = $1 AND key = $2 AND created_at < now() - interval '24 hours'",
+                t.tenant,
+                t.idempotency_key
             )
-            .bind(&t.tenant)
-            .bind(&t.idempotency_key)
             .execute(&mut *conn)
             .await?;
             if freed.rows_affected() > 0 {
@@ -258,96 +309,106 @@ async fn insert_once(conn: &mut PgConnection, t: &NewTask, retried: bool) -> Res
     }
 }
 
-type Query<'q> = sqlx::query::QueryAs<'q, Postgres, StartedRow, sqlx::postgres::PgArguments>;
-
-/// The parameters both inserts share ($1 to $15).
-fn bind_common<'q>(q: Query<'q>, t: &'q NewTask) -> Query<'q> {
-    q.bind(t.id)
-        .bind(&t.tenant)
-        .bind(&t.subagent_type)
-        .bind(&t.description)
-        .bind(&t.prompt)
-        .bind(&t.model)
-        .bind(&t.options)
-        .bind(&t.metadata)
-        .bind(&t.idempotency_key)
-        .bind(&t.request_hash)
-        .bind(t.parent_task_id)
-        .bind(t.max_cost_usd)
-        .bind(t.max_tokens)
-        .bind(&t.traceparent)
-        .bind(&t.webhook_url)
-}
-
-const INSERT_COLS: &str = "id, tenant, subagent_type, description, prompt, model, options_sha256, metadata, idempotency_key, \
-    request_hash, parent_task_id, max_cost_usd, max_tokens, traceparent, webhook_url, last_event_seq, api_key, priority";
-
-/// A task's idempotency key ($9), taken in the statement that inserts the task: a key names one
-/// task (task_keys' primary key; `tasks` is partitioned and cannot hold that unique index).
-const KEY_CTE: &str = "k AS (
-            INSERT INTO task_keys (tenant, key, task_id) SELECT $2, $9, $1 WHERE $9::text IS NOT NULL
-            ON CONFLICT DO NOTHING RETURNING 1
-         )";
-
-/// The task is inserted when it has no key or took its key.
-const KEY_FREE: &str = "($9::text IS NULL OR EXISTS (SELECT 1 FROM k))";
-
-/// The task's options ($7), stored once for every task that has the same (migration 0036): the
-/// task row names them by the SHA-256 of their `jsonb` text (`OPTIONS_HASH`).
-fn options_cte() -> String {
-    format!(
-        "o AS (
-            INSERT INTO task_options (hash, options) SELECT {OPTIONS_HASH}, $7::jsonb WHERE {KEY_FREE}
-            ON CONFLICT DO NOTHING
-         )"
-    )
-}
-const OPTIONS_HASH: &str = "sha256(convert_to($7::jsonb::text, 'UTF8'))";
+// Both inserts share their first parameters ($1 to $15: the task as submitted) and their first
+// CTEs:
+// - `k` takes the task's idempotency key ($9) in the statement that inserts the task: a key names
+//   one task (task_keys' primary key; `tasks` is partitioned and cannot hold that unique index).
+//   The task is inserted when it has no key or took its key.
+// - `o` stores the task's options ($7) once for every task that has the same (migration 0036): the
+//   task row names them by the SHA-256 of their `jsonb` text.
 
 /// A queued task ($17 its priority) and its `created` event; with a start time ahead ($18), a
 /// scheduled one.
-static INSERT_QUEUED: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-    format!(
-        "WITH {KEY_CTE}, {options}, t AS (
-            INSERT INTO tasks ({INSERT_COLS}, options, status, run_at)
-            SELECT $1, $2, $3, $4, $5, $6, {OPTIONS_HASH}, $8, $9, $10, $11, $12, $13, $14, $15, 1, $16, $17, NULL::jsonb,
-                    CASE WHEN $18::timestamptz IS NULL THEN 'queued' ELSE 'scheduled' END, $18
-            WHERE {KEY_FREE}
-            RETURNING {INSERT_RETURNING}, {NEW_WEBHOOK}
+async fn insert_queued(conn: &mut PgConnection, t: &NewTask) -> Result<Option<(TaskRow, bool)>, StoreError> {
+    let r = query_tasks!(
+        record inserted "t",
+        (r#"WITH k AS (
+            INSERT INTO task_keys (tenant, key, task_id) SELECT $2, $9, $1 WHERE $9::text IS NOT NULL
+            ON CONFLICT DO NOTHING RETURNING 1
+         ), o AS (
+            INSERT INTO task_options (hash, options)
+            SELECT sha256(convert_to($7::jsonb::text, 'UTF8')), $7::jsonb WHERE ($9::text IS NULL OR EXISTS (SELECT 1 FROM k))
+            ON CONFLICT DO NOTHING
+         ), t AS (
+            INSERT INTO tasks (id, tenant, subagent_type, description, prompt, model, options_sha256, metadata,
+                               idempotency_key, request_hash, parent_task_id, max_cost_usd, max_tokens, traceparent,
+                               webhook_url, last_event_seq, api_key, priority, options, status, run_at)
+            SELECT $1, $2, $3, $4, $5, $6, sha256(convert_to($7::jsonb::text, 'UTF8')), $8, $9, $10, $11, $12, $13,
+                   $14, $15, 1, $16, $17, NULL::jsonb,
+                   CASE WHEN $18::timestamptz IS NULL THEN 'queued' ELSE 'scheduled' END, $18
+            WHERE ($9::text IS NULL OR EXISTS (SELECT 1 FROM k))
+            RETURNING *
          ), e AS (
             INSERT INTO task_events (task_id, seq, kind, data)
             SELECT id, 1, 'created', jsonb_build_object('subagent_type', subagent_type, 'model', model) FROM t
          ), w AS (
             INSERT INTO webhook_deliveries (task_id, event) SELECT id, 'task.finished' FROM t WHERE webhook_url IS NOT NULL
          )
-         SELECT t.*, false AS reserved FROM t",
-        options = options_cte(),
+         SELECT "#),
+        (" FROM t"),
+        t.id,
+        t.tenant,
+        t.subagent_type,
+        t.description,
+        t.prompt,
+        t.model,
+        t.options,
+        t.metadata,
+        t.idempotency_key,
+        t.request_hash,
+        t.parent_task_id,
+        t.max_cost_usd,
+        t.max_tokens,
+        t.traceparent,
+        t.webhook_url,
+        t.api_key,
+        t.priority,
+        t.run_at
     )
-});
+    .fetch_optional(&mut *conn)
+    .await?;
+    Ok(r.map(|r| (task_from!(r), false)))
+}
 
 /// A task claimed by its insert ($16 lease, $17 worker, $18 lease seconds), with its `created`
 /// and `claimed` events, and its first call's reservation ($19 USD, $20 tokens, $21 event) when
 /// no tenant budget applies ($22 to $24: the configured defaults for a tenant that sets none)
-/// and the call fits the task's own limits. The lease runs from the statement's clock, not the
-/// transaction's start, which may have waited for the tenant's lock.
-static INSERT_STARTED: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-    format!(
-        "WITH {KEY_CTE}, {options}, pre AS (
+/// and the call fits the task's own limits; `true` with it when that reservation was written.
+/// The lease runs from the statement's clock, not the transaction's start, which may have waited
+/// for the tenant's lock.
+async fn insert_started(
+    conn: &mut PgConnection,
+    t: &NewTask,
+    s: &StartHere,
+) -> Result<Option<(TaskRow, bool)>, StoreError> {
+    let first = s.first_call.as_ref();
+    let r = query_tasks!(
+        record inserted "t",
+        (r#"WITH k AS (
+            INSERT INTO task_keys (tenant, key, task_id) SELECT $2, $9, $1 WHERE $9::text IS NOT NULL
+            ON CONFLICT DO NOTHING RETURNING 1
+         ), o AS (
+            INSERT INTO task_options (hash, options)
+            SELECT sha256(convert_to($7::jsonb::text, 'UTF8')), $7::jsonb WHERE ($9::text IS NULL OR EXISTS (SELECT 1 FROM k))
+            ON CONFLICT DO NOTHING
+         ), pre AS (
             SELECT coalesce($19::numeric IS NOT NULL
                 AND ($12::numeric IS NULL OR $19 <= $12) AND ($13::bigint IS NULL OR $20::bigint <= $13)
                 AND (SELECT coalesce(usd_per_day, $22::numeric) IS NULL AND coalesce(usd_per_month, $23::numeric) IS NULL
                         AND coalesce(tokens_per_day, $24::bigint) IS NULL
                      FROM tenants WHERE name = $2), false) AS reserved
          ), t AS (
-            INSERT INTO tasks ({INSERT_COLS}, options, status, attempt, lease_token, lease_expires_at, started_at,
-                               worker_id, reserved_usd, reserved_tokens)
-            SELECT $1, $2, $3, $4, $5, $6, {OPTIONS_HASH}, $8, $9, $10, $11, $12, $13, $14, $15,
-                    CASE WHEN pre.reserved THEN 3 ELSE 2 END, $25, $26, NULL::jsonb,
+            INSERT INTO tasks (id, tenant, subagent_type, description, prompt, model, options_sha256, metadata,
+                               idempotency_key, request_hash, parent_task_id, max_cost_usd, max_tokens, traceparent,
+                               webhook_url, last_event_seq, api_key, priority, options, status, attempt, lease_token,
+                               lease_expires_at, started_at, worker_id, reserved_usd, reserved_tokens)
+            SELECT $1, $2, $3, $4, $5, $6, sha256(convert_to($7::jsonb::text, 'UTF8')), $8, $9, $10, $11, $12, $13,
+                    $14, $15, CASE WHEN pre.reserved THEN 3 ELSE 2 END, $25, $26, NULL::jsonb,
                     'running', 1, $16::uuid, clock_timestamp() + make_interval(secs => $18::float8), now(), $17::text,
                     CASE WHEN pre.reserved THEN $19 ELSE 0 END,
                     CASE WHEN pre.reserved THEN $20 ELSE 0 END
-            FROM pre WHERE {KEY_FREE}
-            RETURNING {INSERT_RETURNING}, {NEW_WEBHOOK}
+            FROM pre WHERE ($9::text IS NULL OR EXISTS (SELECT 1 FROM k))
+            RETURNING *
          ), w AS (
             INSERT INTO webhook_deliveries (task_id, event) SELECT id, 'task.finished' FROM t WHERE webhook_url IS NOT NULL
          ), e AS (
@@ -364,35 +425,68 @@ static INSERT_STARTED: std::sync::LazyLock<String> = std::sync::LazyLock::new(||
                            ELSE '[]'::jsonb END)::json
             FROM t, pre, LATERAL (SELECT jsonb_build_object('attempt', attempt, 'worker', worker_id) AS claimed) c
          )
-         SELECT t.*, pre.reserved FROM t, pre",
-        options = options_cte(),
+         SELECT "#),
+        (r#", pre.reserved AS "reserved!" FROM t, pre"#),
+        t.id,
+        t.tenant,
+        t.subagent_type,
+        t.description,
+        t.prompt,
+        t.model,
+        t.options,
+        t.metadata,
+        t.idempotency_key,
+        t.request_hash,
+        t.parent_task_id,
+        t.max_cost_usd,
+        t.max_tokens,
+        t.traceparent,
+        t.webhook_url,
+        s.lease,
+        s.worker,
+        s.lease_secs,
+        first.map(|f| f.usd),
+        first.map(|f| f.tokens),
+        first.map(|f| serde_json::to_string(&f.started).expect("events serialise as JSON")) as _,
+        first.and_then(|f| f.defaults.usd_per_day),
+        first.and_then(|f| f.defaults.usd_per_month),
+        first.and_then(|f| f.defaults.tokens_per_day),
+        t.api_key,
+        t.priority
     )
-});
-
-#[derive(sqlx::FromRow)]
-struct StartedRow {
-    #[sqlx(flatten)]
-    row: TaskRow,
-    reserved: bool,
+    .fetch_optional(&mut *conn)
+    .await?;
+    Ok(r.map(|r| {
+        let reserved = r.reserved;
+        (task_from!(r), reserved)
+    }))
 }
 
 /// The task the key names now (none if the key was purged in the meantime).
 async fn existing(conn: &mut PgConnection, t: &NewTask) -> Result<Option<TaskRow>, StoreError> {
-    let sql = format!(
-        "SELECT {COLS}, {WEBHOOK} FROM tasks
-         WHERE tenant = $1 AND id = (SELECT task_id FROM task_keys WHERE tenant = $1 AND key = $2)"
-    );
-    Ok(sqlx::query_as(&sql).bind(&t.tenant).bind(&t.idempotency_key).fetch_optional(conn).await?)
+    Ok(query_tasks!(
+        view,
+        ("SELECT "),
+        (" FROM task_rows WHERE tenant = $1 AND id = (SELECT task_id FROM task_keys WHERE tenant = $1 AND key = $2)"),
+        t.tenant,
+        t.idempotency_key
+    )
+    .fetch_optional(conn)
+    .await?)
 }
 
 /// The task an idempotency key (still within its 24 hours) belongs to.
 pub async fn by_idempotency_key(pool: &PgPool, tenant: &str, key: &str) -> Result<Option<TaskRow>, StoreError> {
-    let sql = format!(
-        "SELECT {COLS}, {WEBHOOK} FROM tasks
-         WHERE tenant = $1 AND id = (SELECT task_id FROM task_keys WHERE tenant = $1 AND key = $2
-                                     AND created_at >= now() - interval '24 hours')"
-    );
-    Ok(sqlx::query_as(&sql).bind(tenant).bind(key).fetch_optional(pool).await?)
+    Ok(query_tasks!(
+        view,
+        ("SELECT "),
+        (" FROM task_rows WHERE tenant = $1 AND id = (SELECT task_id FROM task_keys WHERE tenant = $1 AND key = $2
+                                                     AND created_at >= now() - interval '24 hours')"),
+        tenant,
+        key
+    )
+    .fetch_optional(pool)
+    .await?)
 }
 
 pub async fn get(pool: &PgPool, tenant: &str, id: Uuid) -> Result<Option<TaskRow>, StoreError> {
@@ -401,10 +495,15 @@ pub async fn get(pool: &PgPool, tenant: &str, id: Uuid) -> Result<Option<TaskRow
 
 /// A task of `tenant`, or of any tenant (`None`: the admin's reads).
 pub async fn get_in(pool: &PgPool, tenant: Option<&str>, id: Uuid) -> Result<Option<TaskRow>, StoreError> {
-    static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-        format!("SELECT {COLS}, {WEBHOOK} FROM tasks WHERE ($1::text IS NULL OR tenant = $1) AND id = $2")
-    });
-    Ok(sqlx::query_as(&SQL).bind(tenant).bind(id).fetch_optional(pool).await?)
+    Ok(query_tasks!(
+        view,
+        ("SELECT "),
+        (" FROM task_rows WHERE ($1::text IS NULL OR tenant = $1) AND id = $2"),
+        tenant,
+        id
+    )
+    .fetch_optional(pool)
+    .await?)
 }
 
 #[derive(Debug, Clone, Default)]
@@ -437,11 +536,17 @@ fn v7_floor(t: DateTime<Utc>) -> Uuid {
     Uuid::from_u64_pair((ms << 16) | 0x7000, 0x8000_0000_0000_0000)
 }
 
+/// A task list's statement, made at run time from its filter (`matching`): the one place where
+/// `tasks` is read by SQL no macro checks. Each of its shapes (every filter, alone and together;
+/// one status, several, none; the tenant as a range, by equality, or any) runs against the real
+/// schema in `queries::every_shape_of_a_task_list_reads_the_tasks_it_names`.
+type Filtered<'a> = sqlx::QueryBuilder<'a, Postgres>;
+
 /// Newest first (UUID v7 ids are time-ordered), keyset-paginated; `tenant = None`: every
 /// tenant's (the admin's reads). Time bounds also bound the id, so that they use its indexes,
 /// with a margin for ids made on a clock a little off the database's.
 pub async fn list(pool: &PgPool, tenant: Option<&str>, f: &ListFilter) -> Result<Vec<TaskRow>, StoreError> {
-    let mut q: QueryBuilder<Postgres> = QueryBuilder::new(format!("SELECT {COLS}, {WEBHOOK} FROM tasks WHERE true"));
+    let mut q = Filtered::new("SELECT * FROM task_rows WHERE true");
     let range = by_tenant_index(tenant, f);
     matching(&mut q, tenant, f, range);
     if let Some(id) = f.before_id {
@@ -473,14 +578,14 @@ fn by_tenant_index(tenant: Option<&str>, f: &ListFilter) -> bool {
 
 /// How many tasks match the filter, on every page (`before_id` and `limit` aside).
 pub async fn count(pool: &PgPool, tenant: Option<&str>, f: &ListFilter) -> Result<i64, StoreError> {
-    let mut q: QueryBuilder<Postgres> = QueryBuilder::new("SELECT count(*) FROM tasks WHERE true");
+    let mut q = Filtered::new("SELECT count(*) FROM tasks WHERE true");
     matching(&mut q, tenant, f, false);
     Ok(q.build_query_scalar().fetch_one(pool).await?)
 }
 
 /// The filter's conditions (but its page: `before_id`, `limit`); `range`: the tenant as a range
 /// (`by_tenant_index`).
-fn matching<'a>(q: &mut QueryBuilder<'a, Postgres>, tenant: Option<&'a str>, f: &'a ListFilter, range: bool) {
+fn matching<'a>(q: &mut Filtered<'a>, tenant: Option<&'a str>, f: &'a ListFilter, range: bool) {
     match tenant {
         Some(tenant) if range => {
             q.push(" AND tenant >= ").push_bind(tenant).push(" AND tenant <= ").push_bind(tenant);
@@ -555,53 +660,67 @@ pub async fn cancel_matching(
     tenant: &str,
     f: &CancelFilter,
 ) -> Result<Vec<(Uuid, TaskStatus)>, StoreError> {
-    let sql = "WITH old AS (
-            SELECT id, status FROM task_queue
-            WHERE tenant = $1 AND ($2::uuid IS NULL OR id = $2) AND status = ANY($3)
-              AND ($4::jsonb IS NULL OR metadata @> $4)
-              AND NOT (status = 'running' AND cancel_requested)
-            ORDER BY id FOR UPDATE
-         ), u AS (
-            UPDATE tasks t SET
-                status = CASE WHEN old.status <> 'running' THEN 'cancelled' ELSE t.status END,
-                stop_reason = CASE WHEN old.status <> 'running' THEN 'cancelled' ELSE t.stop_reason END,
-                finished_at = CASE WHEN old.status <> 'running' THEN now() ELSE t.finished_at END,
-                history_at = CASE WHEN old.status <> 'running' THEN now() ELSE t.history_at END,
-                waiting_for = NULL, paused_at = NULL,
-                paused_ms = t.paused_ms + CASE WHEN t.paused_at IS NULL THEN 0
-                    ELSE (extract(epoch FROM now() - t.paused_at) * 1000)::bigint END,
-                cancel_requested = true,
-                last_event_seq = t.last_event_seq + 1
-            FROM old WHERE t.id = old.id AND t.history_at = 'infinity'
-            RETURNING t.id, t.last_event_seq, old.status AS old_status
-         ), e AS (
-            INSERT INTO task_events (task_id, seq, kind, data)
-            SELECT id, last_event_seq, CASE WHEN old_status <> 'running' THEN 'cancelled' ELSE 'cancel_requested' END, '{}'
-            FROM u
-         )
-         SELECT id, old_status FROM u";
+    let statuses: Vec<&str> = f.statuses.iter().map(|s| s.as_str()).collect();
     // A task ending at this moment is seen ended when the statement runs again (`on_move`).
     super::on_move(pool, || async {
-        Ok(sqlx::query_as(sql).bind(tenant).bind(f.id).bind(&f.statuses).bind(&f.metadata).fetch_all(pool).await?)
+        Ok(sqlx::query!(
+            r#"WITH old AS (
+                SELECT id, status FROM task_queue
+                WHERE tenant = $1 AND ($2::uuid IS NULL OR id = $2) AND status = ANY($3)
+                  AND ($4::jsonb IS NULL OR metadata @> $4)
+                  AND NOT (status = 'running' AND cancel_requested)
+                ORDER BY id FOR UPDATE
+             ), u AS (
+                UPDATE tasks t SET
+                    status = CASE WHEN old.status <> 'running' THEN 'cancelled' ELSE t.status END,
+                    stop_reason = CASE WHEN old.status <> 'running' THEN 'cancelled' ELSE t.stop_reason END,
+                    finished_at = CASE WHEN old.status <> 'running' THEN now() ELSE t.finished_at END,
+                    history_at = CASE WHEN old.status <> 'running' THEN now() ELSE t.history_at END,
+                    waiting_for = NULL, paused_at = NULL,
+                    paused_ms = t.paused_ms + CASE WHEN t.paused_at IS NULL THEN 0
+                        ELSE (extract(epoch FROM now() - t.paused_at) * 1000)::bigint END,
+                    cancel_requested = true,
+                    last_event_seq = t.last_event_seq + 1
+                FROM old WHERE t.id = old.id AND t.history_at = 'infinity'
+                RETURNING t.id, t.last_event_seq, old.status AS old_status
+             ), e AS (
+                INSERT INTO task_events (task_id, seq, kind, data)
+                SELECT id, last_event_seq, CASE WHEN old_status <> 'running' THEN 'cancelled' ELSE 'cancel_requested' END, '{}'
+                FROM u
+             )
+             SELECT id AS "id!", old_status AS "old_status!: TaskStatus" FROM u"#,
+            tenant,
+            f.id,
+            &statuses as _,
+            f.metadata
+        )
+        .fetch_all(pool)
+        .await?
+        .into_iter()
+        .map(|r| (r.id, r.old_status))
+        .collect())
     })
     .await
 }
 
 /// Tasks scheduled, queued and running, across tenants (partial-index scans).
 pub async fn open_counts(pool: &PgPool) -> Result<Vec<(TaskStatus, i64)>, StoreError> {
-    Ok(sqlx::query_as(
-        "SELECT 'scheduled', count(*) FROM task_queue WHERE status = 'scheduled'
+    Ok(sqlx::query!(
+        r#"SELECT 'scheduled' AS "status!: TaskStatus", count(*) AS "n!" FROM task_queue WHERE status = 'scheduled'
          UNION ALL SELECT 'queued', count(*) FROM task_queue WHERE status = 'queued'
          UNION ALL SELECT 'running', count(*) FROM task_queue WHERE status = 'running'
-         UNION ALL SELECT 'requires_action', count(*) FROM task_queue WHERE status = 'requires_action'",
+         UNION ALL SELECT 'requires_action', count(*) FROM task_queue WHERE status = 'requires_action'"#
     )
     .fetch_all(pool)
-    .await?)
+    .await?
+    .into_iter()
+    .map(|r| (r.status, r.n))
+    .collect())
 }
 
 /// A webhook delivery due now, taken for sending: its next attempt is pushed out by the lease,
 /// so another replica does not send it at the same time.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct Delivery {
     pub id: i64,
     pub task_id: Uuid,
@@ -617,8 +736,7 @@ pub struct Delivery {
 /// deliveries to one target go in order: each pause's `task.requires_action` after the one
 /// before it is delivered (or given up), and `task.finished` after them all.
 pub async fn take_due_webhooks(pool: &PgPool, limit: i64, lease_secs: f64) -> Result<Vec<Delivery>, StoreError> {
-    Ok(sqlx::query_as(
-        "WITH due AS (
+    Ok(sqlx::query_as!(Delivery, r#"WITH due AS (
             SELECT d.id FROM webhook_deliveries d JOIN tasks t ON t.id = d.task_id
             WHERE d.status = 'pending' AND d.next_at <= now() AND (d.event <> 'task.finished' OR t.finished_at IS NOT NULL)
               AND NOT EXISTS (SELECT 1 FROM webhook_deliveries p WHERE p.task_id = d.task_id AND p.status = 'pending'
@@ -627,10 +745,7 @@ pub async fn take_due_webhooks(pool: &PgPool, limit: i64, lease_secs: f64) -> Re
             ORDER BY d.next_at LIMIT $1 FOR UPDATE OF d SKIP LOCKED
          )
          UPDATE webhook_deliveries d SET next_at = now() + make_interval(secs => $2) FROM due WHERE d.id = due.id
-         RETURNING d.id, d.task_id, d.event, d.seq, d.attempts, d.push_config",
-    )
-    .bind(limit)
-    .bind(lease_secs)
+         RETURNING d.id, d.task_id, d.event AS "event: WebhookEvent", d.seq, d.attempts, d.push_config"#, limit, lease_secs)
     .fetch_all(pool)
     .await?)
 }
@@ -649,24 +764,24 @@ pub async fn webhook_attempted(
 ) -> Result<(), StoreError> {
     match outcome {
         Ok(()) => {
-            sqlx::query(
-                "UPDATE webhook_deliveries SET status = 'delivered', attempts = attempts + 1, delivered_at = now(),
-                 last_error = NULL WHERE id = $1",
+            sqlx::query!(
+                r#"UPDATE webhook_deliveries SET status = 'delivered', attempts = attempts + 1, delivered_at = now(),
+                 last_error = NULL WHERE id = $1"#,
+                id
             )
-            .bind(id)
             .execute(pool)
             .await?
         }
         Err(e) => {
-            sqlx::query(
-                "UPDATE webhook_deliveries SET attempts = attempts + 1, last_error = $2,
+            sqlx::query!(
+                r#"UPDATE webhook_deliveries SET attempts = attempts + 1, last_error = $2,
                  status = CASE WHEN $3::float8 IS NULL THEN 'failed' ELSE 'pending' END,
                  next_at = CASE WHEN $3::float8 IS NULL THEN next_at ELSE now() + make_interval(secs => $3) END
-                 WHERE id = $1",
+                 WHERE id = $1"#,
+                id,
+                e,
+                retry_in.map(|d| d.as_secs_f64())
             )
-            .bind(id)
-            .bind(e)
-            .bind(retry_in.map(|d| d.as_secs_f64()))
             .execute(pool)
             .await?
         }
@@ -681,8 +796,8 @@ pub async fn queue_due(pool: &PgPool, limit: i64) -> Result<Vec<Uuid>, StoreErro
 }
 
 async fn queue_due_once(pool: &PgPool, limit: i64) -> Result<Vec<Uuid>, StoreError> {
-    Ok(sqlx::query_scalar(
-        "WITH due AS (
+    Ok(sqlx::query_scalar!(
+        r#"WITH due AS (
             SELECT id FROM task_queue WHERE status = 'scheduled' AND run_at <= now()
             ORDER BY run_at LIMIT $1 FOR UPDATE SKIP LOCKED
          ), u AS (
@@ -693,14 +808,14 @@ async fn queue_due_once(pool: &PgPool, limit: i64) -> Result<Vec<Uuid>, StoreErr
             INSERT INTO task_events (task_id, seq, kind, data)
             SELECT id, last_event_seq, 'queued', jsonb_build_object('run_at', run_at) FROM u
          )
-         SELECT id FROM u",
+         SELECT id AS "id!" FROM u"#,
+        limit
     )
-    .bind(limit)
     .fetch_all(pool)
     .await?)
 }
 
 /// When the next scheduled task is due, if any is.
 pub async fn next_run_at(pool: &PgPool) -> Result<Option<DateTime<Utc>>, StoreError> {
-    Ok(sqlx::query_scalar("SELECT min(run_at) FROM task_queue WHERE status = 'scheduled'").fetch_one(pool).await?)
+    Ok(sqlx::query_scalar!(r#"SELECT min(run_at) FROM task_queue WHERE status = 'scheduled'"#).fetch_one(pool).await?)
 }

@@ -10,7 +10,7 @@ use super::StoreError;
 
 /// A tenant's own limits; `None` means the configured default (and no default: unlimited).
 /// The same shape in the admin API (JSON), the table, and `subagentd tenants set` (flags).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, sqlx::FromRow, clap::Args)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, clap::Args)]
 #[serde(deny_unknown_fields)]
 pub struct Limits {
     #[arg(long)]
@@ -97,25 +97,43 @@ fn usd<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Decimal>, D::Err
     }
 }
 
-const LIMIT_COLS: &str = "usd_per_day, usd_per_month, tokens_per_day, max_running, max_queued, max_task_cost_usd, \
-    max_task_tokens, max_task_turns, max_task_timeout_seconds, approval, requests_per_second, request_burst, \
-    max_streams, max_waits, fallback_models, max_scheduled, priority, builtin_tools_off, web_tools_policy, \
-    web_fetches_per_minute, web_fetch_domains, private_workspace_web";
-
 pub async fn ensure(pool: &PgPool, tenant: &str) -> Result<(), StoreError> {
-    sqlx::query("INSERT INTO tenants (name) VALUES ($1) ON CONFLICT DO NOTHING").bind(tenant).execute(pool).await?;
+    sqlx::query!(r#"INSERT INTO tenants (name) VALUES ($1) ON CONFLICT DO NOTHING"#, tenant).execute(pool).await?;
     Ok(())
 }
 
 pub async fn limits(conn: &mut PgConnection, tenant: &str, lock: bool) -> Result<Option<Limits>, StoreError> {
-    let sql = format!("SELECT {LIMIT_COLS} FROM tenants WHERE name = $1{}", if lock { " FOR UPDATE" } else { "" });
-    Ok(sqlx::query_as(&sql).bind(tenant).fetch_optional(conn).await?)
+    // The same columns twice: a macro's statement is one literal.
+    Ok(if lock {
+        sqlx::query_as!(
+            Limits,
+            "SELECT usd_per_day, usd_per_month, tokens_per_day, max_running, max_queued, max_task_cost_usd,
+                    max_task_tokens, max_task_turns, max_task_timeout_seconds, approval, requests_per_second,
+                    request_burst, max_streams, max_waits, fallback_models, max_scheduled, priority, builtin_tools_off,
+                    web_tools_policy, web_fetches_per_minute, web_fetch_domains, private_workspace_web
+             FROM tenants WHERE name = $1 FOR UPDATE",
+            tenant
+        )
+        .fetch_optional(conn)
+        .await?
+    } else {
+        sqlx::query_as!(
+            Limits,
+            "SELECT usd_per_day, usd_per_month, tokens_per_day, max_running, max_queued, max_task_cost_usd,
+                    max_task_tokens, max_task_turns, max_task_timeout_seconds, approval, requests_per_second,
+                    request_burst, max_streams, max_waits, fallback_models, max_scheduled, priority, builtin_tools_off,
+                    web_tools_policy, web_fetches_per_minute, web_fetch_domains, private_workspace_web
+             FROM tenants WHERE name = $1",
+            tenant
+        )
+        .fetch_optional(conn)
+        .await?
+    })
 }
 
 /// Set a tenant's limits (creating it); true when created.
 pub async fn put_limits(pool: &PgPool, tenant: &str, l: &Limits) -> Result<bool, StoreError> {
-    Ok(sqlx::query_scalar(
-        "INSERT INTO tenants (name, usd_per_day, usd_per_month, tokens_per_day, max_running, max_queued,
+    Ok(sqlx::query_scalar!(r#"INSERT INTO tenants (name, usd_per_day, usd_per_month, tokens_per_day, max_running, max_queued,
              max_task_cost_usd, max_task_tokens, max_task_turns, max_task_timeout_seconds, approval,
              requests_per_second, request_burst, max_streams, max_waits, fallback_models, max_scheduled, priority,
              builtin_tools_off, web_tools_policy, web_fetches_per_minute, web_fetch_domains, private_workspace_web)
@@ -132,40 +150,16 @@ pub async fn put_limits(pool: &PgPool, tenant: &str, l: &Limits) -> Result<bool,
              web_tools_policy = EXCLUDED.web_tools_policy, web_fetches_per_minute = EXCLUDED.web_fetches_per_minute,
              web_fetch_domains = EXCLUDED.web_fetch_domains,
              private_workspace_web = EXCLUDED.private_workspace_web, updated_at = now()
-         RETURNING (xmax = 0)",
-    )
-    .bind(tenant)
-    .bind(l.usd_per_day)
-    .bind(l.usd_per_month)
-    .bind(l.tokens_per_day)
-    .bind(l.max_running)
-    .bind(l.max_queued)
-    .bind(l.max_task_cost_usd)
-    .bind(l.max_task_tokens)
-    .bind(l.max_task_turns)
-    .bind(l.max_task_timeout_seconds)
-    .bind(&l.approval)
-    .bind(l.requests_per_second)
-    .bind(l.request_burst)
-    .bind(l.max_streams)
-    .bind(l.max_waits)
-    .bind(&l.fallback_models)
-    .bind(l.max_scheduled)
-    .bind(&l.priority)
-    .bind(&l.builtin_tools_off)
-    .bind(&l.web_tools_policy)
-    .bind(l.web_fetches_per_minute)
-    .bind(&l.web_fetch_domains)
-    .bind(&l.private_workspace_web)
+         RETURNING (xmax = 0) AS "created!""#, tenant, l.usd_per_day, l.usd_per_month, l.tokens_per_day, l.max_running, l.max_queued, l.max_task_cost_usd, l.max_task_tokens, l.max_task_turns, l.max_task_timeout_seconds, l.approval, l.requests_per_second, l.request_burst, l.max_streams, l.max_waits, l.fallback_models.as_deref(), l.max_scheduled, l.priority, l.builtin_tools_off.as_deref(), l.web_tools_policy, l.web_fetches_per_minute, l.web_fetch_domains.as_deref(), l.private_workspace_web)
     .fetch_one(pool)
     .await?)
 }
 
 pub async fn names(pool: &PgPool) -> Result<Vec<String>, StoreError> {
-    Ok(sqlx::query_scalar("SELECT name FROM tenants ORDER BY name").fetch_all(pool).await?)
+    Ok(sqlx::query_scalar!(r#"SELECT name FROM tenants ORDER BY name"#).fetch_all(pool).await?)
 }
 
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, Serialize)]
 pub struct KeyRow {
     pub id: Uuid,
     pub tenant: String,
@@ -186,26 +180,28 @@ pub async fn create_key(pool: &PgPool, tenant: &str, name: Option<&str>) -> Resu
     let key = format!("{prefix}_{}", &secret[8..]);
     let hash = hex::encode(Sha256::digest(key.as_bytes()));
     ensure(pool, tenant).await?;
-    let row: KeyRow = sqlx::query_as(
-        "INSERT INTO api_keys (id, tenant, prefix, key_hash, name) VALUES ($1, $2, $3, $4, $5)
-         RETURNING id, tenant, prefix, name, created_at, revoked_at",
+    let row: KeyRow = sqlx::query_as!(
+        KeyRow,
+        r#"INSERT INTO api_keys (id, tenant, prefix, key_hash, name) VALUES ($1, $2, $3, $4, $5)
+         RETURNING id, tenant, prefix, name, created_at, revoked_at"#,
+        Uuid::now_v7(),
+        tenant,
+        prefix,
+        hash,
+        name
     )
-    .bind(Uuid::now_v7())
-    .bind(tenant)
-    .bind(&prefix)
-    .bind(&hash)
-    .bind(name)
     .fetch_one(pool)
     .await?;
     Ok((row, key))
 }
 
 pub async fn list_keys(pool: &PgPool, tenant: Option<&str>) -> Result<Vec<KeyRow>, StoreError> {
-    Ok(sqlx::query_as(
-        "SELECT id, tenant, prefix, name, created_at, revoked_at FROM api_keys
-         WHERE $1::text IS NULL OR tenant = $1 ORDER BY created_at",
+    Ok(sqlx::query_as!(
+        KeyRow,
+        r#"SELECT id, tenant, prefix, name, created_at, revoked_at FROM api_keys
+         WHERE $1::text IS NULL OR tenant = $1 ORDER BY created_at"#,
+        tenant
     )
-    .bind(tenant)
     .fetch_all(pool)
     .await?)
 }
@@ -213,12 +209,13 @@ pub async fn list_keys(pool: &PgPool, tenant: Option<&str>) -> Result<Vec<KeyRow
 /// Revoke by id or prefix; the revoked key, if it existed.
 pub async fn revoke_key(pool: &PgPool, id_or_prefix: &str) -> Result<Option<KeyRow>, StoreError> {
     let id: Option<Uuid> = id_or_prefix.parse().ok();
-    Ok(sqlx::query_as(
-        "UPDATE api_keys SET revoked_at = coalesce(revoked_at, now()) WHERE id = $1 OR prefix = $2
-         RETURNING id, tenant, prefix, name, created_at, revoked_at",
+    Ok(sqlx::query_as!(
+        KeyRow,
+        r#"UPDATE api_keys SET revoked_at = coalesce(revoked_at, now()) WHERE id = $1 OR prefix = $2
+         RETURNING id, tenant, prefix, name, created_at, revoked_at"#,
+        id,
+        id_or_prefix
     )
-    .bind(id)
-    .bind(id_or_prefix)
     .fetch_optional(pool)
     .await?)
 }
@@ -227,17 +224,17 @@ pub async fn revoke_key(pool: &PgPool, id_or_prefix: &str) -> Result<Option<KeyR
 pub async fn tenant_of_key(pool: &PgPool, key: &str) -> Result<Option<String>, StoreError> {
     use sha2::{Digest, Sha256};
     let Some(prefix) = key.rsplit_once('_').map(|(p, _)| p) else { return Ok(None) };
-    let row: Option<(String, String)> =
-        sqlx::query_as("SELECT tenant, key_hash FROM api_keys WHERE prefix = $1 AND revoked_at IS NULL")
-            .bind(prefix)
-            .fetch_optional(pool)
-            .await?;
+    let row = sqlx::query!("SELECT tenant, key_hash FROM api_keys WHERE prefix = $1 AND revoked_at IS NULL", prefix)
+        .fetch_optional(pool)
+        .await?;
     let hash = hex::encode(Sha256::digest(key.as_bytes()));
-    Ok(row.filter(|(_, h)| constant_time_eq(h.as_bytes(), hash.as_bytes())).map(|(t, _)| t))
+    Ok(row.filter(|r| constant_time_eq(r.key_hash.as_bytes(), hash.as_bytes())).map(|r| r.tenant))
 }
 
 pub async fn any_active_key(pool: &PgPool) -> Result<bool, StoreError> {
-    Ok(sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM api_keys WHERE revoked_at IS NULL)").fetch_one(pool).await?)
+    Ok(sqlx::query_scalar!(r#"SELECT EXISTS (SELECT 1 FROM api_keys WHERE revoked_at IS NULL) AS "any!""#)
+        .fetch_one(pool)
+        .await?)
 }
 
 pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -245,7 +242,7 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 /// One row of `GET /usage`.
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, Serialize)]
 pub struct UsageRow {
     pub day: Option<NaiveDate>,
     pub tenant: Option<String>,
@@ -275,35 +272,35 @@ pub async fn usage(
     to: NaiveDate,
     group_by: &[&str],
 ) -> Result<Vec<UsageRow>, StoreError> {
-    let col = |c: &str, ty: &str| {
-        if group_by.contains(&c) {
-            c.to_string()
-        } else {
-            format!("NULL::{ty} AS {c}")
-        }
-    };
-    let groups: Vec<&str> =
-        ["day", "tenant", "model", "agent_type", "api_key"].into_iter().filter(|c| group_by.contains(c)).collect();
-    let sql = format!(
-        "SELECT {}, {}, {}, {}, {}, coalesce(sum(calls), 0)::bigint AS calls, coalesce(sum(ok), 0)::bigint AS ok,
-                coalesce(sum(failed), 0)::bigint AS failed, coalesce(sum(input_tokens), 0)::bigint AS input_tokens,
-                coalesce(sum(output_tokens), 0)::bigint AS output_tokens,
-                coalesce(sum(cached_tokens), 0)::bigint AS cached_tokens, coalesce(sum(cost_usd), 0) AS cost_usd,
-                coalesce(sum(estimated_calls), 0)::bigint AS estimated_calls,
-                coalesce(sum(cache_write_tokens), 0)::bigint AS cache_write_tokens
+    let by = |c: &str| group_by.contains(&c);
+    let grouped = ["day", "tenant", "model", "agent_type", "api_key"].iter().any(|c| by(c));
+    // Each column is grouped by when asked for, else NULL (one group for all).
+    let rows = sqlx::query_as!(
+        UsageRow,
+        r#"SELECT CASE WHEN $4 THEN day END AS day, CASE WHEN $5 THEN tenant END AS tenant,
+                CASE WHEN $6 THEN model END AS model, CASE WHEN $7 THEN agent_type END AS agent_type,
+                CASE WHEN $8 THEN api_key END AS api_key,
+                coalesce(sum(calls), 0)::bigint AS "calls!", coalesce(sum(ok), 0)::bigint AS "ok!",
+                coalesce(sum(failed), 0)::bigint AS "failed!", coalesce(sum(input_tokens), 0)::bigint AS "input_tokens!",
+                coalesce(sum(output_tokens), 0)::bigint AS "output_tokens!",
+                coalesce(sum(cached_tokens), 0)::bigint AS "cached_tokens!", coalesce(sum(cost_usd), 0) AS "cost_usd!",
+                coalesce(sum(estimated_calls), 0)::bigint AS "estimated_calls!",
+                coalesce(sum(cache_write_tokens), 0)::bigint AS "cache_write_tokens!"
          FROM usage_daily WHERE ($1::text IS NULL OR tenant = $1) AND day BETWEEN $2 AND $3
-         {} {}",
-        col("day", "date"),
-        col("tenant", "text"),
-        col("model", "text"),
-        col("agent_type", "text"),
-        col("api_key", "text"),
-        if groups.is_empty() { String::new() } else { format!("GROUP BY {}", groups.join(", ")) },
-        if groups.is_empty() { String::new() } else { format!("ORDER BY {}", groups.join(", ")) },
-    );
-    let rows: Vec<UsageRow> = sqlx::query_as(&sql).bind(tenant).bind(from).bind(to).fetch_all(pool).await?;
+         GROUP BY 1, 2, 3, 4, 5 ORDER BY 1, 2, 3, 4, 5"#,
+        tenant,
+        from,
+        to,
+        by("day"),
+        by("tenant"),
+        by("model"),
+        by("agent_type"),
+        by("api_key")
+    )
+    .fetch_all(pool)
+    .await?;
     // With no grouping and no data, sum() gives one row of NULLs: report nothing instead.
-    Ok(rows.into_iter().filter(|r| r.calls > 0 || !groups.is_empty()).collect())
+    Ok(rows.into_iter().filter(|r| r.calls > 0 || grouped).collect())
 }
 
 /// Usage rows as CSV (RFC 4180), the same columns as the JSON.
@@ -345,13 +342,13 @@ pub fn usage_csv(rows: &[UsageRow]) -> String {
 /// Count one web fetch of `tenant` in this minute; false (and nothing counted) when the minute
 /// already holds `limit` of them. One statement, so that replicas share the count.
 pub async fn take_web_fetch(pool: &PgPool, tenant: &str, limit: i32) -> Result<bool, StoreError> {
-    let n: Option<i32> = sqlx::query_scalar(
-        "INSERT INTO web_fetch_minutes AS w (tenant, minute, n) VALUES ($1, date_trunc('minute', now()), 1)
+    let n: Option<i32> = sqlx::query_scalar!(
+        r#"INSERT INTO web_fetch_minutes AS w (tenant, minute, n) VALUES ($1, date_trunc('minute', now()), 1)
          ON CONFLICT (tenant, minute) DO UPDATE SET n = w.n + 1 WHERE w.n < $2
-         RETURNING n",
+         RETURNING n"#,
+        tenant,
+        limit
     )
-    .bind(tenant)
-    .bind(limit)
     .fetch_optional(pool)
     .await?;
     Ok(n.is_some_and(|n| n <= limit))

@@ -11,7 +11,7 @@ use sqlx::PgPool;
 use super::StoreError;
 
 /// A catalog tool, as stored and as written (`created_at` and `updated_at` are the database's).
-#[derive(Debug, Clone, Default, sqlx::FromRow)]
+#[derive(Debug, Clone, Default)]
 pub struct ToolRow {
     pub name: String,
     pub description: String,
@@ -24,50 +24,46 @@ pub struct ToolRow {
     pub updated_at: DateTime<Utc>,
 }
 
-const TOOL_COLS: &str = "name, description, parameters, policy, endpoint, timeout_ms, created_at, updated_at";
-
 pub async fn list(pool: &PgPool, tenant: &str) -> Result<Vec<ToolRow>, StoreError> {
-    Ok(sqlx::query_as(&format!("SELECT {TOOL_COLS} FROM tools WHERE tenant = $1 ORDER BY name"))
-        .bind(tenant)
-        .fetch_all(pool)
-        .await?)
+    Ok(sqlx::query_as!(
+        ToolRow,
+        "SELECT name, description, parameters, policy, endpoint, timeout_ms, created_at, updated_at
+         FROM tools WHERE tenant = $1 ORDER BY name",
+        tenant
+    )
+    .fetch_all(pool)
+    .await?)
 }
 
 pub async fn get(pool: &PgPool, tenant: &str, name: &str) -> Result<Option<ToolRow>, StoreError> {
-    Ok(sqlx::query_as(&format!("SELECT {TOOL_COLS} FROM tools WHERE tenant = $1 AND name = $2"))
-        .bind(tenant)
-        .bind(name)
-        .fetch_optional(pool)
-        .await?)
+    Ok(sqlx::query_as!(
+        ToolRow,
+        "SELECT name, description, parameters, policy, endpoint, timeout_ms, created_at, updated_at
+         FROM tools WHERE tenant = $1 AND name = $2",
+        tenant,
+        name
+    )
+    .fetch_optional(pool)
+    .await?)
 }
 
 /// Insert or replace; true when created.
 pub async fn put(pool: &PgPool, tenant: &str, t: &ToolRow) -> Result<bool, StoreError> {
-    Ok(sqlx::query_scalar(
-        "INSERT INTO tools (tenant, name, description, parameters, policy, endpoint, timeout_ms)
+    Ok(sqlx::query_scalar!(r#"INSERT INTO tools (tenant, name, description, parameters, policy, endpoint, timeout_ms)
          VALUES ($1, $2, $3, $4, $5, $6, $7)
          ON CONFLICT (tenant, name) DO UPDATE SET description = EXCLUDED.description, parameters = EXCLUDED.parameters,
              policy = EXCLUDED.policy, endpoint = EXCLUDED.endpoint, timeout_ms = EXCLUDED.timeout_ms, updated_at = now()
-         RETURNING (xmax = 0)",
-    )
-    .bind(tenant)
-    .bind(&t.name)
-    .bind(&t.description)
-    .bind(&t.parameters)
-    .bind(&t.policy)
-    .bind(&t.endpoint)
-    .bind(t.timeout_ms)
+         RETURNING (xmax = 0) AS "created!""#, tenant, t.name, t.description, t.parameters, t.policy, t.endpoint, t.timeout_ms)
     .fetch_one(pool)
     .await?)
 }
 
 pub async fn delete(pool: &PgPool, tenant: &str, name: &str) -> Result<bool, StoreError> {
-    let r =
-        sqlx::query("DELETE FROM tools WHERE tenant = $1 AND name = $2").bind(tenant).bind(name).execute(pool).await?;
+    let r = sqlx::query!(r#"DELETE FROM tools WHERE tenant = $1 AND name = $2"#, tenant, name).execute(pool).await?;
     Ok(r.rows_affected() == 1)
 }
 
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct SourceRow {
     pub name: String,
     pub url: String,
@@ -80,21 +76,29 @@ pub struct SourceRow {
     pub updated_at: DateTime<Utc>,
 }
 
-const SOURCE_COLS: &str = "name, url, headers, tools, refreshed_at, last_error, created_at, updated_at";
-
 pub async fn sources(pool: &PgPool, tenant: &str) -> Result<Vec<SourceRow>, StoreError> {
-    Ok(sqlx::query_as(&format!("SELECT {SOURCE_COLS} FROM tool_sources WHERE tenant = $1 ORDER BY name"))
-        .bind(tenant)
-        .fetch_all(pool)
-        .await?)
+    Ok(sqlx::query_as!(
+        SourceRow,
+        r#"SELECT name, url, headers AS "headers: Json<BTreeMap<String, String>>", tools, refreshed_at, last_error,
+                created_at, updated_at
+         FROM tool_sources WHERE tenant = $1 ORDER BY name"#,
+        tenant
+    )
+    .fetch_all(pool)
+    .await?)
 }
 
 pub async fn source(pool: &PgPool, tenant: &str, name: &str) -> Result<Option<SourceRow>, StoreError> {
-    Ok(sqlx::query_as(&format!("SELECT {SOURCE_COLS} FROM tool_sources WHERE tenant = $1 AND name = $2"))
-        .bind(tenant)
-        .bind(name)
-        .fetch_optional(pool)
-        .await?)
+    Ok(sqlx::query_as!(
+        SourceRow,
+        r#"SELECT name, url, headers AS "headers: Json<BTreeMap<String, String>>", tools, refreshed_at, last_error,
+                created_at, updated_at
+         FROM tool_sources WHERE tenant = $1 AND name = $2"#,
+        tenant,
+        name
+    )
+    .fetch_optional(pool)
+    .await?)
 }
 
 /// What a discovery found: its tools (`None`: it failed), and what to say about it (the
@@ -114,19 +118,11 @@ pub async fn put_source(
     headers: &BTreeMap<String, String>,
     d: &Discovery,
 ) -> Result<bool, StoreError> {
-    Ok(sqlx::query_scalar(
-        "INSERT INTO tool_sources (tenant, name, url, headers, tools, refreshed_at, last_error)
+    Ok(sqlx::query_scalar!(r#"INSERT INTO tool_sources (tenant, name, url, headers, tools, refreshed_at, last_error)
          VALUES ($1, $2, $3, $4, coalesce($5, '[]'::jsonb), CASE WHEN $5::jsonb IS NOT NULL THEN now() END, $6)
          ON CONFLICT (tenant, name) DO UPDATE SET url = EXCLUDED.url, headers = EXCLUDED.headers, tools = EXCLUDED.tools,
              refreshed_at = EXCLUDED.refreshed_at, last_error = EXCLUDED.last_error, updated_at = now()
-         RETURNING (xmax = 0)",
-    )
-    .bind(tenant)
-    .bind(name)
-    .bind(url)
-    .bind(Json(headers))
-    .bind(&d.tools)
-    .bind(&d.note)
+         RETURNING (xmax = 0) AS "created!""#, tenant, name, url, Json(headers) as _, d.tools, d.note)
     .fetch_one(pool)
     .await?)
 }
@@ -134,56 +130,55 @@ pub async fn put_source(
 /// A call to the source failed to reach it: its `last_error` says why (a refresh that works
 /// clears it).
 pub async fn source_unreachable(pool: &PgPool, tenant: &str, name: &str, error: &str) -> Result<(), StoreError> {
-    sqlx::query("UPDATE tool_sources SET last_error = $3 WHERE tenant = $1 AND name = $2")
-        .bind(tenant)
-        .bind(name)
-        .bind(format!("tools/call at {}: {error}", chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ")))
-        .execute(pool)
-        .await?;
+    sqlx::query!(
+        r#"UPDATE tool_sources SET last_error = $3 WHERE tenant = $1 AND name = $2"#,
+        tenant,
+        name,
+        format!("tools/call at {}: {error}", chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ"))
+    )
+    .execute(pool)
+    .await?;
     Ok(())
 }
 
 /// Record a refresh: new tools on success; on failure the cached tools stay.
 pub async fn refreshed(pool: &PgPool, tenant: &str, name: &str, d: &Discovery) -> Result<(), StoreError> {
-    sqlx::query(
-        "UPDATE tool_sources SET tools = coalesce($3, tools),
+    sqlx::query!(
+        r#"UPDATE tool_sources SET tools = coalesce($3, tools),
              refreshed_at = CASE WHEN $3::jsonb IS NULL THEN refreshed_at ELSE now() END, last_error = $4
-         WHERE tenant = $1 AND name = $2",
+         WHERE tenant = $1 AND name = $2"#,
+        tenant,
+        name,
+        d.tools,
+        d.note
     )
-    .bind(tenant)
-    .bind(name)
-    .bind(&d.tools)
-    .bind(&d.note)
     .execute(pool)
     .await?;
     Ok(())
 }
 
 pub async fn delete_source(pool: &PgPool, tenant: &str, name: &str) -> Result<bool, StoreError> {
-    let r = sqlx::query("DELETE FROM tool_sources WHERE tenant = $1 AND name = $2")
-        .bind(tenant)
-        .bind(name)
-        .execute(pool)
-        .await?;
+    let r =
+        sqlx::query!(r#"DELETE FROM tool_sources WHERE tenant = $1 AND name = $2"#, tenant, name).execute(pool).await?;
     Ok(r.rows_affected() == 1)
 }
 
 /// The tenant's signing secret, created on first use.
 pub async fn signing_secret(pool: &PgPool, tenant: &str) -> Result<String, StoreError> {
-    if let Some(s) = sqlx::query_scalar("SELECT signing_secret FROM tenant_secrets WHERE tenant = $1")
-        .bind(tenant)
+    if let Some(s) = sqlx::query_scalar!(r#"SELECT signing_secret FROM tenant_secrets WHERE tenant = $1"#, tenant)
         .fetch_optional(pool)
         .await?
     {
         return Ok(s);
     }
-    sqlx::query("INSERT INTO tenant_secrets (tenant, signing_secret) VALUES ($1, $2) ON CONFLICT DO NOTHING")
-        .bind(tenant)
-        .bind(new_secret())
-        .execute(pool)
-        .await?;
-    Ok(sqlx::query_scalar("SELECT signing_secret FROM tenant_secrets WHERE tenant = $1")
-        .bind(tenant)
+    sqlx::query!(
+        r#"INSERT INTO tenant_secrets (tenant, signing_secret) VALUES ($1, $2) ON CONFLICT DO NOTHING"#,
+        tenant,
+        new_secret()
+    )
+    .execute(pool)
+    .await?;
+    Ok(sqlx::query_scalar!(r#"SELECT signing_secret FROM tenant_secrets WHERE tenant = $1"#, tenant)
         .fetch_one(pool)
         .await?)
 }
@@ -191,12 +186,12 @@ pub async fn signing_secret(pool: &PgPool, tenant: &str) -> Result<String, Store
 /// Replace the tenant's signing secret; the only time a secret is returned.
 pub async fn rotate_signing_secret(pool: &PgPool, tenant: &str) -> Result<String, StoreError> {
     let s = new_secret();
-    sqlx::query(
-        "INSERT INTO tenant_secrets (tenant, signing_secret) VALUES ($1, $2)
-         ON CONFLICT (tenant) DO UPDATE SET signing_secret = EXCLUDED.signing_secret, created_at = now()",
+    sqlx::query!(
+        r#"INSERT INTO tenant_secrets (tenant, signing_secret) VALUES ($1, $2)
+         ON CONFLICT (tenant) DO UPDATE SET signing_secret = EXCLUDED.signing_secret, created_at = now()"#,
+        tenant,
+        s
     )
-    .bind(tenant)
-    .bind(&s)
     .execute(pool)
     .await?;
     Ok(s)

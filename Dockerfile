@@ -10,12 +10,14 @@ RUN mkdir -p src benches \
  && cargo build --release --locked --bin subagentd \
  && rm -rf src benches target/release/subagentd* target/release/deps/subagentd-* \
            target/release/deps/libsubagentd-* target/release/.fingerprint/subagentd-*
-# Then the service itself (the sources, the migrations and openapi.yaml it embeds).
+# Then the service itself (the sources, the migrations and openapi.yaml it embeds), with the
+# checked queries' offline data: the build needs no database.
 COPY src ./src
 COPY migrations ./migrations
+COPY .sqlx ./.sqlx
 COPY benches ./benches
 COPY openapi.yaml subagentd.example.toml ./
-RUN touch src/main.rs src/lib.rs && cargo build --release --locked --bin subagentd
+RUN touch src/main.rs src/lib.rs && SQLX_OFFLINE=true cargo build --release --locked --bin subagentd
 
 # The image: the one binary, CA certificates, bubblewrap (run_command's sandbox), a user of its own. State lives only in
 # PostgreSQL (DATABASE_URL), so the root filesystem may be mounted read-only.

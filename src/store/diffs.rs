@@ -48,7 +48,8 @@ async fn write(conn: &mut PgConnection, f: Fence, saved: Saved<'_>) -> Result<bo
     // write of this row runs meanwhile).
     // Planned for its parameters each time (`persistent(false)`, which only a runtime query
     // takes): the days before the task's are pruned at planning and never locked. Its one shape
-    // runs in `sandbox::a_run_s_changes_are_saved…` and every test that saves a copy's changes.
+    // runs in `sandbox::a_kill_dash_nine_after_two_edits_in_two_turns_loses_neither` and every test
+    // that saves a copy's changes.
     let (old_changes, old_diff): (i64, i64) = sqlx::query_as(
         "SELECT coalesce(octet_length(changes), 0)::bigint, coalesce(octet_length(diff), 0)::bigint
          FROM task_diffs WHERE task_id = $1 AND updated_at >= $2",
@@ -150,7 +151,7 @@ pub async fn diff_of(
     since: Time,
 ) -> Result<Option<Option<String>>, StoreError> {
     // Planned for its parameters each time, as `write`'s read (a runtime query). Its one shape
-    // runs in `workspaces::a_task_s_diff…` and every test that reads a task's diff.
+    // runs in `sandbox::a_general_agent_edits_runs_the_repositorys_test_and_returns_a_patch_that_applies`.
     Ok(sqlx::query_scalar("SELECT diff FROM task_diffs WHERE task_id = $1 AND tenant = $2 AND updated_at >= $3")
         .bind(task)
         .bind(tenant)

@@ -120,7 +120,7 @@ impl StoreError {
 /// minutes, not the day it was (which had every turn commit probe yesterday's messages
 /// partition's index: 10,700 blocks read from disk in a 10M history run), keeps that case
 /// covered. In SQL it is `subagentd_clock_margin()` (migration 0039; the same, checked by
-/// `history::the_clock_margin_is_the_same_in_sql_and_in_the_service`); given as a parameter,
+/// `queries::the_clock_margin_is_the_same_in_sql_and_in_the_service`); given as a parameter,
 /// `col >= $n` with the bound computed here is pruned when an unnamed statement is planned (an
 /// expression on it, `$n - interval`, is stable and pruned only at execution, after every
 /// partition is locked).

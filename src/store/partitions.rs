@@ -238,7 +238,7 @@ impl Ddl<'_> {
 
 /// Run a `Ddl` statement. Its shapes run against the real schema in
 /// `history::retention_drops_partitions_while_the_claim_and_inserts_go_on` (finalize, move,
-/// detach, drop) and `history::stored_diffs_from_the_release_before_keep_every_row_go_by_the_day…`
+/// detach, drop) and `history::stored_diffs_from_the_release_before_keep_every_row_go_by_the_day_and_stay_one_per_task`
 /// (the kept bytes of a day of diffs).
 async fn execute(conn: &mut sqlx::PgConnection, sql: &str) -> Result<(), StoreError> {
     sqlx::query(sql).execute(conn).await?;

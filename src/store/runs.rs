@@ -312,7 +312,7 @@ impl TurnWrite {
 
 /// One write as `commit_turns`' statement takes it: a value of the composite type
 /// `subagentd_turn` (migration 0039), whose attributes are these fields, by name and in order
-/// (`tests::a_turn_row_is_the_type_the_statement_takes` checks both against the database). The
+/// (`queries::a_turn_row_is_the_type_the_statement_takes` checks both against the database). The
 /// statement names each attribute it reads, checked against the type when it compiles.
 #[derive(Debug)]
 struct TurnRow<'a> {
@@ -425,6 +425,16 @@ impl sqlx::postgres::PgHasArrayType for TurnRow<'_> {
     }
 }
 
+/// The write as `commit_turns`' statement reads it: `to_jsonb` of the `subagentd_turn` it is sent
+/// as. For `queries::a_turn_row_is_the_type_the_statement_takes`, which checks each field of
+/// `TurnRow` arrives as the attribute of its name.
+#[doc(hidden)]
+pub async fn turn_as_read(pool: &PgPool, w: &TurnWrite) -> Result<Value, StoreError> {
+    let stored = StoredMessages::of(&w.messages);
+    let row = w.row(&stored);
+    Ok(sqlx::query_scalar!(r#"SELECT to_jsonb($1::subagentd_turn) AS "row!""#, row as _).fetch_one(pool).await?)
+}
+
 /// Commit the turns of several runs in one statement (a group commit, or one turn alone: see
 /// `TurnWrite`): each fenced on its own lease, and written only once however often it is sent,
 /// with one transaction and one rollup upsert per (tenant, model, agent, key) for all. The answer
@@ -511,6 +521,8 @@ macro_rules! commit_turns_sql {
             FROM b
             WHERE t.id = b.task AND t.lease_token = b.lease AND t.history_at = 'infinity'
               AND t.last_call_key IS DISTINCT FROM b.call_key
+              -- The tasks by their key (an index scan whatever the plan guesses of `b`'s size).
+              AND t.id = ANY(ARRAY(SELECT task FROM b))
             RETURNING t.*, b.ordinality AS b_i
          ), ub AS (
             SELECT u.id AS task_id, u.tenant, u.subagent_type, coalesce(u.api_key, '') AS api_key, u.created_at,

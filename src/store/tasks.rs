@@ -576,7 +576,8 @@ fn by_tenant_index(tenant: Option<&str>, f: &ListFilter) -> bool {
         && f.created_before.is_none()
 }
 
-/// How many tasks match the filter, on every page (`before_id` and `limit` aside).
+/// How many tasks match the filter, on every page (`before_id` and `limit` aside). Built as
+/// `list`'s statement is; its shapes run in `queries::every_shape_of_a_task_list_reads_the_tasks_it_names`.
 pub async fn count(pool: &PgPool, tenant: Option<&str>, f: &ListFilter) -> Result<i64, StoreError> {
     let mut q = Filtered::new("SELECT count(*) FROM tasks WHERE true");
     matching(&mut q, tenant, f, false);

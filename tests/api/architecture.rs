@@ -402,3 +402,55 @@ fn no_function_in_src_is_over_120_lines() {
     }
     assert!(long.is_empty(), "functions over 120 lines (fn line to closing brace): {long:#?}");
 }
+
+/// SQL the compiler does not check (#66): every static statement is a sqlx macro; the calls that
+/// take SQL made at run time (`sqlx::query(`, `query_as(`, `query_scalar(`, `QueryBuilder`,
+/// counted as these strings occur, comments aside) are at most 15, only where SQL may live, and
+/// each has, in the comment above it, the test that runs its shapes against the real schema
+/// (`module::test`, a test that exists).
+#[test]
+fn runtime_sql_is_rare_kept_in_the_store_and_each_names_the_test_of_its_shapes() {
+    const CALLS: [&str; 4] = ["sqlx::query(", "query_as(", "query_scalar(", "QueryBuilder"];
+    let tests_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/api");
+    let test_exists = |path: &str| {
+        let Some((module, name)) = path.split_once("::") else { return false };
+        std::fs::read_to_string(tests_dir.join(format!("{module}.rs")))
+            .is_ok_and(|src| src.contains(&format!("fn {name}(")))
+    };
+    let mut found = vec![];
+    for s in sources().values() {
+        let raw = std::fs::read_to_string(src_root().join(&s.rel)).unwrap();
+        let lines: Vec<&str> = raw.lines().collect();
+        for (i, l) in lines.iter().enumerate() {
+            let code = l.split("//").next().unwrap_or("");
+            let n: usize = CALLS.iter().map(|c| code.matches(c).count()).sum();
+            if n == 0 {
+                continue;
+            }
+            let rel = s.rel.to_string();
+            let place_ok = rel.starts_with("store/") || rel.starts_with("db/") || rel == "hub.rs" || rel == "live.rs";
+            assert!(place_ok, "src/{rel}:{}: SQL outside src/store, src/db and the notifications", i + 1);
+            // The comments above the call (its function's, or the lines just before it).
+            let above: String = lines[i.saturating_sub(40)..i]
+                .iter()
+                .filter_map(|l| l.trim_start().strip_prefix("//"))
+                .collect::<Vec<_>>()
+                .join(" ");
+            let named: Vec<&str> = above
+                .split('`')
+                .skip(1)
+                .step_by(2)
+                .filter(|p| p.contains("::") && !p.contains('(') && !p.contains(' '))
+                .collect();
+            assert!(
+                named.iter().any(|p| test_exists(p)),
+                "src/{rel}:{}: a runtime query whose comment names no existing test of its shapes (named: {named:?})",
+                i + 1
+            );
+            found.push((format!("src/{rel}:{}", i + 1), n));
+        }
+    }
+    let total: usize = found.iter().map(|f| f.1).sum();
+    assert!(total <= 15, "{total} runtime query calls (at most 15): {found:#?}");
+    assert!(total > 0, "the count found nothing: the reader is broken");
+}

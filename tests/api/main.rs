@@ -38,6 +38,7 @@ mod observe;
 mod openapi;
 mod pauses;
 mod providers;
+mod queries;
 mod queue;
 mod ratelimit;
 mod sandbox;

@@ -211,7 +211,7 @@ fn reply(v: Value, headers: &HeaderMap, private: bool) -> Response {
 /// `GET /.well-known/agent-card.json`: public.
 pub async fn shared(State(st): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
     let skills = st.res.described(None).await?;
-    let base = super::super::origin::base_url(&headers, st.tasks.config().public_url.as_deref());
+    let base = super::super::origin::base_url(&headers, st.room().config().public_url.as_deref());
     Ok(reply(card(&st, &base, None, &skills), &headers, false))
 }
 
@@ -233,7 +233,7 @@ pub async fn of_agent(
     let Some(agent) = all.into_iter().find(|d| d.name == name) else {
         return Err(ApiError::not_found("agent type (a tenant's own agent's card needs its key)"));
     };
-    let base = super::super::origin::base_url(&headers, st.tasks.config().public_url.as_deref());
+    let base = super::super::origin::base_url(&headers, st.room().config().public_url.as_deref());
     Ok(reply(card(&st, &base, Some(&agent), std::slice::from_ref(&agent)), &headers, private))
 }
 

@@ -93,7 +93,7 @@ async fn check_origin(State(st): State<AppState>, req: Request, next: Next) -> R
     if let Some(origin) = req.headers().get(header::ORIGIN) {
         let own = origin
             .to_str()
-            .is_ok_and(|o| super::origin::is_own(o, req.headers(), st.tasks.config().public_url.as_deref()));
+            .is_ok_and(|o| super::origin::is_own(o, req.headers(), st.room().config().public_url.as_deref()));
         if !own {
             let mut e = A2aError::new(Kind::InvalidRequest, "forbidden: this Origin is not the service's own");
             e.transport = Some((StatusCode::FORBIDDEN, vec![]));
@@ -179,7 +179,7 @@ impl Incoming {
         let ctx = Ctx {
             tenant,
             agent: path.get("name").cloned(),
-            base: super::origin::base_url(&self.headers, st.tasks.config().public_url.as_deref()),
+            base: super::origin::base_url(&self.headers, st.room().config().public_url.as_deref()),
             depth: header("subagent-depth"),
             key_prefix: key_prefix(&self.headers),
             traceparent: header("traceparent"),

@@ -19,7 +19,7 @@ use crate::tasks::{TaskView, CANCEL_SETTLE};
 /// an id that is not one, is not found.
 pub async fn task_of(ctx: &Ctx, id: &str) -> Result<TaskView, A2aError> {
     let id: Uuid = id.parse().map_err(|_| A2aError::not_found())?;
-    let t = ctx.st.tasks.get(&ctx.scope(), id).await?;
+    let t = ctx.st.room().get(&ctx.scope(), id).await?;
     if ctx.agent.as_ref().is_some_and(|a| *a != t.subagent_type) {
         return Err(A2aError::not_found());
     }
@@ -38,7 +38,7 @@ pub async fn get(ctx: &Ctx, p: Value) -> Result<Value, A2aError> {
     let p: IdParams = params("GetTask", p)?;
     let history = history_length(p.history_length)?;
     let t = task_of(ctx, &p.id).await?;
-    let a2a = ctx.st.tasks.context(t.id).await?;
+    let a2a = ctx.st.room().context(t.id).await?;
     Ok(Shown { task: &t, a2a: a2a.as_ref() }.task(history, true))
 }
 
@@ -51,7 +51,7 @@ pub async fn cancel(ctx: &Ctx, p: Value) -> Result<Value, A2aError> {
             format!("task {} is {}: it cannot be canceled", t.id, t.status),
         ));
     }
-    let room = &ctx.st.tasks;
+    let room = &ctx.st.room();
     let t = room.cancel_settled(&ctx.scope(), t.id, CANCEL_SETTLE).await?;
     let a2a = room.context(t.id).await?;
     Ok(Shown { task: &t, a2a: a2a.as_ref() }.task(None, true))
@@ -59,7 +59,7 @@ pub async fn cancel(ctx: &Ctx, p: Value) -> Result<Value, A2aError> {
 
 pub async fn subscribe(ctx: Ctx, p: Value) -> Result<mpsc::Receiver<Result<Value, A2aError>>, A2aError> {
     let p: IdParams = params("SubscribeToTask", p)?;
-    let room = ctx.st.tasks.clone();
+    let room = ctx.st.room().clone();
     let id: Uuid = p.id.parse().map_err(|_| A2aError::not_found())?;
     // Read before the task: whatever happens after its snapshot is followed.
     let after = room.last_seq(&ctx.scope(), id).await?;
@@ -136,7 +136,7 @@ pub async fn list(ctx: &Ctx, p: Value) -> Result<Value, A2aError> {
         limit: page_size,
         ..ListFilter::default()
     };
-    let room = &ctx.st.tasks;
+    let room = &ctx.st.room();
     let (page, total) = room.page(&ctx.scope(), f, true).await?;
     let ids: Vec<Uuid> = page.tasks.iter().map(|t| t.id).collect();
     let rows: HashMap<Uuid, A2aTask> = room.contexts(&ids).await?.into_iter().map(|r| (r.task_id, r)).collect();

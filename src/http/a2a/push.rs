@@ -113,7 +113,7 @@ pub fn checked(ctx: &Ctx, v: &Value, task: Option<Uuid>) -> Result<PushConfig, A
 /// Register a config for the caller's task `task`.
 pub async fn register(ctx: &Ctx, mut c: PushConfig, task: Uuid) -> Result<Value, A2aError> {
     c.task_id = task;
-    Ok(shape(&ctx.st.tasks.put_push(&ctx.tenant, &c).await?))
+    Ok(shape(&ctx.st.room().put_push(&ctx.tenant, &c).await?))
 }
 
 /// A config as A2A shows it (its credentials are not shown again).
@@ -147,7 +147,7 @@ struct Named {
 pub async fn get(ctx: &Ctx, p: Value) -> Result<Value, A2aError> {
     let p: Named = params("GetTaskPushNotificationConfig", p)?;
     let task = ops::task_of(ctx, &p.task_id).await?;
-    let c = ctx.st.tasks.push(&ctx.tenant, task.id, &p.id).await?;
+    let c = ctx.st.room().push(&ctx.tenant, task.id, &p.id).await?;
     c.map(|c| shape(&c)).ok_or_else(|| A2aError::new(Kind::TaskNotFound, "push notification config not found"))
 }
 
@@ -155,7 +155,7 @@ pub async fn delete(ctx: &Ctx, p: Value) -> Result<Value, A2aError> {
     let p: Named = params("DeleteTaskPushNotificationConfig", p)?;
     let task = ops::task_of(ctx, &p.task_id).await?;
     // Idempotent: a config already gone is deleted.
-    ctx.st.tasks.delete_push(&ctx.tenant, task.id, &p.id).await?;
+    ctx.st.room().delete_push(&ctx.tenant, task.id, &p.id).await?;
     Ok(json!({}))
 }
 
@@ -178,7 +178,7 @@ pub async fn list(ctx: &Ctx, p: Value) -> Result<Value, A2aError> {
     }
     let task = ops::task_of(ctx, &p.task_id).await?;
     let after = p.page_token.unwrap_or_default();
-    let mut configs = ctx.st.tasks.pushes(&ctx.tenant, task.id, &after, size + 1).await?;
+    let mut configs = ctx.st.room().pushes(&ctx.tenant, task.id, &after, size + 1).await?;
     let next = if configs.len() as i64 > size {
         configs.truncate(size as usize);
         configs.last().map(|c| c.id.clone()).unwrap_or_default()

@@ -272,7 +272,7 @@ pub async fn stream(ctx: Ctx, p: Value) -> Result<mpsc::Receiver<Result<Value, A
     let p: SendParams = params("SendStreamingMessage", p)?;
     let history = history_length(p.configuration.as_ref().and_then(|c| c.history_length))?;
     // Held before anything starts: at the tenant's stream limit, nothing is.
-    let hold = ctx.st.tasks.stream_hold(&ctx.tenant).await.map_err(A2aError::from)?;
+    let hold = ctx.st.room().stream_hold(&ctx.tenant).await.map_err(A2aError::from)?;
     Ok(match start(&ctx, &p, How::Stream).await? {
         Started::Task { view, a2a, after, live } => stream::follow(ctx, *view, a2a, after, hold, live, history),
         Started::Rejected(task) => {
@@ -320,7 +320,7 @@ async fn start(ctx: &Ctx, p: &SendParams, how: How) -> Result<Started, A2aError>
 
 /// A message to an existing task: the answers to its pause.
 async fn answer(ctx: &Ctx, msg: &Inbound, task: &str, how: How) -> Result<Started, A2aError> {
-    let room = &ctx.st.tasks;
+    let room = &ctx.st.room();
     let scope = ctx.scope();
     let view = super::ops::task_of(ctx, task).await?;
     let a2a = room.context(view.id).await?;
@@ -368,7 +368,7 @@ async fn answer(ctx: &Ctx, msg: &Inbound, task: &str, how: How) -> Result<Starte
 /// A message that starts a task: in a new context, or continuing one (the room continues the
 /// context's latest task, which must have ended; a retry of the message is its first task).
 async fn submit(ctx: &Ctx, p: &SendParams, msg: &Inbound, how: How) -> Result<Started, A2aError> {
-    let room = &ctx.st.tasks;
+    let room = &ctx.st.room();
     if msg.actions.is_some() {
         return Err(A2aError::params(
             "message: answers (a data part {\"actions\": ...}) go to a paused task: set its taskId",

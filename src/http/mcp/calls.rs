@@ -79,7 +79,7 @@ pub async fn call(ctx: Ctx, id: Value, params: Value) -> Result<Reply, RpcError>
     let augmented = p.task.is_some() && ctx.tasks_supported();
     // An `agent_<name>` tool is not offered from inside a sub-agent; called anyway, the room
     // refuses it by the depth rule, as it does `task`.
-    let agent = p.name.strip_prefix("agent_").filter(|_| ctx.st.tasks.config().mcp_tool_per_agent);
+    let agent = p.name.strip_prefix("agent_").filter(|_| ctx.st.room().config().mcp_tool_per_agent);
     match (p.name.as_str(), agent) {
         ("task", _) | (_, Some(_)) => {
             let a: TaskArgs = match serde_json::from_value(args) {
@@ -104,7 +104,7 @@ pub async fn call(ctx: Ctx, id: Value, params: Value) -> Result<Reply, RpcError>
             let Ok(task) = a.task_id.parse::<Uuid>() else {
                 return Ok(Reply::Json(tools::bad_arguments("task_id: not a task id")));
             };
-            let room = &ctx.st.tasks;
+            let room = &ctx.st.room();
             let scope = ctx.scope();
             let r = match p.name.as_str() {
                 "task_get" => room.get(&scope, task).await,
@@ -169,7 +169,7 @@ fn submission(ctx: &Ctx, id: &Value, agent: Option<&str>, a: TaskArgs) -> Result
 /// How long a call waits for its task: longer when the client asked for progress (it resets its
 /// timeout on each notification).
 fn bound(ctx: &Ctx, progress: bool) -> Duration {
-    let c = ctx.st.tasks.config();
+    let c = ctx.st.room().config();
     Duration::from_secs(if progress { c.mcp_progress_wait_seconds } else { c.mcp_wait_seconds })
 }
 
@@ -192,8 +192,8 @@ async fn task(ctx: Ctx, id: Value, s: Submission, how: How) -> Result<Reply, Rpc
         How::Held(p) => p,
         How::Augmented => return augmented(&ctx, s).await,
         How::Background => {
-            return Ok(Reply::Json(match ctx.st.tasks.create(s, None).await {
-                Ok(c) => tools::started(&c.task, ctx.st.tasks.config().mcp_wait_seconds),
+            return Ok(Reply::Json(match ctx.st.room().create(s, None).await {
+                Ok(c) => tools::started(&c.task, ctx.st.room().config().mcp_wait_seconds),
                 Err(e) if e.is_client_error() => tools::refused(&e),
                 Err(e) => return Err(internal(e)),
             }))
@@ -208,7 +208,7 @@ async fn task(ctx: Ctx, id: Value, s: Submission, how: How) -> Result<Reply, Rpc
     }
     let bound = bound(&ctx, progress.is_some());
     if progress.is_none() && !ctx.elicits() {
-        let r = ctx.st.tasks.create(s, Some(bound)).await;
+        let r = ctx.st.room().create(s, Some(bound)).await;
         answered_call(&ctx, &key).await;
         return Ok(Reply::Json(match r {
             Ok(c) => tools::result(&c.task),
@@ -222,7 +222,7 @@ async fn task(ctx: Ctx, id: Value, s: Submission, how: How) -> Result<Reply, Rpc
 /// The answer to a task-augmented call: the task, or an error (a refusal starts no task, so it is
 /// a JSON-RPC error naming the problem's code).
 async fn augmented(ctx: &Ctx, s: Submission) -> Result<Reply, RpcError> {
-    match ctx.st.tasks.create(s, None).await {
+    match ctx.st.room().create(s, None).await {
         Ok(c) => Ok(Reply::Json(json!({"task": tools::mcp_task(ctx, &c.task)}))),
         Err(e) if e.is_client_error() => {
             Err(RpcError::params(format!("{}: {e}", e.code())).with(json!({"code": e.code()})))
@@ -389,7 +389,7 @@ async fn produce(
 /// The task a call follows, made (a waiting caller's: it may start in this process at once) or
 /// read; while that takes (an admission or an insert held up), a notification every BEAT.
 async fn made(ctx: &Ctx, start: Start, note: &mut Notifier<'_>) -> Result<Result<TaskView, TaskError>, RpcError> {
-    let room = &ctx.st.tasks;
+    let room = &ctx.st.room();
     let scope = ctx.scope();
     let made = async move {
         match start {
@@ -489,7 +489,7 @@ pub async fn answered(ctx: &Ctx, id: &Value, result: Option<Value>, error: Optio
         return;
     }
     let Some(result) = result else { return };
-    let room = &ctx.st.tasks;
+    let room = &ctx.st.room();
     let scope = ctx.scope();
     let kind = match room.action(&ctx.tenant, action).await {
         Ok(Some(a)) => a.kind,

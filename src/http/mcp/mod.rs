@@ -60,7 +60,7 @@ async fn check_origin(State(st): State<AppState>, req: Request, next: Next) -> R
     if let Some(origin) = req.headers().get(header::ORIGIN) {
         let own = origin
             .to_str()
-            .is_ok_and(|o| super::origin::is_own(o, req.headers(), st.tasks.config().public_url.as_deref()));
+            .is_ok_and(|o| super::origin::is_own(o, req.headers(), st.room().config().public_url.as_deref()));
         if !own {
             let e = RpcError::new(rpc::INVALID_REQUEST, "forbidden: this Origin is not the service's own");
             return http_error(StatusCode::FORBIDDEN, &e);
@@ -147,7 +147,7 @@ async fn message(
     let bytes = match body {
         Ok(ApiBytes(b)) => b,
         Err(e) if e.status == StatusCode::PAYLOAD_TOO_LARGE => {
-            let max = st.tasks.config().max_body_bytes;
+            let max = st.room().config().max_body_bytes;
             let e = RpcError::new(rpc::INVALID_REQUEST, format!("request body too large: at most {max} bytes"));
             return http_error(StatusCode::PAYLOAD_TOO_LARGE, &e);
         }
@@ -248,7 +248,7 @@ async fn notified(ctx: &Ctx, method: &str, params: &Value) {
     // A request the client gave up on: its task is cancelled, from whichever replica this is.
     let Some(request) = params.get("requestId") else { return };
     let key = ctx.key_of(request);
-    if let Err(e) = ctx.st.tasks.cancel_by_key(&ctx.tenant, &key).await {
+    if let Err(e) = ctx.st.room().cancel_by_key(&ctx.tenant, &key).await {
         tracing::warn!(error = %e, "MCP cancel of a request's task failed");
     }
 }
@@ -329,7 +329,7 @@ async fn end_session(State(st): State<AppState>, Tenant(tenant): Tenant, headers
         Ok(Some(in_flight)) => {
             // The tasks of calls still held open go with the session; background ones run on.
             for key in in_flight {
-                if let Err(e) = st.tasks.cancel_by_key(&tenant, &key).await {
+                if let Err(e) = st.room().cancel_by_key(&tenant, &key).await {
                     tracing::warn!(error = %e, "cancelling an ended MCP session's task failed");
                 }
             }

@@ -30,7 +30,7 @@ fn not_found(e: TaskError) -> RpcError {
 }
 
 pub async fn handle(ctx: Ctx, id: Value, method: &str, params: Value) -> Result<Reply, RpcError> {
-    let room = &ctx.st.tasks;
+    let room = &ctx.st.room();
     let scope = ctx.scope();
     match method {
         "tasks/get" => {

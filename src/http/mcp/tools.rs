@@ -117,7 +117,7 @@ pub async fn list(ctx: &Ctx) -> Result<Value, RpcError> {
             "outputSchema": task_output_schema(),
             "annotations": {"readOnlyHint": false, "destructiveHint": false, "openWorldHint": true},
         })));
-        if ctx.st.tasks.config().mcp_tool_per_agent {
+        if ctx.st.room().config().mcp_tool_per_agent {
             for (name, line) in &agents {
                 let mut input = task_input(&agents);
                 input["properties"].as_object_mut().map(|p| p.remove("subagent_type"));
@@ -283,7 +283,7 @@ pub fn mcp_task(ctx: &Ctx, t: &TaskView) -> Value {
         TaskStatus::Cancelled => ("cancelled", None),
     };
     let updated = [Some(t.created_at), t.started_at, t.finished_at].into_iter().flatten().max().unwrap_or(t.created_at);
-    let days = ctx.st.tasks.config().retention_days;
+    let days = ctx.st.room().config().retention_days;
     let ttl = if days == 0 { Value::Null } else { json!(u64::from(days) * 86_400_000) };
     let mut v = json!({
         "taskId": t.id, "status": status, "createdAt": t.created_at, "lastUpdatedAt": updated,

@@ -523,7 +523,7 @@ macro_rules! commit_turns_sql {
               AND t.last_call_key IS DISTINCT FROM b.call_key
               -- The tasks by their key (an index scan whatever the plan guesses of `b`'s size).
               AND t.id = ANY(ARRAY(SELECT task FROM b))
-            RETURNING t.*, b.ordinality AS b_i
+            RETURNING "#, r#", b.ordinality AS b_i
          ), ub AS (
             SELECT u.id AS task_id, u.tenant, u.subagent_type, coalesce(u.api_key, '') AS api_key, u.created_at,
                    u.last_event_seq, b.* FROM u JOIN b ON b.ordinality = u.b_i
@@ -573,11 +573,16 @@ macro_rules! commit_turns_sql {
          )
          SELECT b_i AS "b_i!""#)
     };
-    (@answer index, $rows:expr, $body:tt) => {
-        sqlx::query_scalar!($body + " FROM u, (SELECT count(*) FROM w) AS woken", $rows as _)
+    // The updated rows carry what the statement reads of them, or the whole task for the answer.
+    (@answer index, $rows:expr, $head:tt, $rest:tt) => {
+        sqlx::query_scalar!(
+            $head + "t.id, t.tenant, t.subagent_type, t.api_key, t.created_at, t.last_event_seq" + $rest
+                + " FROM u, (SELECT count(*) FROM w) AS woken",
+            $rows as _
+        )
     };
-    (@answer tasks, $rows:expr, $body:tt) => {
-        query_tasks!(record "u", ($body + ", "), (" FROM u, (SELECT count(*) FROM w) AS woken"), $rows as _)
+    (@answer tasks, $rows:expr, $head:tt, $rest:tt) => {
+        query_tasks!(record "u", ($head + "t.*" + $rest + ", "), (" FROM u, (SELECT count(*) FROM w) AS woken"), $rows as _)
     };
 }
 use commit_turns_sql;

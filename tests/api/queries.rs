@@ -32,6 +32,9 @@ struct Made {
     context: Option<&'static str>,
 }
 
+/// A list's shape: its name, the tenant it reads, its filter, and which tasks it names.
+type Shape<'a> = (&'a str, Option<&'a str>, ListFilter, Box<dyn Fn(&Made) -> bool>);
+
 fn filter() -> ListFilter {
     ListFilter { limit: 1000, ..Default::default() }
 }
@@ -96,7 +99,7 @@ async fn every_shape_of_a_task_list_reads_the_tasks_it_names() {
     let cursor = made[4].id;
 
     // Each shape: a filter, and which tasks it names (newest first, as the list orders them).
-    let mut shapes: Vec<(&str, Option<&str>, ListFilter, Box<dyn Fn(&Made) -> bool>)> = vec![];
+    let mut shapes: Vec<Shape> = vec![];
     let with = |f: fn(&mut ListFilter)| {
         let mut l = filter();
         f(&mut l);

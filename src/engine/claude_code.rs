@@ -66,19 +66,7 @@ pub fn permission_mode(mode: &str) -> Option<(Option<Approval>, bool)> {
 /// `grep`, `LS` is `list_directory`, and on the task's own copy `Write` is `write_file`, `Edit` is
 /// `edit_file`, `Bash` is `run_command` (in the sandbox).
 pub fn builtin(name: &str) -> Option<crate::kinds::BuiltinTool> {
-    use crate::kinds::BuiltinTool;
-    match name {
-        "WebFetch" => Some(BuiltinTool::WebFetch),
-        "WebSearch" => Some(BuiltinTool::WebSearch),
-        "Read" => Some(BuiltinTool::ReadFile),
-        "Glob" => Some(BuiltinTool::Glob),
-        "Grep" => Some(BuiltinTool::Grep),
-        "LS" => Some(BuiltinTool::ListDirectory),
-        "Write" => Some(BuiltinTool::WriteFile),
-        "Edit" => Some(BuiltinTool::EditFile),
-        "Bash" => Some(BuiltinTool::RunCommand),
-        _ => None,
-    }
+    crate::tools::builtin::by_claude_code_name(name)
 }
 
 /// The tool a definition's tool name means here: the operator's alias (`[tool_aliases]` wins

@@ -222,7 +222,7 @@ impl Runner {
                 // The fill goes on in its task (its tree is cached for the next run); this run ends.
                 cause = stop.stopped() => return Outcome::Stopped(cause).into(),
             };
-            if opts.tools.iter().any(|t| matches!(t.target, Target::Builtin { tool } if tool.writes_workspace())) {
+            if opts.tools.iter().any(|t| matches!(t.target, Target::Builtin { tool } if crate::tools::builtin::reach(tool).writes_workspace())) {
                 if let Err(e) = self.own_copy(row, opts, store, &mut tools).await {
                     return internal(e);
                 }

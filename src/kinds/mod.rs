@@ -214,7 +214,9 @@ impl Default for CallOutcome {
 }
 
 text_enum! {
-    /// The tools the service runs itself (`tools::builtin`): names no tenant tool may take.
+    /// The tools the service runs itself: names no tenant tool may take. Each is one
+    /// implementation of `tools::builtin::Builtin` (what it does, its schema, policy, the types
+    /// that get it, its run), named in that module's one list.
     BuiltinTool {
         /// GET a web page as readable text.
         WebFetch = "web_fetch",
@@ -237,41 +239,39 @@ text_enum! {
     }
 }
 
-impl BuiltinTool {
-    /// What the tool does, in a few words (the type prompts say it after its name).
-    pub fn phrase(self) -> &'static str {
-        match self {
-            BuiltinTool::WebFetch => "reads a web page",
-            BuiltinTool::WebSearch => "searches the web",
-            BuiltinTool::ListDirectory => "lists a directory of the workspace",
-            BuiltinTool::Glob => "finds the workspace's files by a path pattern",
-            BuiltinTool::Grep => "searches the workspace's files with a regular expression",
-            BuiltinTool::ReadFile => "reads a file of the workspace",
-            BuiltinTool::WriteFile => "writes a whole file of your copy of the workspace",
-            BuiltinTool::EditFile => "replaces one exact, unique string in a file of your copy",
-            BuiltinTool::RunCommand => "runs a shell command in a sandbox over your copy (no network)",
+/// An agent type built into the service: its prompt, turn budget and filters are the engine's
+/// (`engine::agents`), which built-in tools it is given each tool's own (`tools::builtin`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AgentType {
+    General,
+    Research,
+    Explore,
+    Plan,
+}
+
+impl AgentType {
+    pub const ALL: &'static [AgentType] =
+        &[AgentType::General, AgentType::Research, AgentType::Explore, AgentType::Plan];
+
+    /// The type a `subagent_type` names, aliases included (`general-purpose` is `general`).
+    pub fn parse(name: &str) -> Option<AgentType> {
+        match name {
+            "general" | "general-purpose" => Some(AgentType::General),
+            "research" => Some(AgentType::Research),
+            "explore" => Some(AgentType::Explore),
+            "plan" => Some(AgentType::Plan),
+            _ => None,
         }
     }
 
-    /// Does it read the task's workspace (offered only with one)?
-    pub fn reads_workspace(self) -> bool {
-        matches!(self, BuiltinTool::ListDirectory | BuiltinTool::Glob | BuiltinTool::Grep | BuiltinTool::ReadFile)
-    }
-
-    /// Does it change the task's copy of the workspace (offered only with one, to types that
-    /// may have side effects)?
-    pub fn writes_workspace(self) -> bool {
-        matches!(self, BuiltinTool::WriteFile | BuiltinTool::EditFile | BuiltinTool::RunCommand)
-    }
-
-    /// Does it need the task's workspace (offered only with one)?
-    pub fn needs_workspace(self) -> bool {
-        self.reads_workspace() || self.writes_workspace()
-    }
-
-    /// Does it reach the web (so that it could carry a private workspace's contents out)?
-    pub fn reaches_web(self) -> bool {
-        matches!(self, BuiltinTool::WebFetch | BuiltinTool::WebSearch)
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AgentType::General => "general",
+            AgentType::Research => "research",
+            AgentType::Explore => "explore",
+            AgentType::Plan => "plan",
+        }
     }
 }
 

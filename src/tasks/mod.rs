@@ -323,7 +323,7 @@ impl Lifecycle {
             o.workspace.is_some()
                 && o.tools
                     .iter()
-                    .any(|t| matches!(t.target, crate::tools::Target::Builtin { tool } if tool.writes_workspace()))
+                    .any(|t| matches!(t.target, crate::tools::Target::Builtin { tool } if crate::tools::builtin::reach(tool).writes_workspace()))
         });
         Ok(match (opts.and_then(|o| o.workspace).is_some(), writes) {
             (false, _) => Diff::NoWorkspace,

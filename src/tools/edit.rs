@@ -25,28 +25,6 @@ fn hand_over(root: &Path, made: &Path) {
     }
 }
 
-/// Run `write_file` or `edit_file` over the copy at `root` (canonical) with the call's checked
-/// arguments.
-pub fn run(tool: super::builtin::BuiltinTool, root: &Path, args: &serde_json::Value) -> super::ToolOutput {
-    use super::builtin::BuiltinTool;
-    let text = |k: &str| args.get(k).and_then(serde_json::Value::as_str).unwrap_or_default();
-    let out = match tool {
-        BuiltinTool::WriteFile => write_file(root, text("path"), text("content")),
-        BuiltinTool::EditFile => edit_file(
-            root,
-            text("path"),
-            text("old_string"),
-            text("new_string"),
-            args.get("replace_all").and_then(serde_json::Value::as_bool).unwrap_or(false),
-        ),
-        _ => Err(format!("{} does not change files", tool.as_str())),
-    };
-    match out {
-        Ok(s) => super::ToolOutput::text(s, false),
-        Err(s) => super::ToolOutput::text(s, true),
-    }
-}
-
 /// The directory `dirs` names under `root`, made where missing; each existing step checked.
 fn make_dirs(root: &Path, dirs: &Path) -> Result<PathBuf, String> {
     let mut cur = root.to_path_buf();

@@ -8,11 +8,6 @@
 use std::io::{BufRead, Read};
 use std::path::{Component, Path, PathBuf};
 
-use serde_json::Value;
-
-use super::builtin::BuiltinTool;
-use super::ToolOutput;
-
 /// Lines `read_file` shows when no `limit` is given (as Claude Code's Read).
 pub const DEFAULT_LINES: usize = 2000;
 /// A longer line is cut, with a note.
@@ -119,23 +114,6 @@ pub fn tree_walk(dir: &Path, limit: Usage) -> (Usage, u64) {
     (u, largest)
 }
 
-/// Run one workspace tool over the tree at `root` (canonical) with the call's checked arguments.
-pub fn run(tool: BuiltinTool, root: &Path, args: &Value, max_result: usize) -> ToolOutput {
-    let text = |k: &str| args.get(k).and_then(Value::as_str).unwrap_or_default();
-    let number = |k: &str| args.get(k).and_then(Value::as_u64).map(|n| n.min(usize::MAX as u64) as usize);
-    let out = match tool {
-        BuiltinTool::ListDirectory => list_directory(root, text("path")),
-        BuiltinTool::Glob => glob(root, text("pattern")),
-        BuiltinTool::Grep => grep(root, text("pattern"), text("path")),
-        BuiltinTool::ReadFile => read_file(root, text("path"), number("offset"), number("limit"), max_result),
-        _ => Err(format!("{} is not a workspace tool", tool.as_str())),
-    };
-    match out {
-        Ok(s) => ToolOutput::text(super::cap(s, max_result), false),
-        Err(s) => ToolOutput::text(s, true),
-    }
-}
-
 /// `rel` made plain (no `.`, no `..`), or the sentence that says why it cannot be: absolute, or
 /// leading above the root.
 pub fn normalize(rel: &str) -> Result<PathBuf, String> {
@@ -237,7 +215,7 @@ pub fn quoted(name: &str) -> String {
     q
 }
 
-fn list_directory(root: &Path, rel: &str) -> Result<String, String> {
+pub fn list_directory(root: &Path, rel: &str) -> Result<String, String> {
     let dir = resolve(root, rel)?;
     if !dir.is_dir() {
         return Err(format!("{:?} is a file, not a directory (read it with read_file)", relative(root, &dir)));
@@ -279,7 +257,7 @@ pub fn walk(dir: &Path) -> impl Iterator<Item = walkdir::DirEntry> {
         .filter_map(Result::ok)
 }
 
-fn glob(root: &Path, pattern: &str) -> Result<String, String> {
+pub fn glob(root: &Path, pattern: &str) -> Result<String, String> {
     let pattern = pattern.trim().trim_start_matches("./");
     if pattern.starts_with('/') || pattern.split('/').any(|c| c == "..") {
         return Err(format!("{pattern:?}: a pattern is relative to the workspace root and cannot contain \"..\""));
@@ -315,7 +293,7 @@ fn is_text(head: &[u8]) -> bool {
     !head.contains(&0)
 }
 
-fn grep(root: &Path, pattern: &str, rel: &str) -> Result<String, String> {
+pub fn grep(root: &Path, pattern: &str, rel: &str) -> Result<String, String> {
     let re = regex::bytes::RegexBuilder::new(pattern)
         .size_limit(1 << 20)
         .build()
@@ -367,7 +345,7 @@ fn cut_chars(s: &str, max: usize) -> String {
     }
 }
 
-fn read_file(
+pub fn read_file(
     root: &Path,
     rel: &str,
     offset: Option<usize>,
@@ -423,6 +401,9 @@ fn read_file(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kinds::BuiltinTool;
+    use crate::tools::ToolOutput;
+    use serde_json::Value;
 
     fn tree() -> (tempfile::TempDir, PathBuf) {
         let dir = tempfile::tempdir().unwrap();
@@ -439,8 +420,26 @@ mod tests {
         (dir, root)
     }
 
+    /// A call of the built-in `tool` over the tree at `root`, as a run makes it (its arguments
+    /// checked against its schema, framed by the runner).
     fn call(root: &Path, tool: BuiltinTool, args: Value) -> ToolOutput {
-        run(tool, root, &args, 100_000)
+        use crate::tools::{builtin, Caller, Policy, TaskTools, ToolRunner};
+        let mut cfg = crate::config::Config::defaults();
+        cfg.tool_result_max_bytes = 100_000;
+        let tools = TaskTools {
+            caller: Caller::from_config(&cfg).unwrap(),
+            defs: vec![builtin::def(tool, Policy::Auto)],
+            task_id: uuid::Uuid::now_v7(),
+            tenant_secret: None,
+            traceparent: None,
+            mcp_headers: Default::default(),
+            on_source_error: None,
+            web: None,
+            workspace: Some(Root { path: root.to_path_buf(), hold: Box::new(()), copy: None }),
+        };
+        let call = crate::llm::ToolCall { id: "c1".into(), name: tool.as_str().into(), arguments: args };
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(tools.run(&call))
     }
 
     #[test]

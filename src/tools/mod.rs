@@ -326,41 +326,37 @@ pub struct TaskTools {
 }
 
 impl TaskTools {
-    /// A workspace tool's call: a file tool on a blocking thread, a command in the sandbox. Over
-    /// a task's own copy, one call at a time, and each that may change it marks it changed.
-    async fn workspace_call(&self, tool: builtin::BuiltinTool, call: &ToolCall) -> ToolOutput {
+    /// A built-in's call, framed as its reach says: a web tool's stopped at the web tools'
+    /// timeout; a workspace tool's only with a workspace, over a task's own copy one call at a
+    /// time, and each that may change it refused while the tenant's storage is full and marks it
+    /// changed.
+    async fn builtin_call(&self, b: &dyn builtin::Builtin, call: &ToolCall) -> ToolOutput {
+        let reach = b.reach();
+        if !reach.needs_workspace() {
+            let cx = builtin::Cx { task: self, workspace: None };
+            return web::timed(&self.caller.web, b.name(), call, b.run(&cx, call)).await;
+        }
         let Some(w) = &self.workspace else {
             return tool_error(format!("{} works on the task's workspace, and this task has none", call.name));
         };
         let _one = match &w.copy {
             Some(c) => Some(c.lock.lock().await),
-            None if tool.writes_workspace() => {
+            None if reach.writes_workspace() => {
                 return tool_error(format!("{} changes the task's own copy, and this run has none", call.name))
             }
             None => None,
         };
-        if tool.writes_workspace() {
+        if reach.writes_workspace() {
             if let Some(full) = self.storage_full().await {
                 return tool_error(full);
             }
         }
-        let (root, args, max) = (w.path.clone(), call.arguments.clone(), self.caller.max_result_bytes);
-        let out = if tool == builtin::BuiltinTool::RunCommand {
-            self.command(w, call).await
-        } else if tool.writes_workspace() {
-            tokio::task::spawn_blocking(move || edit::run(tool, &root, &args))
-                .await
-                .unwrap_or_else(|e| tool_error(format!("{} failed: {e}", call.name)))
-        } else {
-            tokio::task::spawn_blocking(move || files::run(tool, &root, &args, max))
-                .await
-                .unwrap_or_else(|e| tool_error(format!("{} failed: {e}", call.name)))
-        };
-        if let (Some(c), true) = (&w.copy, tool.writes_workspace()) {
+        let out = b.run(&builtin::Cx { task: self, workspace: Some(w) }, call).await;
+        if let (Some(c), true) = (&w.copy, reach.writes_workspace()) {
             c.dirty.store(true, std::sync::atomic::Ordering::SeqCst);
         }
         let outcome = if out.is_error { "error" } else { "ok" };
-        metrics::counter!("subagentd_builtin_tool_calls_total", "tool" => tool.as_str(), "outcome" => outcome)
+        metrics::counter!("subagentd_builtin_tool_calls_total", "tool" => b.name().as_str(), "outcome" => outcome)
             .increment(1);
         out
     }
@@ -379,31 +375,6 @@ impl TaskTools {
                 self.caller.storage_quota >> 20
             )
         })
-    }
-
-    /// `run_command` over the task's copy.
-    async fn command(&self, w: &files::Root, call: &ToolCall) -> ToolOutput {
-        let (Some(sb), Some(copy)) = (&self.caller.sandbox, &w.copy) else {
-            return tool_error("run_command is not available: the sandbox does not start on this host");
-        };
-        let command = call.arguments.get("command").and_then(Value::as_str).unwrap_or_default();
-        let secs = call.arguments.get("timeout_seconds").and_then(Value::as_u64);
-        let timeout =
-            Duration::from_secs(secs.unwrap_or(sandbox::DEFAULT_TIMEOUT_SECONDS).max(1)).min(sb.max_timeout());
-        let tenant = self.web.as_ref().map_or("", |t| t.tenant.as_str());
-        let max = self.caller.max_result_bytes;
-        let (mut out, outcome) = sb.run(tenant, &w.path, copy.max, command, timeout, max).await;
-        metrics::counter!("subagentd_sandbox_commands_total", "outcome" => outcome.as_str()).increment(1);
-        let largest = out.detail.as_ref().and_then(|d| d.get("largest_file_bytes")).and_then(Value::as_u64);
-        if largest.is_some_and(|l| l > copy.keep) {
-            out.content.push_str(&format!(
-                "\n[note: a file of your copy is larger than the {} MiB a checkpoint keeps \
-                 (SUBAGENTD_SANDBOX_KEEP_MB): it stays while this run lasts, but is not kept with the \
-                 task's changes, and the diff names it without its content]",
-                copy.keep >> 20
-            ));
-        }
-        out
     }
 }
 
@@ -467,10 +438,7 @@ impl ToolRunner for TaskTools {
             // Its calls pause the run for the caller's output; they never reach here.
             Target::Caller => tool_error(format!("tool {} is run by the caller, not by subagentd", call.name)),
             Target::Provider { .. } => tool_error(format!("tool {} is run by the model's provider", call.name)),
-            Target::Builtin { tool } if tool.needs_workspace() => self.workspace_call(*tool, call).await,
-            Target::Builtin { tool } => {
-                web::run(&self.caller.web, self.web.as_ref(), *tool, call, self.caller.max_result_bytes).await
-            }
+            Target::Builtin { tool } => self.builtin_call(builtin::tool(*tool), call).await,
         };
         ToolOutput { content: cap(out.content, self.caller.max_result_bytes), ..out }
     }

@@ -125,21 +125,13 @@ fn ok(content: String, tool: BuiltinTool, detail: Value) -> ToolOutput {
     ToolOutput { content, is_error: false, detail: Some(detail) }
 }
 
-/// Run a built-in web tool's call; `max_result` is the tool-result cap.
-pub async fn run(
+/// A web tool's call (`fut`), stopped at the web tools' timeout.
+pub async fn timed(
     web: &Web,
-    tenant: Option<&WebTenant>,
     tool: BuiltinTool,
     call: &ToolCall,
-    max_result: usize,
+    fut: impl std::future::Future<Output = ToolOutput>,
 ) -> ToolOutput {
-    let fut = async {
-        match tool {
-            BuiltinTool::WebFetch => fetch(web, tenant, call, max_result).await,
-            BuiltinTool::WebSearch => search(web, call, max_result).await,
-            other => ToolOutput::text(format!("{} is not a web tool", other.as_str()), true),
-        }
-    };
     match tokio::time::timeout(web.timeout, fut).await {
         Ok(out) => out,
         Err(_) => {
@@ -173,7 +165,8 @@ fn check_hop(web: &Web, tenant: Option<&WebSettings>, url: &str) -> Result<url::
     Ok(u)
 }
 
-async fn fetch(web: &Web, tenant: Option<&WebTenant>, call: &ToolCall, max_result: usize) -> ToolOutput {
+/// `web_fetch`'s call; `max_result` is the tool-result cap.
+pub async fn fetch(web: &Web, tenant: Option<&WebTenant>, call: &ToolCall, max_result: usize) -> ToolOutput {
     const T: BuiltinTool = BuiltinTool::WebFetch;
     let Some(start) = call.arguments.get("url").and_then(Value::as_str) else {
         return refused("web_fetch needs a `url` (http or https)".into(), T);
@@ -460,7 +453,8 @@ fn link_safe(text: &str, end: usize) -> usize {
     cut.map_or(end, |c| start + if c > 0 && line[c - 1] == b'!' { c - 1 } else { c })
 }
 
-async fn search(web: &Web, call: &ToolCall, max_result: usize) -> ToolOutput {
+/// `web_search`'s call; `max_result` is the tool-result cap.
+pub async fn search(web: &Web, call: &ToolCall, max_result: usize) -> ToolOutput {
     const T: BuiltinTool = BuiltinTool::WebSearch;
     let Some(base) = &web.search_url else {
         return refused("web_search has no search backend configured".into(), T);

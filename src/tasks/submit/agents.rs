@@ -151,6 +151,7 @@ fn mapping(
 ) -> ToolMapping {
     use crate::engine::claude_code;
     use crate::kinds::BuiltinTool;
+    use crate::tools::builtin::reach;
     let tool = claude_code::tool_name(name, aliases);
     let builtin = BuiltinTool::parse(&tool);
     let found = here.tools.iter().find(|t| t.name == tool);
@@ -185,9 +186,9 @@ fn mapping(
         ),
         (Some(_), Some(b)) => {
             let mut only = vec![];
-            if b.writes_workspace() {
+            if reach(b).writes_workspace() {
                 only.push("in a task with a workspace (on the task's own copy of it)".to_string());
-            } else if b.needs_workspace() {
+            } else if reach(b).needs_workspace() {
                 only.push("in a task with a workspace".to_string());
             }
             if b == BuiltinTool::WebSearch && here.builtins.searches_only_on_anthropic() {
@@ -197,7 +198,7 @@ fn mapping(
                         .to_string(),
                 );
             }
-            if b.reaches_web() {
+            if reach(b).reaches_web() {
                 only.push(match here.limits.private_workspace_web.as_deref() {
                     Some("always") => String::new(),
                     Some("task") => "beside a private workspace (an upload, or a repository read with a secret) only \

@@ -18,6 +18,7 @@ use crate::kinds::{Priority, WorkspaceSpec};
 use crate::llm::{ModelRef, ResolveError};
 use crate::store::tasks::{self, NewTask, TaskRow};
 use crate::tasks::{Lifecycle, TaskError};
+use crate::tools::builtin::reach;
 use crate::tools::catalog;
 use crate::tools::{ToolDef, Whitelist};
 
@@ -511,12 +512,13 @@ impl Lifecycle {
         let web_ok = workspace.is_none_or(|w| web_beside(limits, w));
         available.extend(builtins.into_iter().filter(|d| match (&d.target, definition) {
             (crate::tools::Target::Builtin { tool } | crate::tools::Target::Provider { tool }, _)
-                if (tool.needs_workspace() && workspace.is_none()) || (tool.reaches_web() && !web_ok) =>
+                if (reach(*tool).needs_workspace() && workspace.is_none())
+                    || (reach(*tool).reaches_web() && !web_ok) =>
             {
                 false
             }
             (crate::tools::Target::Builtin { tool } | crate::tools::Target::Provider { tool }, None) => {
-                agent.builtin_tools().contains(tool)
+                agent.gets(*tool)
             }
             _ => true,
         }));
@@ -527,9 +529,9 @@ impl Lifecycle {
                 let why = crate::kinds::BuiltinTool::parse(unknown).map(|t| {
                     if let Some(off) = self.p.tool_caller.builtins.why_off(t, limits) {
                         off
-                    } else if t.needs_workspace() && workspace.is_none() {
+                    } else if reach(t).needs_workspace() && workspace.is_none() {
                         format!("{t} is offered only in a task with a workspace")
-                    } else if t.reaches_web() && !web_ok {
+                    } else if reach(t).reaches_web() && !web_ok {
                         format!(
                             "{t} is not offered beside a private workspace (an upload, or a repository read with a \
                              secret) unless the tenant's private_workspace_web allows it (`task`: with workspace.web: true)"

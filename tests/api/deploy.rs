@@ -201,3 +201,218 @@ async fn the_dashboards_role_reads_the_usage_views_and_nothing_else() {
     drop(c);
     app.stop().await;
 }
+
+/// The subagentd service's `security_opt` in the compose file.
+fn compose_security_opts() -> Vec<String> {
+    serde_yaml::from_value(compose()["services"]["subagentd"]["security_opt"].clone()).expect("a list")
+}
+
+/// The shipped seccomp profile's rules.
+fn seccomp_profile() -> serde_json::Value {
+    serde_json::from_str(&repo_file("deploy/seccomp/subagentd.json")).expect("deploy/seccomp/subagentd.json is JSON")
+}
+
+#[test]
+fn the_shipped_deployment_confines_system_calls_with_dockers_default_plus_only_what_the_sandbox_needs() {
+    let opts = compose_security_opts();
+    assert!(opts.contains(&"seccomp:./deploy/seccomp/subagentd.json".to_string()), "{opts:?}");
+    for (file, text) in [
+        ("docker-compose.yml", repo_file("docker-compose.yml")),
+        ("README.md", repo_file("README.md")),
+        ("docs/operations.md", repo_file("docs/operations.md")),
+    ] {
+        for gone in ["seccomp=unconfined", "seccomp:unconfined"] {
+            assert!(!text.contains(gone), "{file} still says {gone}");
+        }
+    }
+    let p = seccomp_profile();
+    assert_eq!(p["defaultAction"], "SCMP_ACT_ERRNO", "what no rule names is refused");
+    let ours: Vec<&serde_json::Value> = p["syscalls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["comment"].as_str().is_some_and(|c| c.starts_with("subagentd:")))
+        .collect();
+    assert_eq!(ours.len(), 1, "one rule of ours beside Docker's");
+    let names: Vec<&str> = ours[0]["names"].as_array().unwrap().iter().map(|n| n.as_str().unwrap()).collect();
+    assert_eq!(names, ["chroot", "clone", "mount", "pivot_root", "sethostname", "umount2", "unshare"]);
+    assert_eq!(ours[0]["action"], "SCMP_ACT_ALLOW");
+}
+
+/// `podman run` as compose runs the service, over a root made of this machine's files: the
+/// binary (bound in) and its libraries, bubblewrap and its, busybox as `/bin/sh`, the CA
+/// certificates. No image hub: `--rootfs`. `security` are the security options. Answers what
+/// the service said of its sandbox at start: the log line that says it runs, or why not.
+async fn service_in_a_container(root: &std::path::Path, security: &[String], db_url: &str) -> String {
+    use tokio::io::AsyncBufReadExt;
+    let work = tempfile::tempdir().unwrap();
+    std::os::unix::fs::chown(work.path(), Some(10001), Some(10001)).unwrap();
+    let name = format!("subagentd-seccomp-{}", uuid::Uuid::new_v4().simple());
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut args: Vec<String> = [
+        "run",
+        "--rm",
+        "--name",
+        &name,
+        "--user",
+        "10001",
+        "--read-only",
+        "--network",
+        "host",
+        // This machine's quirks, none a security option: runc (crun refuses a hybrid cgroup
+        // layout), limits at or below the engine's own (it may not raise them).
+        "--runtime",
+        "runc",
+        "--cgroup-manager",
+        "cgroupfs",
+        "--ulimit",
+        "nofile=1024:4096",
+        "--ulimit",
+        "nproc=1024:4096",
+    ]
+    .map(String::from)
+    .to_vec();
+    for s in security {
+        args.extend(["--security-opt".to_string(), s.clone()]);
+    }
+    let bin = env!("CARGO_BIN_EXE_subagentd");
+    args.extend(["-v".into(), format!("{bin}:/usr/bin/subagentd:ro")]);
+    args.extend(["-v".into(), format!("{}:/work", work.path().display()), "-w".into(), "/work".into()]);
+    // The test's PostgreSQL over its Unix socket, where its URL names one.
+    let socket = url::Url::parse(db_url).unwrap().query_pairs().find(|(k, _)| k == "host").map(|(_, v)| v.into_owned());
+    if let Some(dir) = socket {
+        args.extend(["-v".into(), format!("{dir}:{dir}")]);
+    }
+    for (k, v) in [
+        ("DATABASE_URL", db_url.to_string()),
+        ("SUBAGENTD_LISTEN", format!("127.0.0.1:{port}")),
+        ("RUST_LOG", "info".into()),
+    ] {
+        args.extend(["-e".into(), format!("{k}={v}")]);
+    }
+    args.extend(["--rootfs".into(), root.display().to_string(), "/usr/bin/subagentd".into(), "serve".into()]);
+    let mut child = tokio::process::Command::new("podman")
+        .args(&args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("podman runs");
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut seen = vec![];
+    let said = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Ok(Some(l)) = lines.next_line().await {
+            if l.contains("run_command runs in the sandbox") || l.contains("run_command is not offered") {
+                return Some(l);
+            }
+            seen.push(l);
+        }
+        None
+    })
+    .await;
+    let _ = Command::new("podman")
+        .args(["rm", "-f", "-t", "0", &name])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    let _ = child.kill().await;
+    match said {
+        Ok(Some(l)) => l,
+        _ => panic!("the service in the container said nothing of its sandbox: {}", seen.join("\n")),
+    }
+}
+
+/// A root for `service_in_a_container` in `dir`, from this machine's files.
+fn container_root(dir: &std::path::Path) {
+    use std::os::unix::fs::symlink;
+    let copy = |from: &str| {
+        let to = dir.join(from.trim_start_matches('/'));
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        if !to.exists() {
+            std::fs::copy(from, &to).unwrap_or_else(|e| panic!("copy {from}: {e}"));
+        }
+    };
+    for program in [env!("CARGO_BIN_EXE_subagentd"), "/usr/bin/bwrap"] {
+        let out = Command::new("ldd").arg(program).output().expect("ldd");
+        for lib in String::from_utf8_lossy(&out.stdout).split_whitespace().filter(|w| w.starts_with('/')) {
+            let real = std::fs::canonicalize(lib).unwrap();
+            let to = dir.join(lib.trim_start_matches('/'));
+            std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+            if !to.exists() {
+                std::fs::copy(&real, &to).unwrap();
+            }
+        }
+    }
+    copy("/usr/bin/bwrap");
+    copy("/etc/ssl/certs/ca-certificates.crt");
+    std::fs::create_dir_all(dir.join("bin")).unwrap();
+    std::fs::copy("/usr/bin/busybox", dir.join("bin/busybox")).unwrap();
+    for applet in ["sh", "true", "touch"] {
+        symlink("busybox", dir.join("bin").join(applet)).unwrap();
+    }
+    for d in ["usr/bin", "proc", "dev", "sys", "tmp", "etc", "work"] {
+        std::fs::create_dir_all(dir.join(d)).unwrap();
+    }
+    std::fs::write(dir.join("etc/passwd"), "root:x:0:0::/:/bin/sh\nsubagentd:x:10001:10001::/work:/bin/sh\n").unwrap();
+    // Searchable by the service's uid, as an image's root is.
+    Command::new("chmod").args(["-R", "a+rX"]).arg(dir).status().unwrap();
+}
+
+#[tokio::test]
+async fn in_a_container_engine_the_shipped_profile_lets_the_sandbox_start_and_dockers_default_does_not() {
+    let missing: Vec<&str> = [
+        ("podman", "/usr/bin/podman"),
+        ("runc", "/usr/sbin/runc"),
+        ("busybox", "/usr/bin/busybox"),
+        ("bwrap", "/usr/bin/bwrap"),
+    ]
+    .into_iter()
+    .filter(|(_, p)| !std::path::Path::new(p).exists())
+    .map(|(n, _)| n)
+    .collect();
+    if !missing.is_empty() || unsafe { libc::geteuid() } != 0 {
+        skipped(
+            "SUBAGENTD_REQUIRE_TOOLS",
+            "the seccomp profile in a container engine",
+            &format!("missing {missing:?}, or not root (podman runs rootful here)"),
+            "apt-get install podman runc busybox-static bubblewrap, as root",
+        );
+        return;
+    }
+    let db = test_db().await;
+    let root = tempfile::tempdir().unwrap();
+    container_root(root.path());
+    let profile = format!("{}/deploy/seccomp/subagentd.json", env!("CARGO_MANIFEST_DIR"));
+    // Compose's own options, the profile's path made absolute.
+    let shipped: Vec<String> = compose_security_opts()
+        .into_iter()
+        .map(|o| if o.starts_with("seccomp:") { format!("seccomp={profile}") } else { o })
+        .collect();
+    let said = service_in_a_container(root.path(), &shipped, &db.url).await;
+    assert!(said.contains("run_command runs in the sandbox"), "under the shipped options: {said}");
+
+    // Docker's own default: the shipped profile without its one rule of ours.
+    let mut docker = seccomp_profile();
+    docker["syscalls"]
+        .as_array_mut()
+        .unwrap()
+        .retain(|r| !r["comment"].as_str().is_some_and(|c| c.starts_with("subagentd:")));
+    let docker_file = root.path().join("docker-default.json");
+    std::fs::write(&docker_file, serde_json::to_vec(&docker).unwrap()).unwrap();
+    let defaults: Vec<String> = shipped
+        .iter()
+        .map(|o| if o.starts_with("seccomp=") { format!("seccomp={}", docker_file.display()) } else { o.clone() })
+        .collect();
+    let said = service_in_a_container(root.path(), &defaults, &db.url).await;
+    assert!(
+        said.contains("run_command is not offered") && said.contains("create new namespace"),
+        "under Docker's default profile: {said}"
+    );
+
+    // The profile alone: the engine's masked /proc paths keep bwrap from mounting the sandbox's.
+    let masked: Vec<String> = shipped.iter().filter(|o| !o.starts_with("systempaths")).cloned().collect();
+    assert!(masked.len() < shipped.len(), "compose unmasks the system paths: {shipped:?}");
+    let said = service_in_a_container(root.path(), &masked, &db.url).await;
+    assert!(said.contains("run_command is not offered") && said.contains("proc"), "with /proc masked: {said}");
+}

@@ -149,7 +149,8 @@ impl Cx<'_> {
         };
         let (root, args, max) = (w.path.clone(), call.arguments.clone(), self.max_result());
         match tokio::task::spawn_blocking(move || work(&root, &args, max)).await {
-            Ok(Ok(s)) => ToolOutput::text(super::cap(s, max), false),
+            // Capped once, by the runner, as every tool's result is.
+            Ok(Ok(s)) => ToolOutput::text(s, false),
             Ok(Err(s)) => ToolOutput::text(s, true),
             Err(e) => ToolOutput::text(format!("{} failed: {e}", call.name), true),
         }

@@ -174,9 +174,34 @@ pub fn test_config(db_url: &str) -> Config {
         "web_fetch,web_search,list_directory,glob,grep,read_file,write_file,edit_file,run_command".into();
     // Each app its own workspace cache and tasks' copies, out of the working directory.
     let own = uuid::Uuid::new_v4().simple();
-    cfg.workspace_dir = Some(std::env::temp_dir().join(format!("subagentd-test-ws-{own}")));
-    cfg.sandbox_dir = Some(std::env::temp_dir().join(format!("subagentd-test-sb-{own}")));
+    cfg.workspace_dir = Some(apps_dir().join(format!("ws-{own}")));
+    cfg.sandbox_dir = Some(apps_dir().join(format!("sb-{own}")));
     cfg
+}
+
+/// Where this test process's apps keep their workspace caches and tasks' copies: a directory of
+/// its own (named by its pid) under the temporary directory. The directories of test processes
+/// that are gone are removed when the first app of a run asks for it, so runs leave no more than
+/// their own behind.
+fn apps_dir() -> &'static std::path::Path {
+    static DIR: OnceLock<std::path::PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let tmp = std::env::temp_dir();
+        for e in std::fs::read_dir(&tmp).into_iter().flatten().flatten() {
+            let name = e.file_name();
+            let Some(pid) =
+                name.to_str().and_then(|n| n.strip_prefix("subagentd-test-apps-")).and_then(|p| p.parse().ok())
+            else {
+                continue;
+            };
+            // SAFETY: kill(2) with signal 0 only asks whether the process exists.
+            let alive = unsafe { libc::kill(pid, 0) == 0 || *libc::__errno_location() == libc::EPERM };
+            if !alive {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+        tmp.join(format!("subagentd-test-apps-{}", std::process::id()))
+    })
 }
 
 pub struct TestApp {

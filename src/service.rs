@@ -46,17 +46,7 @@ fn tools_of(cfg: &Config) -> std::io::Result<(crate::tools::Caller, Arc<crate::w
 fn sandbox_of(cfg: &Config) -> Option<Arc<crate::tools::sandbox::Sandbox>> {
     let off = cfg.builtin_tools_off.split(',').any(|t| t.trim() == "run_command");
     let dir = crate::jobs::copy::process_dir(cfg);
-    if let Ok(entries) = std::fs::read_dir(dir.parent().unwrap_or(&dir)) {
-        for e in entries.flatten() {
-            let alive = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()).is_some_and(|pid| {
-                // SAFETY: kill(2) with signal 0 only asks whether the process exists.
-                unsafe { libc::kill(pid, 0) == 0 || *libc::__errno_location() == libc::EPERM }
-            });
-            if !alive {
-                let _ = std::fs::remove_dir_all(e.path());
-            }
-        }
-    }
+    crate::jobs::copy::sweep_gone_processes(dir.parent().unwrap_or(&dir), "");
     if off {
         return None;
     }

@@ -337,13 +337,11 @@ impl TaskTools {
             return web::timed(&self.caller.web, b.name(), call, b.run(&cx, call)).await;
         }
         let Some(w) = &self.workspace else {
-            return tool_error(format!("{} works on the task's workspace, and this task has none", call.name));
+            return builtin::no_workspace(call);
         };
         let _one = match &w.copy {
             Some(c) => Some(c.lock.lock().await),
-            None if reach.writes_workspace() => {
-                return tool_error(format!("{} changes the task's own copy, and this run has none", call.name))
-            }
+            None if reach.writes_workspace() => return builtin::no_copy(call),
             None => None,
         };
         if reach.writes_workspace() {

@@ -343,14 +343,7 @@ fn container_root(dir: &std::path::Path) {
     };
     for program in [env!("CARGO_BIN_EXE_subagentd"), "/usr/bin/bwrap"] {
         let out = Command::new("ldd").arg(program).output().expect("ldd");
-        for lib in String::from_utf8_lossy(&out.stdout).split_whitespace().filter(|w| w.starts_with('/')) {
-            let real = std::fs::canonicalize(lib).unwrap();
-            let to = dir.join(lib.trim_start_matches('/'));
-            std::fs::create_dir_all(to.parent().unwrap()).unwrap();
-            if !to.exists() {
-                std::fs::copy(&real, &to).unwrap();
-            }
-        }
+        String::from_utf8_lossy(&out.stdout).split_whitespace().filter(|w| w.starts_with('/')).for_each(copy);
     }
     copy("/usr/bin/bwrap");
     copy("/etc/ssl/certs/ca-certificates.crt");

@@ -187,19 +187,7 @@ fn apps_dir() -> &'static std::path::Path {
     static DIR: OnceLock<std::path::PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let tmp = std::env::temp_dir();
-        for e in std::fs::read_dir(&tmp).into_iter().flatten().flatten() {
-            let name = e.file_name();
-            let Some(pid) =
-                name.to_str().and_then(|n| n.strip_prefix("subagentd-test-apps-")).and_then(|p| p.parse().ok())
-            else {
-                continue;
-            };
-            // SAFETY: kill(2) with signal 0 only asks whether the process exists.
-            let alive = unsafe { libc::kill(pid, 0) == 0 || *libc::__errno_location() == libc::EPERM };
-            if !alive {
-                let _ = std::fs::remove_dir_all(e.path());
-            }
-        }
+        subagentd::jobs::copy::sweep_gone_processes(&tmp, "subagentd-test-apps-");
         tmp.join(format!("subagentd-test-apps-{}", std::process::id()))
     })
 }

@@ -142,10 +142,7 @@ impl Cx<'_> {
     /// `work` over the workspace's tree, on a blocking thread (file I/O).
     pub async fn on_tree(&self, call: &ToolCall, work: TreeWork) -> ToolOutput {
         let Some(w) = self.workspace else {
-            return ToolOutput::text(
-                format!("{} works on the task's workspace, and this task has none", call.name),
-                true,
-            );
+            return no_workspace(call);
         };
         let (root, args, max) = (w.path.clone(), call.arguments.clone(), self.max_result());
         match tokio::task::spawn_blocking(move || work(&root, &args, max)).await {
@@ -155,6 +152,16 @@ impl Cx<'_> {
             Err(e) => ToolOutput::text(format!("{} failed: {e}", call.name), true),
         }
     }
+}
+
+/// The answer to a workspace tool's call in a task with no workspace.
+pub fn no_workspace(call: &ToolCall) -> ToolOutput {
+    ToolOutput::text(format!("{} works on the task's workspace, and this task has none", call.name), true)
+}
+
+/// The answer to a call that would change the task's copy in a run that has none.
+pub fn no_copy(call: &ToolCall) -> ToolOutput {
+    ToolOutput::text(format!("{} changes the task's own copy, and this run has none", call.name), true)
 }
 
 /// A text argument (checked by the schema; "" where absent).

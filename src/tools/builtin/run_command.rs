@@ -66,7 +66,7 @@ impl Builtin for RunCommand {
             return ToolOutput::text("run_command is not available: the sandbox does not start on this host", true);
         };
         let Some(copy) = &w.copy else {
-            return ToolOutput::text("run_command changes the task's own copy, and this run has none", true);
+            return super::no_copy(call);
         };
         let command = call.arguments.get("command").and_then(Value::as_str).unwrap_or_default();
         let secs = call.arguments.get("timeout_seconds").and_then(Value::as_u64);

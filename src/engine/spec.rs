@@ -125,6 +125,9 @@ pub struct TaskOptions {
     /// The tree the workspace tools read (a git ref, or an upload).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workspace: Option<crate::kinds::WorkspaceSpec>,
+    /// The image its commands run in (the request's, else the service's default image).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment: Option<crate::kinds::EnvironmentSpec>,
 }
 
 fn is_none_approval(a: &Approval) -> bool {

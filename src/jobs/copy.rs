@@ -19,23 +19,7 @@ pub fn process_dir(cfg: &crate::config::Config) -> PathBuf {
     root.join(std::process::id().to_string())
 }
 
-/// Remove the entries of `dir` whose names start with `prefix` and go on with anything but the
-/// pid of a live process (what processes that were killed left behind); the others stay.
-pub fn sweep_gone_processes(dir: &std::path::Path, prefix: &str) {
-    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let name = e.file_name();
-        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(prefix)) else {
-            continue;
-        };
-        let alive = rest.parse::<i32>().is_ok_and(|pid| {
-            // SAFETY: kill(2) with signal 0 only asks whether the process exists.
-            unsafe { libc::kill(pid, 0) == 0 || *libc::__errno_location() == libc::EPERM }
-        });
-        if !alive {
-            let _ = std::fs::remove_dir_all(e.path());
-        }
-    }
-}
+pub use crate::tools::sandbox::sweep_gone_processes;
 
 /// What a task's copy may grow to, what its saved changes hold, and what its diff leaves out.
 pub struct Limits {

@@ -528,6 +528,7 @@ impl Runner {
             on_source_error: None,
             web: None,
             workspace: None,
+            environment: None,
         };
         if opts.tools.iter().any(|d| matches!(d.target, Target::Builtin { .. })) {
             // The tenant's fetch rate and domains are read at the run's first fetch.

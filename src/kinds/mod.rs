@@ -568,6 +568,17 @@ pub struct WorkspaceSpec {
     pub web: Option<bool>,
 }
 
+/// A task's `environment`: the OCI image its commands run in (`{"image": REF}`), resolved to a
+/// manifest digest at its first run.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnvironmentSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
 impl WorkspaceSpec {
     /// Could its contents be private (an upload, or a repository read with a secret)?
     pub fn private(&self) -> bool {

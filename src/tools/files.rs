@@ -436,6 +436,7 @@ mod tests {
             on_source_error: None,
             web: None,
             workspace: Some(Root { path: root.to_path_buf(), hold: Box::new(()), copy: None }),
+            environment: None,
         };
         let call = crate::llm::ToolCall { id: "c1".into(), name: tool.as_str().into(), arguments: args };
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();

@@ -9,9 +9,11 @@
 pub mod builtin;
 pub mod catalog;
 pub mod edit;
+pub mod egress;
 pub mod files;
 pub mod html;
 pub mod http;
+pub mod image;
 pub mod mcp;
 pub mod page;
 pub mod sandbox;
@@ -323,6 +325,9 @@ pub struct TaskTools {
     pub web: Option<web::WebTenant>,
     /// The task's workspace tree, held in the cache while the run lasts.
     pub workspace: Option<files::Root>,
+    /// The image its commands run in (held in the image cache while the run lasts); `None`:
+    /// the host's `/usr`.
+    pub environment: Option<std::sync::Arc<image::ImageRoot>>,
 }
 
 impl TaskTools {

@@ -21,6 +21,7 @@ use serde_json::json;
 use tokio::io::AsyncReadExt;
 
 use super::files::{tree_usage, tree_walk, Usage};
+use super::image::ImageRoot;
 use super::ToolOutput;
 
 /// A command's timeout when the model names none (as Claude Code's Bash).
@@ -83,6 +84,15 @@ pub struct Sandbox {
     uid: Option<u32>,
 }
 
+/// Where a command runs: over a task's `copy` (which may grow to `max_copy`), in `image`'s root
+/// or (`None`) the host's `/usr`.
+#[derive(Debug, Clone, Copy)]
+pub struct Place<'a> {
+    pub copy: &'a Path,
+    pub max_copy: Usage,
+    pub image: Option<&'a ImageRoot>,
+}
+
 /// The host uid (and gid) sandboxed commands run as when the service runs as root.
 pub const SANDBOX_UID: u32 = 65534;
 
@@ -95,6 +105,24 @@ pub fn hand_over(dir: &Path, uid: Option<u32>) -> std::io::Result<()> {
         std::os::unix::fs::lchown(e.path(), Some(uid), Some(uid))?;
     }
     Ok(())
+}
+
+/// Remove the entries of `dir` whose names start with `prefix` and go on with anything but the
+/// pid of a live process (what processes that were killed left behind); the others stay.
+pub fn sweep_gone_processes(dir: &std::path::Path, prefix: &str) {
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let name = e.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(prefix)) else {
+            continue;
+        };
+        let alive = rest.parse::<i32>().is_ok_and(|pid| {
+            // SAFETY: kill(2) with signal 0 only asks whether the process exists.
+            unsafe { libc::kill(pid, 0) == 0 || *libc::__errno_location() == libc::EPERM }
+        });
+        if !alive {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
 }
 
 impl std::fmt::Debug for Sandbox {
@@ -132,7 +160,7 @@ impl Sandbox {
             .and_then(|_| hand_over(probe.path(), sb.uid))
             .map_err(|e| format!("{}: {e}", probe.path().display()))?;
         let mut cmd = std::process::Command::new(&sb.bwrap);
-        cmd.args(sb.args(probe.path(), "touch probe")).env_clear().stdin(std::process::Stdio::null());
+        cmd.args(sb.args(probe.path(), "touch probe", None)).env_clear().stdin(std::process::Stdio::null());
         if let Some(uid) = sb.uid {
             // std drops the supplementary groups too when root sets a uid.
             std::os::unix::process::CommandExt::uid(&mut cmd, uid);
@@ -182,8 +210,8 @@ impl Sandbox {
         self.limits.max_timeout
     }
 
-    /// bwrap's arguments for `command` over `copy`.
-    fn args(&self, copy: &Path, command: &str) -> Vec<String> {
+    /// bwrap's arguments for `command` over `copy`, in `image`'s root or the host's `/usr`.
+    fn args(&self, copy: &Path, command: &str, image: Option<&ImageRoot>) -> Vec<String> {
         let mut a: Vec<String> = [
             "--unshare-all",
             "--unshare-user",
@@ -198,27 +226,31 @@ impl Sandbox {
             "--new-session",
             "--cap-drop",
             "ALL",
-            "--ro-bind",
-            "/usr",
-            "/usr",
         ]
         .iter()
         .map(|s| s.to_string())
         .collect();
-        // The merged-/usr links, or the directories themselves where they are real.
-        for d in ["bin", "sbin", "lib", "lib32", "lib64"] {
-            let host = Path::new("/").join(d);
-            match std::fs::read_link(&host) {
-                Ok(to) => a.extend(["--symlink".into(), to.to_string_lossy().into_owned(), format!("/{d}")]),
-                Err(_) if host.is_dir() => a.extend(["--ro-bind".into(), format!("/{d}"), format!("/{d}")]),
-                Err(_) => {}
-            }
-        }
-        // What the programs need of /etc: the loader's cache and Debian's alternatives
-        // (`awk`, `editor`…). Not passwd, not the host's name or addresses.
-        for f in ["/etc/ld.so.cache", "/etc/alternatives"] {
-            if Path::new(f).exists() {
-                a.extend(["--ro-bind".into(), f.into(), f.into()]);
+        match image {
+            // The image's root, whole, read-only; its mount points were made when it was unpacked.
+            Some(i) => a.extend(["--ro-bind".into(), i.rootfs.to_string_lossy().into_owned(), "/".into()]),
+            None => {
+                a.extend(["--ro-bind".into(), "/usr".into(), "/usr".into()]);
+                // The merged-/usr links, or the directories themselves where they are real.
+                for d in ["bin", "sbin", "lib", "lib32", "lib64"] {
+                    let host = Path::new("/").join(d);
+                    match std::fs::read_link(&host) {
+                        Ok(to) => a.extend(["--symlink".into(), to.to_string_lossy().into_owned(), format!("/{d}")]),
+                        Err(_) if host.is_dir() => a.extend(["--ro-bind".into(), format!("/{d}"), format!("/{d}")]),
+                        Err(_) => {}
+                    }
+                }
+                // What the programs need of /etc: the loader's cache and Debian's alternatives
+                // (`awk`, `editor`…). Not passwd, not the host's name or addresses.
+                for f in ["/etc/ld.so.cache", "/etc/alternatives"] {
+                    if Path::new(f).exists() {
+                        a.extend(["--ro-bind".into(), f.into(), f.into()]);
+                    }
+                }
             }
         }
         a.extend(
@@ -243,41 +275,46 @@ impl Sandbox {
                 "--remount-ro",
                 "/",
                 "--clearenv",
-                "--setenv",
-                "PATH",
-                "/usr/local/bin:/usr/bin:/bin",
-                "--setenv",
-                "HOME",
-                "/tmp",
-                "--setenv",
-                "TMPDIR",
-                "/tmp",
-                "--setenv",
-                "LANG",
-                "C.UTF-8",
-                "--",
-                "/bin/sh",
-                "-c",
-                command,
             ]
             .iter()
             .map(|s| s.to_string()),
         );
+        // The environment: four variables, or in an image its config's `Env` over them (never
+        // the service's own).
+        let mut env: Vec<(String, String)> =
+            [("PATH", "/usr/local/bin:/usr/bin:/bin"), ("HOME", "/tmp"), ("TMPDIR", "/tmp"), ("LANG", "C.UTF-8")]
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+        for kv in image.map(|i| i.env.as_slice()).unwrap_or_default() {
+            let Some((k, v)) = kv.split_once('=') else { continue };
+            if k.is_empty() || k.contains('\0') || v.contains('\0') {
+                continue;
+            }
+            match env.iter_mut().find(|(have, _)| have == k) {
+                Some(e) => e.1 = v.to_string(),
+                None => env.push((k.to_string(), v.to_string())),
+            }
+        }
+        for (k, v) in env {
+            a.extend(["--setenv".into(), k, v]);
+        }
+        a.extend(["--".into(), "/bin/sh".into(), "-c".into(), command.into()]);
         a
     }
 
-    /// Run `command` of `tenant` over `copy` (which may grow to `max_copy`), for at most
-    /// `timeout`; its output capped at `max_output` bytes. Waits for a slot among the commands
-    /// at once, in the tenant's turn (the wait is in the result's detail, `slot_wait_ms`).
+    /// Run `command` of `tenant` at `place`, for at most `timeout`; its output capped at
+    /// `max_output` bytes. Waits for a slot among the commands at once, in the tenant's turn (the
+    /// wait is in the result's detail, `slot_wait_ms`).
     pub async fn run(
         &self,
         tenant: &str,
-        copy: &Path,
-        max_copy: Usage,
+        place: Place<'_>,
         command: &str,
         timeout: Duration,
         max_output: usize,
     ) -> (ToolOutput, Outcome) {
+        let Place { copy, max_copy, image } = place;
         let asked = Instant::now();
         let Some(_slot) = self.slots.take(tenant).await else {
             return (ToolOutput::text("the sandbox is shutting down", true), Outcome::Limit);
@@ -301,7 +338,8 @@ impl Sandbox {
         let found = tokio::task::spawn_blocking(move || tree_usage(&d, bound)).await.unwrap_or_default();
         let max_copy = Usage { bytes: max_copy.bytes.max(found.bytes), entries: max_copy.entries.max(found.entries) };
         let started = Instant::now();
-        let mut ran = self.spawn_and_wait(copy, max_copy, command, timeout, max_output, group.as_ref()).await;
+        let place = Place { copy, max_copy, image };
+        let mut ran = self.spawn_and_wait(place, command, timeout, max_output, group.as_ref()).await;
         let oom = group.as_ref().map(|g| g.hit()).unwrap_or_default();
         drop(group);
         // What it wrote faster than the watch saw, it is told of now (a walk that stops once past
@@ -331,18 +369,18 @@ impl Sandbox {
 
     async fn spawn_and_wait(
         &self,
-        copy: &Path,
-        max_copy: Usage,
+        place: Place<'_>,
         command: &str,
         timeout: Duration,
         max_output: usize,
         group: Option<&Group>,
     ) -> Result<Ran, String> {
+        let Place { copy, max_copy, image } = place;
         let mut cmd = tokio::process::Command::new(&self.bwrap);
         // bwrap reads its arguments from a descriptor (`--args 3`), so that its command line —
         // the sandbox's /proc/1/cmdline — names no host path (the copy's, the data directory's).
         // Its options, that is: the command (the model's own) follows them on the command line.
-        let mut args = self.args(copy, command);
+        let mut args = self.args(copy, command, image);
         let tail = args.split_off(args.len() - 4);
         let argfd = args_file(&args).map_err(|e| format!("the sandbox's arguments: {e}"))?;
         let argfd_raw = std::os::fd::AsRawFd::as_raw_fd(&argfd);
@@ -781,7 +819,9 @@ mod tests {
     async fn run(sb: &Sandbox, copy: &Path, command: &str, secs: u64) -> (String, Outcome) {
         hand_over(copy, sb.uid).unwrap();
         let max = Usage { bytes: 64 << 20, entries: 1000 };
-        let (out, outcome) = sb.run("t", copy, max, command, Duration::from_secs(secs), 16 * 1024).await;
+        let (out, outcome) = sb
+            .run("t", Place { copy, max_copy: max, image: None }, command, Duration::from_secs(secs), 16 * 1024)
+            .await;
         (out.content, outcome)
     }
 

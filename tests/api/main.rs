@@ -4,6 +4,7 @@ mod fakes;
 mod fallback;
 mod faults;
 mod helpers;
+mod registry;
 
 mod a2a;
 mod a2a_clients;
@@ -26,6 +27,7 @@ mod health;
 mod history;
 mod holds;
 mod hostile;
+mod images;
 mod imports;
 mod lifecycle;
 mod lists;

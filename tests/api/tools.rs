@@ -692,6 +692,7 @@ async fn mcp_calls_per_second() {
         on_source_error: None,
         web: None,
         workspace: None,
+        environment: None,
     });
     let call = |i: usize| subagentd::llm::ToolCall {
         id: format!("c{i}"),

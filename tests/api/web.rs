@@ -218,6 +218,7 @@ fn runner(base: &str, tweak: impl FnOnce(&mut subagentd::config::Config)) -> Tas
         on_source_error: None,
         web: None,
         workspace: None,
+        environment: None,
     }
 }
 

@@ -318,6 +318,7 @@ impl Lifecycle {
             fallback_models,
             fallback_on,
             workspace: None,
+            environment: None,
         })
     }
 

@@ -73,7 +73,10 @@ impl Builtin for RunCommand {
         let timeout =
             Duration::from_secs(secs.unwrap_or(sandbox::DEFAULT_TIMEOUT_SECONDS).max(1)).min(sb.max_timeout());
         let tenant = cx.task.web.as_ref().map_or("", |t| t.tenant.as_str());
-        let (mut out, outcome) = sb.run(tenant, &w.path, copy.max, command, timeout, cx.max_result()).await;
+        let (mut out, outcome) = {
+            let place = sandbox::Place { copy: &w.path, max_copy: copy.max, image: cx.task.environment.as_deref() };
+            sb.run(tenant, place, command, timeout, cx.max_result()).await
+        };
         metrics::counter!("subagentd_sandbox_commands_total", "outcome" => outcome.as_str()).increment(1);
         let largest = out.detail.as_ref().and_then(|d| d.get("largest_file_bytes")).and_then(Value::as_u64);
         if largest.is_some_and(|l| l > copy.keep) {

@@ -1,0 +1,493 @@
+//! Images for the sandbox (issue 63): a task's environment names an OCI image, and its commands
+//! run in that image's root instead of the host's `/usr`.
+//!
+//! - A reference's tag is resolved to a manifest digest once (the task records it: every later
+//!   attempt, on any replica, runs in the same digest), and the image is pulled by digest with
+//!   `oci-client`, whose every connection goes through the egress proxy (`egress`): the
+//!   registry's host and each address passed the guard, redirects to blob storage too. Hosts in
+//!   `SUBAGENTD_INSECURE_REGISTRIES` are reached over plain HTTP.
+//! - Layers are streamed to a file (their digest checked by the client as they come, the
+//!   compressed bytes capped), then applied in order over one root (`layer::apply`: whiteouts,
+//!   no device nodes, no setuid, nothing outside, caps on bytes and entries).
+//! - The cache is one root per manifest digest under `<dir>/roots/<hex>`. A root is built under
+//!   `<dir>/tmp/<pid>/…` and renamed into place only whole, so a kill -9 mid-pull leaves nothing
+//!   a later task would use (the next start removes what gone processes left). Concurrent first
+//!   users of a digest wait on one pull. Past the cache's size bound, the roots used longest ago
+//!   are removed, never one in use.
+
+pub mod layer;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use oci_client::client::{ClientConfig, ClientProtocol};
+use oci_client::secrets::RegistryAuth;
+use oci_client::Reference;
+use tokio::io::AsyncWriteExt;
+
+use super::egress::Egress;
+use super::ssrf::AllowList;
+
+/// The operator's settings.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The cache's directory.
+    pub dir: PathBuf,
+    /// Registry hosts (and the addresses they resolve to) that may be pulled from.
+    pub allow: Arc<AllowList>,
+    /// `host:port` entries reached over plain HTTP.
+    pub insecure: Vec<String>,
+    /// An image's compressed bytes, and its unpacked bytes, at most.
+    pub max_bytes: u64,
+    pub max_entries: u64,
+    /// The cache's size bound (unpacked bytes of the roots kept).
+    pub cache_bytes: u64,
+    /// A pull's time at most.
+    pub pull_timeout: Duration,
+}
+
+/// Why an image is not there.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ImageError {
+    /// Not a reference, or its registry is not allowed.
+    #[error("{0}")]
+    Refused(String),
+    /// The registry says it has no such image (unknown repository, tag or digest).
+    #[error("{0}")]
+    NotFound(String),
+    /// Over a cap.
+    #[error("{0}")]
+    TooLarge(String),
+    /// The registry could not be reached, or sent what is not an image.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+impl ImageError {
+    /// The task's error code when its environment cannot be had.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ImageError::Refused(_) => "environment_refused",
+            ImageError::NotFound(_) => "environment_not_found",
+            ImageError::TooLarge(_) => "environment_too_large",
+            ImageError::Unavailable(_) => "environment_unavailable",
+        }
+    }
+}
+
+/// An image's root, ready for commands; the cache keeps it while this is held.
+#[derive(Debug)]
+pub struct ImageRoot {
+    /// The manifest digest it was pulled by (`sha256:…`).
+    pub digest: String,
+    /// Its root directory (read-only under the sandbox).
+    pub rootfs: PathBuf,
+    /// The image config's `Env` (`KEY=VALUE`).
+    pub env: Vec<String>,
+    /// Unpacked bytes.
+    pub bytes: u64,
+}
+
+/// What a pull took, for the task's event.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct PullStats {
+    pub layers: usize,
+    /// Compressed bytes fetched.
+    pub fetched_bytes: u64,
+    pub unpacked: layer::Unpacked,
+    pub millis: u64,
+}
+
+/// The root's record beside it (`meta.json`).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct Meta {
+    digest: String,
+    env: Vec<String>,
+    bytes: u64,
+}
+
+struct Cached {
+    root: Arc<ImageRoot>,
+    used: Instant,
+}
+
+/// The service's images.
+pub struct Images {
+    settings: Settings,
+    client: oci_client::Client,
+    _egress: Egress,
+    roots: Mutex<HashMap<String, Cached>>,
+    /// One lock per digest being pulled: its first users wait on one pull.
+    pulling: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl std::fmt::Debug for Images {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Images").field("dir", &self.settings.dir).finish()
+    }
+}
+
+/// The mount points the sandbox needs in a root (made real directories whatever the image had).
+const MOUNT_POINTS: [&str; 4] = ["proc", "dev", "tmp", "workspace"];
+
+impl Images {
+    /// Open the cache (removing what gone processes left half-built) and start the egress proxy
+    /// pulls go through.
+    pub async fn open(settings: Settings) -> Result<Images, String> {
+        let (roots_dir, tmp) = (settings.dir.join("roots"), settings.dir.join("tmp"));
+        for d in [&roots_dir, &tmp] {
+            std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
+        }
+        super::sandbox::sweep_gone_processes(&tmp, "");
+        let mut roots = HashMap::new();
+        for e in std::fs::read_dir(&roots_dir).map_err(|e| format!("{}: {e}", roots_dir.display()))?.flatten() {
+            let meta =
+                std::fs::read(e.path().join("meta.json")).ok().and_then(|b| serde_json::from_slice::<Meta>(&b).ok());
+            match meta {
+                Some(m) => {
+                    let root =
+                        ImageRoot { digest: m.digest, rootfs: e.path().join("rootfs"), env: m.env, bytes: m.bytes };
+                    roots.insert(
+                        e.file_name().to_string_lossy().into_owned(),
+                        Cached { root: Arc::new(root), used: Instant::now() },
+                    );
+                }
+                None => {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            }
+        }
+        let egress = Egress::start(settings.allow.clone(), "image_pull")
+            .await
+            .map_err(|e| format!("the egress proxy for image pulls: {e}"))?;
+        let config = ClientConfig {
+            protocol: ClientProtocol::HttpsExcept(settings.insecure.clone()),
+            http_proxy: Some(egress.url()),
+            https_proxy: Some(egress.url()),
+            connect_timeout: Some(Duration::from_secs(10)),
+            read_timeout: Some(Duration::from_secs(60)),
+            max_concurrent_download: 4,
+            ..Default::default()
+        };
+        let client = oci_client::Client::try_from(config).map_err(|e| format!("the OCI client: {e}"))?;
+        let images =
+            Images { settings, client, _egress: egress, roots: Mutex::new(roots), pulling: Default::default() };
+        images.report_size();
+        Ok(images)
+    }
+
+    /// `reference` parsed, its registry allowed: the check at submission, before any network.
+    pub fn check(&self, reference: &str) -> Result<Reference, ImageError> {
+        let r: Reference = reference
+            .parse()
+            .map_err(|e| ImageError::Refused(format!("{reference:?} is not an image reference: {e}")))?;
+        let registry = r.resolve_registry();
+        let host = match registry.rsplit_once(':') {
+            Some((h, p)) if p.chars().all(|c| c.is_ascii_digit()) => h,
+            _ => registry,
+        };
+        self.settings.allow.check_host(host).map_err(|e| {
+            ImageError::Refused(
+                format!("registry {registry}: {}", e.0).replace("SUBAGENTD_TOOL_ALLOW", "SUBAGENTD_REGISTRY_ALLOW"),
+            )
+        })?;
+        Ok(r)
+    }
+
+    /// `reference` checked, and its registry's name resolved to an address the guard allows:
+    /// a refusal in the guard's own words (the egress proxy refuses the same connection, but a
+    /// refused `CONNECT` reaches the client as a bare failure).
+    async fn guarded(&self, reference: &str) -> Result<Reference, ImageError> {
+        let r = self.check(reference)?;
+        let registry = r.resolve_registry();
+        let (host, port) = match registry.rsplit_once(':') {
+            Some((h, p)) if p.chars().all(|c| c.is_ascii_digit()) => (h, p.parse().unwrap_or(443)),
+            _ => (registry, 443),
+        };
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let addrs: Vec<std::net::SocketAddr> = match tokio::net::lookup_host((host, port)).await {
+            Ok(a) => a.collect(),
+            Err(e) => return Err(ImageError::Unavailable(format!("registry {registry}: {host} did not resolve: {e}"))),
+        };
+        let mut refused = None;
+        for a in &addrs {
+            match self.settings.allow.check_ip(host, a.ip()) {
+                Ok(()) => return Ok(r),
+                Err(e) => refused = Some(e.0),
+            }
+        }
+        let why = refused.unwrap_or_else(|| format!("{host} did not resolve"));
+        Err(ImageError::Refused(
+            format!("registry {registry}: {why}").replace("SUBAGENTD_TOOL_ALLOW", "SUBAGENTD_REGISTRY_ALLOW"),
+        ))
+    }
+
+    /// The manifest digest `reference` names now (itself, when it names one).
+    pub async fn resolve(&self, reference: &str) -> Result<String, ImageError> {
+        let r = self.guarded(reference).await?;
+        if let Some(d) = r.digest() {
+            return Ok(d.to_string());
+        }
+        tokio::time::timeout(
+            self.settings.pull_timeout,
+            self.client.fetch_manifest_digest(&r, &RegistryAuth::Anonymous),
+        )
+        .await
+        .map_err(|_| {
+            ImageError::Unavailable(format!("{reference}: no answer in {} s", self.settings.pull_timeout.as_secs()))
+        })?
+        .map_err(|e| classify(reference, e))
+    }
+
+    /// The root of `reference` at `digest`, from the cache or pulled now (the stats then).
+    pub async fn root(&self, reference: &str, digest: &str) -> Result<(Arc<ImageRoot>, Option<PullStats>), ImageError> {
+        let key = key_of(digest)?;
+        if let Some(r) = self.cached(&key) {
+            metrics::counter!("subagentd_image_cache_hits_total").increment(1);
+            return Ok((r, None));
+        }
+        let lock = self.pulling.lock().unwrap().entry(key.clone()).or_default().clone();
+        let _pulling = lock.lock().await;
+        if let Some(r) = self.cached(&key) {
+            metrics::counter!("subagentd_image_cache_hits_total").increment(1);
+            return Ok((r, None));
+        }
+        let started = Instant::now();
+        let pulled = tokio::time::timeout(self.settings.pull_timeout, self.pull(reference, digest, &key)).await;
+        self.pulling.lock().unwrap().remove(&key);
+        let pulled = pulled.unwrap_or_else(|_| {
+            Err(ImageError::Unavailable(format!(
+                "{reference}: the pull took over {} s",
+                self.settings.pull_timeout.as_secs()
+            )))
+        });
+        let outcome = match &pulled {
+            Ok(_) => "ok",
+            Err(e) => e.code().trim_start_matches("environment_"),
+        };
+        metrics::counter!("subagentd_image_pulls_total", "outcome" => outcome).increment(1);
+        let (root, mut stats) = pulled?;
+        stats.millis = started.elapsed().as_millis() as u64;
+        metrics::counter!("subagentd_image_pull_bytes_total").increment(stats.fetched_bytes);
+        let root = Arc::new(root);
+        self.roots.lock().unwrap().insert(key, Cached { root: root.clone(), used: Instant::now() });
+        self.evict();
+        Ok((root, Some(stats)))
+    }
+
+    fn cached(&self, key: &str) -> Option<Arc<ImageRoot>> {
+        let mut roots = self.roots.lock().unwrap();
+        let c = roots.get_mut(key)?;
+        c.used = Instant::now();
+        Some(c.root.clone())
+    }
+
+    async fn pull(&self, reference: &str, digest: &str, key: &str) -> Result<(ImageRoot, PullStats), ImageError> {
+        let r = self.guarded(reference).await?;
+        let by_digest =
+            Reference::with_digest(r.registry().to_string(), r.repository().to_string(), digest.to_string());
+        let auth = RegistryAuth::Anonymous;
+        let (manifest, _) =
+            self.client.pull_image_manifest(&by_digest, &auth).await.map_err(|e| classify(reference, e))?;
+        let declared: i64 = manifest.layers.iter().map(|l| l.size.max(0)).sum();
+        if declared as u64 > self.settings.max_bytes {
+            return Err(ImageError::TooLarge(format!(
+                "{reference}: its layers are {declared} bytes compressed, over the cap of {} (SUBAGENTD_IMAGE_MAX_BYTES)",
+                self.settings.max_bytes
+            )));
+        }
+        // The config: its `Env`.
+        let mut config = Vec::new();
+        let mut s =
+            self.client.pull_blob_stream(&by_digest, &manifest.config).await.map_err(|e| classify(reference, e))?;
+        while let Some(chunk) = s.stream.next().await {
+            config.extend_from_slice(
+                &chunk.map_err(|e| ImageError::Unavailable(format!("{reference}: its config: {e}")))?,
+            );
+            if config.len() > 1 << 20 {
+                return Err(ImageError::TooLarge(format!("{reference}: its config is over 1 MiB")));
+            }
+        }
+        let config: serde_json::Value = serde_json::from_slice(&config)
+            .map_err(|e| ImageError::Unavailable(format!("{reference}: its config is not JSON: {e}")))?;
+        let env: Vec<String> = config["config"]["Env"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_string)).filter(|v| v.contains('=')).collect())
+            .unwrap_or_default();
+
+        let mine = self.settings.dir.join("tmp").join(std::process::id().to_string());
+        let build = std::fs::create_dir_all(&mine)
+            .and_then(|_| tempfile::Builder::new().prefix("pull-").tempdir_in(&mine))
+            .map_err(|e| ImageError::Unavailable(format!("the image cache: {e}")))?;
+        let rootfs = build.path().join("rootfs");
+        std::fs::create_dir(&rootfs).map_err(|e| ImageError::Unavailable(format!("the image cache: {e}")))?;
+        let mut stats = PullStats { layers: manifest.layers.len(), ..Default::default() };
+        let caps = layer::Caps { max_bytes: self.settings.max_bytes, max_entries: self.settings.max_entries };
+        for (i, l) in manifest.layers.iter().enumerate() {
+            let file = build.path().join(format!("layer-{i}"));
+            let mut out = tokio::fs::File::create(&file)
+                .await
+                .map_err(|e| ImageError::Unavailable(format!("the image cache: {e}")))?;
+            let mut s = self.client.pull_blob_stream(&by_digest, l).await.map_err(|e| classify(reference, e))?;
+            while let Some(chunk) = s.stream.next().await {
+                // The client checks the digest as the bytes come: a wrong one ends the stream in an error.
+                let chunk =
+                    chunk.map_err(|e| ImageError::Unavailable(format!("{reference}: layer {}: {e}", l.digest)))?;
+                stats.fetched_bytes += chunk.len() as u64;
+                if stats.fetched_bytes > self.settings.max_bytes {
+                    return Err(ImageError::TooLarge(format!(
+                        "{reference}: over {} bytes compressed (SUBAGENTD_IMAGE_MAX_BYTES)",
+                        self.settings.max_bytes
+                    )));
+                }
+                out.write_all(&chunk).await.map_err(|e| ImageError::Unavailable(format!("the image cache: {e}")))?;
+            }
+            out.flush().await.map_err(|e| ImageError::Unavailable(format!("the image cache: {e}")))?;
+            drop(out);
+            let (rootfs, mut done) = (rootfs.clone(), std::mem::take(&mut stats.unpacked));
+            let applied = tokio::task::spawn_blocking(move || {
+                let f = std::fs::File::open(&file)?;
+                let r = layer::apply(f, &rootfs, caps, &mut done);
+                let _ = std::fs::remove_file(&file);
+                Ok::<_, std::io::Error>((r, done))
+            })
+            .await
+            .map_err(|e| ImageError::Unavailable(format!("unpacking: {e}")))?
+            .map_err(|e| ImageError::Unavailable(format!("the image cache: {e}")))?;
+            stats.unpacked = applied.1;
+            applied.0.map_err(|e| match e {
+                layer::LayerError::TooLarge(m) => ImageError::TooLarge(format!(
+                    "{reference}: {m} (SUBAGENTD_IMAGE_MAX_BYTES, SUBAGENTD_IMAGE_MAX_ENTRIES)"
+                )),
+                layer::LayerError::Invalid(m) => {
+                    ImageError::Unavailable(format!("{reference}: layer {}: {m}", l.digest))
+                }
+            })?;
+        }
+        for m in MOUNT_POINTS {
+            let p = rootfs.join(m);
+            if !std::fs::symlink_metadata(&p).is_ok_and(|m| m.is_dir()) {
+                let _ = layer_remove(&p);
+                std::fs::create_dir(&p).map_err(|e| ImageError::Unavailable(format!("the image cache: {e}")))?;
+            }
+            use std::os::unix::fs::PermissionsExt;
+            let _ = std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755));
+        }
+        let meta = Meta { digest: digest.to_string(), env: env.clone(), bytes: stats.unpacked.bytes };
+        std::fs::write(build.path().join("meta.json"), serde_json::to_vec(&meta).unwrap_or_default())
+            .map_err(|e| ImageError::Unavailable(format!("the image cache: {e}")))?;
+        {
+            // The sandbox's uid reads it.
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(build.path(), std::fs::Permissions::from_mode(0o755))
+                .and_then(|_| std::fs::set_permissions(&rootfs, std::fs::Permissions::from_mode(0o755)))
+                .map_err(|e| ImageError::Unavailable(format!("the image cache: {e}")))?;
+        }
+        // Whole, or not at all: the rename is the root's appearance.
+        let dest = self.settings.dir.join("roots").join(key);
+        let built = build.keep();
+        if let Err(e) = std::fs::rename(&built, &dest) {
+            let _ = std::fs::remove_dir_all(&built);
+            return Err(ImageError::Unavailable(format!("the image cache: {e}")));
+        }
+        let root = ImageRoot { digest: digest.to_string(), rootfs: dest.join("rootfs"), env, bytes: meta.bytes };
+        Ok((root, stats))
+    }
+
+    /// Remove the roots used longest ago, none in use, until the cache is within its bound.
+    fn evict(&self) {
+        let mut roots = self.roots.lock().unwrap();
+        let mut total: u64 = roots.values().map(|c| c.root.bytes).sum();
+        while total > self.settings.cache_bytes {
+            let oldest = roots
+                .iter()
+                .filter(|(_, c)| Arc::strong_count(&c.root) == 1)
+                .min_by_key(|(_, c)| c.used)
+                .map(|(k, _)| k.clone());
+            let Some(k) = oldest else { break };
+            let gone = roots.remove(&k).expect("listed");
+            total -= gone.root.bytes;
+            // Out of `roots/` first (one rename), so that a kill -9 mid-removal leaves no half root there.
+            let aside = self.settings.dir.join("tmp").join(std::process::id().to_string()).join(format!("evicted-{k}"));
+            let dir = self.settings.dir.join("roots").join(&k);
+            let _ = std::fs::create_dir_all(aside.parent().unwrap_or(&aside));
+            if std::fs::rename(&dir, &aside).is_ok() {
+                let _ = std::fs::remove_dir_all(&aside);
+            }
+            metrics::counter!("subagentd_image_evictions_total").increment(1);
+        }
+        drop(roots);
+        self.report_size();
+    }
+
+    fn report_size(&self) {
+        let total: u64 = self.roots.lock().unwrap().values().map(|c| c.root.bytes).sum();
+        metrics::gauge!("subagentd_image_cache_bytes").set(total as f64);
+    }
+
+    /// The digests cached now (for tests and the operator).
+    pub fn cached_digests(&self) -> Vec<String> {
+        self.roots.lock().unwrap().values().map(|c| c.root.digest.clone()).collect()
+    }
+
+    /// The cache's directory.
+    pub fn dir(&self) -> &Path {
+        &self.settings.dir
+    }
+}
+
+fn layer_remove(p: &Path) -> std::io::Result<()> {
+    match std::fs::symlink_metadata(p) {
+        Ok(m) if m.is_dir() => std::fs::remove_dir_all(p),
+        Ok(_) => std::fs::remove_file(p),
+        Err(_) => Ok(()),
+    }
+}
+
+/// The cache's name for a digest (its hex), or a refusal of what is not a sha256 digest.
+fn key_of(digest: &str) -> Result<String, ImageError> {
+    match digest.strip_prefix("sha256:") {
+        Some(h) if h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()) => {
+            Ok(h.to_string())
+        }
+        _ => Err(ImageError::Refused(format!("{digest:?} is not a sha256 digest"))),
+    }
+}
+
+/// A client error as the task is told it.
+fn classify(reference: &str, e: oci_client::errors::OciDistributionError) -> ImageError {
+    use oci_client::errors::OciDistributionError as E;
+    // The error and its causes (a connection's failure is in a source, not in the text).
+    let mut text = e.to_string();
+    let mut cause = std::error::Error::source(&e);
+    while let Some(c) = cause {
+        let more = c.to_string();
+        if !text.contains(&more) {
+            text = format!("{text}: {more}");
+        }
+        cause = c.source();
+    }
+    match &e {
+        E::ImageManifestNotFoundError(_) => ImageError::NotFound(format!("{reference}: no such image ({text})")),
+        E::RegistryError { envelope, .. }
+            if envelope.errors.iter().any(|x| {
+                matches!(
+                    x.code,
+                    oci_client::errors::OciErrorCode::ManifestUnknown
+                        | oci_client::errors::OciErrorCode::NameUnknown
+                        | oci_client::errors::OciErrorCode::NotFound
+                )
+            }) =>
+        {
+            ImageError::NotFound(format!("{reference}: no such image ({text})"))
+        }
+        E::ServerError { code: 404, .. } => ImageError::NotFound(format!("{reference}: no such image ({text})")),
+        E::ServerError { code: 403, message, .. } if message.contains("allow-list") || message.contains("address") => {
+            ImageError::Refused(format!("{reference}: {}", message.trim()))
+        }
+        _ => ImageError::Unavailable(format!("{reference}: {text}")),
+    }
+}

@@ -226,6 +226,42 @@ pub struct Config {
     #[arg(long, env = "SUBAGENTD_SANDBOX_WRITE_ENTRIES", default_value_t = 65536, global = true)]
     pub sandbox_write_entries: u64,
 
+    /// The OCI image commands run in when a task names no `environment` (`host[:port]/repo:tag`
+    /// or `…@sha256:…`); unset: the host's `/usr`.
+    #[arg(long, env = "SUBAGENTD_SANDBOX_IMAGE", global = true)]
+    pub sandbox_image: Option<String>,
+
+    /// Registries images may be pulled from (hosts, `*.domain`, CIDRs, `*` for any public host),
+    /// each connection checked by the address guard; unset: `SUBAGENTD_TOOL_ALLOW`.
+    #[arg(long, env = "SUBAGENTD_REGISTRY_ALLOW", global = true)]
+    pub registry_allow: Option<String>,
+
+    /// Registries (`host:port`, comma-separated) reached over plain HTTP, as Docker's
+    /// `insecure-registries`.
+    #[arg(long, env = "SUBAGENTD_INSECURE_REGISTRIES", default_value = "", global = true)]
+    pub insecure_registries: String,
+
+    /// The image cache (one unpacked root per manifest digest); unset: `<data-dir>/images`.
+    /// Disposable; the sandbox's uid must be able to read it.
+    #[arg(long, env = "SUBAGENTD_IMAGE_DIR", global = true)]
+    pub image_dir: Option<PathBuf>,
+
+    /// An image's bytes at most, in MiB: compressed as pulled, and unpacked.
+    #[arg(long, env = "SUBAGENTD_IMAGE_MAX_MB", default_value_t = 4096, global = true)]
+    pub image_max_mb: u64,
+
+    /// An image's entries (files, directories, links) at most.
+    #[arg(long, env = "SUBAGENTD_IMAGE_MAX_ENTRIES", default_value_t = 500_000, global = true)]
+    pub image_max_entries: u64,
+
+    /// The image cache's bound, in MiB: past it, the roots used longest ago go (never one in use).
+    #[arg(long, env = "SUBAGENTD_IMAGE_CACHE_MB", default_value_t = 20480, global = true)]
+    pub image_cache_mb: u64,
+
+    /// A pull's time at most, in seconds (a task waits for it within its own timeout).
+    #[arg(long, env = "SUBAGENTD_IMAGE_PULL_TIMEOUT_SECONDS", default_value_t = 600, global = true)]
+    pub image_pull_timeout_seconds: u64,
+
     /// `web_fetch` calls a tenant may make per minute, across replicas (a tenant's own
     /// `web_fetches_per_minute` wins; 0: none).
     #[arg(long, env = "SUBAGENTD_DEFAULT_WEB_FETCHES_PER_MINUTE", default_value_t = 60, global = true)]

@@ -32,10 +32,24 @@ pub struct Service {
 }
 
 /// The tools' callers and the workspace cache, from the configuration.
-fn tools_of(cfg: &Config) -> std::io::Result<(crate::tools::Caller, Arc<crate::workspace::Workspaces>)> {
+async fn tools_of(cfg: &Config) -> std::io::Result<(crate::tools::Caller, Arc<crate::workspace::Workspaces>)> {
     let invalid = |e: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, e);
     let caller = crate::tools::Caller::from_config(cfg).map_err(|e| invalid(e.to_string()))?;
-    let caller = caller.with_sandbox(sandbox_of(cfg));
+    let sandbox = sandbox_of(cfg);
+    // Images only where commands run: the cache is opened (what a killed process left half-made
+    // removed) and the service's default image checked, at start.
+    let images = match &sandbox {
+        Some(_) => {
+            let settings = crate::tools::image::Settings::from_config(cfg).map_err(invalid)?;
+            let images = crate::tools::image::Images::open(settings).await.map_err(invalid)?;
+            if let Some(default) = cfg.sandbox_image.as_deref() {
+                images.check(default).map_err(|e| invalid(format!("SUBAGENTD_SANDBOX_IMAGE: {e}")))?;
+            }
+            Some(Arc::new(images))
+        }
+        None => None,
+    };
+    let caller = caller.with_sandbox(sandbox).with_images(images);
     let workspaces = crate::workspace::Workspaces::from_config(cfg).map_err(invalid)?;
     Ok((caller, Arc::new(workspaces)))
 }
@@ -95,7 +109,7 @@ impl Service {
             plan.apply(&mut c);
             Arc::new(c)
         };
-        let (tool_caller, workspaces) = tools_of(&cfg)?;
+        let (tool_caller, workspaces) = tools_of(&cfg).await?;
         let mode = crate::http::auth::Mode::parse(&cfg.auth)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
         crate::telemetry::prometheus();

@@ -19,7 +19,7 @@ pub fn process_dir(cfg: &crate::config::Config) -> PathBuf {
     root.join(std::process::id().to_string())
 }
 
-pub use crate::tools::sandbox::sweep_gone_processes;
+pub use crate::tools::leftovers::sweep_gone_processes;
 
 /// What a task's copy may grow to, what its saved changes hold, and what its diff leaves out.
 pub struct Limits {

@@ -228,6 +228,19 @@ impl Runner {
                 }
             }
         }
+        let image = opts.environment.as_ref().and_then(|e| e.image.clone());
+        if let (Some(image), Some(images)) = (image, self.tool_caller.images.clone()) {
+            let ready = tokio::spawn(environment(self.pool.clone(), images, row.clone(), store.fence, image));
+            tools.environment = tokio::select! {
+                r = ready => match r {
+                    Ok(Ok(root)) => Some(root),
+                    Ok(Err(o)) => return o.into(),
+                    Err(e) => return internal(format!("the environment could not be made ready: {e}")),
+                },
+                // The pull goes on in its task (its root is cached for the next run); this run ends.
+                cause = stop.stopped() => return Outcome::Stopped(cause).into(),
+            };
+        }
         let answers = match self.answers(row, &history).await {
             Ok(a) => a,
             Err(e) => return e,
@@ -662,4 +675,46 @@ async fn fill(
     })
     .await
     .map_err(|e| internal(e.to_string()))?
+}
+
+/// The image a run's commands run in: its digest resolved and recorded at the first start (every
+/// later attempt, on any replica, reads the recorded one), its root from this worker's cache,
+/// pulled if it lacks it; an `environment_ready` event says what it took.
+async fn environment(
+    pool: sqlx::PgPool,
+    images: Arc<crate::tools::image::Images>,
+    row: TaskRow,
+    fence: Fence,
+    image: String,
+) -> Result<Arc<crate::tools::image::ImageRoot>, Outcome> {
+    let failed = |e: crate::tools::image::ImageError| Outcome::Failed { code: e.code(), message: e.to_string() };
+    let lost = || Outcome::Stopped(StopCause::LeaseLost);
+    let started = std::time::Instant::now();
+    let digest = match &row.environment_digest {
+        Some(d) => d.clone(),
+        None => {
+            let d = images.resolve(&image).await.map_err(failed)?;
+            match crate::store::workspaces::record_environment(&pool, fence, &d).await {
+                Ok(Some(d)) => d,
+                _ => return Err(lost()),
+            }
+        }
+    };
+    let (root, stats) = images.root(&image, &digest).await.map_err(failed)?;
+    let ev = crate::kinds::event::EnvironmentReady {
+        image,
+        digest,
+        cached: stats.is_none(),
+        fetched_bytes: stats.as_ref().map_or(0, |s| s.fetched_bytes),
+        layers: stats.as_ref().map_or(0, |s| s.layers as u64),
+        bytes: root.bytes,
+        millis: started.elapsed().as_millis() as u64,
+        dropped: stats
+            .map(|s| s.unpacked.dropped.into_iter().map(|d| format!("{}: {}", d.path, d.reason)).collect())
+            .unwrap_or_default(),
+    };
+    match crate::store::events::append(&pool, fence, &[crate::kinds::Event::EnvironmentReady(ev)]).await {
+        Ok(true) => Ok(root),
+        _ => Err(lost()),
+    }
 }

@@ -46,6 +46,7 @@ pub enum Event {
     Released(Empty),
     Rescued(Rescued),
     WorkspaceReady(WorkspaceReady),
+    EnvironmentReady(EnvironmentReady),
     Finished(Finished),
     /// The run's text as it streams (live only, never stored).
     OutputDelta(Value),
@@ -81,6 +82,7 @@ impl Event {
             Event::Released(_) => EventKind::Released,
             Event::Rescued(_) => EventKind::Rescued,
             Event::WorkspaceReady(_) => EventKind::WorkspaceReady,
+            Event::EnvironmentReady(_) => EventKind::EnvironmentReady,
             Event::Finished(_) => EventKind::Finished,
             Event::OutputDelta(_) => EventKind::OutputDelta,
         }
@@ -117,6 +119,7 @@ impl Event {
             EventKind::Released => Event::Released(v(data)?),
             EventKind::Rescued => Event::Rescued(v(data)?),
             EventKind::WorkspaceReady => Event::WorkspaceReady(v(data)?),
+            EventKind::EnvironmentReady => Event::EnvironmentReady(v(data)?),
             EventKind::Finished => Event::Finished(v(data)?),
             EventKind::OutputDelta => Event::OutputDelta(data),
         })
@@ -358,6 +361,28 @@ pub struct WorkspaceReady {
     pub dropped: Vec<String>,
 }
 
+/// The image a run's commands run in, made ready (pulled, or found in this worker's cache).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct EnvironmentReady {
+    /// The reference as the task names it.
+    pub image: String,
+    /// The manifest digest it runs in (recorded at the first start).
+    pub digest: String,
+    /// Found in this worker's cache: nothing was pulled.
+    pub cached: bool,
+    /// Compressed bytes pulled (0 when cached), and the layers.
+    pub fetched_bytes: u64,
+    pub layers: u64,
+    /// The root's bytes, unpacked.
+    pub bytes: u64,
+    /// Time spent resolving and pulling, in ms (the wait for another task's pull included).
+    pub millis: u64,
+    /// Entries left out of the root (a device node, a path leading outside…), each with why.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub dropped: Vec<String>,
+}
+
 /// A call waits for the tenant's reservations to settle (numbers as PostgreSQL writes them).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -496,6 +521,9 @@ mod tests {
                 EventKind::Rescued => vec!["attempt", "status"],
                 EventKind::WorkspaceReady => {
                     vec!["bytes", "cached", "fetched_bytes", "files", "millis", "source", "version"]
+                }
+                EventKind::EnvironmentReady => {
+                    vec!["bytes", "cached", "digest", "fetched_bytes", "image", "layers", "millis"]
                 }
                 EventKind::Finished => vec!["status", "stop_reason"],
                 EventKind::OutputDelta => vec![],

@@ -456,6 +456,7 @@ text_enum! {
         /// The task's workspace is on this worker's disk: fetched or unpacked (its time and
         /// bytes), or found in the cache.
         WorkspaceReady = "workspace_ready",
+        EnvironmentReady = "environment_ready",
         /// The task ended (`status`, `stop_reason`).
         Finished = "finished",
         /// The run's text as it streams: on the live stream only, never stored (no `seq`).
@@ -511,6 +512,15 @@ text_enum! {
         /// The uploaded workspace or the secret it names no longer exists, or was replaced since
         /// the task first read it.
         WorkspaceGone = "workspace_gone",
+        /// The environment's registry is refused by the address guard
+        /// (`SUBAGENTD_REGISTRY_ALLOW`).
+        EnvironmentRefused = "environment_refused",
+        /// The registry has no such image (repository, tag or digest).
+        EnvironmentNotFound = "environment_not_found",
+        /// The image is over a cap (`SUBAGENTD_IMAGE_MAX_MB`, `SUBAGENTD_IMAGE_MAX_ENTRIES`).
+        EnvironmentTooLarge = "environment_too_large",
+        /// The registry could not be reached or read, or the pull ran out of time.
+        EnvironmentUnavailable = "environment_unavailable",
         /// A turn's results could not be stored (the database refused them): the task ends
         /// here, naming why, rather than repeating the work on another attempt.
         CheckpointFailed = "checkpoint_failed",

@@ -80,6 +80,9 @@ pub struct TaskRow {
     /// Its diff's counts, once its run ended with a copy of its workspace (`task_diffs`).
     #[sqlx(default)]
     pub diff_stats: Option<Value>,
+    /// The manifest digest its environment's image resolved to (recorded at the first start).
+    #[sqlx(default)]
+    pub environment_digest: Option<String>,
 }
 
 impl TaskRow {
@@ -205,7 +208,7 @@ macro_rules! query_tasks {
                 created_at AS "created_at!", started_at, finished_at, parent_task_id, max_cost_usd, max_tokens,
                 traceparent, webhook_url, waiting_for, api_key, pauses AS "pauses!", paused_ms AS "paused_ms!",
                 answered_model, run_at, priority AS "priority!", "# + $($webhook)+ + r#" AS webhook, workspace_version,
-                diff_stats"# + $($tail)+
+                diff_stats, environment_digest"# + $($tail)+
             $(, $arg)*
         )
     };
@@ -265,6 +268,7 @@ macro_rules! task_from {
             webhook: r.webhook,
             workspace_version: r.workspace_version,
             diff_stats: r.diff_stats,
+            environment_digest: r.environment_digest,
         }
     }};
 }

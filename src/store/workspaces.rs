@@ -153,6 +153,19 @@ pub async fn record_version(pool: &PgPool, f: Fence, version: &str) -> Result<Op
     .await?)
 }
 
+/// Record the image digest the task runs in, once, as `record_version` does its workspace's.
+pub async fn record_environment(pool: &PgPool, f: Fence, digest: &str) -> Result<Option<String>, StoreError> {
+    Ok(sqlx::query_scalar!(
+        r#"UPDATE task_queue SET environment_digest = coalesce(environment_digest, $3)
+         WHERE id = $1 AND lease_token = $2 RETURNING environment_digest AS "environment_digest!""#,
+        f.id,
+        f.lease,
+        digest
+    )
+    .fetch_optional(pool)
+    .await?)
+}
+
 /// A secret's name and times (never its value).
 #[derive(Debug, Clone, Serialize)]
 pub struct SecretRow {

@@ -42,6 +42,10 @@ pub struct TaskView {
     /// run reads once it first started: `commit` (git) or `content_hash` (an upload).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub workspace: Option<Value>,
+    /// The image its commands run in (`image`, as asked or the service's default), with the
+    /// manifest `digest` its run resolved it to once it first started.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub environment: Option<Value>,
     /// With a writable copy of its workspace, once its run ended: its diff's counts
     /// (`files_changed`, `lines_added`, `lines_removed`, `binary_files`, `bytes`, and `omitted`
     /// files past the size cap); the diff itself is `GET /tasks/{id}/diff`.
@@ -142,6 +146,11 @@ impl From<TaskRow> for TaskView {
                 let mut v = serde_json::to_value(w).unwrap_or_default();
                 let key = if w.git.is_some() { "commit" } else { "content_hash" };
                 v[key] = r.workspace_version.clone().map_or(Value::Null, Value::String);
+                v
+            }),
+            environment: opts.as_ref().and_then(|o| o.environment.as_ref()).map(|e| {
+                let mut v = serde_json::to_value(e).unwrap_or_default();
+                v["digest"] = r.environment_digest.clone().map_or(Value::Null, Value::String);
                 v
             }),
             tools: opts.map(|o| o.tools.into_iter().map(|t| t.name).collect()).unwrap_or_default(),

@@ -14,6 +14,7 @@ pub mod files;
 pub mod html;
 pub mod http;
 pub mod image;
+pub mod leftovers;
 pub mod mcp;
 pub mod page;
 pub mod sandbox;
@@ -275,6 +276,8 @@ pub struct Caller {
     pub builtins: builtin::Registry,
     /// The sandbox `run_command` runs in, where it starts on this host.
     pub sandbox: Option<Arc<sandbox::Sandbox>>,
+    /// The images commands may run in (with the sandbox).
+    pub images: Option<Arc<image::Images>>,
     /// What a tenant's kept changes and diffs may hold, in bytes (`SUBAGENTD_TENANT_STORAGE_MB`).
     pub storage_quota: u64,
 }
@@ -298,6 +301,7 @@ impl Caller {
             .map_err(ToolError::Config)?,
             web: web::Web::from_config(cfg)?,
             sandbox: None,
+            images: None,
             storage_quota: cfg.tenant_storage_mb.saturating_mul(1 << 20),
         })
     }
@@ -306,6 +310,11 @@ impl Caller {
     pub fn with_sandbox(mut self, sandbox: Option<Arc<sandbox::Sandbox>>) -> Caller {
         self.builtins = self.builtins.with_sandbox(sandbox.is_some());
         self.sandbox = sandbox;
+        self
+    }
+
+    pub fn with_images(mut self, images: Option<Arc<image::Images>>) -> Caller {
+        self.images = images;
         self
     }
 }

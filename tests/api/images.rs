@@ -5,6 +5,7 @@ use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use serde_json::{json, Value};
 use subagentd::tools::image::{ImageError, Images, Settings};
 use subagentd::tools::sandbox::Place;
 use subagentd::tools::ssrf::AllowList;
@@ -70,14 +71,14 @@ async fn unknown_tags_and_registries_off_the_allow_list_fail_clearly_and_soon() 
     let started = Instant::now();
     let e = images.resolve(&reg.image("test/bb:nope")).await.unwrap_err();
     assert!(matches!(e, ImageError::NotFound(_)), "{e:?}");
-    assert_eq!(e.code(), "environment_not_found");
+    assert_eq!(e.code().as_str(), "environment_not_found");
     let e = images.resolve(&reg.image("test/none:1")).await.unwrap_err();
     assert!(matches!(e, ImageError::NotFound(_)), "{e:?}");
     assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
 
     // A registry the list does not name: refused before any connection.
     let e = images.check("10.1.2.3:5000/team/app:1").unwrap_err();
-    assert_eq!(e.code(), "environment_refused");
+    assert_eq!(e.code().as_str(), "environment_refused");
     assert!(e.to_string().contains("SUBAGENTD_REGISTRY_ALLOW"), "{e}");
     assert!(images.check("not a reference").is_err());
     let named = settings(&reg, dir.path(), "localhost");
@@ -182,9 +183,9 @@ async fn caps_stop_a_pull_and_leave_no_root() {
     s.max_entries = 100;
     let images = Images::open(s).await.unwrap();
     let e = images.root(&reg.image("test/bomb:1"), &bomb_digest).await.unwrap_err();
-    assert_eq!(e.code(), "environment_too_large", "{e}");
+    assert_eq!(e.code().as_str(), "environment_too_large", "{e}");
     let e = images.root(&reg.image("test/many:1"), &many_digest).await.unwrap_err();
-    assert_eq!(e.code(), "environment_too_large", "{e}");
+    assert_eq!(e.code().as_str(), "environment_too_large", "{e}");
     assert!(e.to_string().contains("100 entries"), "{e}");
     assert_eq!(std::fs::read_dir(dir.path().join("roots")).unwrap().count(), 0, "no root made");
     let left: Vec<_> = walkdir::WalkDir::new(dir.path().join("tmp"))
@@ -274,4 +275,383 @@ async fn a_command_sees_the_images_files_and_env_and_not_the_hosts_usr() {
     assert!(text.contains("/workspace\n1000"), "{text}");
     assert!(text.contains("Read-only file system"), "the image's root is read-only: {text}");
     assert_eq!(std::fs::read_to_string(copy.join("out")).unwrap(), "made\n", "the copy is written");
+}
+
+/// The sandbox's settings with a registry on loopback, and the image cache in `dir`.
+fn app_config(reg: &Registry, dir: &std::path::Path) -> impl FnOnce(&mut subagentd::config::Config) {
+    let (addr, dir) = (reg.addr.clone(), dir.to_path_buf());
+    move |c| {
+        c.builtin_tools_off = "web_fetch,web_search".into();
+        c.workspace_git_allow = Some("127.0.0.1/32".into());
+        c.default_model = Some("mock/m".into());
+        c.registry_allow = Some("127.0.0.1/32".into());
+        c.insecure_registries = addr;
+        c.image_dir = Some(dir);
+    }
+}
+
+/// The prompt whose mock makes these calls, one a turn.
+fn script(commands: &[&str]) -> String {
+    let list: Vec<Value> = commands.iter().map(|c| json!({"tool": "run_command", "args": {"command": c}})).collect();
+    format!("run it [mock:calls={}]", Value::Array(list))
+}
+
+async fn submit(app: &crate::helpers::TestApp, body: Value) -> reqwest::Response {
+    app.client.post(app.url("/tasks?wait=true&timeout=120")).json(&body).send().await.unwrap()
+}
+
+async fn events(app: &crate::helpers::TestApp, id: &str) -> Vec<Value> {
+    let ev: Value = app.client.get(app.url(&format!("/tasks/{id}/events"))).send().await.unwrap().json().await.unwrap();
+    ev["events"].as_array().unwrap().clone()
+}
+
+#[tokio::test]
+async fn a_tasks_commands_run_in_its_image_pinned_to_the_digest_its_first_run_resolved() {
+    let Some(reg) = Registry::start().await else { return };
+    let Some(srv) = crate::workspaces::git_server().await else { return };
+    if !crate::sandbox::has_bwrap() {
+        return;
+    }
+    let first = reg.push("test/bb:1", vec![busybox_layer()], &["PATH=/bin", "LANG=image-lang"]).await;
+    let dir = cache_dir();
+    let app = crate::helpers::spawn_app_with(app_config(&reg, dir.path()), true).await;
+    let repo = format!("{}/repo.git", srv.base);
+    let image = reg.image("test/bb:1");
+
+    // Paused before its command (approval), after its first start resolved the tag.
+    let body = json!({"workspace": {"git": repo}, "environment": {"image": image}, "approval": "propose",
+        "prompt": script(&["cat /etc/image-release; echo lang=$LANG; ls /usr/bin/git; ls"])});
+    let r = submit(&app, body).await;
+    assert_eq!(r.status(), 200);
+    let t: Value = r.json().await.unwrap();
+    assert_eq!(t["status"], "requires_action", "{t}");
+    assert_eq!(t["environment"], json!({"image": image, "digest": first}), "{t}");
+    let id = t["id"].as_str().unwrap().to_string();
+
+    // The tag moves; the paused task's next attempt runs in the digest it recorded.
+    let moved = reg
+        .push(
+            "test/bb:1",
+            vec![
+                busybox_layer(),
+                tar_gz(|b| {
+                    entry(b, "etc/image-release", E::Regular, "", 0o644, b"the moved tag\n");
+                }),
+            ],
+            &["PATH=/bin", "LANG=moved"],
+        )
+        .await;
+    assert_ne!(moved, first);
+    let acts = t["pending_actions"].as_array().unwrap();
+    let r = app
+        .client
+        .post(app.url(&format!("/tasks/{id}/actions")))
+        .json(&json!([{"id": acts[0]["id"], "decision": "approve"}]))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    let t = app.poll_until_terminal(&id, Duration::from_secs(60)).await;
+    assert_eq!(t["status"], "completed", "{t}");
+    assert_eq!(t["environment"]["digest"], first.as_str());
+    let out = crate::tools::tool_results(&app, &id).await;
+    let out = out[0]["content"].as_str().unwrap();
+    assert!(out.contains("busybox test image") && out.contains("lang=image-lang"), "the recorded digest: {out}");
+    assert!(out.contains("/usr/bin/git: No such file"), "not the host's /usr: {out}");
+    assert!(out.contains("check.sh"), "the task's copy at /workspace: {out}");
+    let ready: Vec<Value> = events(&app, &id).await.into_iter().filter(|e| e["kind"] == "environment_ready").collect();
+    assert_eq!(ready.len(), 2, "one a start: {ready:?}");
+    assert_eq!(ready[0]["data"]["cached"], false);
+    assert!(ready[0]["data"]["fetched_bytes"].as_u64().unwrap() > 500_000, "{ready:?}");
+    assert_eq!(
+        (ready[1]["data"]["cached"].as_bool(), ready[1]["data"]["digest"].as_str()),
+        (Some(true), Some(first.as_str()))
+    );
+
+    // A new task resolves the tag anew.
+    let t: Value = submit(
+        &app,
+        json!({"workspace": {"git": repo}, "environment": {"image": image},
+        "prompt": script(&["cat /etc/image-release"])}),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(t["environment"]["digest"], moved.as_str(), "{t}");
+    let out = crate::tools::tool_results(&app, t["id"].as_str().unwrap()).await;
+    assert!(out[0]["content"].as_str().unwrap().contains("the moved tag"), "{out:?}");
+
+    // An unknown tag: the task fails soon, naming it.
+    let started = Instant::now();
+    let t: Value = submit(
+        &app,
+        json!({"workspace": {"git": repo}, "environment": {"image": reg.image("test/bb:nope")},
+        "prompt": script(&["true"])}),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(
+        (t["status"].as_str(), t["error"]["code"].as_str()),
+        (Some("failed"), Some("environment_not_found")),
+        "{t}"
+    );
+    assert!(t["error"]["message"].as_str().unwrap().contains("test/bb:nope"), "{t}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let metrics = app.client.get(app.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    assert!(metrics.contains("subagentd_image_pulls_total{outcome=\"ok\"}"), "{metrics}");
+    assert!(metrics.contains("subagentd_image_cache_hits_total"), "{metrics}");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn the_services_default_image_shows_on_its_tasks_and_bad_environments_are_refused_at_submission() {
+    let Some(reg) = Registry::start().await else { return };
+    let Some(srv) = crate::workspaces::git_server().await else { return };
+    if !crate::sandbox::has_bwrap() {
+        return;
+    }
+    let digest = reg.push("test/default:1", vec![busybox_layer()], &["PATH=/bin", "WHICH=default"]).await;
+    let dir = cache_dir();
+    let default = reg.image("test/default:1");
+    let tweak = app_config(&reg, dir.path());
+    let d = default.clone();
+    let app = crate::helpers::spawn_app_with(
+        move |c| {
+            tweak(c);
+            c.sandbox_image = Some(d);
+        },
+        true,
+    )
+    .await;
+    let repo = format!("{}/repo.git", srv.base);
+    let t: Value = submit(&app, json!({"workspace": {"git": repo}, "prompt": script(&["echo which=$WHICH"])}))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(t["status"], "completed", "{t}");
+    assert_eq!(t["environment"], json!({"image": default, "digest": digest}), "{t}");
+    let out = crate::tools::tool_results(&app, t["id"].as_str().unwrap()).await;
+    assert!(out[0]["content"].as_str().unwrap().contains("which=default"), "{out:?}");
+    // A task without run_command has no environment.
+    let t: Value = submit(&app, json!({"subagent_type": "explore", "workspace": {"git": repo}, "prompt": "look"}))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert!(t.get("environment").is_none(), "{t}");
+
+    let tasks_before: i64 = sqlx::query_scalar("SELECT count(*) FROM tasks").fetch_one(&app.db.pool).await.unwrap();
+    for (body, field, says) in [
+        (
+            json!({"workspace": {"git": repo}, "environment": {"image": "10.1.2.3:5000/team/app:1"}, "prompt": "x"}),
+            "environment.image",
+            "SUBAGENTD_REGISTRY_ALLOW",
+        ),
+        (
+            json!({"workspace": {"git": repo}, "environment": {"image": "Not A Reference"}, "prompt": "x"}),
+            "environment.image",
+            "not an image reference",
+        ),
+        (
+            json!({"workspace": {"git": repo}, "environment": {"name": "py"}, "prompt": "x"}),
+            "environment.name",
+            "not offered",
+        ),
+        (json!({"workspace": {"git": repo}, "environment": {}, "prompt": "x"}), "environment", "give `image`"),
+        (
+            json!({"workspace": {"git": repo}, "environment": {"image": default, "extra": 1}, "prompt": "x"}),
+            "",
+            "extra",
+        ),
+        (
+            json!({"subagent_type": "explore", "workspace": {"git": repo}, "environment": {"image": default}, "prompt": "x"}),
+            "environment",
+            "not given run_command",
+        ),
+    ] {
+        let r = submit(&app, body.clone()).await;
+        assert_eq!(r.status(), 422, "{body}");
+        assert_eq!(r.headers()["content-type"], "application/problem+json");
+        let p: Value = r.json().await.unwrap();
+        assert!(p.to_string().contains(says) && p.to_string().contains(field), "{body}: {p}");
+    }
+    let tasks_after: i64 = sqlx::query_scalar("SELECT count(*) FROM tasks").fetch_one(&app.db.pool).await.unwrap();
+    assert_eq!(tasks_before, tasks_after, "a refusal changes nothing");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_kill_dash_nine_during_a_pull_leaves_nothing_a_later_task_uses() {
+    let Some(reg) = Registry::start().await else { return };
+    let Some(srv) = crate::workspaces::git_server().await else { return };
+    if !crate::sandbox::has_bwrap() {
+        return;
+    }
+    // 48 MiB that do not compress: a pull long enough to be killed in.
+    let mut noise = vec![0u8; 48 << 20];
+    rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut noise);
+    let big = {
+        let mut raw = Vec::new();
+        let mut b = tar::Builder::new(&mut raw);
+        entry(&mut b, "noise", E::Regular, "", 0o644, &noise);
+        b.finish().unwrap();
+        drop(b);
+        raw
+    };
+    let digest = reg.push("test/big:1", vec![busybox_layer(), big], &["PATH=/bin"]).await;
+    let images = cache_dir();
+    let api_cache = cache_dir();
+    let app = crate::helpers::spawn_app_with(app_config(&reg, api_cache.path()), false).await;
+    let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let env = |d: &tempfile::TempDir| -> Vec<(String, String)> {
+        vec![
+            ("SUBAGENTD_DATA_DIR".into(), d.path().display().to_string()),
+            ("SUBAGENTD_IMAGE_DIR".into(), images.path().display().to_string()),
+            ("SUBAGENTD_REGISTRY_ALLOW".into(), "127.0.0.1/32".into()),
+            ("SUBAGENTD_INSECURE_REGISTRIES".into(), reg.addr.clone()),
+            ("SUBAGENTD_WORKSPACE_GIT_ALLOW".into(), "127.0.0.1/32".into()),
+            ("SUBAGENTD_BUILTIN_TOOLS_OFF".into(), "web_fetch,web_search".into()),
+            ("SUBAGENTD_LEASE_SECONDS".into(), "2".into()),
+            ("SUBAGENTD_HEARTBEAT_SECONDS".into(), "1".into()),
+        ]
+    };
+    let spawn = |d: &tempfile::TempDir| {
+        let e = env(d);
+        let refs: Vec<(&str, &str)> = e.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        crate::helpers::spawn_binary(&["worker"], &app.db.url, &refs)
+    };
+    let mut a = spawn(&da);
+    crate::helpers::workers_up(&app.db.pool, 1, Duration::from_secs(30)).await;
+    let repo = format!("{}/repo.git", srv.base);
+    let t = app
+        .submit(json!({"workspace": {"git": repo}, "environment": {"image": reg.image("test/big:1")},
+            "prompt": script(&["wc -c /noise"])}))
+        .await;
+    let id = t["id"].as_str().unwrap().to_string();
+    // Killed once its pull has begun writing (a layer in its build directory).
+    let building = images.path().join("tmp").join(a.child.id().to_string());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !walkdir::WalkDir::new(&building)
+        .into_iter()
+        .flatten()
+        .any(|e| e.file_name().to_string_lossy().starts_with("layer-"))
+    {
+        assert!(Instant::now() < deadline, "the pull never began");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(a.child.id() as i32, libc::SIGKILL) };
+    let _ = a.child.wait();
+    assert_eq!(std::fs::read_dir(images.path().join("roots")).unwrap().count(), 0, "no root was made whole");
+    assert!(building.exists(), "the killed pull left its build directory");
+
+    let _b = spawn(&db);
+    let done = app.poll_until_terminal(&id, Duration::from_secs(90)).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["environment"]["digest"], digest.as_str());
+    assert!(!building.exists(), "the next start removed what the killed process left");
+    let out = crate::tools::tool_results(&app, &id).await;
+    assert!(out[0]["content"].as_str().unwrap().contains(&format!("{} /noise", 48 << 20)), "{out:?}");
+    let ready: Vec<Value> = events(&app, &id).await.into_iter().filter(|e| e["kind"] == "environment_ready").collect();
+    assert_eq!(ready.len(), 1, "the killed attempt never said it was ready: {ready:?}");
+    assert_eq!(ready[0]["data"]["cached"], false, "pulled anew, whole");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn the_mcp_and_a2a_doors_take_an_environment_with_the_same_rules() {
+    let Some(reg) = Registry::start().await else { return };
+    let Some(srv) = crate::workspaces::git_server().await else { return };
+    if !crate::sandbox::has_bwrap() {
+        return;
+    }
+    let digest = reg.push("test/doors:1", vec![busybox_layer()], &["PATH=/bin", "DOOR=image"]).await;
+    let dir = cache_dir();
+    let app = crate::helpers::spawn_app_with(app_config(&reg, dir.path()), true).await;
+    let repo = format!("{}/repo.git", srv.base);
+    let image = reg.image("test/doors:1");
+    let host = app.base.trim_start_matches("http://").to_string();
+    let c = reqwest::Client::new();
+    let mcp = |body: Value, sid: Option<String>| {
+        let mut r = c
+            .post(app.url("/mcp"))
+            .header("accept", "application/json, text/event-stream")
+            .header("host", &host)
+            .header("origin", &app.base)
+            .header("mcp-protocol-version", "2025-11-25");
+        if let Some(s) = sid {
+            r = r.header("mcp-session-id", s);
+        }
+        r.json(&body).send()
+    };
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                      "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}});
+    let r = mcp(init, None).await.unwrap();
+    let sid = r.headers()["mcp-session-id"].to_str().unwrap().to_string();
+    let list = mcp(json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}), Some(sid.clone())).await.unwrap();
+    assert!(list.text().await.unwrap().contains("\"environment\""), "the task tool's schema names environment");
+    let args = json!({"subagent_type": "general", "description": "run", "workspace": {"git": repo},
+                      "environment": {"image": image}, "prompt": script(&["echo door=$DOOR"])});
+    let r = mcp(
+        json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "task", "arguments": args}}),
+        Some(sid.clone()),
+    )
+    .await
+    .unwrap();
+    let text = r.text().await.unwrap();
+    assert!(text.contains("\"completed\""), "{text}");
+    // A registry off the list is refused at this door too, and starts nothing.
+    let bad = json!({"subagent_type": "general", "description": "x", "prompt": "x", "workspace": {"git": repo},
+                     "environment": {"image": "10.1.2.3:5000/a/b:1"}});
+    let r = mcp(
+        json!({"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {"name": "task", "arguments": bad}}),
+        Some(sid),
+    )
+    .await
+    .unwrap();
+    let text = r.text().await.unwrap();
+    assert!(text.contains("environment.image") && text.contains("isError"), "{text}");
+
+    let send = json!({"jsonrpc": "2.0", "id": 5, "method": "SendMessage",
+                      "params": {"message": {"messageId": "m-1", "role": "ROLE_USER",
+                                             "parts": [{"text": script(&["echo door=$DOOR"])}],
+                                             "metadata": {"workspace": {"git": repo}, "environment": {"image": image}}}}});
+    let r = c
+        .post(app.url("/a2a/agents/general"))
+        .header("a2a-version", "1.0")
+        .header("origin", &app.base)
+        .json(&send)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let _ = r.text().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let ids: Vec<uuid::Uuid> = loop {
+        let ids: Vec<uuid::Uuid> =
+            sqlx::query_scalar("SELECT id FROM tasks WHERE finished_at IS NOT NULL ORDER BY created_at")
+                .fetch_all(&app.db.pool)
+                .await
+                .unwrap();
+        if ids.len() == 2 {
+            break ids;
+        }
+        assert!(Instant::now() < deadline, "the tasks did not finish");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    for id in ids {
+        let t = app.get_task(&id.to_string()).await;
+        assert_eq!(
+            (t["status"].as_str(), t["environment"]["digest"].as_str()),
+            (Some("completed"), Some(digest.as_str())),
+            "{t}"
+        );
+        let out = crate::tools::tool_results(&app, &id.to_string()).await;
+        assert!(out[0]["content"].as_str().unwrap().contains("door=image"), "{out:?}");
+    }
+    app.stop().await;
 }

@@ -29,6 +29,7 @@ class Task(Model):
     max_turns: Optional[int] = None
     tools: Optional[List[str]] = None
     workspace: Optional[Dict[str, Any]] = None
+    environment: Optional[Dict[str, Any]] = None
     diff: Optional[DiffStats] = None
     summary: Optional[str] = None
     output: Optional[Any] = None
@@ -51,7 +52,7 @@ class Task(Model):
     trace_id: Optional[str] = None
     webhook: Optional[Dict[str, Any]] = None
     extra: Dict[str, Any] = _dc.field(default_factory=dict)
-    _fields = ["id", "tenant", "status", "stop_reason", "subagent_type", "description", "model", "fallback_models", "fallback_on", "answered_model", "priority", "run_at", "prompt", "max_turns", "tools", "workspace", "diff", "summary", "output", "error", "turns", "usage", "cost_usd", "cost_complete", "usage_estimated", "waiting_for", "pending_actions", "attempt", "metadata", "created_at", "started_at", "finished_at", "queue_ms", "run_ms", "parent_task_id", "trace_id", "webhook"]
+    _fields = ["id", "tenant", "status", "stop_reason", "subagent_type", "description", "model", "fallback_models", "fallback_on", "answered_model", "priority", "run_at", "prompt", "max_turns", "tools", "workspace", "environment", "diff", "summary", "output", "error", "turns", "usage", "cost_usd", "cost_complete", "usage_estimated", "waiting_for", "pending_actions", "attempt", "metadata", "created_at", "started_at", "finished_at", "queue_ms", "run_ms", "parent_task_id", "trace_id", "webhook"]
     _nested = {"diff": ("DiffStats", False), "pending_actions": ("PendingAction", True)}
     _required = ["attempt", "cost_complete", "cost_usd", "created_at", "id", "metadata", "model", "prompt", "status", "subagent_type", "turns", "usage"]
 

@@ -16,6 +16,7 @@ export interface Task {
     max_turns?: number | null;
     tools?: string[];
     workspace?: Record<string, unknown>;
+    environment?: Record<string, unknown>;
     diff?: DiffStats;
     summary?: string | null;
     output?: unknown;

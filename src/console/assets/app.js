@@ -12,7 +12,7 @@
     'model_fallback', 'model_fallback_skipped', 'tool_calls_started', 'tool_call_finished',
     'tool_call_refused', 'tool_call_cut', 'tool_calls_waiting', 'text_tool_calls', 'loop_warning',
     'answer_cut', 'output_invalid', 'checkpoint', 'budget_wait', 'requires_action', 'action_answered',
-    'actions_answered', 'cancel_requested', 'cancelled', 'released', 'rescued', 'workspace_ready', 'finished'];
+    'actions_answered', 'cancel_requested', 'cancelled', 'released', 'rescued', 'workspace_ready', 'environment_ready', 'finished'];
   const OUTCOME_COLORS = { completed: '#16a34a', incomplete: '#d97706', failed: '#dc2626', cancelled: '#64748b' };
   const PALETTE = ['#2563eb', '#16a34a', '#d97706', '#dc2626', '#7c3aed', '#0891b2', '#db2777', '#65a30d',
     '#ea580c', '#4f46e5', '#0d9488', '#a16207'];

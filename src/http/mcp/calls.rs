@@ -43,6 +43,8 @@ struct TaskArgs {
     output_schema: Option<Value>,
     #[serde(default)]
     workspace: Option<crate::kinds::WorkspaceSpec>,
+    #[serde(default)]
+    environment: Option<crate::kinds::EnvironmentSpec>,
     /// Answer at once with the task's id; the task runs on whatever the session does.
     #[serde(default)]
     run_in_background: bool,
@@ -153,6 +155,7 @@ fn submission(ctx: &Ctx, id: &Value, agent: Option<&str>, a: TaskArgs) -> Result
         parent_context: a.parent_context,
         output_schema: a.output_schema,
         workspace: a.workspace,
+        environment: a.environment,
         resume_from,
         ..TaskRequest::default()
     };

@@ -82,6 +82,15 @@ fn task_input(agents: &[(String, String)]) -> Value {
                     "web": {"type": "boolean", "description": "Also offer the web tools beside a private workspace, where the tenant allows it."}
                 },
                 "additionalProperties": false
+            },
+            "environment": {
+                "type": "object",
+                "description": "The OCI image the sub-agent's commands (run_command) run in, with the workspace at /workspace: {\"image\": \"host[:port]/repo:tag\"} (default: the service's).",
+                "properties": {
+                    "image": {"type": "string", "description": "An OCI image reference from an allowed registry."}
+                },
+                "required": ["image"],
+                "additionalProperties": false
             }
         },
         "required": ["subagent_type", "description", "prompt"],

@@ -94,6 +94,10 @@ pub struct TaskRequest {
     /// `{"name": …}` (an uploaded workspace).
     #[serde(default)]
     pub workspace: Option<crate::kinds::WorkspaceSpec>,
+    /// The OCI image `run_command` runs in: `{"image": "host[:port]/repo:tag"}` (default: the
+    /// service's `SUBAGENTD_SANDBOX_IMAGE`, else the host's `/usr`).
+    #[serde(default)]
+    pub environment: Option<crate::kinds::EnvironmentSpec>,
 }
 
 /// One submission: the request and what came with it, as the door received it.

@@ -71,8 +71,10 @@ impl Lifecycle {
             who.definition.as_ref().and_then(|d| d.max_output_tokens),
             self.p.cfg.max_output_tokens,
         );
+        let environment = self.environment(body, &tools)?;
         let mut options = self.options(body, limits, &who, &own, approval, tools)?;
         options.workspace = workspace;
+        options.environment = environment;
         let stored = options.to_stored();
         let prompt = body.prompt.trim();
         // The same key must come with the same request: hash what was asked, as resolved.
@@ -320,6 +322,51 @@ impl Lifecycle {
             workspace: None,
             environment: None,
         })
+    }
+
+    /// The request's `environment`, checked (its registry allowed, before any network), else the
+    /// service's default image: only for a task given `run_command`, the one tool it concerns.
+    fn environment(
+        &self,
+        body: &TaskRequest,
+        tools: &[crate::tools::ToolDef],
+    ) -> Result<Option<crate::kinds::EnvironmentSpec>, TaskError> {
+        use crate::tools::Target;
+        let commands =
+            tools.iter().any(|t| matches!(t.target, Target::Builtin { tool: crate::kinds::BuiltinTool::RunCommand }));
+        let Some(env) = &body.environment else {
+            let default =
+                self.p.cfg.sandbox_image.as_deref().filter(|_| commands && self.p.tool_caller.images.is_some());
+            return Ok(default.map(|d| crate::kinds::EnvironmentSpec { image: Some(d.to_string()), name: None }));
+        };
+        match (&env.image, &env.name) {
+            (Some(image), None) => {
+                let Some(images) = &self.p.tool_caller.images else {
+                    return Err(TaskError::invalid(
+                        "environment",
+                        "an environment is where run_command runs, and the sandbox does not start on this host",
+                    ));
+                };
+                if !commands {
+                    return Err(TaskError::invalid(
+                        "environment",
+                        "an environment is where run_command runs, and this task is not given run_command \
+                         (a general task with a workspace is)",
+                    ));
+                }
+                images.check(image).map_err(|e| TaskError::invalid("environment.image", e.to_string()))?;
+                Ok(Some(env.clone()))
+            }
+            (None, Some(_)) => Err(TaskError::invalid(
+                "environment.name",
+                "named environments (an image with a setup, PUT /environments/{name}) are not offered by this \
+                 service yet: give `image`",
+            )),
+            _ => Err(TaskError::invalid(
+                "environment",
+                "give `image` (an OCI reference such as registry.example.com/team/app:1)",
+            )),
+        }
     }
 
     /// The request's `workspace`, checked: a repository URL the address guard allows (an IP

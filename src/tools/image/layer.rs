@@ -164,7 +164,6 @@ pub fn apply(input: impl Read, root: &Path, caps: Caps, done: &mut Unpacked) -> 
             done.drop_entry(&raw, "a parent is a link or a file");
             continue;
         }
-        let at = root.join(&rel);
         if name == OPAQUE {
             let dir = rel.parent().unwrap_or(Path::new(""));
             for child in std::fs::read_dir(root.join(dir)).map_err(|e| io(dir, e))?.flatten() {
@@ -179,86 +178,99 @@ pub fn apply(input: impl Read, root: &Path, caps: Caps, done: &mut Unpacked) -> 
             remove(&root.join(&p)).map_err(|e| io(&p, e))?;
             continue;
         }
-        let mode = entry.header().mode().unwrap_or(0o644);
-        match entry.header().entry_type() {
-            tar::EntryType::Directory => {
-                match std::fs::symlink_metadata(&at) {
-                    Ok(m) if m.is_dir() => {}
-                    _ => {
-                        remove(&at).map_err(|e| io(&rel, e))?;
-                        std::fs::create_dir(&at).map_err(|e| io(&rel, e))?;
-                    }
-                }
-                // The owner's bits stay, so that later layers can write in it.
-                std::fs::set_permissions(&at, std::fs::Permissions::from_mode((mode & 0o777) | 0o700))
-                    .map_err(|e| io(&rel, e))?;
-            }
-            tar::EntryType::Regular | tar::EntryType::Continuous | tar::EntryType::GNUSparse => {
-                let size = entry.size();
-                if done.bytes.saturating_add(size) > caps.max_bytes {
-                    return Err(LayerError::TooLarge(format!(
-                        "the image unpacks to more than {} bytes",
-                        caps.max_bytes
-                    )));
-                }
-                remove(&at).map_err(|e| io(&rel, e))?;
-                let mut f = std::fs::OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .mode(0o600)
-                    .custom_flags(libc::O_NOFOLLOW)
-                    .open(&at)
-                    .map_err(|e| io(&rel, e))?;
-                let copied = std::io::copy(&mut (&mut entry).take(size), &mut f).map_err(bad)?;
-                done.bytes += copied;
-                drop(f);
-                std::fs::set_permissions(&at, std::fs::Permissions::from_mode(mode & 0o777))
-                    .map_err(|e| io(&rel, e))?;
-                if mode & 0o7000 != 0 {
-                    done.bits_cleared += 1;
-                }
-            }
-            tar::EntryType::Symlink => {
-                let Some(target) = entry.link_name_bytes() else {
-                    done.drop_entry(&raw, "a link with no target");
-                    continue;
-                };
-                let target: &std::ffi::OsStr = std::os::unix::ffi::OsStrExt::from_bytes(&target);
-                remove(&at).map_err(|e| io(&rel, e))?;
-                std::os::unix::fs::symlink(target, &at).map_err(|e| io(&rel, e))?;
-            }
-            tar::EntryType::Link => {
-                let target = entry.link_name_bytes().map(|t| plain(&t));
-                let target = match target {
-                    Some(Ok(Some(t))) => t,
-                    _ => {
-                        done.drop_entry(&raw, "a hard link that leads outside");
-                        continue;
-                    }
-                };
-                let inside = parents_are_directories(root, &target, false).map_err(|e| io(&target, e))?
-                    && std::fs::symlink_metadata(root.join(&target)).is_ok_and(|m| m.is_file());
-                if !inside || target == rel {
-                    done.drop_entry(&raw, "a hard link to no regular file of the image");
-                    continue;
-                }
-                remove(&at).map_err(|e| io(&rel, e))?;
-                std::fs::hard_link(root.join(&target), &at).map_err(|e| io(&rel, e))?;
-            }
-            tar::EntryType::Char | tar::EntryType::Block => {
-                done.drop_entry(&raw, "a device node");
-                continue;
-            }
-            tar::EntryType::Fifo => {
-                done.drop_entry(&raw, "a FIFO");
-                continue;
-            }
-            _ => {
-                done.drop_entry(&raw, "an entry of another kind");
-                continue;
-            }
+        if write(&mut entry, root, &rel, &raw, caps, done)? {
+            written.insert(rel);
         }
-        written.insert(rel);
     }
     Ok(())
+}
+
+/// Write one entry at `rel` (its parents real directories); whether it was kept.
+fn write<R: Read>(
+    entry: &mut tar::Entry<R>,
+    root: &Path,
+    rel: &Path,
+    raw: &[u8],
+    caps: Caps,
+    done: &mut Unpacked,
+) -> Result<bool, LayerError> {
+    let bad = |e: std::io::Error| LayerError::Invalid(format!("the layer is not a tar archive: {e}"));
+    let io = |p: &Path, e: std::io::Error| LayerError::Invalid(format!("{}: {e}", p.display()));
+    let at = root.join(rel);
+    let mode = entry.header().mode().unwrap_or(0o644);
+    match entry.header().entry_type() {
+        tar::EntryType::Directory => {
+            match std::fs::symlink_metadata(&at) {
+                Ok(m) if m.is_dir() => {}
+                _ => {
+                    remove(&at).map_err(|e| io(rel, e))?;
+                    std::fs::create_dir(&at).map_err(|e| io(rel, e))?;
+                }
+            }
+            // The owner's bits stay, so that later layers can write in it.
+            std::fs::set_permissions(&at, std::fs::Permissions::from_mode((mode & 0o777) | 0o700))
+                .map_err(|e| io(rel, e))?;
+        }
+        tar::EntryType::Regular | tar::EntryType::Continuous | tar::EntryType::GNUSparse => {
+            let size = entry.size();
+            if done.bytes.saturating_add(size) > caps.max_bytes {
+                return Err(LayerError::TooLarge(format!("the image unpacks to more than {} bytes", caps.max_bytes)));
+            }
+            remove(&at).map_err(|e| io(rel, e))?;
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(&at)
+                .map_err(|e| io(rel, e))?;
+            let copied = std::io::copy(&mut entry.take(size), &mut f).map_err(bad)?;
+            done.bytes += copied;
+            drop(f);
+            std::fs::set_permissions(&at, std::fs::Permissions::from_mode(mode & 0o777)).map_err(|e| io(rel, e))?;
+            if mode & 0o7000 != 0 {
+                done.bits_cleared += 1;
+            }
+        }
+        tar::EntryType::Symlink => {
+            let Some(target) = entry.link_name_bytes() else {
+                done.drop_entry(raw, "a link with no target");
+                return Ok(false);
+            };
+            let target: &std::ffi::OsStr = std::os::unix::ffi::OsStrExt::from_bytes(&target);
+            remove(&at).map_err(|e| io(rel, e))?;
+            std::os::unix::fs::symlink(target, &at).map_err(|e| io(rel, e))?;
+        }
+        tar::EntryType::Link => {
+            let target = entry.link_name_bytes().map(|t| plain(&t));
+            let target = match target {
+                Some(Ok(Some(t))) => t,
+                _ => {
+                    done.drop_entry(raw, "a hard link that leads outside");
+                    return Ok(false);
+                }
+            };
+            let inside = parents_are_directories(root, &target, false).map_err(|e| io(&target, e))?
+                && std::fs::symlink_metadata(root.join(&target)).is_ok_and(|m| m.is_file());
+            if !inside || target == rel {
+                done.drop_entry(raw, "a hard link to no regular file of the image");
+                return Ok(false);
+            }
+            remove(&at).map_err(|e| io(rel, e))?;
+            std::fs::hard_link(root.join(&target), &at).map_err(|e| io(rel, e))?;
+        }
+        tar::EntryType::Char | tar::EntryType::Block => {
+            done.drop_entry(raw, "a device node");
+            return Ok(false);
+        }
+        tar::EntryType::Fifo => {
+            done.drop_entry(raw, "a FIFO");
+            return Ok(false);
+        }
+        _ => {
+            done.drop_entry(raw, "an entry of another kind");
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }

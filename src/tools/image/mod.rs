@@ -49,6 +49,31 @@ pub struct Settings {
     pub pull_timeout: Duration,
 }
 
+impl Settings {
+    pub fn from_config(cfg: &crate::config::Config) -> Result<Settings, String> {
+        let (spec, setting) = match cfg.registry_allow.as_deref() {
+            Some(s) => (s, "SUBAGENTD_REGISTRY_ALLOW"),
+            None => (cfg.tool_allow.as_str(), "SUBAGENTD_TOOL_ALLOW"),
+        };
+        let allow = AllowList::parse(spec).map_err(|e| format!("{setting}: {e}"))?;
+        Ok(Settings {
+            dir: cfg.image_dir.clone().unwrap_or_else(|| cfg.data_dir.join("images")),
+            allow: Arc::new(allow),
+            insecure: cfg
+                .insecure_registries
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(String::from)
+                .collect(),
+            max_bytes: cfg.image_max_mb.max(1) << 20,
+            max_entries: cfg.image_max_entries.max(1),
+            cache_bytes: cfg.image_cache_mb << 20,
+            pull_timeout: Duration::from_secs(cfg.image_pull_timeout_seconds.max(1)),
+        })
+    }
+}
+
 /// Why an image is not there.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum ImageError {
@@ -68,12 +93,13 @@ pub enum ImageError {
 
 impl ImageError {
     /// The task's error code when its environment cannot be had.
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> crate::kinds::FailureCode {
+        use crate::kinds::FailureCode as F;
         match self {
-            ImageError::Refused(_) => "environment_refused",
-            ImageError::NotFound(_) => "environment_not_found",
-            ImageError::TooLarge(_) => "environment_too_large",
-            ImageError::Unavailable(_) => "environment_unavailable",
+            ImageError::Refused(_) => F::EnvironmentRefused,
+            ImageError::NotFound(_) => F::EnvironmentNotFound,
+            ImageError::TooLarge(_) => F::EnvironmentTooLarge,
+            ImageError::Unavailable(_) => F::EnvironmentUnavailable,
         }
     }
 }
@@ -138,10 +164,14 @@ impl Images {
     /// pulls go through.
     pub async fn open(settings: Settings) -> Result<Images, String> {
         let (roots_dir, tmp) = (settings.dir.join("roots"), settings.dir.join("tmp"));
-        for d in [&roots_dir, &tmp] {
-            std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
+        for d in [&settings.dir, &roots_dir, &tmp] {
+            use std::os::unix::fs::PermissionsExt;
+            // The sandbox's uid reads the roots: 0755 down to them.
+            std::fs::create_dir_all(d)
+                .and_then(|_| std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)))
+                .map_err(|e| format!("{}: {e}", d.display()))?;
         }
-        super::sandbox::sweep_gone_processes(&tmp, "");
+        super::leftovers::sweep_gone_processes(&tmp, "");
         let mut roots = HashMap::new();
         for e in std::fs::read_dir(&roots_dir).map_err(|e| format!("{}: {e}", roots_dir.display()))?.flatten() {
             let meta =
@@ -266,7 +296,7 @@ impl Images {
         });
         let outcome = match &pulled {
             Ok(_) => "ok",
-            Err(e) => e.code().trim_start_matches("environment_"),
+            Err(e) => e.code().as_str().trim_start_matches("environment_"),
         };
         metrics::counter!("subagentd_image_pulls_total", "outcome" => outcome).increment(1);
         let (root, mut stats) = pulled?;
@@ -295,29 +325,11 @@ impl Images {
         let declared: i64 = manifest.layers.iter().map(|l| l.size.max(0)).sum();
         if declared as u64 > self.settings.max_bytes {
             return Err(ImageError::TooLarge(format!(
-                "{reference}: its layers are {declared} bytes compressed, over the cap of {} (SUBAGENTD_IMAGE_MAX_BYTES)",
+                "{reference}: its layers are {declared} bytes compressed, over the cap of {} (SUBAGENTD_IMAGE_MAX_MB)",
                 self.settings.max_bytes
             )));
         }
-        // The config: its `Env`.
-        let mut config = Vec::new();
-        let mut s =
-            self.client.pull_blob_stream(&by_digest, &manifest.config).await.map_err(|e| classify(reference, e))?;
-        while let Some(chunk) = s.stream.next().await {
-            config.extend_from_slice(
-                &chunk.map_err(|e| ImageError::Unavailable(format!("{reference}: its config: {e}")))?,
-            );
-            if config.len() > 1 << 20 {
-                return Err(ImageError::TooLarge(format!("{reference}: its config is over 1 MiB")));
-            }
-        }
-        let config: serde_json::Value = serde_json::from_slice(&config)
-            .map_err(|e| ImageError::Unavailable(format!("{reference}: its config is not JSON: {e}")))?;
-        let env: Vec<String> = config["config"]["Env"]
-            .as_array()
-            .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_string)).filter(|v| v.contains('=')).collect())
-            .unwrap_or_default();
-
+        let env = self.env_of(reference, &by_digest, &manifest.config).await?;
         let mine = self.settings.dir.join("tmp").join(std::process::id().to_string());
         let build = std::fs::create_dir_all(&mine)
             .and_then(|_| tempfile::Builder::new().prefix("pull-").tempdir_in(&mine))
@@ -325,47 +337,8 @@ impl Images {
         let rootfs = build.path().join("rootfs");
         std::fs::create_dir(&rootfs).map_err(|e| ImageError::Unavailable(format!("the image cache: {e}")))?;
         let mut stats = PullStats { layers: manifest.layers.len(), ..Default::default() };
-        let caps = layer::Caps { max_bytes: self.settings.max_bytes, max_entries: self.settings.max_entries };
         for (i, l) in manifest.layers.iter().enumerate() {
-            let file = build.path().join(format!("layer-{i}"));
-            let mut out = tokio::fs::File::create(&file)
-                .await
-                .map_err(|e| ImageError::Unavailable(format!("the image cache: {e}")))?;
-            let mut s = self.client.pull_blob_stream(&by_digest, l).await.map_err(|e| classify(reference, e))?;
-            while let Some(chunk) = s.stream.next().await {
-                // The client checks the digest as the bytes come: a wrong one ends the stream in an error.
-                let chunk =
-                    chunk.map_err(|e| ImageError::Unavailable(format!("{reference}: layer {}: {e}", l.digest)))?;
-                stats.fetched_bytes += chunk.len() as u64;
-                if stats.fetched_bytes > self.settings.max_bytes {
-                    return Err(ImageError::TooLarge(format!(
-                        "{reference}: over {} bytes compressed (SUBAGENTD_IMAGE_MAX_BYTES)",
-                        self.settings.max_bytes
-                    )));
-                }
-                out.write_all(&chunk).await.map_err(|e| ImageError::Unavailable(format!("the image cache: {e}")))?;
-            }
-            out.flush().await.map_err(|e| ImageError::Unavailable(format!("the image cache: {e}")))?;
-            drop(out);
-            let (rootfs, mut done) = (rootfs.clone(), std::mem::take(&mut stats.unpacked));
-            let applied = tokio::task::spawn_blocking(move || {
-                let f = std::fs::File::open(&file)?;
-                let r = layer::apply(f, &rootfs, caps, &mut done);
-                let _ = std::fs::remove_file(&file);
-                Ok::<_, std::io::Error>((r, done))
-            })
-            .await
-            .map_err(|e| ImageError::Unavailable(format!("unpacking: {e}")))?
-            .map_err(|e| ImageError::Unavailable(format!("the image cache: {e}")))?;
-            stats.unpacked = applied.1;
-            applied.0.map_err(|e| match e {
-                layer::LayerError::TooLarge(m) => ImageError::TooLarge(format!(
-                    "{reference}: {m} (SUBAGENTD_IMAGE_MAX_BYTES, SUBAGENTD_IMAGE_MAX_ENTRIES)"
-                )),
-                layer::LayerError::Invalid(m) => {
-                    ImageError::Unavailable(format!("{reference}: layer {}: {m}", l.digest))
-                }
-            })?;
+            self.layer(reference, &by_digest, l, &build.path().join(format!("layer-{i}")), &rootfs, &mut stats).await?;
         }
         for m in MOUNT_POINTS {
             let p = rootfs.join(m);
@@ -395,6 +368,79 @@ impl Images {
         }
         let root = ImageRoot { digest: digest.to_string(), rootfs: dest.join("rootfs"), env, bytes: meta.bytes };
         Ok((root, stats))
+    }
+
+    /// The image config's `Env` (`KEY=VALUE` entries), the config read up to 1 MiB.
+    async fn env_of(
+        &self,
+        reference: &str,
+        by_digest: &Reference,
+        config: &oci_client::manifest::OciDescriptor,
+    ) -> Result<Vec<String>, ImageError> {
+        let mut bytes = Vec::new();
+        let mut s = self.client.pull_blob_stream(by_digest, config).await.map_err(|e| classify(reference, e))?;
+        while let Some(chunk) = s.stream.next().await {
+            bytes.extend_from_slice(
+                &chunk.map_err(|e| ImageError::Unavailable(format!("{reference}: its config: {e}")))?,
+            );
+            if bytes.len() > 1 << 20 {
+                return Err(ImageError::TooLarge(format!("{reference}: its config is over 1 MiB")));
+            }
+        }
+        let config: serde_json::Value = serde_json::from_slice(&bytes)
+            .map_err(|e| ImageError::Unavailable(format!("{reference}: its config is not JSON: {e}")))?;
+        Ok(config["config"]["Env"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_string)).filter(|v| v.contains('=')).collect())
+            .unwrap_or_default())
+    }
+
+    /// One layer streamed to `file` (its digest checked by the client as the bytes come, the
+    /// compressed bytes capped), then applied over `rootfs`.
+    async fn layer(
+        &self,
+        reference: &str,
+        by_digest: &Reference,
+        l: &oci_client::manifest::OciDescriptor,
+        file: &Path,
+        rootfs: &Path,
+        stats: &mut PullStats,
+    ) -> Result<(), ImageError> {
+        let cache = |e: std::io::Error| ImageError::Unavailable(format!("the image cache: {e}"));
+        let mut out = tokio::fs::File::create(file).await.map_err(cache)?;
+        let mut s = self.client.pull_blob_stream(by_digest, l).await.map_err(|e| classify(reference, e))?;
+        while let Some(chunk) = s.stream.next().await {
+            // A wrong digest ends the stream in an error.
+            let chunk = chunk.map_err(|e| ImageError::Unavailable(format!("{reference}: layer {}: {e}", l.digest)))?;
+            stats.fetched_bytes += chunk.len() as u64;
+            if stats.fetched_bytes > self.settings.max_bytes {
+                return Err(ImageError::TooLarge(format!(
+                    "{reference}: over {} bytes compressed (SUBAGENTD_IMAGE_MAX_MB)",
+                    self.settings.max_bytes
+                )));
+            }
+            out.write_all(&chunk).await.map_err(cache)?;
+        }
+        out.flush().await.map_err(cache)?;
+        drop(out);
+        let caps = layer::Caps { max_bytes: self.settings.max_bytes, max_entries: self.settings.max_entries };
+        let (file, rootfs, mut done) = (file.to_path_buf(), rootfs.to_path_buf(), std::mem::take(&mut stats.unpacked));
+        let (applied, done) = tokio::task::spawn_blocking(move || {
+            let f = std::fs::File::open(&file)?;
+            let r = layer::apply(f, &rootfs, caps, &mut done);
+            let _ = std::fs::remove_file(&file);
+            Ok::<_, std::io::Error>((r, done))
+        })
+        .await
+        .map_err(|e| ImageError::Unavailable(format!("unpacking: {e}")))?
+        .map_err(cache)?;
+        stats.unpacked = done;
+        applied.map_err(|e| match e {
+            layer::LayerError::TooLarge(m) => {
+                ImageError::TooLarge(format!("{reference}: {m} (SUBAGENTD_IMAGE_MAX_MB, SUBAGENTD_IMAGE_MAX_ENTRIES)"))
+            }
+            layer::LayerError::Invalid(m) => ImageError::Unavailable(format!("{reference}: layer {}: {m}", l.digest)),
+        })
     }
 
     /// Remove the roots used longest ago, none in use, until the cache is within its bound.

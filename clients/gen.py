@@ -27,7 +27,7 @@ TS = ROOT / "clients/typescript/src/models.ts"
 MODELS = [
     "Task", "PendingAction", "TaskPage", "Event", "EventsPage", "Message", "Call", "CancelledMany",
     "Agent", "Tool", "ToolSource", "UsageRow", "UsageReport", "Key", "NewKey", "Limits", "TenantView",
-    "Schedule", "Problem", "FieldError", "Workspace", "Secret", "DiffStats",
+    "Schedule", "Problem", "FieldError", "Workspace", "Secret", "DiffStats", "Environment",
 ]
 
 KEYWORDS = {"try", "from", "global", "class", "def", "return", "import", "pass", "in", "is", "not", "and", "or"}

@@ -1,6 +1,7 @@
 //! `/workspaces`: a tenant's uploaded workspaces (`PUT` a `tar.gz`, streamed under its own cap
 //! rather than the API's body limit; read their metadata; delete), and `/secrets`: its
-//! write-only secrets (a private repository's token), whose values no answer carries.
+//! write-only secrets (a private repository's token), whose values no answer carries; and
+//! `/environments`: its named environments (an image with a setup script) and their builds.
 
 use axum::body::Body;
 use axum::extract::State;
@@ -19,6 +20,8 @@ pub fn router() -> Router<AppState> {
     Router::new()
         .route("/workspaces", get(list))
         .route("/workspaces/{name}", get(read).put(put).delete(delete))
+        .route("/environments", get(environments))
+        .route("/environments/{name}", get(environment).put(put_environment).delete(delete_environment))
         .route("/secrets", get(secrets))
         .route("/secrets/{name}", axum::routing::put(put_secret).delete(delete_secret))
 }
@@ -54,6 +57,38 @@ async fn delete(
     ApiPath(name): ApiPath<String>,
 ) -> Result<Response, ApiError> {
     st.res.delete_workspace(&tenant, &name).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+async fn environments(State(st): State<AppState>, Tenant(tenant): Tenant) -> Result<Response, ApiError> {
+    Ok(Json(json!({"environments": st.res.environments(&tenant).await?})).into_response())
+}
+
+async fn environment(
+    State(st): State<AppState>,
+    Tenant(tenant): Tenant,
+    ApiPath(name): ApiPath<String>,
+) -> Result<Response, ApiError> {
+    Ok(Json(st.res.environment(&tenant, &name).await?).into_response())
+}
+
+async fn put_environment(
+    State(st): State<AppState>,
+    Tenant(tenant): Tenant,
+    ApiPath(name): ApiPath<String>,
+    ApiJson(body): ApiJson<crate::resources::environments::EnvironmentDef>,
+) -> Result<Response, ApiError> {
+    let (row, created) = st.res.put_environment(&tenant, &name, body).await?;
+    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, Json(row)).into_response())
+}
+
+async fn delete_environment(
+    State(st): State<AppState>,
+    Tenant(tenant): Tenant,
+    ApiPath(name): ApiPath<String>,
+) -> Result<Response, ApiError> {
+    st.res.delete_environment(&tenant, &name).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 

@@ -228,9 +228,14 @@ impl Runner {
                 }
             }
         }
-        let image = opts.environment.as_ref().and_then(|e| e.image.clone());
-        if let (Some(image), Some(images)) = (image, self.tool_caller.images.clone()) {
-            let ready = tokio::spawn(environment(self.pool.clone(), images, row.clone(), store.fence, image));
+        let (images, sandbox) = (self.tool_caller.images.clone(), self.tool_caller.sandbox.clone());
+        if let (Some(spec), Some(images), Some(sandbox)) = (opts.environment.clone(), images, sandbox) {
+            // Network in runs never beside a private workspace (an upload, or a repository read
+            // with a secret): a fetched URL could carry the code out.
+            let private = opts.workspace.as_ref().is_some_and(|w| w.private());
+            let guard = self.tool_caller.allow.clone();
+            let tools_of = Tools { images, sandbox, guard, private };
+            let ready = tokio::spawn(environment(self.pool.clone(), tools_of, row.clone(), store.fence, spec));
             tools.environment = tokio::select! {
                 r = ready => match r {
                     Ok(Ok(root)) => Some(root),
@@ -679,42 +684,95 @@ async fn fill(
 
 /// The image a run's commands run in: its digest resolved and recorded at the first start (every
 /// later attempt, on any replica, reads the recorded one), its root from this worker's cache,
-/// pulled if it lacks it; an `environment_ready` event says what it took.
+/// pulled if it lacks it, and for a named environment its setup run over it once; an
+/// `environment_ready` event says what it took.
+/// What making a run's environment ready takes.
+struct Tools {
+    images: Arc<crate::tools::image::Images>,
+    sandbox: Arc<crate::tools::sandbox::Sandbox>,
+    /// The operator's address guard, under an environment's allow-list.
+    guard: Arc<crate::tools::ssrf::AllowList>,
+    /// The task's workspace could be private: no network in its runs.
+    private: bool,
+}
+
 async fn environment(
     pool: sqlx::PgPool,
-    images: Arc<crate::tools::image::Images>,
+    t: Tools,
     row: TaskRow,
     fence: Fence,
-    image: String,
-) -> Result<Arc<crate::tools::image::ImageRoot>, Outcome> {
-    let failed = |e: crate::tools::image::ImageError| Outcome::Failed { code: e.code(), message: e.to_string() };
+    spec: crate::kinds::EnvironmentSpec,
+) -> Result<crate::tools::image::RunEnvironment, Outcome> {
+    use crate::tools::image::named;
+    let Tools { images, sandbox, guard, private } = t;
+    let failed = |code: FailureCode, message: String| Outcome::Failed { code, message };
     let lost = || Outcome::Stopped(StopCause::LeaseLost);
     let started = std::time::Instant::now();
+    // A named environment: its definition as it is now (a changed one is built anew).
+    let named = match &spec.name {
+        None => None,
+        Some(name) => match crate::store::environments::get(&pool, &row.tenant, name).await {
+            Ok(Some(env)) if env.status == "failed" && row.environment_digest.is_none() => {
+                let how = env.exit_code.map_or_else(String::new, |c| format!(" (exit code {c})"));
+                let message = format!(
+                    "the environment {name:?} failed its setup{how}: {}; PUT /environments/{name} again to retry",
+                    env.output_tail.unwrap_or_default()
+                );
+                return Err(failed(FailureCode::EnvironmentFailed, message));
+            }
+            Ok(Some(env)) => Some(env),
+            Ok(None) => {
+                let message = format!("the environment {name:?} no longer exists");
+                return Err(failed(FailureCode::EnvironmentFailed, message));
+            }
+            Err(_) => return Err(lost()),
+        },
+    };
+    let Some(image) = named.as_ref().map(|e| e.image.clone()).or_else(|| spec.image.clone()) else {
+        return Err(failed(FailureCode::Internal, "an environment with neither image nor name".into()));
+    };
     let digest = match &row.environment_digest {
         Some(d) => d.clone(),
         None => {
-            let d = images.resolve(&image).await.map_err(failed)?;
+            let d = images.resolve(&image).await.map_err(|e| failed(e.code(), e.to_string()))?;
             match crate::store::workspaces::record_environment(&pool, fence, &d).await {
                 Ok(Some(d)) => d,
                 _ => return Err(lost()),
             }
         }
     };
-    let (root, stats) = images.root(&image, &digest).await.map_err(failed)?;
+    let (root, pulled, setup) = match &named {
+        None => {
+            let (root, stats) = images.root(&image, &digest).await.map_err(|e| failed(e.code(), e.to_string()))?;
+            (root, stats, None)
+        }
+        Some(env) => {
+            // The image's pull first (its figures for the event), then the setup over it.
+            let (_, stats) = images.root(&image, &digest).await.map_err(|e| failed(e.code(), e.to_string()))?;
+            let (root, run) = named::build(&pool, &images, &sandbox, &row.tenant, env, &digest, &guard)
+                .await
+                .map_err(|e| failed(e.code(), format!("the environment {:?}: {e}", env.name)))?;
+            (root, stats, run)
+        }
+    };
     let ev = crate::kinds::event::EnvironmentReady {
         image,
+        name: spec.name.clone(),
         digest,
-        cached: stats.is_none(),
-        fetched_bytes: stats.as_ref().map_or(0, |s| s.fetched_bytes),
-        layers: stats.as_ref().map_or(0, |s| s.layers as u64),
+        cached: pulled.is_none() && setup.is_none(),
+        fetched_bytes: pulled.as_ref().map_or(0, |s| s.fetched_bytes),
+        layers: pulled.as_ref().map_or(0, |s| s.layers as u64),
         bytes: root.bytes,
         millis: started.elapsed().as_millis() as u64,
-        dropped: stats
+        setup_ms: setup.as_ref().map(|r| r.millis),
+        dropped: pulled
             .map(|s| s.unpacked.dropped.into_iter().map(|d| format!("{}: {}", d.path, d.reason)).collect())
             .unwrap_or_default(),
     };
+    let net =
+        named.as_ref().filter(|e| e.network_in_runs && !private).and_then(|e| named::network(e, &row.tenant, &guard));
     match crate::store::events::append(&pool, fence, &[crate::kinds::Event::EnvironmentReady(ev)]).await {
-        Ok(true) => Ok(root),
+        Ok(true) => Ok(crate::tools::image::RunEnvironment { root, net }),
         _ => Err(lost()),
     }
 }

@@ -365,8 +365,11 @@ pub struct WorkspaceReady {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct EnvironmentReady {
-    /// The reference as the task names it.
+    /// The reference as the task (or its named environment) names it.
     pub image: String,
+    /// The named environment, if the task names one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
     /// The manifest digest it runs in (recorded at the first start).
     pub digest: String,
     /// Found in this worker's cache: nothing was pulled.
@@ -378,6 +381,9 @@ pub struct EnvironmentReady {
     pub bytes: u64,
     /// Time spent resolving and pulling, in ms (the wait for another task's pull included).
     pub millis: u64,
+    /// A named environment's setup, when this start ran it (else it was cached), in ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub setup_ms: Option<u64>,
     /// Entries left out of the root (a device node, a path leading outside…), each with why.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub dropped: Vec<String>,

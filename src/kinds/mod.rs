@@ -521,6 +521,9 @@ text_enum! {
         EnvironmentTooLarge = "environment_too_large",
         /// The registry could not be reached or read, or the pull ran out of time.
         EnvironmentUnavailable = "environment_unavailable",
+        /// The named environment's setup failed (its exit code and output are on
+        /// `GET /environments/{name}`), or it was deleted before the task first started.
+        EnvironmentFailed = "environment_failed",
         /// A turn's results could not be stored (the database refused them): the task ends
         /// here, naming why, rather than repeating the work on another attempt.
         CheckpointFailed = "checkpoint_failed",

@@ -9,6 +9,7 @@
 //! `llm`, `store`, `hub`, `config`, `cache`, `kinds`. Never a door or `jobs`.
 
 pub mod agents;
+pub mod environments;
 pub mod health;
 pub mod keys;
 pub mod overview;

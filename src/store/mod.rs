@@ -14,6 +14,7 @@ pub mod budget;
 pub mod calls;
 pub mod committer;
 pub mod diffs;
+pub mod environments;
 pub mod events;
 pub mod mcp;
 pub mod overview;

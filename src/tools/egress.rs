@@ -27,6 +27,18 @@ const MAX_HEAD: usize = 16 * 1024;
 const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// What a proxy lets through: hosts `allow` names (its CIDRs, addresses), each address passing
+/// `guard` too where there is one (the operator's, under a tenant's list).
+#[derive(Debug)]
+pub struct Policy {
+    pub allow: Arc<AllowList>,
+    pub guard: Option<Arc<AllowList>>,
+    /// Names it in logs and metrics (`image_pull`, `environment`).
+    pub purpose: &'static str,
+    /// Whose connections, for the refusals' count.
+    pub tenant: Option<String>,
+}
+
 /// A running proxy (stopped when dropped).
 pub struct Egress {
     addr: SocketAddr,
@@ -55,24 +67,34 @@ impl Egress {
         let token = uuid::Uuid::new_v4().simple().to_string();
         let expected =
             format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(format!("subagentd:{token}")));
-        let expected: Arc<str> = expected.into();
-        let task = tokio::spawn(async move {
-            loop {
-                let Ok((conn, _)) = listener.accept().await else { continue };
-                let (allow, expected) = (allow.clone(), expected.clone());
-                tokio::spawn(async move {
-                    if let Err(why) = serve(conn, &allow, &expected, purpose).await {
-                        tracing::debug!(purpose, error = %why, "egress connection ended");
-                    }
-                });
-            }
-        });
+        let policy = Arc::new(Policy { allow, guard: None, purpose, tenant: None });
+        let task = tokio::spawn(accept(listener, policy, Some(expected.into())));
         Ok(Egress { addr, token, task })
     }
 
     /// The proxy's URL with its credentials, as HTTP clients take it (`http://user:token@host:port`).
     pub fn url(&self) -> String {
         format!("http://subagentd:{}@{}", self.token, self.addr)
+    }
+}
+
+/// Serve the connections `listener` accepts under `policy` (and, with `token`, only those that
+/// carry it), until the task is aborted: its connections end with it.
+pub async fn accept(listener: TcpListener, policy: Arc<Policy>, token: Option<Arc<str>>) {
+    let mut conns = tokio::task::JoinSet::new();
+    loop {
+        tokio::select! {
+            a = listener.accept() => {
+                let Ok((conn, _)) = a else { continue };
+                let (policy, token) = (policy.clone(), token.clone());
+                conns.spawn(async move {
+                    if let Err(why) = serve(conn, &policy, token.as_deref()).await {
+                        tracing::debug!(purpose = policy.purpose, error = %why, "egress connection ended");
+                    }
+                });
+            }
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+        }
     }
 }
 
@@ -87,7 +109,7 @@ struct Target {
 }
 
 /// Parse a request's head (up to and with its blank line).
-fn parse(head: &[u8], expected_auth: &str) -> Result<Target, (u16, String)> {
+fn parse(head: &[u8], expected_auth: Option<&str>) -> Result<Target, (u16, String)> {
     let text = std::str::from_utf8(head).map_err(|_| (400, "the request's head is not UTF-8".to_string()))?;
     let mut lines = text.split("\r\n");
     let line = lines.next().unwrap_or_default();
@@ -103,12 +125,12 @@ fn parse(head: &[u8], expected_auth: &str) -> Result<Target, (u16, String)> {
             return Err((400, format!("not a header: {h:?}")));
         };
         if name.eq_ignore_ascii_case("proxy-authorization") {
-            authorized |= value.trim() == expected_auth;
+            authorized |= Some(value.trim()) == expected_auth;
         } else if !name.eq_ignore_ascii_case("proxy-connection") {
             headers.push(h);
         }
     }
-    if !authorized {
+    if !authorized && expected_auth.is_some() {
         return Err((407, "this proxy asks for its credentials".to_string()));
     }
     if method == "CONNECT" {
@@ -162,16 +184,21 @@ pub enum NotConnected {
     Failed(String),
 }
 
-/// Resolve `host` and connect to its first address the guard allows.
-pub async fn connect_guarded(allow: &AllowList, host: &str, port: u16) -> Result<TcpStream, NotConnected> {
+/// Resolve `host` and connect to its first address the policy allows.
+pub async fn connect_guarded(policy: &Policy, host: &str, port: u16) -> Result<TcpStream, NotConnected> {
+    let (allow, guard) = (&policy.allow, policy.guard.as_deref());
     allow.check_host(host).map_err(|e| NotConnected::Refused(e.0))?;
+    if let Some(g) = guard {
+        g.check_host(host).map_err(|e| NotConnected::Refused(e.0))?;
+    }
     let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host, port))
         .await
         .map_err(|e| NotConnected::Failed(format!("{host} did not resolve: {e}")))?
         .collect();
     let mut last = NotConnected::Failed(format!("{host} did not resolve"));
     for a in addrs {
-        if let Err(e) = allow.check_ip(host, a.ip()) {
+        let checked = allow.check_ip(host, a.ip()).and_then(|_| guard.map_or(Ok(()), |g| g.check_ip(host, a.ip())));
+        if let Err(e) = checked {
             last = NotConnected::Refused(e.0);
             continue;
         }
@@ -202,12 +229,8 @@ async fn answer(conn: &mut TcpStream, status: u16, why: &str) {
     let _ = conn.write_all(msg.as_bytes()).await;
 }
 
-async fn serve(
-    mut conn: TcpStream,
-    allow: &AllowList,
-    expected_auth: &str,
-    purpose: &'static str,
-) -> Result<(), String> {
+async fn serve(mut conn: TcpStream, policy: &Policy, expected_auth: Option<&str>) -> Result<(), String> {
+    let purpose = policy.purpose;
     let mut buf = Vec::with_capacity(1024);
     let end = tokio::time::timeout(HEAD_TIMEOUT, async {
         let mut chunk = [0u8; 2048];
@@ -234,11 +257,13 @@ async fn serve(
             return Err(why);
         }
     };
-    let mut upstream = match connect_guarded(allow, &target.host, target.port).await {
+    let mut upstream = match connect_guarded(policy, &target.host, target.port).await {
         Ok(s) => s,
         Err(NotConnected::Refused(why)) => {
-            metrics::counter!("subagentd_egress_refused_total", "purpose" => purpose).increment(1);
-            tracing::info!(purpose, host = %target.host, port = target.port, reason = %why, "egress refused");
+            let tenant = policy.tenant.clone().unwrap_or_default();
+            metrics::counter!("subagentd_egress_refused_total", "purpose" => purpose, "tenant" => tenant.clone())
+                .increment(1);
+            tracing::info!(purpose, tenant, host = %target.host, port = target.port, reason = %why, "egress refused");
             answer(&mut conn, 403, &why).await;
             return Err(why);
         }
@@ -264,7 +289,7 @@ mod tests {
 
     #[test]
     fn heads_are_read_strictly_and_the_proxys_own_headers_go_no_further() {
-        let auth = "Basic x";
+        let auth = Some("Basic x");
         let t =
             parse(b"CONNECT registry.example:443 HTTP/1.1\r\nHost: x\r\nProxy-Authorization: Basic x\r\n\r\n", auth)
                 .unwrap();

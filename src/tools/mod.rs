@@ -16,6 +16,7 @@ pub mod http;
 pub mod image;
 pub mod leftovers;
 pub mod mcp;
+pub mod netns;
 pub mod page;
 pub mod sandbox;
 pub mod slots;
@@ -336,7 +337,7 @@ pub struct TaskTools {
     pub workspace: Option<files::Root>,
     /// The image its commands run in (held in the image cache while the run lasts); `None`:
     /// the host's `/usr`.
-    pub environment: Option<std::sync::Arc<image::ImageRoot>>,
+    pub environment: Option<image::RunEnvironment>,
 }
 
 impl TaskTools {

@@ -85,12 +85,16 @@ pub struct Sandbox {
 }
 
 /// Where a command runs: over a task's `copy` (which may grow to `max_copy`), in `image`'s root
-/// or (`None`) the host's `/usr`.
+/// or (`None`) the host's `/usr`. With `setup`, `copy` is a writable copy of the image's root,
+/// mounted at `/` (an environment's setup), and there is no `/workspace`.
 #[derive(Debug, Clone, Copy)]
 pub struct Place<'a> {
     pub copy: &'a Path,
     pub max_copy: Usage,
     pub image: Option<&'a ImageRoot>,
+    pub setup: bool,
+    /// Network through the egress proxy under this policy (`netns`); `None`: none at all.
+    pub net: Option<&'a std::sync::Arc<super::egress::Policy>>,
 }
 
 /// The host uid (and gid) sandboxed commands run as when the service runs as root.
@@ -142,7 +146,12 @@ impl Sandbox {
             .and_then(|_| hand_over(probe.path(), sb.uid))
             .map_err(|e| format!("{}: {e}", probe.path().display()))?;
         let mut cmd = std::process::Command::new(&sb.bwrap);
-        cmd.args(sb.args(probe.path(), "touch probe", None)).env_clear().stdin(std::process::Stdio::null());
+        cmd.args(sb.args(
+            Place { copy: probe.path(), max_copy: Usage::default(), image: None, setup: false, net: None },
+            "touch probe",
+        ))
+        .env_clear()
+        .stdin(std::process::Stdio::null());
         if let Some(uid) = sb.uid {
             // std drops the supplementary groups too when root sets a uid.
             std::os::unix::process::CommandExt::uid(&mut cmd, uid);
@@ -193,26 +202,40 @@ impl Sandbox {
     }
 
     /// bwrap's arguments for `command` over `copy`, in `image`'s root or the host's `/usr`.
-    fn args(&self, copy: &Path, command: &str, image: Option<&ImageRoot>) -> Vec<String> {
-        let mut a: Vec<String> = [
-            "--unshare-all",
-            "--unshare-user",
-            "--disable-userns",
-            "--uid",
-            "1000",
-            "--gid",
-            "1000",
-            "--hostname",
-            "sandbox",
-            "--die-with-parent",
-            "--new-session",
-            "--cap-drop",
-            "ALL",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    fn args(&self, place: Place<'_>, command: &str) -> Vec<String> {
+        let Place { copy, image, setup, net, .. } = place;
+        // A setup runs as root of the sandbox's own user namespace (package managers ask for
+        // uid 0), with no capability, its root writable; a command as uid 1000.
+        let uid = if setup { "0" } else { "1000" };
+        // With network, the namespace is made before bwrap starts (`netns`), and it stays.
+        let unshare: &[&str] = if net.is_some() {
+            &["--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try"]
+        } else {
+            &["--unshare-all"]
+        };
+        let mut a: Vec<String> = unshare.iter().map(|s| s.to_string()).collect();
+        a.extend(
+            [
+                "--unshare-user",
+                "--disable-userns",
+                "--uid",
+                uid,
+                "--gid",
+                uid,
+                "--hostname",
+                "sandbox",
+                "--die-with-parent",
+                "--new-session",
+                "--cap-drop",
+                "ALL",
+            ]
+            .iter()
+            .map(|s| s.to_string()),
+        );
         match image {
+            // A setup's root: a copy of the image's, writable; the changes it makes are the
+            // environment's layer.
+            _ if setup => a.extend(["--bind".into(), copy.to_string_lossy().into_owned(), "/".into()]),
             // The image's root, whole, read-only; its mount points were made when it was unpacked.
             Some(i) => a.extend(["--ro-bind".into(), i.rootfs.to_string_lossy().into_owned(), "/".into()]),
             None => {
@@ -249,18 +272,18 @@ impl Sandbox {
                 &self.limits.tmp_bytes.max(1 << 20).to_string(),
                 "--tmpfs",
                 "/tmp",
-                "--bind",
-                &copy.to_string_lossy(),
-                "/workspace",
-                "--chdir",
-                "/workspace",
-                "--remount-ro",
-                "/",
-                "--clearenv",
             ]
             .iter()
             .map(|s| s.to_string()),
         );
+        if setup {
+            a.extend(["--chdir".into(), "/".into()]);
+        } else {
+            let copy = copy.to_string_lossy().into_owned();
+            a.extend(["--bind".into(), copy, "/workspace".into(), "--chdir".into(), "/workspace".into()]);
+            a.extend(["--remount-ro".into(), "/".into()]);
+        }
+        a.push("--clearenv".into());
         // The environment: four variables, or in an image its config's `Env` over them (never
         // the service's own).
         let mut env: Vec<(String, String)> =
@@ -277,6 +300,9 @@ impl Sandbox {
                 Some(e) => e.1 = v.to_string(),
                 None => env.push((k.to_string(), v.to_string())),
             }
+        }
+        if net.is_some() {
+            env.extend(super::netns::proxy_env());
         }
         for (k, v) in env {
             a.extend(["--setenv".into(), k, v]);
@@ -296,7 +322,7 @@ impl Sandbox {
         timeout: Duration,
         max_output: usize,
     ) -> (ToolOutput, Outcome) {
-        let Place { copy, max_copy, image } = place;
+        let Place { copy, max_copy, .. } = place;
         let asked = Instant::now();
         let Some(_slot) = self.slots.take(tenant).await else {
             return (ToolOutput::text("the sandbox is shutting down", true), Outcome::Limit);
@@ -320,7 +346,7 @@ impl Sandbox {
         let found = tokio::task::spawn_blocking(move || tree_usage(&d, bound)).await.unwrap_or_default();
         let max_copy = Usage { bytes: max_copy.bytes.max(found.bytes), entries: max_copy.entries.max(found.entries) };
         let started = Instant::now();
-        let place = Place { copy, max_copy, image };
+        let place = Place { max_copy, ..place };
         let mut ran = self.spawn_and_wait(place, command, timeout, max_output, group.as_ref()).await;
         let oom = group.as_ref().map(|g| g.hit()).unwrap_or_default();
         drop(group);
@@ -357,12 +383,12 @@ impl Sandbox {
         max_output: usize,
         group: Option<&Group>,
     ) -> Result<Ran, String> {
-        let Place { copy, max_copy, image } = place;
+        let Place { copy, max_copy, .. } = place;
         let mut cmd = tokio::process::Command::new(&self.bwrap);
         // bwrap reads its arguments from a descriptor (`--args 3`), so that its command line —
         // the sandbox's /proc/1/cmdline — names no host path (the copy's, the data directory's).
         // Its options, that is: the command (the model's own) follows them on the command line.
-        let mut args = self.args(copy, command, image);
+        let mut args = self.args(place, command);
         let tail = args.split_off(args.len() - 4);
         let argfd = args_file(&args).map_err(|e| format!("the sandbox's arguments: {e}"))?;
         let argfd_raw = std::os::fd::AsRawFd::as_raw_fd(&argfd);
@@ -382,8 +408,20 @@ impl Sandbox {
             nproc: group.is_none().then_some(self.limits.processes),
         };
         let uid = self.uid;
+        let net = match place.net {
+            Some(_) => {
+                // SAFETY: geteuid/getegid cannot fail.
+                let (u, g) = (uid.unwrap_or(unsafe { libc::geteuid() }), uid.unwrap_or(unsafe { libc::getegid() }));
+                Some(std::sync::Arc::new(
+                    super::netns::Prepared::new(u, g).map_err(|e| format!("the sandbox's network: {e}"))?,
+                ))
+            }
+            None => None,
+        };
+        let in_child = net.clone();
         // SAFETY: between fork and exec only async-signal-safe calls: dup2/fcntl of a descriptor
-        // made before the fork, open/write/close of paths made before it, and setrlimit.
+        // made before the fork, open/write/close of paths made before it, setrlimit, and the
+        // network namespace's own (`netns::Prepared::in_child`).
         unsafe {
             cmd.pre_exec(move || {
                 // Onto descriptor 3, open across exec (dup2 onto itself would keep close-on-exec).
@@ -405,11 +443,23 @@ impl Sandbox {
                         return Err(std::io::Error::last_os_error());
                     }
                 }
+                if let Some(n) = &in_child {
+                    n.in_child()?;
+                }
                 Ok(())
             });
         }
         let mut child = cmd.spawn().map_err(|e| format!("{} cannot be run: {e}", self.bwrap))?;
         drop(argfd);
+        // The proxy in the sandbox's network namespace, served while the command runs.
+        let _proxy = match (&net, place.net) {
+            (Some(n), Some(policy)) => {
+                let l = n.listener().and_then(tokio::net::TcpListener::from_std);
+                let l = l.map_err(|e| format!("the sandbox's network: {e}"))?;
+                Some(AbortOnDrop(tokio::spawn(super::egress::accept(l, policy.clone(), None))))
+            }
+            _ => None,
+        };
         let (mut out, mut err) = (child.stdout.take(), child.stderr.take());
         let half = max_output / 2;
         let reading = async {
@@ -438,6 +488,15 @@ impl Sandbox {
         };
         let ((stdout, out_bytes), (stderr, err_bytes)) = streams.unwrap_or_default();
         Ok(Ran { status, ended, stdout, stderr, bytes: out_bytes + err_bytes })
+    }
+}
+
+/// A task aborted when this is dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
@@ -802,7 +861,13 @@ mod tests {
         hand_over(copy, sb.uid).unwrap();
         let max = Usage { bytes: 64 << 20, entries: 1000 };
         let (out, outcome) = sb
-            .run("t", Place { copy, max_copy: max, image: None }, command, Duration::from_secs(secs), 16 * 1024)
+            .run(
+                "t",
+                Place { copy, max_copy: max, image: None, setup: false, net: None },
+                command,
+                Duration::from_secs(secs),
+                16 * 1024,
+            )
             .await;
         (out.content, outcome)
     }

@@ -261,7 +261,13 @@ async fn a_command_sees_the_images_files_and_env_and_not_the_hosts_usr() {
     let max = subagentd::tools::files::Usage { bytes: 1 << 20, entries: 100 };
     let cmd = "cat /etc/image-release; env; ls /usr/bin/python3 /usr/lib 2>&1; pwd; id -u; echo made > out; touch /bin/x 2>&1; true";
     let (out, outcome) = sb
-        .run("t", Place { copy: &copy, max_copy: max, image: Some(&root) }, cmd, Duration::from_secs(10), 64 * 1024)
+        .run(
+            "t",
+            Place { copy: &copy, max_copy: max, image: Some(&root), setup: false, net: None },
+            cmd,
+            Duration::from_secs(10),
+            64 * 1024,
+        )
         .await;
     let text = out.content;
     assert_eq!(outcome, subagentd::tools::sandbox::Outcome::Ok, "{text}");
@@ -301,7 +307,15 @@ async fn submit(app: &crate::helpers::TestApp, body: Value) -> reqwest::Response
 }
 
 async fn events(app: &crate::helpers::TestApp, id: &str) -> Vec<Value> {
-    let ev: Value = app.client.get(app.url(&format!("/tasks/{id}/events"))).send().await.unwrap().json().await.unwrap();
+    events_as(app, id, None).await
+}
+
+async fn events_as(app: &crate::helpers::TestApp, id: &str, key: Option<&str>) -> Vec<Value> {
+    let mut r = app.client.get(app.url(&format!("/tasks/{id}/events")));
+    if let Some(k) = key {
+        r = r.bearer_auth(k);
+    }
+    let ev: Value = r.send().await.unwrap().json().await.unwrap();
     ev["events"].as_array().unwrap().clone()
 }
 
@@ -459,7 +473,7 @@ async fn the_services_default_image_shows_on_its_tasks_and_bad_environments_are_
         (
             json!({"workspace": {"git": repo}, "environment": {"name": "py"}, "prompt": "x"}),
             "environment.name",
-            "not offered",
+            "no environment named",
         ),
         (json!({"workspace": {"git": repo}, "environment": {}, "prompt": "x"}), "environment", "give `image`"),
         (
@@ -491,8 +505,9 @@ async fn a_kill_dash_nine_during_a_pull_leaves_nothing_a_later_task_uses() {
     if !crate::sandbox::has_bwrap() {
         return;
     }
-    // 48 MiB that do not compress: a pull long enough to be killed in.
-    let mut noise = vec![0u8; 48 << 20];
+    // 16 MiB that do not compress: a pull long enough to be killed in (and light enough beside
+    // the other tests).
+    let mut noise = vec![0u8; 16 << 20];
     rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut noise);
     let big = {
         let mut raw = Vec::new();
@@ -555,7 +570,7 @@ async fn a_kill_dash_nine_during_a_pull_leaves_nothing_a_later_task_uses() {
     assert_eq!(done["environment"]["digest"], digest.as_str());
     assert!(!building.exists(), "the next start removed what the killed process left");
     let out = crate::tools::tool_results(&app, &id).await;
-    assert!(out[0]["content"].as_str().unwrap().contains(&format!("{} /noise", 48 << 20)), "{out:?}");
+    assert!(out[0]["content"].as_str().unwrap().contains(&format!("{} /noise", 16 << 20)), "{out:?}");
     let ready: Vec<Value> = events(&app, &id).await.into_iter().filter(|e| e["kind"] == "environment_ready").collect();
     assert_eq!(ready.len(), 1, "the killed attempt never said it was ready: {ready:?}");
     assert_eq!(ready[0]["data"]["cached"], false, "pulled anew, whole");
@@ -652,6 +667,266 @@ async fn the_mcp_and_a2a_doors_take_an_environment_with_the_same_rules() {
         );
         let out = crate::tools::tool_results(&app, &id.to_string()).await;
         assert!(out[0]["content"].as_str().unwrap().contains("door=image"), "{out:?}");
+    }
+    app.stop().await;
+}
+
+/// The build id a command printed (a UUID's line).
+fn build_id(out: &str) -> String {
+    out.lines().find(|l| l.len() == 36 && l.matches('-').count() == 4).unwrap_or_default().to_string()
+}
+
+/// `GET /environments/{name}` until its status is no longer `building`.
+async fn built(app: &crate::helpers::TestApp, key: &str, name: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut r = app.client.get(app.url(&format!("/environments/{name}")));
+        if !key.is_empty() {
+            r = r.bearer_auth(key);
+        }
+        let r = r.send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        let e: Value = r.json().await.unwrap();
+        if e["status"] != "building" {
+            return e;
+        }
+        assert!(Instant::now() < deadline, "still building: {e}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_named_environments_setup_runs_once_for_two_tasks_then_again_after_a_change_and_a_failure_is_told() {
+    let Some(reg) = Registry::start().await else { return };
+    let Some(srv) = crate::workspaces::git_server().await else { return };
+    if !crate::sandbox::has_bwrap() {
+        return;
+    }
+    reg.push("test/base:1", vec![busybox_layer()], &["PATH=/bin", "LANG=base"]).await;
+    let dir = cache_dir();
+    let tweak = app_config(&reg, dir.path());
+    let app = crate::helpers::spawn_app_with(
+        |c| {
+            tweak(c);
+            c.admin_token = Some(crate::mcp::ADMIN.into());
+        },
+        true,
+    )
+    .await;
+    let (acme, other) = (crate::mcp::key(&app.base, "acme").await, crate::mcp::key(&app.base, "other").await);
+    let repo = format!("{}/repo.git", srv.base);
+    let image = reg.image("test/base:1");
+    let put = |key: &str, name: &str, body: Value| {
+        app.client.put(app.url(&format!("/environments/{name}"))).bearer_auth(key.to_string()).json(&body).send()
+    };
+    // The setup writes into the image's root (as uid 0 of its own namespace): a marker, and an
+    // id of this build.
+    let setup =
+        "mkdir -p /opt/tool && cat /proc/sys/kernel/random/uuid > /opt/tool/build-id && echo setup ran as $(id -u)";
+    let r = put(&acme, "ci", json!({"image": image, "setup": setup})).await.unwrap();
+    assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
+    let e = built(&app, &acme, "ci").await;
+    assert_eq!(e["status"], "ready", "{e}");
+    assert_eq!(e["exit_code"], 0, "{e}");
+    assert!(e["output_tail"].as_str().unwrap().contains("setup ran as 0"), "{e}");
+    assert!(
+        e["digest"].as_str().unwrap().starts_with("sha256:") && e["size_bytes"].as_i64().unwrap() > 1_000_000,
+        "{e}"
+    );
+
+    let task = |key: &str, env: Value| {
+        let body = json!({"workspace": {"git": repo}, "environment": env,
+            "prompt": script(&["cat /opt/tool/build-id; echo lang=$LANG; id -u; touch /opt/tool/x 2>&1; true"])});
+        app.client.post(app.url("/tasks?wait=true&timeout=120")).bearer_auth(key.to_string()).json(&body).send()
+    };
+    let mut ids = vec![];
+    for _ in 0..2 {
+        let t: Value = task(&acme, json!({"name": "ci"})).await.unwrap().json().await.unwrap();
+        assert_eq!(t["status"], "completed", "{t}");
+        assert_eq!(t["environment"]["name"], "ci", "{t}");
+        assert_eq!(t["environment"]["digest"], e["digest"], "{t}");
+        let out = crate::tools::tool_results(&app, t["id"].as_str().unwrap()).await;
+        let out = out[0]["content"].as_str().unwrap().to_string();
+        assert!(out.contains("lang=base") && out.contains("\n1000\n"), "the image's Env, a non-root uid: {out}");
+        assert!(out.contains("Read-only file system"), "the built root is read-only in runs: {out}");
+        ids.push(build_id(&out));
+        let ready: Vec<Value> = events_as(&app, t["id"].as_str().unwrap(), Some(&acme))
+            .await
+            .into_iter()
+            .filter(|e| e["kind"] == "environment_ready")
+            .collect();
+        assert!(ready[0]["data"].get("setup_ms").is_none(), "the setup ran once, at the PUT: {ready:?}");
+    }
+    assert_eq!(ids[0], ids[1], "one build for both tasks");
+    assert_eq!(ids[0].len(), 36, "{ids:?}");
+
+    // A changed definition is built anew.
+    let r = put(&acme, "ci", json!({"image": image, "setup": format!("{setup}; echo v2")})).await.unwrap();
+    assert_eq!(r.status(), 200);
+    let v2 = built(&app, &acme, "ci").await;
+    assert_eq!(v2["status"], "ready", "{v2}");
+    assert!(v2["output_tail"].as_str().unwrap().contains("v2"), "{v2}");
+    let t: Value = task(&acme, json!({"name": "ci"})).await.unwrap().json().await.unwrap();
+    let out = crate::tools::tool_results(&app, t["id"].as_str().unwrap()).await;
+    let id2 = build_id(out[0]["content"].as_str().unwrap());
+    assert!(id2.len() == 36 && id2 != ids[0], "a new build: {id2} after {}", ids[0]);
+
+    // A failing setup: `failed`, with its exit code and output; a task naming it fails, naming it.
+    let r = put(&acme, "broken", json!({"image": image, "setup": "echo about to fail; exit 3"})).await.unwrap();
+    assert_eq!(r.status(), 201);
+    let b = built(&app, &acme, "broken").await;
+    assert_eq!((b["status"].as_str(), b["exit_code"].as_i64()), (Some("failed"), Some(3)), "{b}");
+    assert!(b["output_tail"].as_str().unwrap().contains("about to fail"), "{b}");
+    let t: Value = task(&acme, json!({"name": "broken"})).await.unwrap().json().await.unwrap();
+    assert_eq!(
+        (t["status"].as_str(), t["error"]["code"].as_str()),
+        (Some("failed"), Some("environment_failed")),
+        "{t}"
+    );
+    let m = t["error"]["message"].as_str().unwrap();
+    assert!(m.contains("\"broken\"") && m.contains("exit code 3"), "{m}");
+
+    // Another tenant sees none of it, and cannot name it.
+    let r = app.client.get(app.url("/environments/ci")).bearer_auth(&other).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+    let list: Value =
+        app.client.get(app.url("/environments")).bearer_auth(&other).send().await.unwrap().json().await.unwrap();
+    assert_eq!(list["environments"], json!([]));
+    let r = task(&other, json!({"name": "ci"})).await.unwrap();
+    assert_eq!(r.status(), 422);
+    assert!(r.text().await.unwrap().contains("no environment named"));
+    let list: Value =
+        app.client.get(app.url("/environments")).bearer_auth(&acme).send().await.unwrap().json().await.unwrap();
+    let names: Vec<&str> =
+        list["environments"].as_array().unwrap().iter().map(|e| e["name"].as_str().unwrap()).collect();
+    assert_eq!(names, vec!["broken", "ci"]);
+
+    // Bad definitions are refused and change nothing.
+    for (body, says) in [
+        (json!({"image": "10.1.2.3:5000/a/b:1"}), "SUBAGENTD_REGISTRY_ALLOW"),
+        (json!({"image": image, "network": {"in_runs": true}}), "needs `network.allow`"),
+        (json!({"image": image, "setup": "x".repeat(70_000)}), "64 KiB"),
+        (json!({"image": image, "extra": true}), "extra"),
+        (json!({"setup": "true"}), "image"),
+    ] {
+        let r = put(&acme, "bad", body.clone()).await.unwrap();
+        assert_eq!(r.status(), 422, "{body}");
+        assert!(r.text().await.unwrap().contains(says), "{body}");
+    }
+    assert_eq!(app.client.get(app.url("/environments/bad")).bearer_auth(&acme).send().await.unwrap().status(), 404);
+    let r = app.client.delete(app.url("/environments/broken")).bearer_auth(&acme).send().await.unwrap();
+    assert_eq!(r.status(), 204);
+    assert_eq!(app.client.get(app.url("/environments/broken")).bearer_auth(&acme).send().await.unwrap().status(), 404);
+    app.stop().await;
+}
+
+/// A listener on `ip` answering every request with `hello from {ip}`.
+async fn hello(ip: &str) -> u16 {
+    let l = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    let ip = ip.to_string();
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        while let Ok((mut c, _)) = l.accept().await {
+            let mut b = [0u8; 1024];
+            let _ = c.read(&mut b).await;
+            let body = format!("hello from {ip}\n");
+            let msg = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
+            let _ = c.write_all(msg.as_bytes()).await;
+        }
+    });
+    port
+}
+
+#[tokio::test]
+async fn with_the_proxy_an_allowed_host_is_reached_and_another_is_not_and_without_it_nothing_is() {
+    let Some(reg) = Registry::start().await else { return };
+    let Some(srv) = crate::workspaces::git_server().await else { return };
+    if !crate::sandbox::has_bwrap() {
+        return;
+    }
+    let (allowed, other) = (hello("127.0.0.2").await, hello("127.0.0.3").await);
+    reg.push("test/net:1", vec![busybox_layer()], &["PATH=/bin"]).await;
+    let dir = cache_dir();
+    let tweak = app_config(&reg, dir.path());
+    let app = crate::helpers::spawn_app_with(
+        |c| {
+            tweak(c);
+            // The operator's guard lets private addresses through only where a CIDR allows them:
+            // 127.0.0.2 and 127.0.0.3 here, so that the environment's own list decides.
+            c.tool_allow = "127.0.0.2/32,127.0.0.3/32".into();
+        },
+        true,
+    )
+    .await;
+    let repo = format!("{}/repo.git", srv.base);
+    let image = reg.image("test/net:1");
+    // (Debian's static busybox wget crashes with `-T`: no timeout given.)
+    let fetch = |ip: &str, port: u16| format!("wget -q -O - http://{ip}:{port}/ 2>&1; echo rc=$?");
+    let setup = format!(
+        "wget -q -O /opt-fetched http://127.0.0.2:{allowed}/; cat /opt-fetched; echo rc=$?; {}",
+        fetch("127.0.0.3", other)
+    );
+    let put = |name: &str, body: Value| app.client.put(app.url(&format!("/environments/{name}"))).json(&body).send();
+    let r =
+        put("net", json!({"image": image, "setup": setup, "network": {"allow": ["127.0.0.2/32"], "in_runs": true}}))
+            .await
+            .unwrap();
+    assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
+    let e = built(&app, "", "net").await;
+    assert_eq!(e["status"], "ready", "{e}");
+    let tail = e["output_tail"].as_str().unwrap();
+    assert!(tail.contains("hello from 127.0.0.2\nrc=0"), "the allowed host, through the proxy: {tail}");
+    assert!(tail.contains("403 Forbidden") && tail.ends_with("rc=1\n"), "another host is refused: {tail}");
+    let metrics = app.client.get(app.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    assert!(
+        metrics.contains("subagentd_egress_refused_total{purpose=\"environment\",tenant=\"default\"}"),
+        "{metrics}"
+    );
+
+    // In runs (in_runs: true, a public repository): the same.
+    let cmd =
+        format!("cat /opt-fetched; {}; {}; echo $HTTP_PROXY", fetch("127.0.0.2", allowed), fetch("127.0.0.3", other));
+    let t: Value =
+        submit(&app, json!({"workspace": {"git": repo}, "environment": {"name": "net"}, "prompt": script(&[&cmd])}))
+            .await
+            .json()
+            .await
+            .unwrap();
+    assert_eq!(t["status"], "completed", "{t}");
+    let out = crate::tools::tool_results(&app, t["id"].as_str().unwrap()).await;
+    let out = out[0]["content"].as_str().unwrap();
+    assert!(out.contains("hello from 127.0.0.2\nhello from 127.0.0.2\nrc=0"), "{out}");
+    assert!(out.contains("403 Forbidden") && out.contains("rc=1\nhttp://127.0.0.1:3128"), "{out}");
+
+    // Without network (no allow-list, or none in runs): nothing is reached, not even the host's
+    // loopback, and there is no proxy.
+    let r = put("closed", json!({"image": image, "setup": fetch("127.0.0.2", allowed)})).await.unwrap();
+    assert_eq!(r.status(), 201);
+    let e = built(&app, "", "closed").await;
+    let tail = e["output_tail"].as_str().unwrap();
+    assert!(!tail.contains("hello") && tail.contains("rc=1"), "{tail}");
+    let r = put("setup-only", json!({"image": image, "network": {"allow": ["127.0.0.2/32"]}})).await.unwrap();
+    assert_eq!(r.status(), 201);
+    built(&app, "", "setup-only").await;
+    for name in ["closed", "setup-only"] {
+        let cmd = format!("{}; echo proxy=$HTTP_PROXY", fetch("127.0.0.2", allowed));
+        let t: Value =
+            submit(&app, json!({"workspace": {"git": repo}, "environment": {"name": name}, "prompt": script(&[&cmd])}))
+                .await
+                .json()
+                .await
+                .unwrap();
+        let out = crate::tools::tool_results(&app, t["id"].as_str().unwrap()).await;
+        let out = out[0]["content"].as_str().unwrap();
+        assert!(!out.contains("hello") && out.contains("rc=1\nproxy=\n"), "{name}: {out}");
+    }
+    // A tenant's list cannot open what the operator's guard refuses (a loopback address it has
+    // no CIDR for), nor name every host.
+    for (allow, says) in [(json!(["*"]), "not `*`"), (json!(["10.0.0.0/99"]), "prefix")] {
+        let r = put("bad", json!({"image": image, "network": {"allow": allow}})).await.unwrap();
+        assert_eq!(r.status(), 422);
+        assert!(r.text().await.unwrap().contains(says));
     }
     app.stop().await;
 }

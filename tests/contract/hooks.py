@@ -130,6 +130,15 @@ def _existing(label, case):
                 _valid_schema(tool, "parameters")
     if label == "POST /tasks" and isinstance(body, dict):
         _task(body)
+    if label == "PUT /environments/{name}" and isinstance(body, dict):
+        # An image from a registry the guard admits (loopback; nothing listens there: its build
+        # fails, the definition stands), and a network list of hosts (a pattern cannot say which
+        # strings are hosts).
+        if isinstance(body.get("image"), str):
+            body["image"] = "127.0.0.1:9/generated:1"
+        network = body.get("network")
+        if isinstance(network, dict) and isinstance(network.get("allow"), list):
+            network["allow"] = [f"host-{i}.example" for i in range(len(network["allow"]))]
     if label == "PUT /schedules/{name}" and isinstance(body, dict):
         # A cron expression whose fields hold values (a pattern sees only their count) and a
         # time zone that exists.
@@ -183,6 +192,10 @@ def _task(body):
         body["subagent_type"] = "general"
     if isinstance(body.get("resume_from"), str) and _is_uuid(body["resume_from"]):
         del body["resume_from"]
+    # An environment is where run_command runs (a general task with a workspace), and names an
+    # image of an allowed registry or an environment that exists: state a schema cannot hold
+    # (tests/api/images.rs covers it).
+    body.pop("environment", None)
     # Fallback models that are served here, none the task's own.
     fallbacks = body.get("fallback_models")
     if isinstance(fallbacks, list) and all(isinstance(m, str) for m in fallbacks):

@@ -45,6 +45,7 @@ class AsyncClient:
         self.schedules = Schedules(self)
         self.workspaces = Workspaces(self)
         self.secrets = Secrets(self)
+        self.environments = Environments(self)
         self.usage = Usage(self)
         self.admin = Admin(self)
 
@@ -121,7 +122,8 @@ class Tasks(_Resource):
         action_timeout_seconds: Optional[float] = None, output_schema: Optional[Dict[str, Any]] = None,
         fallback_models: Optional[List[str]] = None, fallback_on: Optional[List[str]] = None,
         run_at: Optional[str] = None, delay_seconds: Optional[float] = None, priority: Optional[str] = None,
-        resume_from: Optional[str] = None, idempotency_key: Optional[str] = None,
+        resume_from: Optional[str] = None, workspace: Optional[Dict[str, Any]] = None,
+        environment: Optional[Dict[str, Any]] = None, idempotency_key: Optional[str] = None,
     ) -> m.Task:
         """Submit a task (`POST /tasks`); it runs in the background. Always sent with an
         `Idempotency-Key` (made here when not given): retried, it makes one task."""
@@ -352,6 +354,23 @@ class Secrets(_Resource):
 
     async def delete(self, name: str) -> None:
         await self._c._send(Req("DELETE", f"/secrets/{name}", repeatable=True))
+
+
+class Environments(_Resource):
+    async def list(self) -> List[m.Environment]:
+        return await self._c._many(m.Environment, Req("GET", "/environments", repeatable=True), "environments")
+
+    async def get(self, name: str) -> m.Environment:
+        return await self._c._one(m.Environment, Req("GET", f"/environments/{name}", repeatable=True))
+
+    async def put(self, name: str, *, image: str, setup: Optional[str] = None) -> m.Environment:
+        """Define (or replace) a named environment: an OCI image and a setup script run once over
+        it; `status` is `building` until its build ends (`ready` or `failed`)."""
+        return await self._c._one(m.Environment, Req("PUT", f"/environments/{name}", json=body(image=image, setup=setup),
+                                                     repeatable=True))
+
+    async def delete(self, name: str) -> None:
+        await self._c._send(Req("DELETE", f"/environments/{name}", repeatable=True))
 
 
 class Usage(_Resource):

@@ -425,3 +425,26 @@ class DiffStats(Model):
     _fields = ["files_changed", "lines_added", "lines_removed", "binary_files", "bytes", "omitted", "omitted_more"]
     _nested = {}
     _required = ["binary_files", "bytes", "files_changed", "lines_added", "lines_removed"]
+
+@dataclass(repr=False)
+class Environment(Model):
+    """A Environment as the API shows it."""
+
+    name: Optional[str] = None
+    image: Optional[str] = None
+    setup: Optional[str] = None
+    network_allow: Optional[List[str]] = None
+    network_in_runs: Optional[bool] = None
+    definition_hash: Optional[str] = None
+    status: Optional[str] = None
+    digest: Optional[str] = None
+    exit_code: Optional[int] = None
+    output_tail: Optional[str] = None
+    size_bytes: Optional[int] = None
+    built_at: Optional[str] = None
+    created_at: Optional[str] = None
+    updated_at: Optional[str] = None
+    extra: Dict[str, Any] = _dc.field(default_factory=dict)
+    _fields = ["name", "image", "setup", "network_allow", "network_in_runs", "definition_hash", "status", "digest", "exit_code", "output_tail", "size_bytes", "built_at", "created_at", "updated_at"]
+    _nested = {}
+    _required = ["created_at", "definition_hash", "image", "name", "network_allow", "network_in_runs", "setup", "status", "updated_at"]

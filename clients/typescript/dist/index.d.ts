@@ -1,4 +1,4 @@
-import type { Agent, Call, CancelledMany, Event, Key, Limits, Message, NewKey, Problem, Schedule, Task, TenantView, Tool, ToolSource, UsageReport, Workspace, Secret } from "./models.js";
+import type { Agent, Call, CancelledMany, Event, Key, Limits, Message, NewKey, Problem, Schedule, Task, TenantView, Tool, ToolSource, UsageReport, Workspace, Secret, Environment } from "./models.js";
 export * from "./models.js";
 export * as webhooks from "./webhooks.js";
 export declare const VERSION = "0.1.0";
@@ -96,6 +96,19 @@ export interface CreateTask {
     delay_seconds?: number;
     priority?: "high" | "normal" | "low";
     resume_from?: string;
+    /** The code the workspace tools read: `{git, ref?, secret?}` or `{name}` (an upload). */
+    workspace?: {
+        git?: string;
+        ref?: string;
+        secret?: string;
+        name?: string;
+        web?: boolean;
+    };
+    /** Where `run_command` runs: `{image}` (an OCI reference) or `{name}` (a named environment). */
+    environment?: {
+        image?: string;
+        name?: string;
+    };
     /** Sent as `Idempotency-Key` (made here when not given: a retried create makes one task). */
     idempotency_key?: string;
 }
@@ -111,6 +124,7 @@ export declare class Client {
     readonly schedules: Schedules;
     readonly workspaces: Workspaces;
     readonly secrets: Secrets;
+    readonly environments: Environments;
     readonly usage: Usage;
     readonly admin: Admin;
     constructor(opts?: ClientOptions);
@@ -228,6 +242,16 @@ export declare class Secrets extends Resource {
         value: string;
         host: string;
     }): Promise<Secret>;
+    delete(name: string): Promise<void>;
+}
+export declare class Environments extends Resource {
+    list(): Promise<Environment[]>;
+    get(name: string): Promise<Environment>;
+    /** Define (or replace) a named environment: an OCI image and a setup script run once over it. */
+    put(name: string, definition: {
+        image: string;
+        setup?: string;
+    }): Promise<Environment>;
     delete(name: string): Promise<void>;
 }
 export interface UsageQuery {

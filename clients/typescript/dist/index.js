@@ -106,6 +106,7 @@ export class Client {
     schedules;
     workspaces;
     secrets;
+    environments;
     usage;
     admin;
     constructor(opts = {}) {
@@ -121,6 +122,7 @@ export class Client {
         this.schedules = new Schedules(this);
         this.workspaces = new Workspaces(this);
         this.secrets = new Secrets(this);
+        this.environments = new Environments(this);
         this.usage = new Usage(this);
         this.admin = new Admin(this);
     }
@@ -480,6 +482,22 @@ export class Secrets extends Resource {
     }
     async delete(name) {
         await this.c.send({ method: "DELETE", path: `/secrets/${name}`, repeatable: true });
+    }
+}
+export class Environments extends Resource {
+    async list() {
+        return (await this.c.json({ method: "GET", path: "/environments", repeatable: true }))
+            .environments;
+    }
+    async get(name) {
+        return this.c.json({ method: "GET", path: `/environments/${name}`, repeatable: true });
+    }
+    /** Define (or replace) a named environment: an OCI image and a setup script run once over it. */
+    async put(name, definition) {
+        return this.c.json({ method: "PUT", path: `/environments/${name}`, json: definition, repeatable: true });
+    }
+    async delete(name) {
+        await this.c.send({ method: "DELETE", path: `/environments/${name}`, repeatable: true });
     }
 }
 export class Usage extends Resource {

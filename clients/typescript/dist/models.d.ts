@@ -323,4 +323,23 @@ export interface DiffStats {
     /** Fields this version does not know yet. */
     [field: string]: unknown;
 }
+/** A Environment as the API shows it. */
+export interface Environment {
+    name: string;
+    image: string;
+    setup: string;
+    network_allow: string[];
+    network_in_runs: boolean;
+    definition_hash: string;
+    status: string;
+    digest?: string | null;
+    exit_code?: number | null;
+    output_tail?: string | null;
+    size_bytes?: number | null;
+    built_at?: string | null;
+    created_at: string;
+    updated_at: string;
+    /** Fields this version does not know yet. */
+    [field: string]: unknown;
+}
 export declare const MODEL_FIELDS: Record<string, string[]>;

@@ -7,7 +7,7 @@
 
 import type {
   Agent, Call, CancelledMany, Event, Key, Limits, Message, NewKey, Problem, Schedule, Task, TaskPage, TenantView,
-  Tool, ToolSource, UsageReport, Workspace, Secret,
+  Tool, ToolSource, UsageReport, Workspace, Secret, Environment,
 } from "./models.js";
 
 export * from "./models.js";
@@ -128,6 +128,10 @@ export interface CreateTask {
   delay_seconds?: number;
   priority?: "high" | "normal" | "low";
   resume_from?: string;
+  /** The code the workspace tools read: `{git, ref?, secret?}` or `{name}` (an upload). */
+  workspace?: { git?: string; ref?: string; secret?: string; name?: string; web?: boolean };
+  /** Where `run_command` runs: `{image}` (an OCI reference) or `{name}` (a named environment). */
+  environment?: { image?: string; name?: string };
   /** Sent as `Idempotency-Key` (made here when not given: a retried create makes one task). */
   idempotency_key?: string;
 }
@@ -177,6 +181,7 @@ export class Client {
   readonly schedules: Schedules;
   readonly workspaces: Workspaces;
   readonly secrets: Secrets;
+  readonly environments: Environments;
   readonly usage: Usage;
   readonly admin: Admin;
 
@@ -193,6 +198,7 @@ export class Client {
     this.schedules = new Schedules(this);
     this.workspaces = new Workspaces(this);
     this.secrets = new Secrets(this);
+    this.environments = new Environments(this);
     this.usage = new Usage(this);
     this.admin = new Admin(this);
   }
@@ -552,6 +558,23 @@ export class Secrets extends Resource {
   }
   async delete(name: string): Promise<void> {
     await this.c.send({ method: "DELETE", path: `/secrets/${name}`, repeatable: true });
+  }
+}
+
+export class Environments extends Resource {
+  async list(): Promise<Environment[]> {
+    return (await this.c.json<{ environments: Environment[] }>({ method: "GET", path: "/environments", repeatable: true }))
+      .environments;
+  }
+  async get(name: string): Promise<Environment> {
+    return this.c.json<Environment>({ method: "GET", path: `/environments/${name}`, repeatable: true });
+  }
+  /** Define (or replace) a named environment: an OCI image and a setup script run once over it. */
+  async put(name: string, definition: { image: string; setup?: string }): Promise<Environment> {
+    return this.c.json<Environment>({ method: "PUT", path: `/environments/${name}`, json: definition, repeatable: true });
+  }
+  async delete(name: string): Promise<void> {
+    await this.c.send({ method: "DELETE", path: `/environments/${name}`, repeatable: true });
   }
 }
 

@@ -414,6 +414,20 @@
 
   const POLL_EVENTS_MS = 3000;
 
+  /** A task's workspace as one line: the repository and ref (and the commit read), or the upload. */
+  function workspaceText(w) {
+    if (!w) return null;
+    if (w.git) return `${w.git}${w.ref ? ' @ ' + w.ref : ''}${w.commit ? ' (' + w.commit.slice(0, 12) + ')' : ''}`;
+    return `upload ${w.name || ''}${w.content_hash ? ' (' + w.content_hash.slice(0, 19) + ')' : ''}`;
+  }
+
+  /** A task's environment as one line: the image or the named environment, and the digest it runs in. */
+  function environmentText(e) {
+    if (!e) return null;
+    const what = e.name ? `${e.name} (named)` : (e.image || '');
+    return `${what}${e.digest ? ' @ ' + e.digest : ' (not started)'}`;
+  }
+
   const TASK_COLS = ['ID', 'Status', 'Type', 'Model', ['Turns', 'num'], ['Cost', 'num'], 'Created', 'Summary'];
 
   // ================================================================ Overview
@@ -729,6 +743,8 @@
         ['Waiting for', t.waiting_for],
         ['Metadata', t.metadata && Object.keys(t.metadata).length ? json(t.metadata) : null, 'mono'],
         ['Tools', Array.isArray(t.tools) && t.tools.length ? t.tools.join(', ') : null],
+        ['Workspace', workspaceText(t.workspace), 'mono'],
+        ['Environment', environmentText(t.environment), 'mono'],
         ['Parent task', t.parent_task_id ? h('a', { href: '#/tasks/' + encodeURIComponent(t.parent_task_id), class: 'mono' }, t.parent_task_id) : null],
         ['Trace ID', t.trace_id, 'mono'],
         ['Error', t.error ? `${t.error.code || 'error'}: ${t.error.message || ''}` : null, 'error-text'],

@@ -71,7 +71,7 @@ impl Lifecycle {
             who.definition.as_ref().and_then(|d| d.max_output_tokens),
             self.p.cfg.max_output_tokens,
         );
-        let environment = self.environment(body, &tools)?;
+        let environment = self.environment(&s.tenant, body, &tools).await?;
         let mut options = self.options(body, limits, &who, &own, approval, tools)?;
         options.workspace = workspace;
         options.environment = environment;
@@ -326,8 +326,9 @@ impl Lifecycle {
 
     /// The request's `environment`, checked (its registry allowed, before any network), else the
     /// service's default image: only for a task given `run_command`, the one tool it concerns.
-    fn environment(
+    async fn environment(
         &self,
+        tenant: &str,
         body: &TaskRequest,
         tools: &[crate::tools::ToolDef],
     ) -> Result<Option<crate::kinds::EnvironmentSpec>, TaskError> {
@@ -339,32 +340,37 @@ impl Lifecycle {
                 self.p.cfg.sandbox_image.as_deref().filter(|_| commands && self.p.tool_caller.images.is_some());
             return Ok(default.map(|d| crate::kinds::EnvironmentSpec { image: Some(d.to_string()), name: None }));
         };
+        let Some(images) = &self.p.tool_caller.images else {
+            return Err(TaskError::invalid(
+                "environment",
+                "an environment is where run_command runs, and the sandbox does not start on this host",
+            ));
+        };
+        if !commands {
+            return Err(TaskError::invalid(
+                "environment",
+                "an environment is where run_command runs, and this task is not given run_command \
+                 (a general task with a workspace is)",
+            ));
+        }
         match (&env.image, &env.name) {
             (Some(image), None) => {
-                let Some(images) = &self.p.tool_caller.images else {
-                    return Err(TaskError::invalid(
-                        "environment",
-                        "an environment is where run_command runs, and the sandbox does not start on this host",
-                    ));
-                };
-                if !commands {
-                    return Err(TaskError::invalid(
-                        "environment",
-                        "an environment is where run_command runs, and this task is not given run_command \
-                         (a general task with a workspace is)",
-                    ));
-                }
                 images.check(image).map_err(|e| TaskError::invalid("environment.image", e.to_string()))?;
                 Ok(Some(env.clone()))
             }
-            (None, Some(_)) => Err(TaskError::invalid(
-                "environment.name",
-                "named environments (an image with a setup, PUT /environments/{name}) are not offered by this \
-                 service yet: give `image`",
-            )),
+            (None, Some(name)) => {
+                if crate::store::environments::get(&self.p.pool, tenant, name).await?.is_none() {
+                    return Err(TaskError::invalid(
+                        "environment.name",
+                        format!("no environment named {name:?}: define one with PUT /environments/{name}"),
+                    ));
+                }
+                Ok(Some(env.clone()))
+            }
             _ => Err(TaskError::invalid(
                 "environment",
-                "give `image` (an OCI reference such as registry.example.com/team/app:1)",
+                "give `image` (an OCI reference such as registry.example.com/team/app:1) or `name` (an environment of \
+                 PUT /environments/{name}), not both",
             )),
         }
     }

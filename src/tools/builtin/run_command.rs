@@ -74,7 +74,14 @@ impl Builtin for RunCommand {
             Duration::from_secs(secs.unwrap_or(sandbox::DEFAULT_TIMEOUT_SECONDS).max(1)).min(sb.max_timeout());
         let tenant = cx.task.web.as_ref().map_or("", |t| t.tenant.as_str());
         let (mut out, outcome) = {
-            let place = sandbox::Place { copy: &w.path, max_copy: copy.max, image: cx.task.environment.as_deref() };
+            let env = cx.task.environment.as_ref();
+            let place = sandbox::Place {
+                copy: &w.path,
+                max_copy: copy.max,
+                image: env.map(|e| e.root.as_ref()),
+                setup: false,
+                net: env.and_then(|e| e.net.as_ref()),
+            };
             sb.run(tenant, place, command, timeout, cx.max_result()).await
         };
         metrics::counter!("subagentd_sandbox_commands_total", "outcome" => outcome.as_str()).increment(1);

@@ -16,6 +16,7 @@
 //!   are removed, never one in use.
 
 pub mod layer;
+pub mod named;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -115,6 +116,14 @@ pub struct ImageRoot {
     pub env: Vec<String>,
     /// Unpacked bytes.
     pub bytes: u64,
+}
+
+/// A run's environment: the root its commands run in, and their network (the environment's
+/// allow-list through the egress proxy) when it gives them one.
+#[derive(Debug, Clone)]
+pub struct RunEnvironment {
+    pub root: Arc<ImageRoot>,
+    pub net: Option<Arc<super::egress::Policy>>,
 }
 
 /// What a pull took, for the task's event.
@@ -303,8 +312,7 @@ impl Images {
         stats.millis = started.elapsed().as_millis() as u64;
         metrics::counter!("subagentd_image_pull_bytes_total").increment(stats.fetched_bytes);
         let root = Arc::new(root);
-        self.roots.lock().unwrap().insert(key, Cached { root: root.clone(), used: Instant::now() });
-        self.evict();
+        self.keep(key, root.clone());
         Ok((root, Some(stats)))
     }
 
@@ -330,43 +338,16 @@ impl Images {
             )));
         }
         let env = self.env_of(reference, &by_digest, &manifest.config).await?;
-        let mine = self.settings.dir.join("tmp").join(std::process::id().to_string());
-        let build = std::fs::create_dir_all(&mine)
-            .and_then(|_| tempfile::Builder::new().prefix("pull-").tempdir_in(&mine))
-            .map_err(|e| ImageError::Unavailable(format!("the image cache: {e}")))?;
+        let build = self.build_dir().map_err(|e| ImageError::Unavailable(format!("the image cache: {e}")))?;
         let rootfs = build.path().join("rootfs");
         std::fs::create_dir(&rootfs).map_err(|e| ImageError::Unavailable(format!("the image cache: {e}")))?;
         let mut stats = PullStats { layers: manifest.layers.len(), ..Default::default() };
         for (i, l) in manifest.layers.iter().enumerate() {
             self.layer(reference, &by_digest, l, &build.path().join(format!("layer-{i}")), &rootfs, &mut stats).await?;
         }
-        for m in MOUNT_POINTS {
-            let p = rootfs.join(m);
-            if !std::fs::symlink_metadata(&p).is_ok_and(|m| m.is_dir()) {
-                let _ = layer_remove(&p);
-                std::fs::create_dir(&p).map_err(|e| ImageError::Unavailable(format!("the image cache: {e}")))?;
-            }
-            use std::os::unix::fs::PermissionsExt;
-            let _ = std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755));
-        }
-        let meta = Meta { digest: digest.to_string(), env: env.clone(), bytes: stats.unpacked.bytes };
-        std::fs::write(build.path().join("meta.json"), serde_json::to_vec(&meta).unwrap_or_default())
+        let root = self
+            .finish(build, digest, env, key)
             .map_err(|e| ImageError::Unavailable(format!("the image cache: {e}")))?;
-        {
-            // The sandbox's uid reads it.
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(build.path(), std::fs::Permissions::from_mode(0o755))
-                .and_then(|_| std::fs::set_permissions(&rootfs, std::fs::Permissions::from_mode(0o755)))
-                .map_err(|e| ImageError::Unavailable(format!("the image cache: {e}")))?;
-        }
-        // Whole, or not at all: the rename is the root's appearance.
-        let dest = self.settings.dir.join("roots").join(key);
-        let built = build.keep();
-        if let Err(e) = std::fs::rename(&built, &dest) {
-            let _ = std::fs::remove_dir_all(&built);
-            return Err(ImageError::Unavailable(format!("the image cache: {e}")));
-        }
-        let root = ImageRoot { digest: digest.to_string(), rootfs: dest.join("rootfs"), env, bytes: meta.bytes };
         Ok((root, stats))
     }
 
@@ -441,6 +422,54 @@ impl Images {
             }
             layer::LayerError::Invalid(m) => ImageError::Unavailable(format!("{reference}: layer {}: {m}", l.digest)),
         })
+    }
+
+    /// A directory of this process's to build a root in (removed when dropped, or by the next
+    /// start after a kill), with its `rootfs/` made.
+    fn build_dir(&self) -> std::io::Result<tempfile::TempDir> {
+        let mine = self.settings.dir.join("tmp").join(std::process::id().to_string());
+        std::fs::create_dir_all(&mine)?;
+        let dir = tempfile::Builder::new().prefix("build-").tempdir_in(&mine)?;
+        Ok(dir)
+    }
+
+    /// The root built in `build` put in place as `roots/<key>`: its mount points made, readable by
+    /// the sandbox's uid, its record written, then renamed whole (its appearance).
+    fn finish(
+        &self,
+        build: tempfile::TempDir,
+        digest: &str,
+        env: Vec<String>,
+        key: &str,
+    ) -> std::io::Result<ImageRoot> {
+        use std::os::unix::fs::PermissionsExt;
+        let rootfs = build.path().join("rootfs");
+        for m in MOUNT_POINTS {
+            let p = rootfs.join(m);
+            if !std::fs::symlink_metadata(&p).is_ok_and(|m| m.is_dir()) {
+                let _ = layer_remove(&p);
+                std::fs::create_dir(&p)?;
+            }
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755))?;
+        }
+        let (bytes, _) = super::files::tree_walk(&rootfs, super::files::Usage { bytes: u64::MAX, entries: u64::MAX });
+        let meta = Meta { digest: digest.to_string(), env: env.clone(), bytes: bytes.bytes };
+        std::fs::write(build.path().join("meta.json"), serde_json::to_vec(&meta).unwrap_or_default())?;
+        std::fs::set_permissions(build.path(), std::fs::Permissions::from_mode(0o755))?;
+        std::fs::set_permissions(&rootfs, std::fs::Permissions::from_mode(0o755))?;
+        let dest = self.settings.dir.join("roots").join(key);
+        let built = build.keep();
+        if let Err(e) = std::fs::rename(&built, &dest) {
+            let _ = std::fs::remove_dir_all(&built);
+            return Err(e);
+        }
+        Ok(ImageRoot { digest: digest.to_string(), rootfs: dest.join("rootfs"), env, bytes: meta.bytes })
+    }
+
+    /// Keep `root` in the cache as `key`, then keep the cache within its bound.
+    fn keep(&self, key: String, root: Arc<ImageRoot>) {
+        self.roots.lock().unwrap().insert(key, Cached { root, used: Instant::now() });
+        self.evict();
     }
 
     /// Remove the roots used longest ago, none in use, until the cache is within its bound.

@@ -1,0 +1,164 @@
+//! Named environments (issue 63): a tenant's definitions (an image and a setup script) and what
+//! the latest build of each said.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgPool;
+
+use super::StoreError;
+
+/// A named environment as `GET /environments/{name}` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct EnvironmentRow {
+    pub name: String,
+    pub image: String,
+    pub setup: String,
+    /// Hosts, `*.domain` and CIDRs the setup may reach through the egress proxy.
+    pub network_allow: Vec<String>,
+    /// Whether the tasks' commands may too.
+    pub network_in_runs: bool,
+    /// The definition's hash (`sha256:` of its image and setup): a changed one is built anew.
+    pub definition_hash: String,
+    /// `building`, `ready` or `failed`.
+    pub status: String,
+    /// The image's manifest digest the build ran on.
+    pub digest: Option<String>,
+    pub exit_code: Option<i32>,
+    /// The last 4 KiB of the setup's output (stdout and stderr).
+    pub output_tail: Option<String>,
+    pub size_bytes: Option<i64>,
+    pub built_at: Option<DateTime<Utc>>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// Store `tenant`'s `name` as this definition; a changed one (another hash) starts `building`
+/// with its last build's figures cleared. The row, and whether it is new.
+/// A definition as stored.
+pub struct Definition<'a> {
+    pub image: &'a str,
+    pub setup: &'a str,
+    pub network_allow: &'a [String],
+    pub network_in_runs: bool,
+    pub hash: &'a str,
+}
+
+pub async fn put(
+    pool: &PgPool,
+    tenant: &str,
+    name: &str,
+    d: &Definition<'_>,
+) -> Result<(EnvironmentRow, bool), StoreError> {
+    let r = sqlx::query!(
+        r#"INSERT INTO environments AS e (tenant, name, image, setup, network_allow, network_in_runs, definition_hash)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)
+         ON CONFLICT (tenant, name) DO UPDATE SET image = EXCLUDED.image, setup = EXCLUDED.setup,
+             network_allow = EXCLUDED.network_allow, network_in_runs = EXCLUDED.network_in_runs,
+             definition_hash = EXCLUDED.definition_hash, updated_at = now(),
+             -- The same definition keeps its build, unless it failed (a PUT then tries again).
+             status = CASE WHEN e.definition_hash = EXCLUDED.definition_hash AND e.status <> 'failed'
+                           THEN e.status ELSE 'building' END,
+             digest = CASE WHEN e.definition_hash = EXCLUDED.definition_hash AND e.status <> 'failed' THEN e.digest END,
+             exit_code = CASE WHEN e.definition_hash = EXCLUDED.definition_hash AND e.status <> 'failed' THEN e.exit_code END,
+             output_tail = CASE WHEN e.definition_hash = EXCLUDED.definition_hash AND e.status <> 'failed'
+                                THEN e.output_tail END,
+             size_bytes = CASE WHEN e.definition_hash = EXCLUDED.definition_hash AND e.status <> 'failed' THEN e.size_bytes END,
+             built_at = CASE WHEN e.definition_hash = EXCLUDED.definition_hash AND e.status <> 'failed' THEN e.built_at END
+         RETURNING name, image, setup, network_allow, network_in_runs, definition_hash, status, digest, exit_code, output_tail, size_bytes,
+                   built_at, created_at, updated_at, (xmax = 0) AS "created!""#,
+        tenant,
+        name,
+        d.image,
+        d.setup,
+        d.network_allow,
+        d.network_in_runs,
+        d.hash
+    )
+    .fetch_one(pool)
+    .await?;
+    let row = EnvironmentRow {
+        name: r.name,
+        image: r.image,
+        setup: r.setup,
+        network_allow: r.network_allow,
+        network_in_runs: r.network_in_runs,
+        definition_hash: r.definition_hash,
+        status: r.status,
+        digest: r.digest,
+        exit_code: r.exit_code,
+        output_tail: r.output_tail,
+        size_bytes: r.size_bytes,
+        built_at: r.built_at,
+        created_at: r.created_at,
+        updated_at: r.updated_at,
+    };
+    Ok((row, r.created))
+}
+
+pub async fn get(pool: &PgPool, tenant: &str, name: &str) -> Result<Option<EnvironmentRow>, StoreError> {
+    Ok(sqlx::query_as!(
+        EnvironmentRow,
+        r#"SELECT name, image, setup, network_allow, network_in_runs, definition_hash, status, digest, exit_code, output_tail, size_bytes, built_at,
+                  created_at, updated_at
+         FROM environments WHERE tenant = $1 AND name = $2"#,
+        tenant,
+        name
+    )
+    .fetch_optional(pool)
+    .await?)
+}
+
+pub async fn list(pool: &PgPool, tenant: &str) -> Result<Vec<EnvironmentRow>, StoreError> {
+    Ok(sqlx::query_as!(
+        EnvironmentRow,
+        r#"SELECT name, image, setup, network_allow, network_in_runs, definition_hash, status, digest, exit_code, output_tail, size_bytes, built_at,
+                  created_at, updated_at
+         FROM environments WHERE tenant = $1 ORDER BY name"#,
+        tenant
+    )
+    .fetch_all(pool)
+    .await?)
+}
+
+/// Remove `tenant`'s `name`; whether there was one.
+pub async fn delete(pool: &PgPool, tenant: &str, name: &str) -> Result<bool, StoreError> {
+    let n = sqlx::query!(r#"DELETE FROM environments WHERE tenant = $1 AND name = $2"#, tenant, name)
+        .execute(pool)
+        .await?
+        .rows_affected();
+    Ok(n > 0)
+}
+
+/// What a build of the definition `hash` said; nothing when the definition has changed since.
+pub struct Built<'a> {
+    pub status: &'a str,
+    pub digest: Option<&'a str>,
+    pub exit_code: Option<i32>,
+    pub output_tail: Option<&'a str>,
+    pub size_bytes: Option<i64>,
+}
+
+pub async fn record_build(
+    pool: &PgPool,
+    tenant: &str,
+    name: &str,
+    hash: &str,
+    b: &Built<'_>,
+) -> Result<(), StoreError> {
+    sqlx::query!(
+        r#"UPDATE environments SET status = $4, digest = coalesce($5, digest), exit_code = $6, output_tail = $7,
+             size_bytes = $8, built_at = CASE WHEN $4 = 'building' THEN built_at ELSE now() END
+         WHERE tenant = $1 AND name = $2 AND definition_hash = $3"#,
+        tenant,
+        name,
+        hash,
+        b.status,
+        b.digest,
+        b.exit_code,
+        b.output_tail,
+        b.size_bytes
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,248 @@
+//! Named environments (issue 63): a tenant's image with a setup script, built once per
+//! (definition, image digest) on each replica that runs it. The setup runs in the sandbox over a
+//! writable copy of the image's root, as uid 0 of the sandbox's own user namespace with no
+//! capability and no network; the root it leaves is kept in the image cache beside the image's,
+//! and later tasks' commands run in it read-only. The definition's row says what the latest
+//! build did (`building`, `ready`, `failed`, the exit code, the tail of the output).
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use sha2::Digest;
+use sqlx::PgPool;
+
+use super::{ImageError, ImageRoot, Images};
+use crate::store::environments::{self as store, Built, EnvironmentRow};
+use crate::tools::egress::Policy;
+use crate::tools::files::Usage;
+use crate::tools::sandbox::{self, Outcome, Place, Sandbox};
+use crate::tools::ssrf::AllowList;
+
+/// The most of a setup's output kept (its tail).
+const TAIL: usize = 4096;
+
+/// The hash of a definition (`sha256:` of its image, its setup and its network).
+pub fn definition_hash(image: &str, setup: &str, allow: &[String], in_runs: bool) -> String {
+    let mut h = sha2::Sha256::new();
+    for part in [image, setup] {
+        h.update(part.as_bytes());
+        h.update([0]);
+    }
+    for a in allow {
+        h.update(a.as_bytes());
+        h.update([0]);
+    }
+    h.update([in_runs as u8]);
+    format!("sha256:{}", hex::encode(h.finalize()))
+}
+
+/// What a build ran, for the task's event.
+#[derive(Debug, Clone, Default)]
+pub struct SetupRun {
+    pub exit_code: Option<i32>,
+    pub output_tail: String,
+    pub millis: u64,
+}
+
+/// Why an environment cannot be had.
+#[derive(Debug, Clone)]
+pub enum BuildError {
+    /// Its image.
+    Image(ImageError),
+    /// Its setup failed (what it ran, when it ran), or the cache could not keep what it made.
+    Setup(String, Option<SetupRun>),
+}
+
+impl BuildError {
+    pub fn code(&self) -> crate::kinds::FailureCode {
+        match self {
+            BuildError::Image(e) => e.code(),
+            BuildError::Setup(..) => crate::kinds::FailureCode::EnvironmentFailed,
+        }
+    }
+}
+
+impl std::fmt::Display for BuildError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BuildError::Image(e) => write!(f, "{e}"),
+            BuildError::Setup(m, _) => write!(f, "{m}"),
+        }
+    }
+}
+
+/// The last `TAIL` bytes of `s`, cut at a character boundary.
+fn tail(s: &str) -> String {
+    let mut at = s.len().saturating_sub(TAIL);
+    while !s.is_char_boundary(at) {
+        at += 1;
+    }
+    s[at..].to_string()
+}
+
+/// Copy the tree at `from` to `to` (made): directories, regular files (their modes), symbolic
+/// links as links; nothing else is in an unpacked root.
+fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    for e in walkdir::WalkDir::new(from).follow_links(false) {
+        let e = e.map_err(std::io::Error::other)?;
+        let rel = e.path().strip_prefix(from).map_err(std::io::Error::other)?;
+        let dest = to.join(rel);
+        let t = e.file_type();
+        if t.is_dir() {
+            if !dest.exists() {
+                std::fs::create_dir(&dest)?;
+            }
+            let mode = e.metadata().map_err(std::io::Error::other)?.permissions().mode();
+            std::fs::set_permissions(&dest, std::fs::Permissions::from_mode(mode | 0o700))?;
+        } else if t.is_symlink() {
+            std::os::unix::fs::symlink(std::fs::read_link(e.path())?, &dest)?;
+        } else if t.is_file() {
+            std::fs::copy(e.path(), &dest)?;
+        }
+    }
+    Ok(())
+}
+
+impl Images {
+    /// `base` with `setup` run over it: from the cache, or built now (what the setup did then).
+    pub async fn with_setup(
+        &self,
+        sandbox: &Sandbox,
+        tenant: &str,
+        base: &ImageRoot,
+        hash: &str,
+        setup: &str,
+        net: Option<&Arc<Policy>>,
+    ) -> Result<(Arc<ImageRoot>, Option<SetupRun>), BuildError> {
+        let key = {
+            let mut h = sha2::Sha256::new();
+            h.update(hash.as_bytes());
+            h.update([0]);
+            h.update(base.digest.as_bytes());
+            format!("env-{}", hex::encode(h.finalize()))
+        };
+        if let Some(r) = self.cached(&key) {
+            return Ok((r, None));
+        }
+        let lock = self.pulling.lock().unwrap().entry(key.clone()).or_default().clone();
+        let _building = lock.lock().await;
+        if let Some(r) = self.cached(&key) {
+            return Ok((r, None));
+        }
+        let built = self.build(sandbox, tenant, base, setup, &key, net).await;
+        self.pulling.lock().unwrap().remove(&key);
+        let (root, run) = built?;
+        let root = Arc::new(root);
+        self.keep(key, root.clone());
+        Ok((root, Some(run)))
+    }
+
+    async fn build(
+        &self,
+        sandbox: &Sandbox,
+        tenant: &str,
+        base: &ImageRoot,
+        setup: &str,
+        key: &str,
+        net: Option<&Arc<Policy>>,
+    ) -> Result<(ImageRoot, SetupRun), BuildError> {
+        let started = Instant::now();
+        let cache = |e: std::io::Error| BuildError::Setup(format!("the image cache: {e}"), None);
+        let dir = self.build_dir().map_err(cache)?;
+        let rootfs = dir.path().join("rootfs");
+        let (from, to, uid) = (base.rootfs.clone(), rootfs.clone(), sandbox.uid());
+        tokio::task::spawn_blocking(move || copy_tree(&from, &to).and_then(|_| sandbox::hand_over(&to, uid)))
+            .await
+            .map_err(|e| BuildError::Setup(format!("copying the image: {e}"), None))?
+            .map_err(cache)?;
+        let max = Usage { bytes: self.settings.max_bytes, entries: self.settings.max_entries };
+        let place = Place { copy: &rootfs, max_copy: max, image: Some(base), setup: true, net };
+        let (out, outcome) = sandbox.run(tenant, place, setup, sandbox.max_timeout(), 64 * 1024).await;
+        let exit_code = out.detail.as_ref().and_then(|d| d.get("exit_code")).and_then(|c| c.as_i64()).map(|c| c as i32);
+        let run = SetupRun { exit_code, output_tail: tail(&out.content), millis: started.elapsed().as_millis() as u64 };
+        if outcome != Outcome::Ok {
+            let how = exit_code.map_or_else(|| outcome.as_str().to_string(), |c| format!("exit code {c}"));
+            return Err(BuildError::Setup(format!("the setup failed ({how}): {}", run.output_tail), Some(run)));
+        }
+        let root = self
+            .finish(dir, &base.digest, base.env.clone(), key)
+            .map_err(|e| BuildError::Setup(e.to_string(), None))?;
+        Ok((root, run))
+    }
+}
+
+/// The egress policy of `row`'s network for `tenant`: its allow-list, under the operator's
+/// `guard` (`SUBAGENTD_TOOL_ALLOW`: private addresses only where a CIDR there allows them).
+pub fn network(row: &EnvironmentRow, tenant: &str, guard: &Arc<AllowList>) -> Option<Arc<Policy>> {
+    if row.network_allow.is_empty() {
+        return None;
+    }
+    let allow = AllowList::parse(&row.network_allow.join(",")).ok()?.named("the environment's network.allow");
+    Some(Arc::new(Policy {
+        allow: Arc::new(allow),
+        guard: Some(guard.clone()),
+        purpose: "environment",
+        tenant: Some(tenant.to_string()),
+    }))
+}
+
+/// The named environment `row` of `tenant` built (or found) on this replica for `digest` (its
+/// image's, recorded by the caller), its row updated with what a build did. Its setup reaches
+/// the network `network` gives it, under the operator's `guard`.
+pub async fn build(
+    pool: &PgPool,
+    images: &Images,
+    sandbox: &Sandbox,
+    tenant: &str,
+    row: &EnvironmentRow,
+    digest: &str,
+    guard: &Arc<AllowList>,
+) -> Result<(Arc<ImageRoot>, Option<SetupRun>), BuildError> {
+    let net = network(row, tenant, guard);
+    let built = match images.root(&row.image, digest).await {
+        Err(e) => Err(BuildError::Image(e)),
+        Ok((base, _)) if row.setup.trim().is_empty() => Ok((base, None)),
+        Ok((base, _)) => {
+            images.with_setup(sandbox, tenant, &base, &row.definition_hash, &row.setup, net.as_ref()).await
+        }
+    };
+    match &built {
+        // Found in this replica's cache: the row already says so, unless it was built elsewhere.
+        Ok((root, run)) if run.is_some() || row.status != "ready" || row.digest.as_deref() != Some(digest) => {
+            let r = run.clone().unwrap_or_default();
+            let b = Built {
+                status: "ready",
+                digest: Some(digest),
+                exit_code: r.exit_code,
+                output_tail: run.as_ref().map(|r| r.output_tail.as_str()),
+                size_bytes: Some(root.bytes as i64),
+            };
+            record(pool, tenant, row, &b).await;
+        }
+        Ok(_) => {}
+        Err(e) => {
+            let run = match e {
+                BuildError::Setup(_, run) => run.clone(),
+                BuildError::Image(_) => None,
+            };
+            let text = run.as_ref().map_or_else(|| tail(&e.to_string()), |r| r.output_tail.clone());
+            let b = Built {
+                status: "failed",
+                digest: Some(digest),
+                exit_code: run.and_then(|r| r.exit_code),
+                output_tail: Some(&text),
+                size_bytes: None,
+            };
+            record(pool, tenant, row, &b).await;
+        }
+    }
+    built
+}
+
+async fn record(pool: &PgPool, tenant: &str, row: &EnvironmentRow, b: &Built<'_>) {
+    if let Err(e) = store::record_build(pool, tenant, &row.name, &row.definition_hash, b).await {
+        tracing::warn!(error = %e, environment = %row.name, "an environment's build could not be recorded");
+    }
+}

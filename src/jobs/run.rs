@@ -731,10 +731,12 @@ async fn environment(
     let Some(image) = named.as_ref().map(|e| e.image.clone()).or_else(|| spec.image.clone()) else {
         return Err(failed(FailureCode::Internal, "an environment with neither image nor name".into()));
     };
+    let access =
+        crate::tools::image::access(&pool, &row.tenant, &image).await.map_err(|e| failed(e.code(), e.to_string()))?;
     let digest = match &row.environment_digest {
         Some(d) => d.clone(),
         None => {
-            let d = images.resolve(&image).await.map_err(|e| failed(e.code(), e.to_string()))?;
+            let d = images.resolve(&image, &access).await.map_err(|e| failed(e.code(), e.to_string()))?;
             match crate::store::workspaces::record_environment(&pool, fence, &d).await {
                 Ok(Some(d)) => d,
                 _ => return Err(lost()),
@@ -743,12 +745,14 @@ async fn environment(
     };
     let (root, pulled, setup) = match &named {
         None => {
-            let (root, stats) = images.root(&image, &digest).await.map_err(|e| failed(e.code(), e.to_string()))?;
+            let (root, stats) =
+                images.root(&image, &digest, &access).await.map_err(|e| failed(e.code(), e.to_string()))?;
             (root, stats, None)
         }
         Some(env) => {
             // The image's pull first (its figures for the event), then the setup over it.
-            let (_, stats) = images.root(&image, &digest).await.map_err(|e| failed(e.code(), e.to_string()))?;
+            let (_, stats) =
+                images.root(&image, &digest, &access).await.map_err(|e| failed(e.code(), e.to_string()))?;
             let (root, run) = named::build(&pool, &images, &sandbox, &row.tenant, env, &digest, &guard)
                 .await
                 .map_err(|e| failed(e.code(), format!("the environment {:?}: {e}", env.name)))?;

@@ -89,7 +89,11 @@ impl Resources {
         };
         let (pool, tenant, guard) = (self.p.pool.clone(), tenant.to_string(), self.p.tool_caller.allow.clone());
         tokio::spawn(async move {
-            let digest = match images.resolve(&row.image).await {
+            let resolved = match crate::tools::image::access(&pool, &tenant, &row.image).await {
+                Ok(access) => images.resolve(&row.image, &access).await,
+                Err(e) => Err(e),
+            };
+            let digest = match resolved {
                 Ok(d) => d,
                 Err(e) => {
                     let text = e.to_string();

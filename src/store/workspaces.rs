@@ -222,6 +222,17 @@ pub async fn secret_value(pool: &PgPool, tenant: &str, name: &str) -> Result<Opt
         .map(|r| (r.value, r.host)))
 }
 
+/// The value of `tenant`'s secret for `host` (a registry's credentials), if it has one.
+pub async fn secret_for_host(pool: &PgPool, tenant: &str, host: &str) -> Result<Option<String>, StoreError> {
+    Ok(sqlx::query_scalar!(
+        "SELECT value FROM secrets WHERE tenant = $1 AND host = $2 ORDER BY name LIMIT 1",
+        tenant,
+        host
+    )
+    .fetch_optional(pool)
+    .await?)
+}
+
 pub async fn delete_secret(pool: &PgPool, tenant: &str, name: &str) -> Result<bool, StoreError> {
     let r = sqlx::query!(r#"DELETE FROM secrets WHERE tenant = $1 AND name = $2"#, tenant, name).execute(pool).await?;
     Ok(r.rows_affected() > 0)

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use subagentd::tools::image::{ImageError, Images, Settings};
+use subagentd::tools::image::{Access, ImageError, Images, Settings};
 use subagentd::tools::sandbox::Place;
 use subagentd::tools::ssrf::AllowList;
 use tar::EntryType as E;
@@ -39,10 +39,13 @@ async fn an_image_is_pulled_once_by_digest_and_then_served_from_the_cache() {
     let dir = cache_dir();
     let images = Arc::new(Images::open(settings(&reg, dir.path(), "127.0.0.1/32")).await.unwrap());
     let reference = reg.image("test/bb:1");
-    assert_eq!(images.resolve(&reference).await.unwrap(), digest);
+    assert_eq!(images.resolve(&reference, &Access::Anonymous).await.unwrap(), digest);
 
     // Two first users at once: one pull, the other waits for it.
-    let (a, b) = tokio::join!(images.root(&reference, &digest), images.root(&reference, &digest));
+    let (a, b) = tokio::join!(
+        images.root(&reference, &digest, &Access::Anonymous),
+        images.root(&reference, &digest, &Access::Anonymous)
+    );
     let (a, b) = (a.unwrap(), b.unwrap());
     assert_eq!(a.1.is_some() as u8 + b.1.is_some() as u8, 1, "one pull for two first users");
     let stats = a.1.clone().or(b.1.clone()).unwrap();
@@ -56,7 +59,7 @@ async fn an_image_is_pulled_once_by_digest_and_then_served_from_the_cache() {
     drop(images);
     let offline = settings(&reg, dir.path(), "");
     let again = Images::open(offline).await.unwrap();
-    let (root, stats) = again.root(&reference, &digest).await.unwrap();
+    let (root, stats) = again.root(&reference, &digest, &Access::Anonymous).await.unwrap();
     assert!(stats.is_none(), "served from the cache");
     assert_eq!(root.env[1], "LANG=image-lang");
 }
@@ -69,10 +72,10 @@ async fn unknown_tags_and_registries_off_the_allow_list_fail_clearly_and_soon() 
     let images = Images::open(settings(&reg, dir.path(), "127.0.0.1/32")).await.unwrap();
 
     let started = Instant::now();
-    let e = images.resolve(&reg.image("test/bb:nope")).await.unwrap_err();
+    let e = images.resolve(&reg.image("test/bb:nope"), &Access::Anonymous).await.unwrap_err();
     assert!(matches!(e, ImageError::NotFound(_)), "{e:?}");
     assert_eq!(e.code().as_str(), "environment_not_found");
-    let e = images.resolve(&reg.image("test/none:1")).await.unwrap_err();
+    let e = images.resolve(&reg.image("test/none:1"), &Access::Anonymous).await.unwrap_err();
     assert!(matches!(e, ImageError::NotFound(_)), "{e:?}");
     assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
 
@@ -89,7 +92,7 @@ async fn unknown_tags_and_registries_off_the_allow_list_fail_clearly_and_soon() 
     // A name the list allows that resolves to loopback, which it does not: refused by the guard
     // where the connection is made (the egress proxy), not by the name.
     let port = reg.addr.rsplit_once(':').unwrap().1;
-    let e = by_name.resolve(&format!("localhost:{port}/test/bb:1")).await.unwrap_err();
+    let e = by_name.resolve(&format!("localhost:{port}/test/bb:1"), &Access::Anonymous).await.unwrap_err();
     assert!(e.to_string().contains("loopback"), "{e:?}");
 }
 
@@ -127,7 +130,7 @@ async fn a_hostile_layer_is_unpacked_safely() {
     std::fs::create_dir(&outside).unwrap();
     let digest = reg.push("test/hostile:1", vec![busybox_layer(), lower, upper], &["PATH=/bin"]).await;
     let images = Images::open(settings(&reg, dir.path(), "127.0.0.1/32")).await.unwrap();
-    let (root, stats) = images.root(&reg.image("test/hostile:1"), &digest).await.unwrap();
+    let (root, stats) = images.root(&reg.image("test/hostile:1"), &digest, &Access::Anonymous).await.unwrap();
     let stats = stats.unwrap();
     let r = &root.rootfs;
 
@@ -182,9 +185,9 @@ async fn caps_stop_a_pull_and_leave_no_root() {
     s.max_bytes = 4 << 20;
     s.max_entries = 100;
     let images = Images::open(s).await.unwrap();
-    let e = images.root(&reg.image("test/bomb:1"), &bomb_digest).await.unwrap_err();
+    let e = images.root(&reg.image("test/bomb:1"), &bomb_digest, &Access::Anonymous).await.unwrap_err();
     assert_eq!(e.code().as_str(), "environment_too_large", "{e}");
-    let e = images.root(&reg.image("test/many:1"), &many_digest).await.unwrap_err();
+    let e = images.root(&reg.image("test/many:1"), &many_digest, &Access::Anonymous).await.unwrap_err();
     assert_eq!(e.code().as_str(), "environment_too_large", "{e}");
     assert!(e.to_string().contains("100 entries"), "{e}");
     assert_eq!(std::fs::read_dir(dir.path().join("roots")).unwrap().count(), 0, "no root made");
@@ -217,16 +220,16 @@ async fn what_a_killed_process_left_is_removed_and_the_cache_keeps_to_its_bound(
     let images = Images::open(s).await.unwrap();
     assert!(!dir.path().join("tmp/4194305").exists(), "a gone process's half pull is removed");
     assert!(images.cached_digests().is_empty(), "a root with no record is not used");
-    let (held, stats) = images.root(&reg.image("test/one:1"), &one).await.unwrap();
+    let (held, stats) = images.root(&reg.image("test/one:1"), &one, &Access::Anonymous).await.unwrap();
     assert!(stats.is_some(), "pulled anew, not taken from what was half there");
     // While `one` is in use, a second image goes past the bound, and `one` stays.
-    let (second, _) = images.root(&reg.image("test/two:1"), &two).await.unwrap();
+    let (second, _) = images.root(&reg.image("test/two:1"), &two, &Access::Anonymous).await.unwrap();
     assert!(held.rootfs.join("bin/busybox").is_file(), "a root in use is never removed");
     drop(second);
     drop(held);
     // Neither in use now: the next pull past the bound removes the roots used longest ago.
     let three = reg.push("test/three:1", vec![busybox_layer()], &["X=3"]).await;
-    let (_third, _) = images.root(&reg.image("test/three:1"), &three).await.unwrap();
+    let (_third, _) = images.root(&reg.image("test/three:1"), &three, &Access::Anonymous).await.unwrap();
     let cached = images.cached_digests();
     assert!(cached.len() < 3, "the cache kept to its bound: {cached:?}");
     assert!(cached.contains(&three), "the root just pulled stays");
@@ -242,7 +245,7 @@ async fn a_command_sees_the_images_files_and_env_and_not_the_hosts_usr() {
         reg.push("test/bb:1", vec![busybox_layer()], &["PATH=/bin", "LANG=image-lang", "HOME=/home/img"]).await;
     let dir = cache_dir();
     let images = Images::open(settings(&reg, dir.path(), "127.0.0.1/32")).await.unwrap();
-    let (root, _) = images.root(&reg.image("test/bb:1"), &digest).await.unwrap();
+    let (root, _) = images.root(&reg.image("test/bb:1"), &digest, &Access::Anonymous).await.unwrap();
     let limits = subagentd::tools::sandbox::Limits {
         max_timeout: Duration::from_secs(10),
         memory_bytes: 256 << 20,
@@ -928,5 +931,147 @@ async fn with_the_proxy_an_allowed_host_is_reached_and_another_is_not_and_withou
         assert_eq!(r.status(), 422);
         assert!(r.text().await.unwrap().contains(says));
     }
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn the_console_shows_a_tasks_workspace_and_environment_with_its_digest() {
+    let Some(reg) = Registry::start().await else { return };
+    if !crate::sandbox::has_bwrap() {
+        return;
+    }
+    let Some(b) = crate::browser::browser(1280, 800).await else { return };
+    let digest = reg.push("test/console:1", vec![busybox_layer()], &["PATH=/bin"]).await;
+    let dir = cache_dir();
+    let db = crate::helpers::test_db().await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let (listen, cache) = (format!("127.0.0.1:{port}"), dir.path().display().to_string());
+    let env = [
+        ("SUBAGENTD_LISTEN", listen.as_str()),
+        ("SUBAGENTD_DEFAULT_MODEL", "mock/m"),
+        ("SUBAGENTD_BUILTIN_TOOLS_OFF", "web_fetch,web_search"),
+        ("SUBAGENTD_REGISTRY_ALLOW", "127.0.0.1/32"),
+        ("SUBAGENTD_INSECURE_REGISTRIES", reg.addr.as_str()),
+        ("SUBAGENTD_IMAGE_DIR", cache.as_str()),
+    ];
+    let _proc = crate::helpers::spawn_binary(&["serve"], &db.url, &env);
+    let base = format!("http://{listen}");
+    let c = reqwest::Client::new();
+    crate::helpers::wait_until_ok(&c, &format!("{base}/healthz"), Duration::from_secs(30)).await;
+    let upload = tar_gz(|b| entry(b, "README", E::Regular, "", 0o644, b"hello\n"));
+    let r = c
+        .put(format!("{base}/workspaces/app"))
+        .header("content-type", "application/gzip")
+        .body(upload)
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    let body = json!({"workspace": {"name": "app"}, "environment": {"image": reg.image("test/console:1")},
+        "prompt": script(&["cat README"])});
+    let t: Value =
+        c.post(format!("{base}/tasks?wait=true&timeout=60")).json(&body).send().await.unwrap().json().await.unwrap();
+    assert_eq!(t["status"], "completed", "{t}");
+    let id = t["id"].as_str().unwrap();
+    b.client.goto(&format!("{base}/console#/tasks/{id}")).await.unwrap();
+    let field = |name: &str| {
+        format!(
+            "const d = Array.from(document.querySelectorAll('#task-fields dt')).find(e => e.textContent === '{name}'); \
+             return d ? d.nextElementSibling.textContent : null;"
+        )
+    };
+    let has =
+        "return Array.from(document.querySelectorAll('#task-fields dt')).some(e => e.textContent === 'Environment');";
+    b.wait_until("the environment's row", has).await;
+    let shown = b.js(&field("Environment")).await;
+    assert_eq!(shown.as_str(), Some(format!("{} @ {digest}", reg.image("test/console:1")).as_str()), "{shown}");
+    let ws = b.js(&field("Workspace")).await;
+    assert!(ws.as_str().unwrap_or_default().starts_with("upload app (sha256:"), "{ws}");
+    b.screenshot("console-task-environment").await;
+    assert_eq!(b.severe_logs().await, Vec::<String>::new());
+    b.close().await;
+}
+
+/// A token service for a registry that asks for one: a token for `user:password` only.
+async fn token_service(user: &str, password: &str) -> String {
+    use base64::Engine as _;
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let want = format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}")));
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        while let Ok((mut c, _)) = l.accept().await {
+            let mut b = vec![0u8; 8192];
+            let n = c.read(&mut b).await.unwrap_or(0);
+            let head = String::from_utf8_lossy(&b[..n]).to_string();
+            let ok =
+                head.lines().any(|l| l.to_ascii_lowercase().starts_with("authorization:") && l[14..].trim() == want);
+            let (status, body) =
+                if ok { ("200 OK", r#"{"token": "granted", "expires_in": 300}"#) } else { ("401 Unauthorized", "{}") };
+            let msg = format!("HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
+            let _ = c.write_all(msg.as_bytes()).await;
+        }
+    });
+    format!("http://{addr}/token")
+}
+
+#[tokio::test]
+async fn a_private_image_is_pulled_with_its_tenants_secret_and_never_served_to_another_tenant() {
+    let Some(open) = Registry::start().await else { return };
+    let Some(srv) = crate::workspaces::git_server().await else { return };
+    if !crate::sandbox::has_bwrap() {
+        return;
+    }
+    let digest = open.push("team/private:1", vec![busybox_layer()], &["PATH=/bin", "WHO=private"]).await;
+    let realm = token_service("alice", "s3cret").await;
+    let Some(private) = open.with_auth(&realm).await else { return };
+    let dir = cache_dir();
+    let tweak = app_config(&private, dir.path());
+    let app = crate::helpers::spawn_app_with(
+        |c| {
+            tweak(c);
+            c.admin_token = Some(crate::mcp::ADMIN.into());
+        },
+        true,
+    )
+    .await;
+    let (acme, other) = (crate::mcp::key(&app.base, "acme").await, crate::mcp::key(&app.base, "other").await);
+    // acme's secret for the registry's host (write-only, as a repository's token).
+    let r = app
+        .client
+        .put(app.url("/secrets/registry"))
+        .bearer_auth(&acme)
+        .json(&json!({"value": "alice:s3cret", "host": "127.0.0.1"}))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    let repo = format!("{}/repo.git", srv.base);
+    let task = |key: &str, image: String| {
+        let body =
+            json!({"workspace": {"git": repo}, "environment": {"image": image}, "prompt": script(&["echo who=$WHO"])});
+        app.client.post(app.url("/tasks?wait=true&timeout=60")).bearer_auth(key.to_string()).json(&body).send()
+    };
+    let image = private.image("team/private:1");
+    let t: Value = task(&acme, image.clone()).await.unwrap().json().await.unwrap();
+    assert_eq!(t["status"], "completed", "{t}");
+    assert_eq!(t["environment"]["digest"], digest.as_str());
+    let out = crate::tools::tool_results(&app, t["id"].as_str().unwrap()).await;
+    assert!(out[0]["content"].as_str().unwrap().contains("who=private"), "{out:?}");
+
+    // Another tenant, without a secret: neither by tag nor by the digest acme's root is cached
+    // under.
+    let by_digest = format!("{}/team/private@{digest}", private.addr);
+    for image in [image, by_digest] {
+        let t: Value = task(&other, image.clone()).await.unwrap().json().await.unwrap();
+        assert_eq!(t["status"], "failed", "{image}: {t}");
+        let code = t["error"]["code"].as_str().unwrap();
+        assert!(code.starts_with("environment_"), "{t}");
+        let m = t["error"]["message"].as_str().unwrap().to_ascii_lowercase();
+        assert!(m.contains("401") || m.contains("unauthorized") || m.contains("auth"), "{t}");
+    }
+    // acme again, by digest: its own cached root.
+    let t: Value = task(&acme, format!("{}/team/private@{digest}", private.addr)).await.unwrap().json().await.unwrap();
+    assert_eq!(t["status"], "completed", "{t}");
     app.stop().await;
 }

@@ -14,7 +14,9 @@ pub struct Registry {
     child: std::process::Child,
     /// `127.0.0.1:port`.
     pub addr: String,
-    _dir: tempfile::TempDir,
+    /// Where it keeps its blobs (a second registry may serve the same).
+    pub data: PathBuf,
+    _dir: Option<tempfile::TempDir>,
 }
 
 impl Drop for Registry {
@@ -37,19 +39,32 @@ impl Registry {
     /// A registry, or `None` (said; a failure under `.ci/run`) where `docker-registry` or a
     /// static busybox is missing.
     pub async fn start() -> Option<Registry> {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        Registry::serve(Some(dir), data, "").await
+    }
+
+    /// A second registry over this one's blobs that asks for a token (the distribution
+    /// registry's `silly` access controller: any `Authorization` passes, none is a 401 naming
+    /// `realm`, where a client gets its token).
+    pub async fn with_auth(&self, realm: &str) -> Option<Registry> {
+        let auth = format!("auth:\n  silly:\n    realm: {realm}\n    service: test-registry\n");
+        Registry::serve(None, self.data.clone(), &auth).await
+    }
+
+    async fn serve(dir: Option<tempfile::TempDir>, data: PathBuf, auth: &str) -> Option<Registry> {
         let how = "apt-get install docker-registry busybox-static";
         if busybox().is_none() {
             crate::helpers::skipped("SUBAGENTD_REQUIRE_REGISTRY", "images", "no static busybox", how);
             return None;
         }
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let dir = tempfile::tempdir().unwrap();
-        let config = dir.path().join("config.yml");
+        let config = std::env::temp_dir().join(format!("subagentd-registry-{port}.yml"));
         std::fs::write(
             &config,
             format!(
-                "version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n",
-                dir.path().join("data").display()
+                "version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n{auth}",
+                data.display()
             ),
         )
         .unwrap();
@@ -66,9 +81,13 @@ impl Registry {
                 return None;
             }
         };
-        let r = Registry { child, addr: format!("127.0.0.1:{port}"), _dir: dir };
+        let r = Registry { child, addr: format!("127.0.0.1:{port}"), data, _dir: dir };
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        while !reqwest::get(format!("http://{}/v2/", r.addr)).await.is_ok_and(|r| r.status() == 200) {
+        // Up: answering /v2/ (200, or 401 where it asks for a token).
+        while !reqwest::get(format!("http://{}/v2/", r.addr))
+            .await
+            .is_ok_and(|r| r.status() == 200 || r.status() == 401)
+        {
             assert!(std::time::Instant::now() < deadline, "the registry did not start");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }

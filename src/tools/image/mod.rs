@@ -152,8 +152,9 @@ struct Cached {
 /// The service's images.
 pub struct Images {
     settings: Settings,
+    /// The client of anonymous pulls (its tokens shared: public images only).
     client: oci_client::Client,
-    _egress: Egress,
+    egress: Egress,
     roots: Mutex<HashMap<String, Cached>>,
     /// One lock per digest being pulled: its first users wait on one pull.
     pulling: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
@@ -163,6 +164,84 @@ impl std::fmt::Debug for Images {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Images").field("dir", &self.settings.dir).finish()
     }
+}
+
+/// An OCI client whose every connection goes through `egress`.
+fn new_client(
+    settings: &Settings,
+    egress: &Egress,
+) -> Result<oci_client::Client, oci_client::errors::OciDistributionError> {
+    oci_client::Client::try_from(ClientConfig {
+        protocol: ClientProtocol::HttpsExcept(settings.insecure.clone()),
+        http_proxy: Some(egress.url()),
+        https_proxy: Some(egress.url()),
+        connect_timeout: Some(Duration::from_secs(10)),
+        read_timeout: Some(Duration::from_secs(60)),
+        max_concurrent_download: 4,
+        ..Default::default()
+    })
+}
+
+/// Whose pull: anonymous (public images, one root per digest for every tenant), or a tenant's
+/// with its credentials for the registry (a client of its own, whose tokens no other tenant's pull
+/// reuses, and roots kept under the tenant: never served to another by their digest).
+#[derive(Clone)]
+pub enum Access {
+    Anonymous,
+    Tenant { tenant: String, auth: RegistryAuth },
+}
+
+impl std::fmt::Debug for Access {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Access::Anonymous => f.write_str("Anonymous"),
+            Access::Tenant { tenant, .. } => write!(f, "Tenant({tenant})"),
+        }
+    }
+}
+
+impl Access {
+    /// The cache's name for `hex` (a digest's) under this access.
+    fn key(&self, hex: &str) -> String {
+        match self {
+            Access::Anonymous => hex.to_string(),
+            Access::Tenant { tenant, .. } => {
+                use sha2::Digest;
+                format!("t-{}-{hex}", &hex::encode(sha2::Sha256::digest(tenant.as_bytes()))[..16])
+            }
+        }
+    }
+
+    fn auth(&self) -> RegistryAuth {
+        match self {
+            Access::Anonymous => RegistryAuth::Anonymous,
+            Access::Tenant { auth, .. } => auth.clone(),
+        }
+    }
+}
+
+/// The access of `tenant`'s pulls of `reference`: its secret for the registry's host
+/// (`PUT /secrets/{name}` with that `host`; a value `user:password`, or a token sent as the
+/// password of the user `token`), else anonymous.
+pub async fn access(pool: &sqlx::PgPool, tenant: &str, reference: &str) -> Result<Access, ImageError> {
+    let r: Reference =
+        reference.parse().map_err(|e| ImageError::Refused(format!("{reference:?} is not an image reference: {e}")))?;
+    let registry = r.resolve_registry();
+    let host = match registry.rsplit_once(':') {
+        Some((h, p)) if p.chars().all(|c| c.is_ascii_digit()) => h,
+        _ => registry,
+    };
+    let secret = crate::store::workspaces::secret_for_host(pool, tenant, &host.to_ascii_lowercase())
+        .await
+        .map_err(|e| ImageError::Unavailable(format!("the tenant's registry secret: {e}")))?;
+    Ok(match secret {
+        None => Access::Anonymous,
+        Some(v) => {
+            let (user, pass) =
+                v.split_once(':').map_or(("token".to_string(), v.clone()), |(u, p)| (u.into(), p.into()));
+            Access::Tenant { tenant: tenant.to_string(), auth: RegistryAuth::Basic(user, pass) }
+        }
+    })
 }
 
 /// The mount points the sandbox needs in a root (made real directories whatever the image had).
@@ -202,18 +281,8 @@ impl Images {
         let egress = Egress::start(settings.allow.clone(), "image_pull")
             .await
             .map_err(|e| format!("the egress proxy for image pulls: {e}"))?;
-        let config = ClientConfig {
-            protocol: ClientProtocol::HttpsExcept(settings.insecure.clone()),
-            http_proxy: Some(egress.url()),
-            https_proxy: Some(egress.url()),
-            connect_timeout: Some(Duration::from_secs(10)),
-            read_timeout: Some(Duration::from_secs(60)),
-            max_concurrent_download: 4,
-            ..Default::default()
-        };
-        let client = oci_client::Client::try_from(config).map_err(|e| format!("the OCI client: {e}"))?;
-        let images =
-            Images { settings, client, _egress: egress, roots: Mutex::new(roots), pulling: Default::default() };
+        let client = new_client(&settings, &egress).map_err(|e| format!("the OCI client: {e}"))?;
+        let images = Images { settings, client, egress, roots: Mutex::new(roots), pulling: Default::default() };
         images.report_size();
         Ok(images)
     }
@@ -265,25 +334,28 @@ impl Images {
     }
 
     /// The manifest digest `reference` names now (itself, when it names one).
-    pub async fn resolve(&self, reference: &str) -> Result<String, ImageError> {
+    pub async fn resolve(&self, reference: &str, access: &Access) -> Result<String, ImageError> {
         let r = self.guarded(reference).await?;
         if let Some(d) = r.digest() {
             return Ok(d.to_string());
         }
-        tokio::time::timeout(
-            self.settings.pull_timeout,
-            self.client.fetch_manifest_digest(&r, &RegistryAuth::Anonymous),
-        )
-        .await
-        .map_err(|_| {
-            ImageError::Unavailable(format!("{reference}: no answer in {} s", self.settings.pull_timeout.as_secs()))
-        })?
-        .map_err(|e| classify(reference, e))
+        let client = self.client_for(access)?;
+        tokio::time::timeout(self.settings.pull_timeout, client.fetch_manifest_digest(&r, &access.auth()))
+            .await
+            .map_err(|_| {
+                ImageError::Unavailable(format!("{reference}: no answer in {} s", self.settings.pull_timeout.as_secs()))
+            })?
+            .map_err(|e| classify(reference, e))
     }
 
     /// The root of `reference` at `digest`, from the cache or pulled now (the stats then).
-    pub async fn root(&self, reference: &str, digest: &str) -> Result<(Arc<ImageRoot>, Option<PullStats>), ImageError> {
-        let key = key_of(digest)?;
+    pub async fn root(
+        &self,
+        reference: &str,
+        digest: &str,
+        access: &Access,
+    ) -> Result<(Arc<ImageRoot>, Option<PullStats>), ImageError> {
+        let key = access.key(&key_of(digest)?);
         if let Some(r) = self.cached(&key) {
             metrics::counter!("subagentd_image_cache_hits_total").increment(1);
             return Ok((r, None));
@@ -295,7 +367,7 @@ impl Images {
             return Ok((r, None));
         }
         let started = Instant::now();
-        let pulled = tokio::time::timeout(self.settings.pull_timeout, self.pull(reference, digest, &key)).await;
+        let pulled = tokio::time::timeout(self.settings.pull_timeout, self.pull(reference, digest, &key, access)).await;
         self.pulling.lock().unwrap().remove(&key);
         let pulled = pulled.unwrap_or_else(|_| {
             Err(ImageError::Unavailable(format!(
@@ -323,13 +395,28 @@ impl Images {
         Some(c.root.clone())
     }
 
-    async fn pull(&self, reference: &str, digest: &str, key: &str) -> Result<(ImageRoot, PullStats), ImageError> {
+    /// The client of `access`'s pulls: the shared one, or a tenant's own.
+    fn client_for(&self, access: &Access) -> Result<oci_client::Client, ImageError> {
+        match access {
+            Access::Anonymous => Ok(self.client.clone()),
+            Access::Tenant { .. } => new_client(&self.settings, &self.egress)
+                .map_err(|e| ImageError::Unavailable(format!("the OCI client: {e}"))),
+        }
+    }
+
+    async fn pull(
+        &self,
+        reference: &str,
+        digest: &str,
+        key: &str,
+        access: &Access,
+    ) -> Result<(ImageRoot, PullStats), ImageError> {
         let r = self.guarded(reference).await?;
         let by_digest =
             Reference::with_digest(r.registry().to_string(), r.repository().to_string(), digest.to_string());
-        let auth = RegistryAuth::Anonymous;
+        let client = self.client_for(access)?;
         let (manifest, _) =
-            self.client.pull_image_manifest(&by_digest, &auth).await.map_err(|e| classify(reference, e))?;
+            client.pull_image_manifest(&by_digest, &access.auth()).await.map_err(|e| classify(reference, e))?;
         let declared: i64 = manifest.layers.iter().map(|l| l.size.max(0)).sum();
         if declared as u64 > self.settings.max_bytes {
             return Err(ImageError::TooLarge(format!(
@@ -337,13 +424,14 @@ impl Images {
                 self.settings.max_bytes
             )));
         }
-        let env = self.env_of(reference, &by_digest, &manifest.config).await?;
+        let env = self.env_of(&client, reference, &by_digest, &manifest.config).await?;
         let build = self.build_dir().map_err(|e| ImageError::Unavailable(format!("the image cache: {e}")))?;
         let rootfs = build.path().join("rootfs");
         std::fs::create_dir(&rootfs).map_err(|e| ImageError::Unavailable(format!("the image cache: {e}")))?;
         let mut stats = PullStats { layers: manifest.layers.len(), ..Default::default() };
         for (i, l) in manifest.layers.iter().enumerate() {
-            self.layer(reference, &by_digest, l, &build.path().join(format!("layer-{i}")), &rootfs, &mut stats).await?;
+            let file = build.path().join(format!("layer-{i}"));
+            self.layer(&client, reference, &by_digest, l, &file, &rootfs, &mut stats).await?;
         }
         let root = self
             .finish(build, digest, env, key)
@@ -354,12 +442,13 @@ impl Images {
     /// The image config's `Env` (`KEY=VALUE` entries), the config read up to 1 MiB.
     async fn env_of(
         &self,
+        client: &oci_client::Client,
         reference: &str,
         by_digest: &Reference,
         config: &oci_client::manifest::OciDescriptor,
     ) -> Result<Vec<String>, ImageError> {
         let mut bytes = Vec::new();
-        let mut s = self.client.pull_blob_stream(by_digest, config).await.map_err(|e| classify(reference, e))?;
+        let mut s = client.pull_blob_stream(by_digest, config).await.map_err(|e| classify(reference, e))?;
         while let Some(chunk) = s.stream.next().await {
             bytes.extend_from_slice(
                 &chunk.map_err(|e| ImageError::Unavailable(format!("{reference}: its config: {e}")))?,
@@ -378,8 +467,10 @@ impl Images {
 
     /// One layer streamed to `file` (its digest checked by the client as the bytes come, the
     /// compressed bytes capped), then applied over `rootfs`.
+    #[allow(clippy::too_many_arguments)]
     async fn layer(
         &self,
+        client: &oci_client::Client,
         reference: &str,
         by_digest: &Reference,
         l: &oci_client::manifest::OciDescriptor,
@@ -389,7 +480,7 @@ impl Images {
     ) -> Result<(), ImageError> {
         let cache = |e: std::io::Error| ImageError::Unavailable(format!("the image cache: {e}"));
         let mut out = tokio::fs::File::create(file).await.map_err(cache)?;
-        let mut s = self.client.pull_blob_stream(by_digest, l).await.map_err(|e| classify(reference, e))?;
+        let mut s = client.pull_blob_stream(by_digest, l).await.map_err(|e| classify(reference, e))?;
         while let Some(chunk) = s.stream.next().await {
             // A wrong digest ends the stream in an error.
             let chunk = chunk.map_err(|e| ImageError::Unavailable(format!("{reference}: layer {}: {e}", l.digest)))?;

@@ -117,7 +117,10 @@ impl Images {
         net: Option<&Arc<Policy>>,
     ) -> Result<(Arc<ImageRoot>, Option<SetupRun>), BuildError> {
         let key = {
+            // Per tenant: a definition is a tenant's, and its base may be a private image.
             let mut h = sha2::Sha256::new();
+            h.update(tenant.as_bytes());
+            h.update([0]);
             h.update(hash.as_bytes());
             h.update([0]);
             h.update(base.digest.as_bytes());
@@ -201,7 +204,8 @@ pub async fn build(
     guard: &Arc<AllowList>,
 ) -> Result<(Arc<ImageRoot>, Option<SetupRun>), BuildError> {
     let net = network(row, tenant, guard);
-    let built = match images.root(&row.image, digest).await {
+    let access = super::access(pool, tenant, &row.image).await.map_err(BuildError::Image)?;
+    let built = match images.root(&row.image, digest, &access).await {
         Err(e) => Err(BuildError::Image(e)),
         Ok((base, _)) if row.setup.trim().is_empty() => Ok((base, None)),
         Ok((base, _)) => {

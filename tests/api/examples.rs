@@ -35,6 +35,7 @@ const SKIP: &[(&str, &str, &str)] = &[
     ("docs/providers.md", "openai/gpt-4o", "needs real provider keys (OpenAI, Anthropic) and a local model server"),
     ("docs/tools.md", "github.com/octo/app.git", "fetches from GitHub (CI has no network); tests/api/workspaces.rs serves git on loopback"),
     ("docs/tools.md", "registry.example.com/team/rust-ci", "pulls an image from a registry (CI has no network); tests/api/images.rs serves a registry on loopback"),
+    ("README.md", "registry.example.com/base/python", "pulls an image from a registry (CI has no network); tests/api/images.rs serves a registry on loopback"),
     ("docs/tools.md", "registry.example.com/base/python", "pulls an image from a registry (CI has no network); tests/api/images.rs serves a registry on loopback"),
 ];
 

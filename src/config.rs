@@ -241,6 +241,16 @@ pub struct Config {
     #[arg(long, env = "SUBAGENTD_INSECURE_REGISTRIES", default_value = "", global = true)]
     pub insecure_registries: String,
 
+    /// Where an environment's network (`network.allow`, through the egress proxy) may reach at
+    /// all, whatever a tenant lists: the same syntax as `SUBAGENTD_TOOL_ALLOW`; `*` is any public
+    /// address (a private one only where a CIDR here allows it).
+    #[arg(long, env = "SUBAGENTD_SANDBOX_EGRESS_ALLOW", default_value = "*", global = true)]
+    pub sandbox_egress_allow: String,
+
+    /// The ports an environment's network may reach (comma-separated; `*`: any).
+    #[arg(long, env = "SUBAGENTD_SANDBOX_EGRESS_PORTS", default_value = "80,443", global = true)]
+    pub sandbox_egress_ports: String,
+
     /// The image cache (one unpacked root per manifest digest); unset: `<data-dir>/images`.
     /// Disposable; the sandbox's uid must be able to read it.
     #[arg(long, env = "SUBAGENTD_IMAGE_DIR", global = true)]

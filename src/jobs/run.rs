@@ -233,7 +233,7 @@ impl Runner {
             // Network in runs never beside a private workspace (an upload, or a repository read
             // with a secret): a fetched URL could carry the code out.
             let private = opts.workspace.as_ref().is_some_and(|w| w.private());
-            let guard = self.tool_caller.allow.clone();
+            let guard = images.egress_guard();
             let tools_of = Tools { images, sandbox, guard, private };
             let ready = tokio::spawn(environment(self.pool.clone(), tools_of, row.clone(), store.fence, spec));
             tools.environment = tokio::select! {
@@ -773,8 +773,10 @@ async fn environment(
             .map(|s| s.unpacked.dropped.into_iter().map(|d| format!("{}: {}", d.path, d.reason)).collect())
             .unwrap_or_default(),
     };
-    let net =
-        named.as_ref().filter(|e| e.network_in_runs && !private).and_then(|e| named::network(e, &row.tenant, &guard));
+    let net = named
+        .as_ref()
+        .filter(|e| e.network_in_runs && !private)
+        .and_then(|e| named::network(e, &row.tenant, &guard, images.egress_ports()));
     match crate::store::events::append(&pool, fence, &[crate::kinds::Event::EnvironmentReady(ev)]).await {
         Ok(true) => Ok(crate::tools::image::RunEnvironment { root, net }),
         _ => Err(lost()),

@@ -62,6 +62,20 @@ impl Resources {
         if allow.iter().any(|a| a == "*") {
             return Err(Error::invalid("network.allow", "name the hosts (`*.domain` for a domain), not `*`"));
         }
+        // A CIDR as wide as the internet is `*` by another name.
+        let wide = |a: &String| {
+            a.split_once('/').is_some_and(|(ip, bits)| {
+                let bits: u8 = bits.parse().unwrap_or(0);
+                if ip.contains(':') {
+                    bits < 32
+                } else {
+                    bits < 16
+                }
+            })
+        };
+        if let Some(a) = allow.iter().find(|a| wide(a)) {
+            return Err(Error::invalid("network.allow", format!("{a:?}: a CIDR at most /16 wide (/32 for IPv6)")));
+        }
         crate::tools::ssrf::AllowList::parse(&allow.join(",")).map_err(|e| Error::invalid("network.allow", e))?;
         if in_runs && allow.is_empty() {
             return Err(Error::invalid("network.in_runs", "network in runs needs `network.allow`"));
@@ -87,7 +101,7 @@ impl Resources {
         else {
             return;
         };
-        let (pool, tenant, guard) = (self.p.pool.clone(), tenant.to_string(), self.p.tool_caller.allow.clone());
+        let (pool, tenant, guard) = (self.p.pool.clone(), tenant.to_string(), images.egress_guard());
         tokio::spawn(async move {
             let resolved = match crate::tools::image::access(&pool, &tenant, &row.image).await {
                 Ok(access) => images.resolve(&row.image, &access).await,

@@ -23,6 +23,9 @@ use super::ssrf::AllowList;
 
 /// The most a request's head (its line and headers) may take.
 const MAX_HEAD: usize = 16 * 1024;
+/// Connections one proxy serves at once (each holds two of the service's descriptors); more
+/// wait in the listener's backlog.
+const MAX_CONNECTIONS: usize = 64;
 /// How long a client has to send its head, and the proxy to connect onwards.
 const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -37,6 +40,8 @@ pub struct Policy {
     pub purpose: &'static str,
     /// Whose connections, for the refusals' count.
     pub tenant: Option<String>,
+    /// The ports connections may go to (`None`: any).
+    pub ports: Option<Vec<u16>>,
 }
 
 /// A running proxy (stopped when dropped).
@@ -67,7 +72,7 @@ impl Egress {
         let token = uuid::Uuid::new_v4().simple().to_string();
         let expected =
             format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(format!("subagentd:{token}")));
-        let policy = Arc::new(Policy { allow, guard: None, purpose, tenant: None });
+        let policy = Arc::new(Policy { allow, guard: None, purpose, tenant: None, ports: None });
         let task = tokio::spawn(accept(listener, policy, Some(expected.into())));
         Ok(Egress { addr, token, task })
     }
@@ -84,8 +89,12 @@ pub async fn accept(listener: TcpListener, policy: Arc<Policy>, token: Option<Ar
     let mut conns = tokio::task::JoinSet::new();
     loop {
         tokio::select! {
-            a = listener.accept() => {
-                let Ok((conn, _)) = a else { continue };
+            a = listener.accept(), if conns.len() < MAX_CONNECTIONS => {
+                let Ok((conn, _)) = a else {
+                    // Out of descriptors, say: a pause rather than a spin.
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                };
                 let (policy, token) = (policy.clone(), token.clone());
                 conns.spawn(async move {
                     if let Err(why) = serve(conn, &policy, token.as_deref()).await {
@@ -97,6 +106,9 @@ pub async fn accept(listener: TcpListener, policy: Arc<Policy>, token: Option<Ar
         }
     }
 }
+
+/// Headers that concern one connection, never passed on.
+const HOP_BY_HOP: [&str; 5] = ["connection", "keep-alive", "te", "trailer", "upgrade"];
 
 /// Where a request goes, read from its head.
 #[derive(Debug, PartialEq)]
@@ -124,9 +136,12 @@ fn parse(head: &[u8], expected_auth: Option<&str>) -> Result<Target, (u16, Strin
         let Some((name, value)) = h.split_once(':') else {
             return Err((400, format!("not a header: {h:?}")));
         };
-        if name.eq_ignore_ascii_case("proxy-authorization") {
+        let lower = name.trim().to_ascii_lowercase();
+        if lower == "proxy-authorization" {
             authorized |= Some(value.trim()) == expected_auth;
-        } else if !name.eq_ignore_ascii_case("proxy-connection") {
+        } else if !HOP_BY_HOP.contains(&lower.as_str()) && !lower.starts_with("proxy-") && lower != "host" {
+            // The host is the request line's (a client's own Host could name another site on an
+            // allowed address); hop-by-hop headers stop here.
             headers.push(h);
         }
     }
@@ -148,12 +163,20 @@ fn parse(head: &[u8], expected_auth: Option<&str>) -> Result<Target, (u16, Strin
     if let Some(q) = url.query() {
         path = format!("{path}?{q}");
     }
-    let mut out = format!("{method} {path} {version}\r\n");
+    let authority = match (url.port(), host.contains(':')) {
+        (Some(p), true) => format!("[{host}]:{p}"),
+        (Some(p), false) => format!("{host}:{p}"),
+        (None, true) => format!("[{host}]"),
+        (None, false) => host.clone(),
+    };
+    // One request a connection: what a client sends after it would reach this host whatever it
+    // names, so the upstream is asked to close after its answer.
+    let mut out = format!("{method} {path} {version}\r\nHost: {authority}\r\n");
     for h in headers {
         out.push_str(h);
         out.push_str("\r\n");
     }
-    out.push_str("\r\n");
+    out.push_str("Connection: close\r\n\r\n");
     Ok(Target { connect: false, host, port, head: out.into_bytes() })
 }
 
@@ -187,6 +210,9 @@ pub enum NotConnected {
 /// Resolve `host` and connect to its first address the policy allows.
 pub async fn connect_guarded(policy: &Policy, host: &str, port: u16) -> Result<TcpStream, NotConnected> {
     let (allow, guard) = (&policy.allow, policy.guard.as_deref());
+    if policy.ports.as_ref().is_some_and(|p| !p.contains(&port)) {
+        return Err(NotConnected::Refused(format!("port {port} is not one an environment's network may reach")));
+    }
     allow.check_host(host).map_err(|e| NotConnected::Refused(e.0))?;
     if let Some(g) = guard {
         g.check_host(host).map_err(|e| NotConnected::Refused(e.0))?;
@@ -300,7 +326,21 @@ mod tests {
         )
         .unwrap();
         assert_eq!((t.host.as_str(), t.port), ("::1", 5000));
-        assert_eq!(String::from_utf8(t.head).unwrap(), "GET /v2/?a=1 HTTP/1.1\r\nHost: [::1]:5000\r\n\r\n");
+        assert_eq!(
+            String::from_utf8(t.head).unwrap(),
+            "GET /v2/?a=1 HTTP/1.1\r\nHost: [::1]:5000\r\nConnection: close\r\n\r\n"
+        );
+        // A client's own Host (another site on the allowed address) and its hop-by-hop headers
+        // go no further: the request line's host does.
+        let t = parse(
+            b"GET http://allowed.example/x HTTP/1.1\r\nHost: other.site\r\nConnection: keep-alive\r\nUpgrade: h2c\r\nX-Kept: 1\r\nProxy-Authorization: Basic x\r\n\r\n",
+            auth,
+        )
+        .unwrap();
+        assert_eq!(
+            String::from_utf8(t.head).unwrap(),
+            "GET /x HTTP/1.1\r\nHost: allowed.example\r\nX-Kept: 1\r\nConnection: close\r\n\r\n"
+        );
         assert_eq!(parse(b"CONNECT a:1 HTTP/1.1\r\n\r\n", auth).unwrap_err().0, 407);
         assert_eq!(parse(b"CONNECT a:1 HTTP/1.1\r\nProxy-Authorization: Basic y\r\n\r\n", auth).unwrap_err().0, 407);
         let bad = |h: &[u8]| parse(h, auth).unwrap_err().0;
@@ -349,5 +389,17 @@ mod tests {
             .build()
             .unwrap();
         assert_eq!(bare.get(format!("http://127.0.0.1:{allowed}/x")).send().await.unwrap().status(), 407);
+
+        // A policy of ports: another port of an allowed host is refused.
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let allow = Arc::new(AllowList::parse("127.0.0.1/32").unwrap());
+        let policy = Policy { allow, guard: None, purpose: "test", tenant: None, ports: Some(vec![allowed + 1]) };
+        let _serving = tokio::spawn(accept(l, Arc::new(policy), None));
+        let ported =
+            reqwest::Client::builder().proxy(reqwest::Proxy::all(format!("http://{addr}")).unwrap()).build().unwrap();
+        let r = ported.get(format!("http://127.0.0.1:{allowed}/x")).send().await.unwrap();
+        assert_eq!(r.status(), 403);
+        assert!(r.text().await.unwrap().contains(&format!("port {allowed}")));
     }
 }

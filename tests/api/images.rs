@@ -22,6 +22,8 @@ fn settings(reg: &Registry, dir: &std::path::Path, allow: &str) -> Settings {
         max_entries: 10_000,
         cache_bytes: 1 << 30,
         pull_timeout: Duration::from_secs(30),
+        egress: Arc::new(AllowList::parse("*").unwrap()),
+        egress_ports: None,
     }
 }
 
@@ -126,6 +128,15 @@ async fn a_hostile_layer_is_unpacked_safely() {
         entry(b, "a/.wh.gone", E::Regular, "", 0o644, b"");
         entry(b, "opq/new", E::Regular, "", 0o644, b"new");
         entry(b, "opq/.wh..wh..opq", E::Regular, "", 0o644, b"");
+        // Whiteouts are of lower layers only: what this layer made (a directory it made its way
+        // through too) stays; and one that names the directory or its parent names nothing.
+        entry(b, "fresh/deep/own", E::Regular, "", 0o644, b"own");
+        entry(b, "fresh/.wh..wh..opq", E::Regular, "", 0o644, b"");
+        entry(b, "twice", E::Regular, "", 0o644, b"twice");
+        entry(b, ".wh.twice", E::Regular, "", 0o644, b"");
+        entry(b, ".wh...", E::Regular, "", 0o644, b"");
+        entry(b, "opq/.wh..", E::Regular, "", 0o644, b"");
+        entry(b, "world", E::Regular, "", 0o666, b"w");
     });
     std::fs::create_dir(&outside).unwrap();
     let digest = reg.push("test/hostile:1", vec![busybox_layer(), lower, upper], &["PATH=/bin"]).await;
@@ -149,6 +160,11 @@ async fn a_hostile_layer_is_unpacked_safely() {
     assert!(!r.join("opq/lower").exists(), "an opaque directory drops what lower layers put in it");
     assert_eq!(std::fs::read_to_string(r.join("opq/new")).unwrap(), "new", "and keeps its own layer's");
     assert!(std::fs::symlink_metadata(r.join("a/.wh.gone")).is_err() && !r.join("opq/.wh..wh..opq").exists());
+    assert_eq!(std::fs::read_to_string(r.join("fresh/deep/own")).unwrap(), "own", "this layer's own stays");
+    assert_eq!(std::fs::read_to_string(r.join("twice")).unwrap(), "twice");
+    assert!(r.join("opq").is_dir() && r.join("bin/busybox").is_file(), "`.wh..` removed nothing");
+    let world = std::fs::metadata(r.join("world")).unwrap().permissions().mode();
+    assert_eq!(world & 0o777, 0o644, "no write bits for the group or others");
     let reasons: Vec<(&str, &str)> = stats.unpacked.dropped.iter().map(|d| (d.path.as_str(), d.reason)).collect();
     for (path, why) in [
         (escape.as_str(), "a path that leads outside (..)"),
@@ -157,6 +173,8 @@ async fn a_hostile_layer_is_unpacked_safely() {
         ("disk", "a device node"),
         ("hard-out", "a hard link that leads outside"),
         ("hard-link-dir", "a hard link to no regular file of the image"),
+        (".wh...", "a whiteout of no entry"),
+        ("opq/.wh..", "a whiteout of no entry"),
     ] {
         assert!(reasons.contains(&(path, why)), "{path}: {why} in {reasons:?}");
     }
@@ -857,7 +875,9 @@ async fn with_the_proxy_an_allowed_host_is_reached_and_another_is_not_and_withou
             tweak(c);
             // The operator's guard lets private addresses through only where a CIDR allows them:
             // 127.0.0.2 and 127.0.0.3 here, so that the environment's own list decides.
-            c.tool_allow = "127.0.0.2/32,127.0.0.3/32".into();
+            c.sandbox_egress_allow = "127.0.0.2/32,127.0.0.3/32".into();
+            // The test's servers listen on ports of their own (80 and 443 by default).
+            c.sandbox_egress_ports = "*".into();
         },
         true,
     )
@@ -926,7 +946,9 @@ async fn with_the_proxy_an_allowed_host_is_reached_and_another_is_not_and_withou
     }
     // A tenant's list cannot open what the operator's guard refuses (a loopback address it has
     // no CIDR for), nor name every host.
-    for (allow, says) in [(json!(["*"]), "not `*`"), (json!(["10.0.0.0/99"]), "prefix")] {
+    for (allow, says) in
+        [(json!(["*"]), "not `*`"), (json!(["10.0.0.0/99"]), "prefix"), (json!(["0.0.0.0/0"]), "at most /16")]
+    {
         let r = put("bad", json!({"image": image, "network": {"allow": allow}})).await.unwrap();
         assert_eq!(r.status(), 422);
         assert!(r.text().await.unwrap().contains(says));
@@ -935,7 +957,7 @@ async fn with_the_proxy_an_allowed_host_is_reached_and_another_is_not_and_withou
 }
 
 #[tokio::test]
-async fn the_console_shows_a_tasks_workspace_and_environment_with_its_digest() {
+async fn the_console_shows_a_tasks_environment_with_its_digest_and_the_environments_with_their_status() {
     let Some(reg) = Registry::start().await else { return };
     if !crate::sandbox::has_bwrap() {
         return;
@@ -988,6 +1010,49 @@ async fn the_console_shows_a_tasks_workspace_and_environment_with_its_digest() {
     let ws = b.js(&field("Workspace")).await;
     assert!(ws.as_str().unwrap_or_default().starts_with("upload app (sha256:"), "{ws}");
     b.screenshot("console-task-environment").await;
+    assert_eq!(b.severe_logs().await, Vec::<String>::new());
+
+    // The catalog lists the tenant's named environments with their builds' status.
+    let image = reg.image("test/console:1");
+    for (name, setup) in [("ci", "echo set up"), ("broken", "echo cannot install; exit 2")] {
+        let r = c
+            .put(format!("{base}/environments/{name}"))
+            .json(&json!({"image": image, "setup": setup}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for name in ["ci", "broken"] {
+        loop {
+            let e: Value = c.get(format!("{base}/environments/{name}")).send().await.unwrap().json().await.unwrap();
+            if e["status"] != "building" {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{e}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    b.client.goto(&format!("{base}/console#/catalog")).await.unwrap();
+    let rows = "return document.querySelectorAll('#environments-table tbody tr[data-environment]').length === 2;";
+    b.wait_until("the environments' rows", rows).await;
+    let cells = b
+        .js("return Array.from(document.querySelectorAll('#environments-table tbody tr')).map(r => \
+             Array.from(r.querySelectorAll('td')).map(c => c.textContent));")
+        .await;
+    let rows = cells.as_array().unwrap();
+    let (broken, ci) = (&rows[0], &rows[1]);
+    assert_eq!(
+        (broken[0].as_str(), broken[2].as_str(), broken[5].as_str()),
+        (Some("broken"), Some("failed"), Some("2")),
+        "{cells}"
+    );
+    assert!(broken[7].as_str().unwrap().contains("cannot install"), "{cells}");
+    assert_eq!((ci[0].as_str(), ci[2].as_str(), ci[5].as_str()), (Some("ci"), Some("ready"), Some("0")), "{cells}");
+    assert!(ci[3].as_str().unwrap().starts_with("sha256:"), "{cells}");
+    b.js("document.querySelector('#environments-table').scrollIntoView(); return true;").await;
+    b.screenshot("console-environments").await;
     assert_eq!(b.severe_logs().await, Vec::<String>::new());
     b.close().await;
 }

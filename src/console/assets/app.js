@@ -1200,11 +1200,13 @@
       h('h3', null, 'Invalid agent definitions'), invalidList);
     const tools = makeTable('tools-table', ['Name', 'Source', 'Policy', 'Description', 'Endpoint / source'], 'No tools.');
     const sources = makeTable('sources-table', ['Name', 'URL', ['Tools', 'num'], 'Refreshed', 'Last error'], 'No tool sources.');
+    const envs = makeTable('environments-table', ['Name', 'Image', 'Status', 'Digest', ['Size', 'num'], ['Exit code', 'num'], 'Built', 'Output'], 'No environments.');
 
     root.append(h('section', { id: 'catalog-page', class: 'page' },
       card('Agents', agents.el, invalid),
       card('Tools', tools.el),
-      card('Tool sources', sources.el)));
+      card('Tool sources', sources.el),
+      card('Environments', envs.el)));
 
     const load = async (path, fn) => {
       try {
@@ -1233,6 +1235,9 @@
         td(t.description || dash, 'wrap'),
         td(t.endpoint || t.tool_source || (t.source === 'builtin' ? 'built in: run by subagentd' : dash), 'mono'))));
     });
+    load('/environments', (d) => {
+      fillRows(envs, (d.environments || []).map(environmentRow));
+    });
     load('/tool-sources', (d) => {
       fillRows(sources, (d.tool_sources || []).map((s) => h('tr', null,
         td(String(s.name), 'mono'), td(s.url || dash, 'mono'),
@@ -1240,6 +1245,20 @@
         td(s.refreshed_at ? timeEl(s.refreshed_at, true) : dash),
         td(s.last_error ? truncate(s.last_error, 200) : '', 'error-text wrap', s.last_error || null))));
     });
+  }
+
+  // A named environment's row: its status as a pill (the setup's output in its title), the
+  // digest its build ran on, the root's size, the setup's exit code and the end of its output.
+  function environmentRow(e) {
+    const st = String(e.status == null ? dash : e.status);
+    return h('tr', { dataset: { environment: String(e.name) } },
+      td(String(e.name), 'mono'), td(e.image || dash, 'mono'),
+      td(h('span', { 'data-test': 'env-status', class: 'status env-' + cssToken(st) }, st)),
+      td(e.digest ? truncate(e.digest, 19) : dash, 'mono', e.digest || null),
+      td(e.size_bytes == null ? dash : fmtInt(e.size_bytes), 'num'),
+      td(e.exit_code == null ? dash : String(e.exit_code), 'num'),
+      td(e.built_at ? timeEl(e.built_at, true) : dash),
+      td(e.output_tail ? truncate(e.output_tail.trim().split('\n').pop(), 120) : dash, e.status === 'failed' ? 'error-text wrap' : 'wrap', e.output_tail || null));
   }
 
   // An agent's tools as the catalog shows them: its list (or rule), then the built-ins its

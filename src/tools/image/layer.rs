@@ -8,9 +8,11 @@
 //! - regular files, directories and symbolic links are kept (a link's target is read inside
 //!   the sandbox, whose root this is: an absolute one names the image's own file); a hard link
 //!   only to a regular file already inside; device nodes, FIFOs and other kinds are left out;
-//! - setuid, setgid and sticky bits are cleared, owners are not kept (the service's uid owns
-//!   the root, mounted read-only under the sandbox);
-//! - the caps on unpacked bytes and entries hold as the entries come: past one, the pull fails.
+//! - setuid, setgid and sticky bits and the group's and others' write bits are cleared, owners
+//!   are not kept (the service's uid owns the root, mounted read-only under the sandbox);
+//! - the caps on unpacked bytes and entries hold as the entries come (every header counts, and
+//!   the decoder's output is capped, long names and PAX records included): past one, the pull
+//!   fails.
 //!
 //! An entry is written by removing what was at its path, then creating it anew (never opening
 //! an existing file), so a hard link from a lower layer is never written through.
@@ -112,19 +114,29 @@ fn remove(p: &Path) -> std::io::Result<()> {
     }
 }
 
-/// Counts the bytes read, for the pull's figures.
+/// Counts the bytes the decoder gives and fails past `max`: the archive's headers, long names
+/// and PAX records (which the tar reader holds whole in memory) count, not only files' data.
 struct Counted<R> {
     inner: R,
     read: u64,
+    max: u64,
 }
 
 impl<R: Read> Read for Counted<R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let n = self.inner.read(buf)?;
         self.read += n as u64;
+        if self.read > self.max {
+            return Err(std::io::Error::other(TOO_LARGE));
+        }
         Ok(n)
     }
 }
+
+const TOO_LARGE: &str = "the layer unpacks to more than the cap";
+
+/// What a layer's archive may hold beyond its files' bytes (headers, names, PAX records).
+const HEADROOM: u64 = 64 << 20;
 
 /// Apply the layer in `input` (a tar, gzip-compressed or not: told by its first bytes) over
 /// `root`, adding to `done`, within `caps`.
@@ -139,13 +151,21 @@ pub fn apply(input: impl Read, root: &Path, caps: Caps, done: &mut Unpacked) -> 
         head.starts_with(&[0x1f, 0x8b])
     };
     let reader: Box<dyn Read> = if gzip { Box::new(flate2::read::MultiGzDecoder::new(input)) } else { Box::new(input) };
-    let mut archive = tar::Archive::new(Counted { inner: reader, read: 0 });
-    let bad = |e: std::io::Error| LayerError::Invalid(format!("the layer is not a tar archive: {e}"));
+    // The whole image's unpacked bytes are capped; this layer's stream may carry at most what is
+    // left of that, plus its headers.
+    let max = caps.max_bytes.saturating_sub(done.bytes).saturating_add(HEADROOM);
+    let mut archive = tar::Archive::new(Counted { inner: reader, read: 0, max });
+    let bad = |e: std::io::Error| too_large_or(e, caps);
     let io = |p: &Path, e: std::io::Error| LayerError::Invalid(format!("{}: {e}", p.display()));
     // What this layer wrote: an opaque directory keeps it, and removes only lower layers' files.
     let mut written: HashSet<PathBuf> = HashSet::new();
     for entry in archive.entries().map_err(bad)? {
         let mut entry = entry.map_err(bad)?;
+        // Every entry counts, those left out too.
+        done.entries += 1;
+        if done.entries > caps.max_entries {
+            return Err(LayerError::TooLarge(format!("the image has more than {} entries", caps.max_entries)));
+        }
         let raw = entry.path_bytes().into_owned();
         let rel = match plain(&raw) {
             Ok(Some(p)) => p,
@@ -155,10 +175,6 @@ pub fn apply(input: impl Read, root: &Path, caps: Caps, done: &mut Unpacked) -> 
                 continue;
             }
         };
-        done.entries += 1;
-        if done.entries > caps.max_entries {
-            return Err(LayerError::TooLarge(format!("the image has more than {} entries", caps.max_entries)));
-        }
         let name = rel.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         if !parents_are_directories(root, &rel, true).map_err(|e| io(&rel, e))? {
             done.drop_entry(&raw, "a parent is a link or a file");
@@ -174,15 +190,38 @@ pub fn apply(input: impl Read, root: &Path, caps: Caps, done: &mut Unpacked) -> 
             continue;
         }
         if let Some(gone) = name.strip_prefix(WHITEOUT) {
+            // `.wh.`, `.wh..` and `.wh...` name no entry (the last two: the directory itself, or
+            // its parent).
+            if gone.is_empty() || gone == "." || gone == ".." {
+                done.drop_entry(&raw, "a whiteout of no entry");
+                continue;
+            }
             let p = rel.with_file_name(gone);
-            remove(&root.join(&p)).map_err(|e| io(&p, e))?;
+            // Lower layers' only: what this layer wrote stays.
+            if !written.contains(&p) {
+                remove(&root.join(&p)).map_err(|e| io(&p, e))?;
+            }
             continue;
         }
         if write(&mut entry, root, &rel, &raw, caps, done)? {
-            written.insert(rel);
+            // The entry and the directories it made its way through are this layer's.
+            for a in rel.ancestors().filter(|a| !a.as_os_str().is_empty()) {
+                if !written.insert(a.to_path_buf()) {
+                    break;
+                }
+            }
         }
     }
     Ok(())
+}
+
+/// A read error as the pull reports it: the cap's, or a broken archive.
+fn too_large_or(e: std::io::Error, caps: Caps) -> LayerError {
+    if e.to_string().contains(TOO_LARGE) {
+        LayerError::TooLarge(format!("the image unpacks to more than {} bytes", caps.max_bytes))
+    } else {
+        LayerError::Invalid(format!("the layer is not a tar archive: {e}"))
+    }
 }
 
 /// Write one entry at `rel` (its parents real directories); whether it was kept.
@@ -194,7 +233,7 @@ fn write<R: Read>(
     caps: Caps,
     done: &mut Unpacked,
 ) -> Result<bool, LayerError> {
-    let bad = |e: std::io::Error| LayerError::Invalid(format!("the layer is not a tar archive: {e}"));
+    let bad = |e: std::io::Error| too_large_or(e, caps);
     let io = |p: &Path, e: std::io::Error| LayerError::Invalid(format!("{}: {e}", p.display()));
     let at = root.join(rel);
     let mode = entry.header().mode().unwrap_or(0o644);
@@ -208,7 +247,7 @@ fn write<R: Read>(
                 }
             }
             // The owner's bits stay, so that later layers can write in it.
-            std::fs::set_permissions(&at, std::fs::Permissions::from_mode((mode & 0o777) | 0o700))
+            std::fs::set_permissions(&at, std::fs::Permissions::from_mode((mode & 0o755) | 0o700))
                 .map_err(|e| io(rel, e))?;
         }
         tar::EntryType::Regular | tar::EntryType::Continuous | tar::EntryType::GNUSparse => {
@@ -227,7 +266,7 @@ fn write<R: Read>(
             let copied = std::io::copy(&mut entry.take(size), &mut f).map_err(bad)?;
             done.bytes += copied;
             drop(f);
-            std::fs::set_permissions(&at, std::fs::Permissions::from_mode(mode & 0o777)).map_err(|e| io(rel, e))?;
+            std::fs::set_permissions(&at, std::fs::Permissions::from_mode(mode & 0o755)).map_err(|e| io(rel, e))?;
             if mode & 0o7000 != 0 {
                 done.bits_cleared += 1;
             }

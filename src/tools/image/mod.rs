@@ -48,6 +48,10 @@ pub struct Settings {
     pub cache_bytes: u64,
     /// A pull's time at most.
     pub pull_timeout: Duration,
+    /// Where an environment's network may reach at all (`SUBAGENTD_SANDBOX_EGRESS_ALLOW`), and
+    /// on which ports (`None`: any).
+    pub egress: Arc<AllowList>,
+    pub egress_ports: Option<Vec<u16>>,
 }
 
 impl Settings {
@@ -71,6 +75,20 @@ impl Settings {
             max_entries: cfg.image_max_entries.max(1),
             cache_bytes: cfg.image_cache_mb << 20,
             pull_timeout: Duration::from_secs(cfg.image_pull_timeout_seconds.max(1)),
+            egress: Arc::new(
+                AllowList::parse(&cfg.sandbox_egress_allow)
+                    .map_err(|e| format!("SUBAGENTD_SANDBOX_EGRESS_ALLOW: {e}"))?
+                    .named("SUBAGENTD_SANDBOX_EGRESS_ALLOW"),
+            ),
+            egress_ports: match cfg.sandbox_egress_ports.trim() {
+                "*" => None,
+                list => Some(
+                    list.split(',')
+                        .map(|p| p.trim().parse::<u16>())
+                        .collect::<Result<_, _>>()
+                        .map_err(|e| format!("SUBAGENTD_SANDBOX_EGRESS_PORTS: {e}"))?,
+                ),
+            },
         })
     }
 }
@@ -260,6 +278,8 @@ impl Images {
                 .map_err(|e| format!("{}: {e}", d.display()))?;
         }
         super::leftovers::sweep_gone_processes(&tmp, "");
+        // A process before this one with the same pid (pid 1 in a container, say) left its own.
+        let _ = std::fs::remove_dir_all(tmp.join(std::process::id().to_string()));
         let mut roots = HashMap::new();
         for e in std::fs::read_dir(&roots_dir).map_err(|e| format!("{}: {e}", roots_dir.display()))?.flatten() {
             let meta =
@@ -417,7 +437,7 @@ impl Images {
         let client = self.client_for(access)?;
         let (manifest, _) =
             client.pull_image_manifest(&by_digest, &access.auth()).await.map_err(|e| classify(reference, e))?;
-        let declared: i64 = manifest.layers.iter().map(|l| l.size.max(0)).sum();
+        let declared: i64 = manifest.layers.iter().map(|l| l.size.max(0)).fold(0i64, i64::saturating_add);
         if declared as u64 > self.settings.max_bytes {
             return Err(ImageError::TooLarge(format!(
                 "{reference}: its layers are {declared} bytes compressed, over the cap of {} (SUBAGENTD_IMAGE_MAX_MB)",
@@ -552,6 +572,16 @@ impl Images {
         let built = build.keep();
         if let Err(e) = std::fs::rename(&built, &dest) {
             let _ = std::fs::remove_dir_all(&built);
+            // Another pull of the same key finished first (a waiter that came after a failed
+            // one): its root, whole, is this one.
+            if dest.join("meta.json").is_file() {
+                return Ok(ImageRoot {
+                    digest: digest.to_string(),
+                    rootfs: dest.join("rootfs"),
+                    env,
+                    bytes: meta.bytes,
+                });
+            }
             return Err(e);
         }
         Ok(ImageRoot { digest: digest.to_string(), rootfs: dest.join("rootfs"), env, bytes: meta.bytes })
@@ -574,15 +604,26 @@ impl Images {
                 .min_by_key(|(_, c)| c.used)
                 .map(|(k, _)| k.clone());
             let Some(k) = oldest else { break };
-            let gone = roots.remove(&k).expect("listed");
-            total -= gone.root.bytes;
             // Out of `roots/` first (one rename), so that a kill -9 mid-removal leaves no half root there.
-            let aside = self.settings.dir.join("tmp").join(std::process::id().to_string()).join(format!("evicted-{k}"));
+            let aside = self
+                .settings
+                .dir
+                .join("tmp")
+                .join(std::process::id().to_string())
+                .join(format!("evicted-{k}-{}", uuid::Uuid::new_v4().simple()));
             let dir = self.settings.dir.join("roots").join(&k);
             let _ = std::fs::create_dir_all(aside.parent().unwrap_or(&aside));
-            if std::fs::rename(&dir, &aside).is_ok() {
-                let _ = std::fs::remove_dir_all(&aside);
+            if let Err(e) = std::fs::rename(&dir, &aside) {
+                // Kept, and counted: a root that cannot be moved is still there.
+                tracing::warn!(root = %dir.display(), error = %e, "an image root could not be evicted");
+                break;
             }
+            let gone = roots.remove(&k).expect("listed");
+            total -= gone.root.bytes;
+            // Removed on a thread of its own: a root of gigabytes is not a task's to wait for.
+            std::thread::spawn(move || {
+                let _ = std::fs::remove_dir_all(&aside);
+            });
             metrics::counter!("subagentd_image_evictions_total").increment(1);
         }
         drop(roots);
@@ -597,6 +638,16 @@ impl Images {
     /// The digests cached now (for tests and the operator).
     pub fn cached_digests(&self) -> Vec<String> {
         self.roots.lock().unwrap().values().map(|c| c.root.digest.clone()).collect()
+    }
+
+    /// Where an environment's network may reach at all.
+    pub fn egress_guard(&self) -> Arc<AllowList> {
+        self.settings.egress.clone()
+    }
+
+    /// The ports an environment's network may reach (`None`: any).
+    pub fn egress_ports(&self) -> Option<Vec<u16>> {
+        self.settings.egress_ports.clone()
     }
 
     /// The cache's directory.

@@ -105,6 +105,37 @@ fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// What a setup left made safe to keep: anything but directories, regular files and links
+/// removed (FIFOs, sockets: a setup runs as uid 0 of its namespace), setuid, setgid and sticky
+/// bits and the group's and others' write bits cleared, and every entry given back to this
+/// process's uid (it was the sandbox's while the setup ran), so that no other host user can
+/// change a root later runs execute.
+fn settle(root: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    // SAFETY: geteuid/getegid cannot fail.
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    let mut specials = vec![];
+    for e in walkdir::WalkDir::new(root).follow_links(false) {
+        let e = e.map_err(std::io::Error::other)?;
+        let m = e.path().symlink_metadata()?;
+        let t = m.file_type();
+        if !(t.is_dir() || t.is_file() || t.is_symlink()) {
+            specials.push(e.path().to_path_buf());
+            continue;
+        }
+        if m.uid() != uid || m.gid() != gid {
+            std::os::unix::fs::lchown(e.path(), Some(uid), Some(gid))?;
+        }
+        if !t.is_symlink() && m.mode() & 0o7022 != 0 {
+            std::fs::set_permissions(e.path(), std::fs::Permissions::from_mode(m.mode() & 0o755))?;
+        }
+    }
+    for p in specials {
+        std::fs::remove_file(p)?;
+    }
+    Ok(())
+}
+
 impl Images {
     /// `base` with `setup` run over it: from the cache, or built now (what the setup did then).
     pub async fn with_setup(
@@ -165,10 +196,19 @@ impl Images {
         let (out, outcome) = sandbox.run(tenant, place, setup, sandbox.max_timeout(), 64 * 1024).await;
         let exit_code = out.detail.as_ref().and_then(|d| d.get("exit_code")).and_then(|c| c.as_i64()).map(|c| c as i32);
         let run = SetupRun { exit_code, output_tail: tail(&out.content), millis: started.elapsed().as_millis() as u64 };
+        // The sandbox not starting (or shutting down) says nothing of the setup: no run to tell.
+        if outcome == Outcome::Limit && exit_code.is_none() && out.content.starts_with("the sandbox ") {
+            return Err(BuildError::Setup(out.content.clone(), None));
+        }
         if outcome != Outcome::Ok {
             let how = exit_code.map_or_else(|| outcome.as_str().to_string(), |c| format!("exit code {c}"));
             return Err(BuildError::Setup(format!("the setup failed ({how}): {}", run.output_tail), Some(run)));
         }
+        let to = rootfs.clone();
+        tokio::task::spawn_blocking(move || settle(&to))
+            .await
+            .map_err(|e| BuildError::Setup(format!("settling the root: {e}"), None))?
+            .map_err(|e| BuildError::Setup(format!("settling the root: {e}"), None))?;
         let root = self
             .finish(dir, &base.digest, base.env.clone(), key)
             .map_err(|e| BuildError::Setup(e.to_string(), None))?;
@@ -177,8 +217,14 @@ impl Images {
 }
 
 /// The egress policy of `row`'s network for `tenant`: its allow-list, under the operator's
-/// `guard` (`SUBAGENTD_TOOL_ALLOW`: private addresses only where a CIDR there allows them).
-pub fn network(row: &EnvironmentRow, tenant: &str, guard: &Arc<AllowList>) -> Option<Arc<Policy>> {
+/// `guard` (`SUBAGENTD_SANDBOX_EGRESS_ALLOW`: private addresses only where a CIDR there allows
+/// them), on ports 80 and 443 only.
+pub fn network(
+    row: &EnvironmentRow,
+    tenant: &str,
+    guard: &Arc<AllowList>,
+    ports: Option<Vec<u16>>,
+) -> Option<Arc<Policy>> {
     if row.network_allow.is_empty() {
         return None;
     }
@@ -186,6 +232,7 @@ pub fn network(row: &EnvironmentRow, tenant: &str, guard: &Arc<AllowList>) -> Op
     Some(Arc::new(Policy {
         allow: Arc::new(allow),
         guard: Some(guard.clone()),
+        ports,
         purpose: "environment",
         tenant: Some(tenant.to_string()),
     }))
@@ -203,7 +250,7 @@ pub async fn build(
     digest: &str,
     guard: &Arc<AllowList>,
 ) -> Result<(Arc<ImageRoot>, Option<SetupRun>), BuildError> {
-    let net = network(row, tenant, guard);
+    let net = network(row, tenant, guard, images.egress_ports());
     let access = super::access(pool, tenant, &row.image).await.map_err(BuildError::Image)?;
     let built = match images.root(&row.image, digest, &access).await {
         Err(e) => Err(BuildError::Image(e)),
@@ -226,6 +273,10 @@ pub async fn build(
             record(pool, tenant, row, &b).await;
         }
         Ok(_) => {}
+        // Only what the definition itself causes is `failed`: its setup failing, or an image that
+        // is not there, too large, or refused. A registry out of reach, the sandbox not starting
+        // or the cache failing leave the status as it is (a task says why; the next one tries).
+        Err(BuildError::Image(ImageError::Unavailable(_)) | BuildError::Setup(_, None)) => {}
         Err(e) => {
             let run = match e {
                 BuildError::Setup(_, run) => run.clone(),

@@ -1140,3 +1140,77 @@ async fn a_private_image_is_pulled_with_its_tenants_secret_and_never_served_to_a
     assert_eq!(t["status"], "completed", "{t}");
     app.stop().await;
 }
+
+#[tokio::test]
+async fn a_kill_dash_nine_during_a_setup_leaves_nothing_a_later_task_uses() {
+    let Some(reg) = Registry::start().await else { return };
+    let Some(srv) = crate::workspaces::git_server().await else { return };
+    if !crate::sandbox::has_bwrap() {
+        return;
+    }
+    reg.push("test/setup:1", vec![busybox_layer()], &["PATH=/bin"]).await;
+    let db = crate::helpers::test_db().await;
+    let images = cache_dir();
+    let spawn = |data: &tempfile::TempDir| {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let listen = format!("127.0.0.1:{port}");
+        let (d, i) = (data.path().display().to_string(), images.path().display().to_string());
+        let env = [
+            ("SUBAGENTD_LISTEN", listen.as_str()),
+            ("SUBAGENTD_DATA_DIR", d.as_str()),
+            ("SUBAGENTD_IMAGE_DIR", i.as_str()),
+            ("SUBAGENTD_DEFAULT_MODEL", "mock/m"),
+            ("SUBAGENTD_BUILTIN_TOOLS_OFF", "web_fetch,web_search"),
+            ("SUBAGENTD_WORKSPACE_GIT_ALLOW", "127.0.0.1/32"),
+            ("SUBAGENTD_REGISTRY_ALLOW", "127.0.0.1/32"),
+            ("SUBAGENTD_INSECURE_REGISTRIES", reg.addr.as_str()),
+            ("SUBAGENTD_LEASE_SECONDS", "2"),
+        ];
+        (crate::helpers::spawn_binary(&["serve"], &db.url, &env), format!("http://{listen}"))
+    };
+    let (da, dbb) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (mut a, base) = spawn(&da);
+    let c = reqwest::Client::new();
+    crate::helpers::wait_until_ok(&c, &format!("{base}/healthz"), Duration::from_secs(30)).await;
+    // The setup writes, then takes its time: killed while it runs.
+    let setup = "mkdir -p /opt/tool && echo built > /opt/tool/marker && sleep 5 && echo done >> /opt/tool/marker";
+    let r = c
+        .put(format!("{base}/environments/slow"))
+        .json(&json!({"image": reg.image("test/setup:1"), "setup": setup}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
+    let building = images.path().join("tmp").join(a.child.id().to_string());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !walkdir::WalkDir::new(&building).into_iter().flatten().any(|e| e.file_name() == "marker") {
+        assert!(Instant::now() < deadline, "the setup never began");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(a.child.id() as i32, libc::SIGKILL) };
+    let _ = a.child.wait();
+    let roots: Vec<String> = std::fs::read_dir(images.path().join("roots"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(roots.iter().all(|r| !r.starts_with("env-")), "no environment's root was made whole: {roots:?}");
+
+    // The next process removes the half-built root at its start; a task naming the environment
+    // builds it whole, and runs in it.
+    let (_b, base) = spawn(&dbb);
+    crate::helpers::wait_until_ok(&c, &format!("{base}/healthz"), Duration::from_secs(30)).await;
+    assert!(!building.exists(), "the killed process's build directory is removed");
+    let e: Value = c.get(format!("{base}/environments/slow")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(e["status"], "building", "its build never ended: {e}");
+    let repo = format!("{}/repo.git", srv.base);
+    let body = json!({"workspace": {"git": repo}, "environment": {"name": "slow"}, "prompt": script(&["cat /opt/tool/marker"])});
+    let t: Value =
+        c.post(format!("{base}/tasks?wait=true&timeout=60")).json(&body).send().await.unwrap().json().await.unwrap();
+    assert_eq!(t["status"], "completed", "{t}");
+    let out = crate::tools::tool_results_in(&db.pool, t["id"].as_str().unwrap()).await;
+    assert!(out[0]["content"].as_str().unwrap().contains("built\ndone"), "the whole setup's root: {out:?}");
+    let e: Value = c.get(format!("{base}/environments/slow")).send().await.unwrap().json().await.unwrap();
+    assert_eq!((e["status"].as_str(), e["exit_code"].as_i64()), (Some("ready"), Some(0)), "{e}");
+}

@@ -127,11 +127,16 @@ pub(crate) async fn finished(app: &TestApp, body: Value) -> Value {
 }
 
 pub(crate) async fn tool_results(app: &TestApp, id: &str) -> Vec<Value> {
+    tool_results_in(&app.db.pool, id).await
+}
+
+/// The tool results of task `id`, from the database in `pool`.
+pub(crate) async fn tool_results_in(pool: &sqlx::PgPool, id: &str) -> Vec<Value> {
     sqlx::query_scalar(
         "SELECT message FROM task_message_log WHERE task_id = $1::uuid AND message->>'role' = 'tool' ORDER BY seq",
     )
     .bind(id)
-    .fetch_all(&app.db.pool)
+    .fetch_all(pool)
     .await
     .unwrap()
 }

@@ -25,7 +25,8 @@ impl Builtin for RunCommand {
 
     fn description(&self) -> &'static str {
         "Run a shell command (`sh -c`) in a sandbox whose working directory /workspace is your copy of the workspace: \
-         the system's programs, no network, no secrets, a /tmp of its own, limits on time, memory, processes and \
+         the programs of the task's environment (its image, else the system's), no network (unless the environment \
+         allows some hosts, through HTTP_PROXY), no secrets, a /tmp of its own, limits on time, memory, processes and \
          written bytes. Answers the exit code and the output (capped). Default timeout 120 s."
     }
 

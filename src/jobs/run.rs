@@ -233,8 +233,7 @@ impl Runner {
             // Network in runs never beside a private workspace (an upload, or a repository read
             // with a secret): a fetched URL could carry the code out.
             let private = opts.workspace.as_ref().is_some_and(|w| w.private());
-            let guard = images.egress_guard();
-            let tools_of = Tools { images, sandbox, guard, private };
+            let tools_of = Tools { images, sandbox, private };
             let ready = tokio::spawn(environment(self.pool.clone(), tools_of, row.clone(), store.fence, spec));
             tools.environment = tokio::select! {
                 r = ready => match r {
@@ -690,8 +689,6 @@ async fn fill(
 struct Tools {
     images: Arc<crate::tools::image::Images>,
     sandbox: Arc<crate::tools::sandbox::Sandbox>,
-    /// The operator's address guard, under an environment's allow-list.
-    guard: Arc<crate::tools::ssrf::AllowList>,
     /// The task's workspace could be private: no network in its runs.
     private: bool,
 }
@@ -704,7 +701,7 @@ async fn environment(
     spec: crate::kinds::EnvironmentSpec,
 ) -> Result<crate::tools::image::RunEnvironment, Outcome> {
     use crate::tools::image::named;
-    let Tools { images, sandbox, guard, private } = t;
+    let Tools { images, sandbox, private } = t;
     let failed = |code: FailureCode, message: String| Outcome::Failed { code, message };
     let lost = || Outcome::Stopped(StopCause::LeaseLost);
     let started = std::time::Instant::now();
@@ -750,10 +747,7 @@ async fn environment(
             (root, stats, None)
         }
         Some(env) => {
-            // The image's pull first (its figures for the event), then the setup over it.
-            let (_, stats) =
-                images.root(&image, &digest, &access).await.map_err(|e| failed(e.code(), e.to_string()))?;
-            let (root, run) = named::build(&pool, &images, &sandbox, &row.tenant, env, &digest, &guard)
+            let (root, run, stats) = named::build(&pool, &images, &sandbox, &row.tenant, env, &digest, &access)
                 .await
                 .map_err(|e| failed(e.code(), format!("the environment {:?}: {e}", env.name)))?;
             (root, stats, run)
@@ -773,10 +767,8 @@ async fn environment(
             .map(|s| s.unpacked.dropped.into_iter().map(|d| format!("{}: {}", d.path, d.reason)).collect())
             .unwrap_or_default(),
     };
-    let net = named
-        .as_ref()
-        .filter(|e| e.network_in_runs && !private)
-        .and_then(|e| named::network(e, &row.tenant, &guard, images.egress_ports()));
+    let net =
+        named.as_ref().filter(|e| e.network_in_runs && !private).and_then(|e| named::network(e, &row.tenant, &images));
     match crate::store::events::append(&pool, fence, &[crate::kinds::Event::EnvironmentReady(ev)]).await {
         Ok(true) => Ok(crate::tools::image::RunEnvironment { root, net }),
         _ => Err(lost()),

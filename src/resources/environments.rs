@@ -101,13 +101,13 @@ impl Resources {
         else {
             return;
         };
-        let (pool, tenant, guard) = (self.p.pool.clone(), tenant.to_string(), images.egress_guard());
+        let (pool, tenant) = (self.p.pool.clone(), tenant.to_string());
         tokio::spawn(async move {
             let resolved = match crate::tools::image::access(&pool, &tenant, &row.image).await {
-                Ok(access) => images.resolve(&row.image, &access).await,
+                Ok(access) => images.resolve(&row.image, &access).await.map(|d| (d, access)),
                 Err(e) => Err(e),
             };
-            let digest = match resolved {
+            let (digest, access) = match resolved {
                 Ok(d) => d,
                 Err(e) => {
                     let text = e.to_string();
@@ -122,7 +122,7 @@ impl Resources {
                     return;
                 }
             };
-            if let Err(e) = named::build(&pool, &images, &sandbox, &tenant, &row, &digest, &guard).await {
+            if let Err(e) = named::build(&pool, &images, &sandbox, &tenant, &row, &digest, &access).await {
                 tracing::info!(environment = %row.name, error = %e, "an environment's build failed");
             }
         });

@@ -7,6 +7,7 @@
 //! here.
 
 pub mod builtin;
+pub mod capped;
 pub mod catalog;
 pub mod edit;
 pub mod egress;

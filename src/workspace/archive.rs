@@ -11,6 +11,8 @@ use std::path::{Component, Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
+use crate::tools::capped::{is_over, Capped};
+
 /// The operator's caps on an upload.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
@@ -46,26 +48,6 @@ pub enum ArchiveError {
     #[error("{0}")]
     Invalid(String),
 }
-
-/// Counts what the decoder gives and fails past the cap.
-struct Capped<R> {
-    inner: R,
-    read: u64,
-    max: u64,
-}
-
-impl<R: Read> Read for Capped<R> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        self.read += n as u64;
-        if self.read > self.max {
-            return Err(std::io::Error::other(TOO_LARGE));
-        }
-        Ok(n)
-    }
-}
-
-const TOO_LARGE: &str = "uncompressed size over the cap";
 
 /// Hashes what passes on its way to `inner`.
 struct Hashing<W> {
@@ -111,7 +93,7 @@ fn kind_is_kept(t: tar::EntryType) -> bool {
 
 /// Read the `tar.gz` in `input`, write the clean archive (gzip) to `out`.
 pub fn clean(input: impl Read, out: impl Write, limits: Limits) -> Result<Cleaned, ArchiveError> {
-    let decoder = Capped { inner: flate2::read::GzDecoder::new(input), read: 0, max: limits.max_bytes };
+    let decoder = Capped::new(flate2::read::GzDecoder::new(input), limits.max_bytes);
     let mut archive = tar::Archive::new(decoder);
     let hashing =
         Hashing { inner: flate2::write::GzEncoder::new(out, flate2::Compression::default()), hash: Sha256::new() };
@@ -124,7 +106,7 @@ pub fn clean(input: impl Read, out: impl Write, limits: Limits) -> Result<Cleane
     let mut kept: HashSet<PathBuf> = HashSet::new();
     let mut files_kept: HashSet<PathBuf> = HashSet::new();
     let read_err = |e: std::io::Error| {
-        if e.to_string().contains(TOO_LARGE) {
+        if is_over(&e) {
             ArchiveError::TooLarge(format!("the archive is over {} bytes uncompressed", limits.max_bytes))
         } else {
             ArchiveError::Invalid(format!("not a gzip-compressed tar archive: {e}"))
@@ -188,7 +170,7 @@ pub fn clean(input: impl Read, out: impl Write, limits: Limits) -> Result<Cleane
                 h.set_mode(if exec { 0o755 } else { 0o644 });
                 h.set_size(size);
                 builder.append_data(&mut h, &path, &mut entry).map_err(|e| {
-                    if e.to_string().contains(TOO_LARGE) {
+                    if is_over(&e) {
                         read_err(e)
                     } else {
                         write_err(e)

@@ -16,7 +16,7 @@ use crate::registry::{busybox_layer, entry, tar_gz, Registry};
 fn settings(reg: &Registry, dir: &std::path::Path, allow: &str) -> Settings {
     Settings {
         dir: dir.to_path_buf(),
-        allow: Arc::new(AllowList::parse(allow).unwrap()),
+        allow: Arc::new(AllowList::parse(allow).unwrap().named("SUBAGENTD_REGISTRY_ALLOW")),
         insecure: vec![reg.addr.clone()],
         max_bytes: 64 << 20,
         max_entries: 10_000,

@@ -22,6 +22,8 @@ use std::io::Read;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
+use crate::tools::capped::{is_over, Capped};
+
 /// What may be unpacked into one root, over all its layers.
 #[derive(Debug, Clone, Copy)]
 pub struct Caps {
@@ -105,7 +107,7 @@ fn parents_are_directories(root: &Path, rel: &Path, make: bool) -> std::io::Resu
 }
 
 /// Remove whatever is at `p` (a directory with what it holds), never following a link.
-fn remove(p: &Path) -> std::io::Result<()> {
+pub(super) fn remove(p: &Path) -> std::io::Result<()> {
     match std::fs::symlink_metadata(p) {
         Ok(m) if m.is_dir() => std::fs::remove_dir_all(p),
         Ok(_) => std::fs::remove_file(p),
@@ -113,27 +115,6 @@ fn remove(p: &Path) -> std::io::Result<()> {
         Err(e) => Err(e),
     }
 }
-
-/// Counts the bytes the decoder gives and fails past `max`: the archive's headers, long names
-/// and PAX records (which the tar reader holds whole in memory) count, not only files' data.
-struct Counted<R> {
-    inner: R,
-    read: u64,
-    max: u64,
-}
-
-impl<R: Read> Read for Counted<R> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        self.read += n as u64;
-        if self.read > self.max {
-            return Err(std::io::Error::other(TOO_LARGE));
-        }
-        Ok(n)
-    }
-}
-
-const TOO_LARGE: &str = "the layer unpacks to more than the cap";
 
 /// What a layer's archive may hold beyond its files' bytes (headers, names, PAX records).
 const HEADROOM: u64 = 64 << 20;
@@ -154,7 +135,8 @@ pub fn apply(input: impl Read, root: &Path, caps: Caps, done: &mut Unpacked) -> 
     // The whole image's unpacked bytes are capped; this layer's stream may carry at most what is
     // left of that, plus its headers.
     let max = caps.max_bytes.saturating_sub(done.bytes).saturating_add(HEADROOM);
-    let mut archive = tar::Archive::new(Counted { inner: reader, read: 0, max });
+    // (The tar reader holds long names and PAX records whole in memory: they count too.)
+    let mut archive = tar::Archive::new(Capped::new(reader, max));
     let bad = |e: std::io::Error| too_large_or(e, caps);
     let io = |p: &Path, e: std::io::Error| LayerError::Invalid(format!("{}: {e}", p.display()));
     // What this layer wrote: an opaque directory keeps it, and removes only lower layers' files.
@@ -217,7 +199,7 @@ pub fn apply(input: impl Read, root: &Path, caps: Caps, done: &mut Unpacked) -> 
 
 /// A read error as the pull reports it: the cap's, or a broken archive.
 fn too_large_or(e: std::io::Error, caps: Caps) -> LayerError {
-    if e.to_string().contains(TOO_LARGE) {
+    if is_over(&e) {
         LayerError::TooLarge(format!("the image unpacks to more than {} bytes", caps.max_bytes))
     } else {
         LayerError::Invalid(format!("the layer is not a tar archive: {e}"))

@@ -60,7 +60,7 @@ impl Settings {
             Some(s) => (s, "SUBAGENTD_REGISTRY_ALLOW"),
             None => (cfg.tool_allow.as_str(), "SUBAGENTD_TOOL_ALLOW"),
         };
-        let allow = AllowList::parse(spec).map_err(|e| format!("{setting}: {e}"))?;
+        let allow = AllowList::parse(spec).map_err(|e| format!("{setting}: {e}"))?.named(setting);
         Ok(Settings {
             dir: cfg.image_dir.clone().unwrap_or_else(|| cfg.data_dir.join("images")),
             allow: Arc::new(allow),
@@ -238,18 +238,24 @@ impl Access {
     }
 }
 
+/// The registry's host of `r` (without its port, brackets or case) and its port, if named.
+fn registry_host(r: &Reference) -> (String, Option<u16>) {
+    let registry = r.resolve_registry();
+    let (host, port) = match registry.rsplit_once(':') {
+        Some((h, p)) if p.chars().all(|c| c.is_ascii_digit()) => (h, p.parse().ok()),
+        _ => (registry, None),
+    };
+    (host.trim_start_matches('[').trim_end_matches(']').to_ascii_lowercase(), port)
+}
+
 /// The access of `tenant`'s pulls of `reference`: its secret for the registry's host
 /// (`PUT /secrets/{name}` with that `host`; a value `user:password`, or a token sent as the
 /// password of the user `token`), else anonymous.
 pub async fn access(pool: &sqlx::PgPool, tenant: &str, reference: &str) -> Result<Access, ImageError> {
     let r: Reference =
         reference.parse().map_err(|e| ImageError::Refused(format!("{reference:?} is not an image reference: {e}")))?;
-    let registry = r.resolve_registry();
-    let host = match registry.rsplit_once(':') {
-        Some((h, p)) if p.chars().all(|c| c.is_ascii_digit()) => h,
-        _ => registry,
-    };
-    let secret = crate::store::workspaces::secret_for_host(pool, tenant, &host.to_ascii_lowercase())
+    let (host, _) = registry_host(&r);
+    let secret = crate::store::workspaces::secret_for_host(pool, tenant, &host)
         .await
         .map_err(|e| ImageError::Unavailable(format!("the tenant's registry secret: {e}")))?;
     Ok(match secret {
@@ -312,16 +318,12 @@ impl Images {
         let r: Reference = reference
             .parse()
             .map_err(|e| ImageError::Refused(format!("{reference:?} is not an image reference: {e}")))?;
+        let (host, _) = registry_host(&r);
         let registry = r.resolve_registry();
-        let host = match registry.rsplit_once(':') {
-            Some((h, p)) if p.chars().all(|c| c.is_ascii_digit()) => h,
-            _ => registry,
-        };
-        self.settings.allow.check_host(host).map_err(|e| {
-            ImageError::Refused(
-                format!("registry {registry}: {}", e.0).replace("SUBAGENTD_TOOL_ALLOW", "SUBAGENTD_REGISTRY_ALLOW"),
-            )
-        })?;
+        self.settings
+            .allow
+            .check_host(&host)
+            .map_err(|e| ImageError::Refused(format!("registry {registry}: {}", e.0)))?;
         Ok(r)
     }
 
@@ -331,12 +333,9 @@ impl Images {
     async fn guarded(&self, reference: &str) -> Result<Reference, ImageError> {
         let r = self.check(reference)?;
         let registry = r.resolve_registry();
-        let (host, port) = match registry.rsplit_once(':') {
-            Some((h, p)) if p.chars().all(|c| c.is_ascii_digit()) => (h, p.parse().unwrap_or(443)),
-            _ => (registry, 443),
-        };
-        let host = host.trim_start_matches('[').trim_end_matches(']');
-        let addrs: Vec<std::net::SocketAddr> = match tokio::net::lookup_host((host, port)).await {
+        let (host, port) = registry_host(&r);
+        let host = host.as_str();
+        let addrs: Vec<std::net::SocketAddr> = match tokio::net::lookup_host((host, port.unwrap_or(443))).await {
             Ok(a) => a.collect(),
             Err(e) => return Err(ImageError::Unavailable(format!("registry {registry}: {host} did not resolve: {e}"))),
         };
@@ -348,9 +347,7 @@ impl Images {
             }
         }
         let why = refused.unwrap_or_else(|| format!("{host} did not resolve"));
-        Err(ImageError::Refused(
-            format!("registry {registry}: {why}").replace("SUBAGENTD_TOOL_ALLOW", "SUBAGENTD_REGISTRY_ALLOW"),
-        ))
+        Err(ImageError::Refused(format!("registry {registry}: {why}")))
     }
 
     /// The manifest digest `reference` names now (itself, when it names one).
@@ -558,7 +555,7 @@ impl Images {
         for m in MOUNT_POINTS {
             let p = rootfs.join(m);
             if !std::fs::symlink_metadata(&p).is_ok_and(|m| m.is_dir()) {
-                let _ = layer_remove(&p);
+                let _ = layer::remove(&p);
                 std::fs::create_dir(&p)?;
             }
             std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755))?;
@@ -653,14 +650,6 @@ impl Images {
     /// The cache's directory.
     pub fn dir(&self) -> &Path {
         &self.settings.dir
-    }
-}
-
-fn layer_remove(p: &Path) -> std::io::Result<()> {
-    match std::fs::symlink_metadata(p) {
-        Ok(m) if m.is_dir() => std::fs::remove_dir_all(p),
-        Ok(_) => std::fs::remove_file(p),
-        Err(_) => Ok(()),
     }
 }
 

@@ -216,31 +216,27 @@ impl Images {
     }
 }
 
-/// The egress policy of `row`'s network for `tenant`: its allow-list, under the operator's
-/// `guard` (`SUBAGENTD_SANDBOX_EGRESS_ALLOW`: private addresses only where a CIDR there allows
-/// them), on ports 80 and 443 only.
-pub fn network(
-    row: &EnvironmentRow,
-    tenant: &str,
-    guard: &Arc<AllowList>,
-    ports: Option<Vec<u16>>,
-) -> Option<Arc<Policy>> {
+/// The egress policy of `row`'s network for `tenant`: its allow-list, under the operator's guard
+/// and ports (`SUBAGENTD_SANDBOX_EGRESS_ALLOW`: private addresses only where a CIDR there allows
+/// them; `SUBAGENTD_SANDBOX_EGRESS_PORTS`).
+pub fn network(row: &EnvironmentRow, tenant: &str, images: &Images) -> Option<Arc<Policy>> {
     if row.network_allow.is_empty() {
         return None;
     }
     let allow = AllowList::parse(&row.network_allow.join(",")).ok()?.named("the environment's network.allow");
     Some(Arc::new(Policy {
         allow: Arc::new(allow),
-        guard: Some(guard.clone()),
-        ports,
+        guard: Some(images.egress_guard()),
+        ports: images.egress_ports(),
         purpose: "environment",
         tenant: Some(tenant.to_string()),
     }))
 }
 
 /// The named environment `row` of `tenant` built (or found) on this replica for `digest` (its
-/// image's, recorded by the caller), its row updated with what a build did. Its setup reaches
-/// the network `network` gives it, under the operator's `guard`.
+/// image's, recorded by the caller, pulled with `access`), its row updated with what a build did.
+/// Its setup reaches the network `network` gives it. The pull's figures (when it pulled) come
+/// back beside the root and the setup's.
 pub async fn build(
     pool: &PgPool,
     images: &Images,
@@ -248,15 +244,19 @@ pub async fn build(
     tenant: &str,
     row: &EnvironmentRow,
     digest: &str,
-    guard: &Arc<AllowList>,
-) -> Result<(Arc<ImageRoot>, Option<SetupRun>), BuildError> {
-    let net = network(row, tenant, guard, images.egress_ports());
-    let access = super::access(pool, tenant, &row.image).await.map_err(BuildError::Image)?;
-    let built = match images.root(&row.image, digest, &access).await {
+    access: &super::Access,
+) -> Result<(Arc<ImageRoot>, Option<SetupRun>, Option<super::PullStats>), BuildError> {
+    let net = network(row, tenant, images);
+    let mut pulled = None;
+    let built = match images.root(&row.image, digest, access).await {
         Err(e) => Err(BuildError::Image(e)),
-        Ok((base, _)) if row.setup.trim().is_empty() => Ok((base, None)),
-        Ok((base, _)) => {
-            images.with_setup(sandbox, tenant, &base, &row.definition_hash, &row.setup, net.as_ref()).await
+        Ok((base, stats)) => {
+            pulled = stats;
+            if row.setup.trim().is_empty() {
+                Ok((base, None))
+            } else {
+                images.with_setup(sandbox, tenant, &base, &row.definition_hash, &row.setup, net.as_ref()).await
+            }
         }
     };
     match &built {
@@ -293,7 +293,7 @@ pub async fn build(
             record(pool, tenant, row, &b).await;
         }
     }
-    built
+    built.map(|(root, run)| (root, run, pulled))
 }
 
 async fn record(pool: &PgPool, tenant: &str, row: &EnvironmentRow, b: &Built<'_>) {

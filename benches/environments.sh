@@ -3,7 +3,9 @@
 # with the mock provider and Debian's distribution registry on loopback: the first pull of an
 # image of about 100 MB and a cached start (`environment_ready.millis`), a named environment whose
 # setup writes about 50 MB (PUT to `ready`, then a task's start), and a sandboxed `true` on the
-# host's /usr and in an image (`command_ms`, p50/p99 of 40 each).
+# host's /usr and in an image (`command_ms`, p50/p99 of 40 each), and a small build (a C file
+# compiled, linked and run with the host's cc, 10 times), under the runtime
+# SUBAGENTD_SANDBOX_RUNTIME names (bwrap, the default, or gvisor).
 # Needs docker-registry, umoci, skopeo, busybox-static, jq.
 #   cargo build --release --bin subagentd && bash benches/environments.sh [path/to/subagentd]
 set -euo pipefail
@@ -47,6 +49,30 @@ SUBAGENTD_DATA_DIR="$work/data" SUBAGENTD_LISTEN="127.0.0.1:$port" SUBAGENTD_DEF
 pid=$!
 for _ in $(seq 1 300); do curl -fs "$base/readyz" >/dev/null 2>&1 && break; sleep 0.2; done
 mkdir -p "$work/tree" && echo hi >"$work/tree/README"
+# A small build: one C file (a table of primes and a checksum), compiled, linked and run.
+cat >"$work/tree/build.c" <<'EOF_C'
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+static unsigned long sum(const unsigned char *p, size_t n) {
+  unsigned long h = 5381;
+  while (n--) h = h * 33 + *p++;
+  return h;
+}
+int main(void) {
+  enum { N = 100000 };
+  unsigned char *sieve = calloc(N, 1);
+  int count = 0;
+  for (int i = 2; i < N; i++) {
+    if (sieve[i]) continue;
+    count++;
+    for (long j = (long)i * i; j < N; j += i) sieve[j] = 1;
+  }
+  printf("%d primes, checksum %lu\n", count, sum(sieve, N));
+  free(sieve);
+  return strcmp("a", "a");
+}
+EOF_C
 tar -C "$work/tree" -czf "$work/tree.tgz" .
 curl -fs -X PUT -H 'content-type: application/gzip' --data-binary "@$work/tree.tgz" "$base/workspaces/bench" >/dev/null
 
@@ -74,9 +100,13 @@ while [ "$(curl -fs "$base/environments/setup50" | jq -r .status)" = building ];
 echo "setup of ~50 MB, PUT to $(curl -fs "$base/environments/setup50" | jq -r .status): $(( ($(date +%s%N) - t0) / 1000000 )) ms"
 echo "a task's start in it (cached):     $(run '{"name": "setup50"}' 1 true | ready)"
 
+echo "runtime: ${SUBAGENTD_SANDBOX_RUNTIME:-bwrap}"
 for where in host image; do
   e=null
   [ "$where" = image ] && e="$big"
   ms=$(run "$e" 40 true | jq '[.[] | select(.kind == "tool_call_finished") | .data.command_ms] | .[]')
   echo "true on the $where: p50=$(pct 50 <<<"$ms") ms p99=$(pct 99 <<<"$ms") ms"
 done
+# The small build, on the host's /usr (its C compiler), 10 times.
+ms=$(run null 10 "cc -O2 -o /tmp/build build.c && /tmp/build" | jq '[.[] | select(.kind == "tool_call_finished") | .data.command_ms] | .[]')
+echo "small build (cc -O2, link, run): p50=$(pct 50 <<<"$ms") ms max=$(pct 100 <<<"$ms") ms"

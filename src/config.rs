@@ -149,6 +149,17 @@ pub struct Config {
     #[arg(long, env = "SUBAGENTD_SANDBOX_BWRAP", default_value = "bwrap", global = true)]
     pub sandbox_bwrap: String,
 
+    /// What makes the sandbox: `bwrap` (bubblewrap: namespaces of the host's kernel) or `gvisor`
+    /// (`runsc`, rootless: the commands' system calls answered by gVisor's kernel in user space,
+    /// not the host's). docs/security.md compares them.
+    #[arg(long, env = "SUBAGENTD_SANDBOX_RUNTIME", default_value = "bwrap",
+          value_parser = ["bwrap", "gvisor"], global = true)]
+    pub sandbox_runtime: String,
+
+    /// gVisor's program, for `SUBAGENTD_SANDBOX_RUNTIME=gvisor` (looked up on PATH).
+    #[arg(long, env = "SUBAGENTD_SANDBOX_RUNSC", default_value = "runsc", global = true)]
+    pub sandbox_runsc: String,
+
     /// Where tasks' writable copies of their workspaces live while they run; unset:
     /// `<data-dir>/sandboxes` (best on the workspace cache's filesystem, so that copies share
     /// blocks where it can). Disposable: a copy is rebuilt from its task's saved changes.

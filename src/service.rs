@@ -58,6 +58,7 @@ async fn tools_of(cfg: &Config) -> std::io::Result<(crate::tools::Caller, Arc<cr
 /// log). Each process keeps its tasks' copies under `<sandbox-dir>/<pid>`; the copies left by a
 /// process that is gone are removed.
 fn sandbox_of(cfg: &Config) -> Option<Arc<crate::tools::sandbox::Sandbox>> {
+    use crate::tools::sandbox::Runtime;
     let off = cfg.builtin_tools_off.split(',').any(|t| t.trim() == "run_command");
     let dir = crate::jobs::copy::process_dir(cfg);
     crate::jobs::copy::sweep_gone_processes(dir.parent().unwrap_or(&dir), "");
@@ -72,8 +73,10 @@ fn sandbox_of(cfg: &Config) -> Option<Arc<crate::tools::sandbox::Sandbox>> {
         write_entries: cfg.sandbox_write_entries,
         tmp_bytes: cfg.sandbox_tmp_mb << 20,
     };
+    let (runtime, program) = Runtime::of(cfg);
     match crate::tools::sandbox::Sandbox::probe(
-        &cfg.sandbox_bwrap,
+        runtime,
+        program,
         limits,
         cfg.sandbox_max_commands,
         cfg.sandbox_tenant_commands,

@@ -12,6 +12,8 @@ pub mod catalog;
 pub mod edit;
 pub mod egress;
 pub mod files;
+pub mod gvisor;
+pub mod hostfs;
 pub mod html;
 pub mod http;
 pub mod image;

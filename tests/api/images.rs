@@ -273,7 +273,9 @@ async fn a_command_sees_the_images_files_and_env_and_not_the_hosts_usr() {
         tmp_bytes: 4 << 20,
     };
     let copies = cache_dir();
-    let sb = subagentd::tools::sandbox::Sandbox::probe("bwrap", limits, 2, 0, copies.path()).unwrap();
+    let cfg = subagentd::config::Config::defaults();
+    let (runtime, program) = subagentd::tools::sandbox::Runtime::of(&cfg);
+    let sb = subagentd::tools::sandbox::Sandbox::probe(runtime, program, limits, 2, 0, copies.path()).unwrap();
     let copy = copies.path().join("copy");
     std::fs::create_dir(&copy).unwrap();
     std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -299,8 +301,14 @@ async fn a_command_sees_the_images_files_and_env_and_not_the_hosts_usr() {
     );
     assert!(!text.contains("service-env-secret") && !text.contains("DATABASE_URL"), "{text}");
     assert!(text.contains("/usr/bin/python3: No such file"), "not the host's /usr: {text}");
-    assert!(text.contains("/workspace\n1000"), "{text}");
-    assert!(text.contains("Read-only file system"), "the image's root is read-only: {text}");
+    // Under gVisor: uid 0 of its own kernel (the copy's owner there), with no capability, and the
+    // image's files are another uid's there.
+    let gvisor = sb.runtime() == subagentd::tools::sandbox::Runtime::Gvisor;
+    assert!(text.contains(if gvisor { "/workspace\n0\n" } else { "/workspace\n1000\n" }), "{text}");
+    assert!(
+        text.contains("Read-only file system") || (gvisor && text.contains("Permission denied")),
+        "the image's root is read-only: {text}"
+    );
     assert_eq!(std::fs::read_to_string(copy.join("out")).unwrap(), "made\n", "the copy is written");
 }
 
@@ -693,6 +701,13 @@ async fn the_mcp_and_a2a_doors_take_an_environment_with_the_same_rules() {
 }
 
 /// The build id a command printed (a UUID's line).
+/// Whether the tests' sandbox is gVisor (`SUBAGENTD_SANDBOX_RUNTIME=gvisor`, the second pass of
+/// `scripts/test`).
+fn gvisor() -> bool {
+    let cfg = subagentd::config::Config::defaults();
+    subagentd::tools::sandbox::Runtime::of(&cfg).0 == subagentd::tools::sandbox::Runtime::Gvisor
+}
+
 fn build_id(out: &str) -> String {
     out.lines().find(|l| l.len() == 36 && l.matches('-').count() == 4).unwrap_or_default().to_string()
 }
@@ -742,8 +757,8 @@ async fn a_named_environments_setup_runs_once_for_two_tasks_then_again_after_a_c
     };
     // The setup writes into the image's root (as uid 0 of its own namespace): a marker, and an
     // id of this build.
-    let setup =
-        "mkdir -p /opt/tool && cat /proc/sys/kernel/random/uuid > /opt/tool/build-id && echo setup ran as $(id -u)";
+    // (gVisor has no /proc/sys/kernel/random/uuid: one made of /dev/urandom there.)
+    let setup = r#"mkdir -p /opt/tool && { cat /proc/sys/kernel/random/uuid 2>/dev/null || { od -An -tx1 -N16 /dev/urandom | tr -d ' \n' | sed 's/^\(.\{8\}\)\(.\{4\}\)\(.\{4\}\)\(.\{4\}\)/\1-\2-\3-\4-/'; echo; }; } > /opt/tool/build-id && echo setup ran as $(id -u)"#;
     let r = put(&acme, "ci", json!({"image": image, "setup": setup})).await.unwrap();
     assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
     let e = built(&app, &acme, "ci").await;
@@ -768,8 +783,13 @@ async fn a_named_environments_setup_runs_once_for_two_tasks_then_again_after_a_c
         assert_eq!(t["environment"]["digest"], e["digest"], "{t}");
         let out = crate::tools::tool_results(&app, t["id"].as_str().unwrap()).await;
         let out = out[0]["content"].as_str().unwrap().to_string();
-        assert!(out.contains("lang=base") && out.contains("\n1000\n"), "the image's Env, a non-root uid: {out}");
-        assert!(out.contains("Read-only file system"), "the built root is read-only in runs: {out}");
+        // Under gVisor, uid 0 of its own kernel with no capability (as in the first test here).
+        let uid = if gvisor() { "\n0\n" } else { "\n1000\n" };
+        assert!(out.contains("lang=base") && out.contains(uid), "the image's Env, a non-root uid: {out}");
+        assert!(
+            out.contains("Read-only file system") || (gvisor() && out.contains("Permission denied")),
+            "the built root is read-only in runs: {out}"
+        );
         ids.push(build_id(&out));
         let ready: Vec<Value> = events_as(&app, t["id"].as_str().unwrap(), Some(&acme))
             .await
@@ -885,11 +905,35 @@ async fn with_the_proxy_an_allowed_host_is_reached_and_another_is_not_and_withou
     let repo = format!("{}/repo.git", srv.base);
     let image = reg.image("test/net:1");
     // (Debian's static busybox wget crashes with `-T`: no timeout given.)
-    let fetch = |ip: &str, port: u16| format!("wget -q -O - http://{ip}:{port}/ 2>&1; echo rc=$?");
-    let setup = format!(
-        "wget -q -O /opt-fetched http://127.0.0.2:{allowed}/; cat /opt-fetched; echo rc=$?; {}",
-        fetch("127.0.0.3", other)
-    );
+    // Under gVisor, busybox's nc through $HTTP_PROXY, printing as wget does: the network of Debian's
+    // runsc (20221219, the host's through `--network=host`) answers a blocking read(2) of a socket
+    // with EAGAIN when no data is there yet, which busybox's wget does (curl, Python, Go and Node
+    // poll or use recv, and work). docs/operations.md says so.
+    let gv = gvisor();
+    let fetch = |ip: &str, port: u16| {
+        if gv {
+            format!(
+                "p=${{HTTP_PROXY#http://}}; r=$(printf 'GET http://{ip}:{port}/ HTTP/1.0\r\nHost: {ip}\r\n\r\n' | \
+                 nc ${{p%:*}} ${{p##*:}} 2>&1 | tr -d '\r'); if echo \"$r\" | grep -q '^HTTP/1.. 200'; then \
+                 echo \"$r\" | sed '1,/^$/d'; echo rc=0; else echo \"$r\" | head -1; echo rc=1; fi"
+            )
+        } else {
+            format!("wget -q -O - http://{ip}:{port}/ 2>&1; echo rc=$?")
+        }
+    };
+    let setup = if gv {
+        // The body alone in the file (its last line, the rc, left out), as wget's -O.
+        format!(
+            "{} | sed '$d' > /opt-fetched; cat /opt-fetched; echo rc=$?; {}",
+            fetch("127.0.0.2", allowed),
+            fetch("127.0.0.3", other)
+        )
+    } else {
+        format!(
+            "wget -q -O /opt-fetched http://127.0.0.2:{allowed}/; cat /opt-fetched; echo rc=$?; {}",
+            fetch("127.0.0.3", other)
+        )
+    };
     let put = |name: &str, body: Value| app.client.put(app.url(&format!("/environments/{name}"))).json(&body).send();
     let r =
         put("net", json!({"image": image, "setup": setup, "network": {"allow": ["127.0.0.2/32"], "in_runs": true}}))

@@ -16,8 +16,36 @@ fn sb_config(c: &mut subagentd::config::Config) {
     c.default_model = Some("mock/m".into());
 }
 
-/// The sandbox starts here, or the group is skipped (a failure under `.ci/run`).
+/// The sandbox starts here, or the group is skipped (a failure under `.ci/run`): bubblewrap, or
+/// gVisor under `SUBAGENTD_SANDBOX_RUNTIME=gvisor` (the second pass of `scripts/test`), which must
+/// run a command, else the tests say why.
 pub(crate) fn has_bwrap() -> bool {
+    use subagentd::tools::sandbox::{Limits, Runtime, Sandbox};
+    let cfg = subagentd::config::Config::defaults();
+    if let (Runtime::Gvisor, runsc) = Runtime::of(&cfg) {
+        let limits = Limits {
+            max_timeout: Duration::from_secs(30),
+            memory_bytes: 256 << 20,
+            processes: 64,
+            write_bytes: 1 << 20,
+            write_entries: 100,
+            tmp_bytes: 1 << 20,
+        };
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        return match Sandbox::probe(Runtime::Gvisor, runsc, limits, 1, 0, dir.path()) {
+            Ok(_) => true,
+            Err(e) => {
+                skipped(
+                    "SUBAGENTD_REQUIRE_TOOLS",
+                    "sandboxed commands under gVisor",
+                    &format!("runsc cannot make a sandbox here: {e}"),
+                    "apt-get install runsc, on a host with unprivileged user namespaces (bash .ci/run installs it)",
+                );
+                false
+            }
+        };
+    }
     let ok = std::process::Command::new("bwrap")
         .args(["--unshare-all", "--unshare-user", "--ro-bind", "/", "/", "--", "/usr/bin/true"])
         .output()

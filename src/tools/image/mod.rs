@@ -560,6 +560,7 @@ impl Images {
             }
             std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755))?;
         }
+        crate::tools::gvisor::mount_point(&rootfs)?;
         let (bytes, _) = super::files::tree_walk(&rootfs, super::files::Usage { bytes: u64::MAX, entries: u64::MAX });
         let meta = Meta { digest: digest.to_string(), env: env.clone(), bytes: bytes.bytes };
         std::fs::write(build.path().join("meta.json"), serde_json::to_vec(&meta).unwrap_or_default())?;

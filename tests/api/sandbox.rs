@@ -716,3 +716,90 @@ async fn nul_and_invalid_utf8_in_a_commands_output_and_a_repositorys_files_compl
     let patch = diff(&app, &t).await.text().await.unwrap();
     assert!(patch.contains("+a\u{FFFD}b"), "the model's NUL reached the file as U+FFFD:\n{patch}");
 }
+
+/// The live processes descended from `pid` (by /proc's parent links): (pid, command line).
+fn descendants(pid: u32) -> Vec<(u32, String)> {
+    let mut procs = vec![];
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else { continue };
+        // `pid (comm) state ppid …`: the comm may hold spaces and parentheses.
+        let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
+        let mut f = rest.split_whitespace();
+        let (state, ppid) = (f.next().unwrap_or(""), f.next().and_then(|s| s.parse::<u32>().ok()).unwrap_or(0));
+        if state != "Z" {
+            let cmd = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+            procs.push((p, ppid, String::from_utf8_lossy(&cmd).replace('\0', " ")));
+        }
+    }
+    let mut found = vec![];
+    let mut parents = vec![pid];
+    while let Some(parent) = parents.pop() {
+        for (p, ppid, cmd) in &procs {
+            if *ppid == parent {
+                found.push((*p, cmd.clone()));
+                parents.push(*p);
+            }
+        }
+    }
+    found
+}
+
+/// A kill -9 of the service while a command runs leaves no process of its sandbox behind: bwrap
+/// dies with its parent (`--die-with-parent`), runsc by the death signal set as it starts, and
+/// gVisor's own processes with runsc. Under either runtime (`scripts/test`'s second pass).
+#[tokio::test]
+async fn a_kill_dash_nine_during_a_command_leaves_no_process_of_its_sandbox() {
+    let Some(srv) = git_server().await else { return };
+    if !has_bwrap() {
+        return;
+    }
+    let app = spawn_app_with(sb_config, false).await;
+    let repo = format!("{}/repo.git", srv.base);
+    let data = tempfile::tempdir().unwrap();
+    let data_dir = data.path().display().to_string();
+    let mut w = spawn_binary(
+        &["worker"],
+        &app.db.url,
+        &[
+            ("SUBAGENTD_DATA_DIR", &data_dir),
+            ("SUBAGENTD_WORKSPACE_GIT_ALLOW", "127.0.0.1/32"),
+            ("SUBAGENTD_BUILTIN_TOOLS_OFF", "web_fetch,web_search"),
+        ],
+    );
+    workers_up(&app.db.pool, 1, Duration::from_secs(30)).await;
+    let calls = [("run_command", json!({"command": "sleep 60 & sleep 60; wait"}))];
+    app.submit(json!({"workspace": {"git": repo}, "prompt": script(&calls), "max_turns": 3})).await;
+    // The command is running: its sleeps on the host (bwrap), or gVisor's kernel (runsc).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let sandbox = loop {
+        let d = descendants(w.child.id());
+        let running = d.iter().any(|(_, c)| c.starts_with("sleep 60") || c.starts_with("runsc-sandbox"));
+        if running {
+            // A moment for whatever the sandbox starts beside it.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            break descendants(w.child.id());
+        }
+        assert!(Instant::now() < deadline, "the command never started: {d:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(w.child.id() as i32, libc::SIGKILL) };
+    let _ = w.child.wait();
+    let gone = Instant::now() + Duration::from_secs(10);
+    loop {
+        let alive: Vec<&(u32, String)> = sandbox
+            .iter()
+            .filter(|(p, _)| {
+                std::fs::read_to_string(format!("/proc/{p}/stat"))
+                    .is_ok_and(|s| s.rsplit_once(')').is_some_and(|(_, r)| !r.trim_start().starts_with('Z')))
+            })
+            .collect();
+        if alive.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < gone, "left behind by the killed service: {alive:?} (of {sandbox:?})");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    app.stop().await;
+}

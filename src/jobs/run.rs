@@ -705,7 +705,8 @@ async fn environment(
     let failed = |code: FailureCode, message: String| Outcome::Failed { code, message };
     let lost = || Outcome::Stopped(StopCause::LeaseLost);
     let started = std::time::Instant::now();
-    // A named environment: its definition as it is now (a changed one is built anew).
+    // A named environment: its definition as it is now at the first start (a changed one is built
+    // anew), as it was then at a later one.
     let named = match &spec.name {
         None => None,
         Some(name) => match crate::store::environments::get(&pool, &row.tenant, name).await {
@@ -725,6 +726,19 @@ async fn environment(
             Err(_) => return Err(lost()),
         },
     };
+    // A later attempt: the definition its first start recorded (a change since is for later tasks).
+    let named = match (named, &row.environment_digest) {
+        (Some(env), Some(_)) => match crate::store::workspaces::environment_definition(&pool, row.id).await {
+            Ok(Some(d)) => match serde_json::from_value::<crate::store::environments::Pinned>(d) {
+                Ok(p) => Some(env.with_definition(p)),
+                Err(e) => return Err(failed(FailureCode::Internal, format!("the recorded environment: {e}"))),
+            },
+            // Recorded by a version before definitions were.
+            Ok(None) => Some(env),
+            Err(_) => return Err(lost()),
+        },
+        (named, _) => named,
+    };
     let Some(image) = named.as_ref().map(|e| e.image.clone()).or_else(|| spec.image.clone()) else {
         return Err(failed(FailureCode::Internal, "an environment with neither image nor name".into()));
     };
@@ -734,8 +748,9 @@ async fn environment(
         Some(d) => d.clone(),
         None => {
             let d = images.resolve(&image, &access).await.map_err(|e| failed(e.code(), e.to_string()))?;
-            match crate::store::workspaces::record_environment(&pool, fence, &d).await {
-                Ok(Some(d)) => d,
+            let pinned = named.as_ref().and_then(|e| serde_json::to_value(e.pinned()).ok());
+            match crate::store::workspaces::record_environment(&pool, fence, &d, pinned.as_ref()).await {
+                Ok(Some((d, _))) => d,
                 _ => return Err(lost()),
             }
         }

@@ -2,7 +2,7 @@
 //! the latest build of each said.
 
 use chrono::{DateTime, Utc};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 
 use super::StoreError;
@@ -30,6 +30,42 @@ pub struct EnvironmentRow {
     pub built_at: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+}
+
+/// A definition as a task's first start used it, kept with the task
+/// (`tasks.environment_definition`), so that every later attempt of that task (a rescue on another
+/// replica, a resume) builds and runs the same one: a changed definition is for later tasks.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Pinned {
+    pub image: String,
+    pub setup: String,
+    pub network_allow: Vec<String>,
+    pub network_in_runs: bool,
+    pub definition_hash: String,
+}
+
+impl EnvironmentRow {
+    /// Its definition, to pin on a task.
+    pub fn pinned(&self) -> Pinned {
+        Pinned {
+            image: self.image.clone(),
+            setup: self.setup.clone(),
+            network_allow: self.network_allow.clone(),
+            network_in_runs: self.network_in_runs,
+            definition_hash: self.definition_hash.clone(),
+        }
+    }
+
+    /// This row with `p`'s definition in place of its own. What its builds record goes to the row
+    /// only while the row's definition is `p`'s (`record_build` matches the hash).
+    pub fn with_definition(mut self, p: Pinned) -> EnvironmentRow {
+        self.image = p.image;
+        self.setup = p.setup;
+        self.network_allow = p.network_allow;
+        self.network_in_runs = p.network_in_runs;
+        self.definition_hash = p.definition_hash;
+        self
+    }
 }
 
 /// Store `tenant`'s `name` as this definition; a changed one (another hash) starts `building`

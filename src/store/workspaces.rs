@@ -153,17 +153,35 @@ pub async fn record_version(pool: &PgPool, f: Fence, version: &str) -> Result<Op
     .await?)
 }
 
-/// Record the image digest the task runs in, once, as `record_version` does its workspace's.
-pub async fn record_environment(pool: &PgPool, f: Fence, digest: &str) -> Result<Option<String>, StoreError> {
-    Ok(sqlx::query_scalar!(
-        r#"UPDATE task_queue SET environment_digest = coalesce(environment_digest, $3)
-         WHERE id = $1 AND lease_token = $2 RETURNING environment_digest AS "environment_digest!""#,
+/// Record the image digest the task runs in, once, as `record_version` does its workspace's, and
+/// with it a named environment's definition (`environments::Pinned`): what is recorded answers.
+pub async fn record_environment(
+    pool: &PgPool,
+    f: Fence,
+    digest: &str,
+    definition: Option<&serde_json::Value>,
+) -> Result<Option<(String, Option<serde_json::Value>)>, StoreError> {
+    let r = sqlx::query!(
+        r#"UPDATE task_queue SET environment_digest = coalesce(environment_digest, $3),
+             environment_definition = CASE WHEN environment_digest IS NULL THEN $4 ELSE environment_definition END
+         WHERE id = $1 AND lease_token = $2
+         RETURNING environment_digest AS "environment_digest!", environment_definition"#,
         f.id,
         f.lease,
-        digest
+        digest,
+        definition
     )
     .fetch_optional(pool)
-    .await?)
+    .await?;
+    Ok(r.map(|r| (r.environment_digest, r.environment_definition)))
+}
+
+/// The named environment's definition a task's first start recorded (`record_environment`).
+pub async fn environment_definition(pool: &PgPool, id: uuid::Uuid) -> Result<Option<serde_json::Value>, StoreError> {
+    Ok(sqlx::query_scalar!("SELECT environment_definition FROM task_queue WHERE id = $1", id)
+        .fetch_optional(pool)
+        .await?
+        .flatten())
 }
 
 /// A secret's name and times (never its value).

@@ -861,6 +861,67 @@ async fn a_named_environments_setup_runs_once_for_two_tasks_then_again_after_a_c
     app.stop().await;
 }
 
+/// A task on a named environment keeps the definition its first start used: paused, then the
+/// environment changed, its next attempt runs in the first definition's build, and the environment
+/// (and a new task) in the new one.
+#[tokio::test]
+async fn a_paused_task_keeps_its_named_environments_definition_when_it_changes() {
+    let Some(reg) = Registry::start().await else { return };
+    let Some(srv) = crate::workspaces::git_server().await else { return };
+    if !crate::sandbox::has_bwrap() {
+        return;
+    }
+    reg.push("test/pin:1", vec![busybox_layer()], &["PATH=/bin"]).await;
+    let dir = cache_dir();
+    let app = crate::helpers::spawn_app_with(app_config(&reg, dir.path()), true).await;
+    let repo = format!("{}/repo.git", srv.base);
+    let image = reg.image("test/pin:1");
+    let put = |setup: &str| {
+        app.client.put(app.url("/environments/pin")).json(&json!({"image": image, "setup": setup})).send()
+    };
+    assert_eq!(put("echo v1 > /opt-version").await.unwrap().status(), 201);
+    assert_eq!(built(&app, "", "pin").await["status"], "ready");
+    let body = json!({"workspace": {"git": repo}, "environment": {"name": "pin"}, "approval": "propose",
+        "prompt": script(&["cat /opt-version"])});
+    let t: Value = submit(&app, body).await.json().await.unwrap();
+    assert_eq!(t["status"], "requires_action", "{t}");
+    let id = t["id"].as_str().unwrap().to_string();
+
+    assert_eq!(put("echo v2 > /opt-version").await.unwrap().status(), 200);
+    let v2 = built(&app, "", "pin").await;
+    assert_eq!(v2["status"], "ready", "{v2}");
+    let acts = t["pending_actions"].as_array().unwrap();
+    let r = app
+        .client
+        .post(app.url(&format!("/tasks/{id}/actions")))
+        .json(&json!([{"id": acts[0]["id"], "decision": "approve"}]))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    let t = app.poll_until_terminal(&id, Duration::from_secs(60)).await;
+    assert_eq!(t["status"], "completed", "{t}");
+    let out = crate::tools::tool_results(&app, &id).await;
+    assert!(out[0]["content"].as_str().unwrap().contains("v1"), "the first start's definition: {out:?}");
+    // The environment still says what its new definition's build did.
+    let now: Value = app.client.get(app.url("/environments/pin")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(
+        (now["status"].as_str(), now["definition_hash"].as_str()),
+        (Some("ready"), v2["definition_hash"].as_str())
+    );
+    let t: Value = submit(
+        &app,
+        json!({"workspace": {"git": repo}, "environment": {"name": "pin"}, "prompt": script(&["cat /opt-version"])}),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    let out = crate::tools::tool_results(&app, t["id"].as_str().unwrap()).await;
+    assert!(out[0]["content"].as_str().unwrap().contains("v2"), "a new task, the new definition: {out:?}");
+    app.stop().await;
+}
+
 /// A listener on `ip` answering every request with `hello from {ip}`.
 async fn hello(ip: &str) -> u16 {
     let l = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();

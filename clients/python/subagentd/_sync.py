@@ -364,10 +364,14 @@ class Environments(_Resource):
     def get(self, name: str) -> m.Environment:
         return self._c._one(m.Environment, Req("GET", f"/environments/{name}", repeatable=True))
 
-    def put(self, name: str, *, image: str, setup: Optional[str] = None) -> m.Environment:
+    def put(self, name: str, *, image: str, setup: Optional[str] = None,
+                  network: Optional[Dict[str, Any]] = None) -> m.Environment:
         """Define (or replace) a named environment: an OCI image and a setup script run once over
-        it; `status` is `building` until its build ends (`ready` or `failed`)."""
-        return self._c._one(m.Environment, Req("PUT", f"/environments/{name}", json=body(image=image, setup=setup),
+        it, with `network` (`{"allow": [hosts, *.domains, CIDRs], "in_runs": bool}`) reached through
+        the service's egress proxy; `status` is `building` until its build ends (`ready` or
+        `failed`)."""
+        return self._c._one(m.Environment, Req("PUT", f"/environments/{name}",
+                                                     json=body(image=image, setup=setup, network=network),
                                                      repeatable=True))
 
     def delete(self, name: str) -> None:

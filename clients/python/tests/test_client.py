@@ -376,6 +376,19 @@ def test_agents_tools_sources_schedules_usage_and_admin(client, admin):
     client.workspaces.delete(wname)
     with pytest.raises(subagentd.NotFoundError):
         client.workspaces.get(wname)
+    # A named environment: defined, read, listed and removed (its image on a registry that is not
+    # there: the build, where the sandbox runs, waits on it, `building`).
+    e = client.environments.put(wname, image="127.0.0.1:9/none/base:1", setup="echo ready",
+                                network={"allow": ["pypi.org"], "in_runs": False})
+    assert (e.name, e.status, e.network_allow) == (wname, "building", ["pypi.org"])
+    no_unknown_fields(e)
+    assert client.environments.get(wname).definition_hash == e.definition_hash
+    assert wname in [x.name for x in client.environments.list()]
+    with pytest.raises(subagentd.ValidationError):
+        client.environments.put(wname, image="127.0.0.1:9/none/base:1", network={"allow": ["*"]})
+    client.environments.delete(wname)
+    with pytest.raises(subagentd.NotFoundError):
+        client.environments.get(wname)
     sec = client.secrets.put(wname, value="tok", host="git.example.com")
     assert sec.host == "git.example.com" and "tok" not in repr(client.secrets.list())
     client.secrets.delete(wname)

@@ -247,10 +247,18 @@ export declare class Secrets extends Resource {
 export declare class Environments extends Resource {
     list(): Promise<Environment[]>;
     get(name: string): Promise<Environment>;
-    /** Define (or replace) a named environment: an OCI image and a setup script run once over it. */
+    /**
+     * Define (or replace) a named environment: an OCI image and a setup script run once over it,
+     * with `network` (hosts, `*.domain`s and CIDRs; `in_runs` for the tasks' commands too) reached
+     * through the service's egress proxy.
+     */
     put(name: string, definition: {
         image: string;
         setup?: string;
+        network?: {
+            allow: string[];
+            in_runs?: boolean;
+        };
     }): Promise<Environment>;
     delete(name: string): Promise<void>;
 }

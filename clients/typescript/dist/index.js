@@ -492,7 +492,11 @@ export class Environments extends Resource {
     async get(name) {
         return this.c.json({ method: "GET", path: `/environments/${name}`, repeatable: true });
     }
-    /** Define (or replace) a named environment: an OCI image and a setup script run once over it. */
+    /**
+     * Define (or replace) a named environment: an OCI image and a setup script run once over it,
+     * with `network` (hosts, `*.domain`s and CIDRs; `in_runs` for the tasks' commands too) reached
+     * through the service's egress proxy.
+     */
     async put(name, definition) {
         return this.c.json({ method: "PUT", path: `/environments/${name}`, json: definition, repeatable: true });
     }

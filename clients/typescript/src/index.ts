@@ -569,8 +569,15 @@ export class Environments extends Resource {
   async get(name: string): Promise<Environment> {
     return this.c.json<Environment>({ method: "GET", path: `/environments/${name}`, repeatable: true });
   }
-  /** Define (or replace) a named environment: an OCI image and a setup script run once over it. */
-  async put(name: string, definition: { image: string; setup?: string }): Promise<Environment> {
+  /**
+   * Define (or replace) a named environment: an OCI image and a setup script run once over it,
+   * with `network` (hosts, `*.domain`s and CIDRs; `in_runs` for the tasks' commands too) reached
+   * through the service's egress proxy.
+   */
+  async put(
+    name: string,
+    definition: { image: string; setup?: string; network?: { allow: string[]; in_runs?: boolean } },
+  ): Promise<Environment> {
     return this.c.json<Environment>({ method: "PUT", path: `/environments/${name}`, json: definition, repeatable: true });
   }
   async delete(name: string): Promise<void> {

@@ -240,6 +240,23 @@ test("agents, tools, tool sources, schedules, usage and admin", async () => {
   assert.ok((await client.workspaces.list()).some((x) => x.name === wname));
   await client.workspaces.delete(wname);
   await assert.rejects(client.workspaces.get(wname), NotFoundError);
+  // A named environment: defined, read, listed and removed (its image on a registry that is not
+  // there: the build, where the sandbox runs, waits on it, `building`).
+  const env = await client.environments.put(wname, {
+    image: "127.0.0.1:9/none/base:1",
+    setup: "echo ready",
+    network: { allow: ["registry.npmjs.org"], in_runs: false },
+  });
+  assert.deepEqual([env.name, env.status, env.network_allow], [wname, "building", ["registry.npmjs.org"]]);
+  known("Environment", env);
+  assert.equal((await client.environments.get(wname)).definition_hash, env.definition_hash);
+  assert.ok((await client.environments.list()).some((x) => x.name === wname));
+  await assert.rejects(
+    client.environments.put(wname, { image: "127.0.0.1:9/none/base:1", network: { allow: ["*"] } }),
+    ValidationError,
+  );
+  await client.environments.delete(wname);
+  await assert.rejects(client.environments.get(wname), NotFoundError);
   const sec = await client.secrets.put(wname, { value: "tok", host: "git.example.com" });
   assert.equal(sec.host, "git.example.com");
   assert.ok(!JSON.stringify(await client.secrets.list()).includes("tok\""));

@@ -1,5 +1,5 @@
 //! Named environments (issue 63): a tenant's images with a setup script (`PUT /environments/
-//! {name}`), each built once per (definition, image digest) on a replica that runs commands. A
+//! {name}`), each built once per (definition, image digest), its layer kept for every replica. A
 //! `PUT` starts the build at once where this process runs the sandbox; otherwise the first task
 //! that names it builds it. Tasks name one with `environment: {"name": …}`.
 

@@ -128,6 +128,9 @@ pub async fn put(
         created_at: r.created_at,
         updated_at: r.updated_at,
     };
+    // The layers of the definitions before this one are not needed again (a task pinned to one
+    // builds it anew where it runs).
+    drop_layers(pool, tenant, name, Some(&row.definition_hash)).await?;
     Ok((row, r.created))
 }
 
@@ -162,7 +165,69 @@ pub async fn delete(pool: &PgPool, tenant: &str, name: &str) -> Result<bool, Sto
         .execute(pool)
         .await?
         .rows_affected();
+    drop_layers(pool, tenant, name, None).await?;
     Ok(n > 0)
+}
+
+/// A setup's layer to keep for every replica (`environment_layers`).
+pub struct Layer<'a> {
+    pub key: &'a str,
+    pub tenant: &'a str,
+    pub name: &'a str,
+    pub definition_hash: &'a str,
+    pub digest: &'a str,
+}
+
+/// Record `layer` of `bytes` bytes in `tx`, the transaction its chunks go in (a build killed
+/// midway leaves nothing); false when one is kept under its key already.
+pub async fn insert_layer(tx: &mut sqlx::PgConnection, layer: &Layer<'_>, bytes: i64) -> Result<bool, StoreError> {
+    let made = sqlx::query!(
+        r#"INSERT INTO environment_layers (key, tenant, name, definition_hash, digest, bytes) VALUES ($1, $2, $3, $4, $5, $6)
+         ON CONFLICT (key) DO NOTHING"#,
+        layer.key,
+        layer.tenant,
+        layer.name,
+        layer.definition_hash,
+        layer.digest,
+        bytes
+    )
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    Ok(made > 0)
+}
+
+/// The `n`th chunk of the layer under `key`.
+pub async fn insert_layer_chunk(tx: &mut sqlx::PgConnection, key: &str, n: i32, data: &[u8]) -> Result<(), StoreError> {
+    sqlx::query!(r#"INSERT INTO environment_layer_chunks (key, n, data) VALUES ($1, $2, $3)"#, key, n, data)
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
+}
+
+/// The bytes of the layer kept under `key`, if one is.
+pub async fn layer_bytes(pool: &PgPool, key: &str) -> Result<Option<i64>, StoreError> {
+    Ok(sqlx::query_scalar!(r#"SELECT bytes FROM environment_layers WHERE key = $1"#, key).fetch_optional(pool).await?)
+}
+
+/// Its `n`th chunk (none: removed meanwhile, or past its end).
+pub async fn layer_chunk(pool: &PgPool, key: &str, n: i32) -> Result<Option<Vec<u8>>, StoreError> {
+    Ok(sqlx::query_scalar!(r#"SELECT data FROM environment_layer_chunks WHERE key = $1 AND n = $2"#, key, n)
+        .fetch_optional(pool)
+        .await?)
+}
+
+/// Remove `tenant`'s layers of `name`, but those of the definition `keep`.
+pub async fn drop_layers(pool: &PgPool, tenant: &str, name: &str, keep: Option<&str>) -> Result<(), StoreError> {
+    sqlx::query!(
+        r#"DELETE FROM environment_layers WHERE tenant = $1 AND name = $2 AND definition_hash IS DISTINCT FROM $3"#,
+        tenant,
+        name,
+        keep
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
 }
 
 /// What a build of the definition `hash` said; nothing when the definition has changed since.

@@ -922,6 +922,85 @@ async fn a_paused_task_keeps_its_named_environments_definition_when_it_changes()
     app.stop().await;
 }
 
+/// A setup runs once for every replica: the one that built it keeps its layer in PostgreSQL, and
+/// another (a worker with a cache of its own) applies that layer instead of running the setup.
+#[tokio::test]
+async fn a_setup_built_on_one_replica_is_not_run_again_on_another() {
+    let Some(reg) = Registry::start().await else { return };
+    let Some(srv) = crate::workspaces::git_server().await else { return };
+    if !crate::sandbox::has_bwrap() {
+        return;
+    }
+    reg.push("test/shared:1", vec![busybox_layer()], &["PATH=/bin"]).await;
+    let (dir_a, dir_b, data_b) = (cache_dir(), cache_dir(), tempfile::tempdir().unwrap());
+    // The API's replica: it builds at the PUT (it runs the sandbox), and runs no task.
+    let app = crate::helpers::spawn_app_with(app_config(&reg, dir_a.path()), false).await;
+    let repo = format!("{}/repo.git", srv.base);
+    let image = reg.image("test/shared:1");
+    // A build id, and a file removed from the image (a whiteout in the layer).
+    let setup = "mkdir -p /opt && od -An -tx1 -N8 /dev/urandom | tr -d ' \\n' > /opt/build-id && \
+                 rm /etc/image-release && echo built $(cat /opt/build-id)";
+    let r = app.client.put(app.url("/environments/shared")).json(&json!({"image": image, "setup": setup})).send();
+    assert_eq!(r.await.unwrap().status(), 201);
+    let e = built(&app, "", "shared").await;
+    assert_eq!(e["status"], "ready", "{e}");
+    let id = e["output_tail"].as_str().unwrap().split("built ").nth(1).unwrap().trim().to_string();
+    assert_eq!(id.len(), 16, "{e}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while sqlx::query_scalar::<_, i64>("SELECT count(*) FROM environment_layers WHERE name = 'shared'")
+        .fetch_one(&app.db.pool)
+        .await
+        .unwrap()
+        == 0
+    {
+        assert!(Instant::now() < deadline, "the layer was never kept");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let (cache_b, data) = (dir_b.path().display().to_string(), data_b.path().display().to_string());
+    let _worker = crate::helpers::spawn_binary(
+        &["worker"],
+        &app.db.url,
+        &[
+            ("SUBAGENTD_DATA_DIR", &data),
+            ("SUBAGENTD_IMAGE_DIR", &cache_b),
+            ("SUBAGENTD_REGISTRY_ALLOW", "127.0.0.1/32"),
+            ("SUBAGENTD_INSECURE_REGISTRIES", &reg.addr),
+            ("SUBAGENTD_WORKSPACE_GIT_ALLOW", "127.0.0.1/32"),
+            ("SUBAGENTD_BUILTIN_TOOLS_OFF", "web_fetch,web_search"),
+            ("SUBAGENTD_DEFAULT_MODEL", "mock/m"),
+        ],
+    );
+    crate::helpers::workers_up(&app.db.pool, 1, Duration::from_secs(30)).await;
+    let t: Value = submit(
+        &app,
+        json!({"workspace": {"git": repo}, "environment": {"name": "shared"},
+               "prompt": script(&["cat /opt/build-id; echo; cat /etc/image-release 2>&1; true"])}),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(t["status"], "completed", "{t}");
+    let tid = t["id"].as_str().unwrap();
+    let out = crate::tools::tool_results(&app, tid).await;
+    let out = out[0]["content"].as_str().unwrap();
+    assert!(out.contains(&id), "the first replica's build, not a second run of the setup: {id} in {out}");
+    assert!(out.contains("No such file"), "the whiteout applied: {out}");
+    let ready: Vec<Value> = events(&app, tid).await.into_iter().filter(|e| e["kind"] == "environment_ready").collect();
+    assert!(ready[0]["data"].get("setup_ms").is_none(), "no setup ran on the worker: {ready:?}");
+    assert!(
+        std::fs::read_dir(dir_b.path().join("roots")).unwrap().count() >= 2,
+        "the worker's own cache holds the image and the environment"
+    );
+    // Removed with the environment.
+    app.client.delete(app.url("/environments/shared")).send().await.unwrap();
+    let left: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM environment_layers").fetch_one(&app.db.pool).await.unwrap();
+    assert_eq!(left, 0);
+    app.stop().await;
+}
+
 /// A listener on `ip` answering every request with `hello from {ip}`.
 async fn hello(ip: &str) -> u16 {
     let l = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();

@@ -17,6 +17,7 @@
 
 pub mod layer;
 pub mod named;
+pub mod shared;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

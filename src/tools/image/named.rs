@@ -1,5 +1,6 @@
 //! Named environments (issue 63): a tenant's image with a setup script, built once per
-//! (definition, image digest) on each replica that runs it. The setup runs in the sandbox over a
+//! (definition, image digest): the replica that runs the setup keeps its layer for the others
+//! (`shared`), which apply it rather than run the setup again. The setup runs in the sandbox over a
 //! writable copy of the image's root, as uid 0 of the sandbox's own user namespace with no
 //! capability and no network; the root it leaves is kept in the image cache beside the image's,
 //! and later tasks' commands run in it read-only. The definition's row says what the latest
@@ -137,15 +138,19 @@ fn settle(root: &Path) -> std::io::Result<()> {
 }
 
 impl Images {
-    /// `base` with `setup` run over it: from the cache, or built now (what the setup did then).
+    /// `base` with `setup` run over it: from the cache, from the layer another replica kept
+    /// (`shared`: the database and the environment's name), or built now (what the setup did
+    /// then; its layer then kept for the others).
+    #[allow(clippy::too_many_arguments)]
     pub async fn with_setup(
         &self,
         sandbox: &Sandbox,
         tenant: &str,
-        base: &ImageRoot,
+        base: &Arc<ImageRoot>,
         hash: &str,
         setup: &str,
         net: Option<&Arc<Policy>>,
+        shared: Option<(&PgPool, &str)>,
     ) -> Result<(Arc<ImageRoot>, Option<SetupRun>), BuildError> {
         let key = {
             // Per tenant: a definition is a tenant's, and its base may be a private image.
@@ -165,12 +170,76 @@ impl Images {
         if let Some(r) = self.cached(&key) {
             return Ok((r, None));
         }
+        if let Some((pool, _)) = shared {
+            match self.with_kept_layer(pool, base, &key).await {
+                Ok(Some(root)) => {
+                    self.pulling.lock().unwrap().remove(&key);
+                    let root = Arc::new(root);
+                    self.keep(key, root.clone());
+                    return Ok((root, None));
+                }
+                Ok(None) => {}
+                // The setup runs here then.
+                Err(e) => tracing::warn!(error = %e, "an environment's kept layer could not be applied"),
+            }
+        }
         let built = self.build(sandbox, tenant, base, setup, &key, net).await;
         self.pulling.lock().unwrap().remove(&key);
         let (root, run) = built?;
         let root = Arc::new(root);
-        self.keep(key, root.clone());
+        self.keep(key.clone(), root.clone());
+        // Its layer kept for the other replicas, after the fact: a task waits for its root only.
+        if let Some((pool, name)) = shared {
+            let (pool, base, built) = (pool.clone(), base.clone(), root.clone());
+            let (tenant, name, hash, dir) = (tenant.to_string(), name.to_string(), hash.to_string(), self.build_dir());
+            tokio::spawn(async move {
+                let kept = async {
+                    let dir = dir.map_err(|e| e.to_string())?;
+                    let file = dir.path().join("layer.tar.gz");
+                    let (f, b, r) = (file.clone(), base.rootfs.clone(), built.rootfs.clone());
+                    tokio::task::spawn_blocking(move || super::shared::pack(&b, &r, &f))
+                        .await
+                        .map_err(|e| e.to_string())?
+                        .map_err(|e| e.to_string())?;
+                    let layer = store::Layer {
+                        key: &key,
+                        tenant: &tenant,
+                        name: &name,
+                        definition_hash: &hash,
+                        digest: &base.digest,
+                    };
+                    super::shared::publish(&pool, &layer, &file).await
+                };
+                if let Err(e) = kept.await {
+                    tracing::warn!(error = %e, environment = %name, "an environment's layer could not be kept for the other replicas");
+                }
+            });
+        }
         Ok((root, Some(run)))
+    }
+
+    /// `base` with the layer kept under `key` applied (the safe unpacker of every image layer),
+    /// if one is kept.
+    async fn with_kept_layer(&self, pool: &PgPool, base: &ImageRoot, key: &str) -> Result<Option<ImageRoot>, String> {
+        let dir = self.build_dir().map_err(|e| format!("the image cache: {e}"))?;
+        let file = dir.path().join("layer.tar.gz");
+        if !super::shared::fetch(pool, key, &file).await? {
+            return Ok(None);
+        }
+        let (from, to) = (base.rootfs.clone(), dir.path().join("rootfs"));
+        let caps = super::layer::Caps { max_bytes: self.settings.max_bytes, max_entries: self.settings.max_entries };
+        tokio::task::spawn_blocking(move || {
+            copy_tree(&from, &to).map_err(|e| format!("copying the image: {e}"))?;
+            let layer = std::fs::File::open(&file).map_err(|e| e.to_string())?;
+            let mut done = super::layer::Unpacked::default();
+            super::layer::apply(layer, &to, caps, &mut done).map_err(|e| e.to_string())?;
+            std::fs::remove_file(&file).map_err(|e| e.to_string())
+        })
+        .await
+        .map_err(|e| e.to_string())??;
+        let root =
+            self.finish(dir, &base.digest, base.env.clone(), key).map_err(|e| format!("the image cache: {e}"))?;
+        Ok(Some(root))
     }
 
     async fn build(
@@ -255,7 +324,8 @@ pub async fn build(
             if row.setup.trim().is_empty() {
                 Ok((base, None))
             } else {
-                images.with_setup(sandbox, tenant, &base, &row.definition_hash, &row.setup, net.as_ref()).await
+                let shared = Some((pool, row.name.as_str()));
+                images.with_setup(sandbox, tenant, &base, &row.definition_hash, &row.setup, net.as_ref(), shared).await
             }
         }
     };

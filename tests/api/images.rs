@@ -1001,6 +1001,60 @@ async fn a_setup_built_on_one_replica_is_not_run_again_on_another() {
     app.stop().await;
 }
 
+/// The MCP and A2A doors take a task's environment from the protocols' official SDKs (the MCP
+/// Python SDK's `call_tool`, a2a-sdk's client with the message's metadata), against the real
+/// binary with the Host and Origin a deployed client sends: both tasks run their command in the
+/// image, and a registry off the allow-list is refused at both doors.
+#[tokio::test]
+async fn the_official_mcp_and_a2a_sdks_run_a_task_in_an_environment() {
+    let Some(python) = crate::mcp::python() else { return };
+    let Some(reg) = Registry::start().await else { return };
+    let Some(srv) = crate::workspaces::git_server().await else { return };
+    if !crate::sandbox::has_bwrap() {
+        return;
+    }
+    reg.push("test/sdk:1", vec![busybox_layer()], &["PATH=/bin", "DOOR=image"]).await;
+    let (db, cache, data) = (crate::helpers::test_db().await, cache_dir(), tempfile::tempdir().unwrap());
+    let (cache, data_dir) = (cache.path().display().to_string(), data.path().display().to_string());
+    let r = crate::mcp::replica(
+        &db,
+        &[
+            ("SUBAGENTD_DATA_DIR", &data_dir),
+            ("SUBAGENTD_IMAGE_DIR", &cache),
+            ("SUBAGENTD_REGISTRY_ALLOW", "127.0.0.1/32"),
+            ("SUBAGENTD_INSECURE_REGISTRIES", &reg.addr),
+            ("SUBAGENTD_WORKSPACE_GIT_ALLOW", "127.0.0.1/32"),
+            ("SUBAGENTD_BUILTIN_TOOLS_OFF", "web_fetch,web_search"),
+            ("SUBAGENTD_DEFAULT_MODEL", "mock/m"),
+            ("SUBAGENTD_PUBLIC_URL", "http://agents.example.com"),
+        ],
+    )
+    .await;
+    let key = crate::mcp::key(&r.base, "sdk").await;
+    let (repo, image, prompt) =
+        (format!("{}/repo.git", srv.base), reg.image("test/sdk:1"), script(&["echo door=$DOOR"]));
+    let more = ["--image", image.as_str(), "--repo", repo.as_str(), "--prompt", prompt.as_str()];
+    let mcp = crate::mcp::py("environment", &format!("{}/mcp", r.base), &key, &more).await.unwrap();
+    let mut args: Vec<String> =
+        ["environment", "--base", "http://agents.example.com", "--connect"].iter().map(|s| s.to_string()).collect();
+    args.extend([r.base.trim_start_matches("http://").to_string(), "--key".into(), key.clone()]);
+    args.extend(more.iter().map(|s| s.to_string()));
+    let a2a = crate::mcp::run_script(python, "a2a_client.py", args, vec![]).await;
+    assert!(a2a["refused"].as_str().unwrap().contains("environment.image"), "{a2a}");
+    for id in [mcp["task_id"].as_str().unwrap(), a2a["task_id"].as_str().unwrap()] {
+        let out: Vec<Value> = sqlx::query_scalar(
+            "SELECT message FROM task_message_log WHERE task_id = $1::uuid AND message->>'role' = 'tool'",
+        )
+        .bind(id)
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+        assert!(out.iter().any(|m| m.to_string().contains("door=image")), "the command ran in the image: {out:?}");
+    }
+    let tasks: i64 = sqlx::query_scalar("SELECT count(*) FROM tasks").fetch_one(&db.pool).await.unwrap();
+    assert_eq!(tasks, 2, "the refused ones started nothing");
+}
+
 /// A listener on `ip` answering every request with `hello from {ip}`.
 async fn hello(ip: &str) -> u16 {
     let l = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();

@@ -445,8 +445,24 @@ async def details(args):
         return out
 
 
+async def environment(args):
+    """A message whose metadata names a workspace (`--repo`) and an environment (`--image`): the
+    task completes; a registry off the allow-list is refused and starts nothing."""
+    async with Door(args) as d:
+        (ev,) = await d.send(message(args.prompt, metadata={"workspace": {"git": args.repo},
+                                                            "environment": {"image": args.image}}))
+        check(state(ev.task) == "TASK_STATE_COMPLETED", ev.task)
+        try:
+            await d.send(message("x", metadata={"workspace": {"git": args.repo},
+                                                "environment": {"image": "10.1.2.3:5000/a/b:1"}}))
+            refused = "accepted"
+        except (A2AError, A2AClientError) as e:
+            refused = f"{type(e).__name__}: {e}"
+        return {"task_id": ev.task.id, "refused": refused}
+
+
 SCENARIOS = {f.__name__: f for f in [blocking, nonblocking, stream, cancel, pause, context, push, isolation,
-                                      rejected, agent, refused, details]}
+                                      rejected, agent, refused, details, environment]}
 
 
 def main():
@@ -460,6 +476,9 @@ def main():
     p.add_argument("--task-id")
     p.add_argument("--hook")
     p.add_argument("--agent")
+    p.add_argument("--image")
+    p.add_argument("--repo")
+    p.add_argument("--prompt")
     args = p.parse_args()
     facts = asyncio.run(SCENARIOS[args.scenario](args))
     print(json.dumps(facts))

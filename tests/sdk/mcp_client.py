@@ -2,6 +2,7 @@
 
     python mcp_client.py SCENARIO --url http://host:port/mcp --key sk_... [--key2 sk_...]
         [--urls URL,URL] [--header K=V ...] [--task-id ID] [--answer approve|deny|decline]
+        [--image REF --repo URL --prompt TEXT]
 
 Each scenario asserts what the client sees and prints one JSON object of facts for the Rust
 test to check against the service's own records. A failed assertion exits non-zero.
@@ -382,9 +383,27 @@ async def slow_start(args):
         return {"seconds": loop.time() - start, "progress": seen}
 
 
+async def environment(args):
+    """A general task with an environment (`--image`) over a repository (`--repo`): its schema
+    names the field, the task completes; a registry off the allow-list is refused as a tool error."""
+    async with Session(args) as s:
+        task = {t.name: t for t in (await s.list_tools()).tools}["task"]
+        props = task.inputSchema["properties"]
+        check("environment" in props, list(props))
+        r = await s.call_tool("task", {"subagent_type": "general", "description": "run in the image",
+                                       "workspace": {"git": args.repo}, "environment": {"image": args.image},
+                                       "prompt": args.prompt})
+        check(not r.isError and r.structuredContent["status"] == "completed", text(r))
+        bad = await s.call_tool("task", {"subagent_type": "general", "description": "x", "prompt": "x",
+                                         "workspace": {"git": args.repo},
+                                         "environment": {"image": "10.1.2.3:5000/a/b:1"}})
+        check(bad.isError and "environment.image" in text(bad), text(bad))
+        return {"task_id": r.structuredContent["task_id"]}
+
+
 SCENARIOS = {f.__name__: f for f in [list_tools, plain_call, long_call, task_augmented, cancel, elicit,
                                      isolation, depth, replicas, old_version, refusals, per_agent,
-                                     result_elicit, list_paging, live_progress, slow_start]}
+                                     result_elicit, list_paging, live_progress, slow_start, environment]}
 
 
 def main():
@@ -397,6 +416,9 @@ def main():
     p.add_argument("--task-id")
     p.add_argument("--answer", default="approve")
     p.add_argument("--header", action="append")
+    p.add_argument("--image")
+    p.add_argument("--repo")
+    p.add_argument("--prompt")
     args = p.parse_args()
     out = asyncio.run(SCENARIOS[args.scenario](args))
     print(json.dumps(out))

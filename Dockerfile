@@ -19,11 +19,12 @@ COPY benches ./benches
 COPY openapi.yaml subagentd.example.toml ./
 RUN touch src/main.rs src/lib.rs && SQLX_OFFLINE=true cargo build --release --locked --bin subagentd
 
-# The image: the one binary, CA certificates, bubblewrap (run_command's sandbox), a user of its own. State lives only in
-# PostgreSQL (DATABASE_URL), so the root filesystem may be mounted read-only.
+# The image: the one binary, CA certificates, bubblewrap and gVisor's runsc (run_command's sandbox: bubblewrap unless
+# SUBAGENTD_SANDBOX_RUNTIME=gvisor), a user of its own. State lives only in PostgreSQL (DATABASE_URL), so the root
+# filesystem may be mounted read-only.
 FROM debian:bookworm-slim
 RUN apt-get update \
- && apt-get install -y --no-install-recommends ca-certificates bubblewrap \
+ && apt-get install -y --no-install-recommends ca-certificates bubblewrap runsc \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --uid 10001 --home-dir /var/lib/subagentd --create-home subagentd \
  && install -d -o 10001 -g 10001 /var/lib/subagentd/.subagentd

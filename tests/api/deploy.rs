@@ -243,7 +243,12 @@ fn the_shipped_deployment_confines_system_calls_with_dockers_default_plus_only_w
 /// binary (bound in) and its libraries, bubblewrap and its, busybox as `/bin/sh`, the CA
 /// certificates. No image hub: `--rootfs`. `security` are the security options. Answers what
 /// the service said of its sandbox at start: the log line that says it runs, or why not.
-async fn service_in_a_container(root: &std::path::Path, security: &[String], db_url: &str) -> String {
+async fn service_in_a_container(
+    root: &std::path::Path,
+    security: &[String],
+    db_url: &str,
+    env: &[(&str, &str)],
+) -> String {
     use tokio::io::AsyncBufReadExt;
     let work = tempfile::tempdir().unwrap();
     std::os::unix::fs::chown(work.path(), Some(10001), Some(10001)).unwrap();
@@ -288,6 +293,9 @@ async fn service_in_a_container(root: &std::path::Path, security: &[String], db_
         ("SUBAGENTD_LISTEN", format!("127.0.0.1:{port}")),
         ("RUST_LOG", "info".into()),
     ] {
+        args.extend(["-e".into(), format!("{k}={v}")]);
+    }
+    for (k, v) in env {
         args.extend(["-e".into(), format!("{k}={v}")]);
     }
     args.extend(["--rootfs".into(), root.display().to_string(), "/usr/bin/subagentd".into(), "serve".into()]);
@@ -346,6 +354,8 @@ fn container_root(dir: &std::path::Path) {
         String::from_utf8_lossy(&out.stdout).split_whitespace().filter(|w| w.starts_with('/')).for_each(copy);
     }
     copy("/usr/bin/bwrap");
+    // gVisor's runsc (statically linked), for the other runtime.
+    copy("/usr/bin/runsc");
     copy("/etc/ssl/certs/ca-certificates.crt");
     std::fs::create_dir_all(dir.join("bin")).unwrap();
     std::fs::copy(busybox(), dir.join("bin/busybox")).unwrap();
@@ -367,6 +377,7 @@ async fn in_a_container_engine_the_shipped_profile_lets_the_sandbox_start_and_do
         ("runc", "/usr/sbin/runc"),
         ("busybox", busybox()),
         ("bwrap", "/usr/bin/bwrap"),
+        ("runsc", "/usr/bin/runsc"),
     ]
     .into_iter()
     .filter(|(_, p)| !std::path::Path::new(p).exists())
@@ -378,7 +389,7 @@ async fn in_a_container_engine_the_shipped_profile_lets_the_sandbox_start_and_do
             "SUBAGENTD_REQUIRE_PODMAN",
             "the seccomp profile in a container engine",
             &format!("missing {missing:?}, or not root (Podman runs rootful here)"),
-            "apt-get install podman runc busybox-static bubblewrap, and run the tests as root",
+            "apt-get install podman runc busybox-static bubblewrap runsc, and run the tests as root",
         );
         return;
     }
@@ -391,8 +402,16 @@ async fn in_a_container_engine_the_shipped_profile_lets_the_sandbox_start_and_do
         .into_iter()
         .map(|o| if o.starts_with("seccomp:") { format!("seccomp={profile}") } else { o })
         .collect();
-    let said = service_in_a_container(root.path(), &shipped, &db.url).await;
-    assert!(said.contains("run_command runs in the sandbox"), "under the shipped options: {said}");
+    let said = service_in_a_container(root.path(), &shipped, &db.url, &[]).await;
+    assert!(
+        said.contains("run_command runs in the sandbox") && said.contains("commands in bwrap"),
+        "under the shipped options: {said}"
+    );
+    let said = service_in_a_container(root.path(), &shipped, &db.url, &[("SUBAGENTD_SANDBOX_RUNTIME", "gvisor")]).await;
+    assert!(
+        said.contains("run_command runs in the sandbox") && said.contains("commands in gvisor"),
+        "gVisor under the shipped options: {said}"
+    );
 
     // Docker's own default: the shipped profile without its one rule of ours.
     let mut docker = seccomp_profile();
@@ -406,7 +425,7 @@ async fn in_a_container_engine_the_shipped_profile_lets_the_sandbox_start_and_do
         .iter()
         .map(|o| if o.starts_with("seccomp=") { format!("seccomp={}", docker_file.display()) } else { o.clone() })
         .collect();
-    let said = service_in_a_container(root.path(), &defaults, &db.url).await;
+    let said = service_in_a_container(root.path(), &defaults, &db.url, &[]).await;
     assert!(
         said.contains("run_command is not offered") && said.contains("new namespace"),
         "under Docker's default profile: {said}"
@@ -415,7 +434,7 @@ async fn in_a_container_engine_the_shipped_profile_lets_the_sandbox_start_and_do
     // The profile alone: the engine's masked /proc paths keep bwrap from mounting the sandbox's.
     let masked: Vec<String> = shipped.iter().filter(|o| !o.starts_with("systempaths")).cloned().collect();
     assert!(masked.len() < shipped.len(), "compose unmasks the system paths: {shipped:?}");
-    let said = service_in_a_container(root.path(), &masked, &db.url).await;
+    let said = service_in_a_container(root.path(), &masked, &db.url, &[]).await;
     assert!(
         said.contains("run_command is not offered") && said.contains("Can't mount proc"),
         "with /proc masked: {said}"

@@ -179,8 +179,21 @@ pub struct Layer<'a> {
 }
 
 /// Record `layer` of `bytes` bytes in `tx`, the transaction its chunks go in (a build killed
-/// midway leaves nothing); false when one is kept under its key already.
+/// midway leaves nothing); false when one is kept under its key already, or when the environment
+/// is gone or its definition is another now (its row locked until `tx` ends, so that a `PUT` or
+/// a `DELETE` meanwhile removes what this one kept).
 pub async fn insert_layer(tx: &mut sqlx::PgConnection, layer: &Layer<'_>, bytes: i64) -> Result<bool, StoreError> {
+    let current = sqlx::query_scalar!(
+        r#"SELECT 1 AS "one!" FROM environments WHERE tenant = $1 AND name = $2 AND definition_hash = $3 FOR SHARE"#,
+        layer.tenant,
+        layer.name,
+        layer.definition_hash
+    )
+    .fetch_optional(&mut *tx)
+    .await?;
+    if current.is_none() {
+        return Ok(false);
+    }
     let made = sqlx::query!(
         r#"INSERT INTO environment_layers (key, tenant, name, definition_hash, digest, bytes) VALUES ($1, $2, $3, $4, $5, $6)
          ON CONFLICT (key) DO NOTHING"#,
@@ -205,15 +218,23 @@ pub async fn insert_layer_chunk(tx: &mut sqlx::PgConnection, key: &str, n: i32, 
     Ok(())
 }
 
-/// The bytes of the layer kept under `key`, if one is.
-pub async fn layer_bytes(pool: &PgPool, key: &str) -> Result<Option<i64>, StoreError> {
-    Ok(sqlx::query_scalar!(r#"SELECT bytes FROM environment_layers WHERE key = $1"#, key).fetch_optional(pool).await?)
+/// A transaction that reads one layer whole as it was at its start (its chunks never mixed
+/// with another's kept under the same key meanwhile).
+pub async fn read_layers(pool: &PgPool) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, StoreError> {
+    let mut tx = pool.begin().await?;
+    sqlx::query!("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY").execute(&mut *tx).await?;
+    Ok(tx)
 }
 
-/// Its `n`th chunk (none: removed meanwhile, or past its end).
-pub async fn layer_chunk(pool: &PgPool, key: &str, n: i32) -> Result<Option<Vec<u8>>, StoreError> {
+/// The bytes of the layer kept under `key`, if one is.
+pub async fn layer_bytes(tx: &mut sqlx::PgConnection, key: &str) -> Result<Option<i64>, StoreError> {
+    Ok(sqlx::query_scalar!(r#"SELECT bytes FROM environment_layers WHERE key = $1"#, key).fetch_optional(tx).await?)
+}
+
+/// Its `n`th chunk (none: past its end).
+pub async fn layer_chunk(tx: &mut sqlx::PgConnection, key: &str, n: i32) -> Result<Option<Vec<u8>>, StoreError> {
     Ok(sqlx::query_scalar!(r#"SELECT data FROM environment_layer_chunks WHERE key = $1 AND n = $2"#, key, n)
-        .fetch_optional(pool)
+        .fetch_optional(tx)
         .await?)
 }
 

@@ -11,9 +11,11 @@
 //! bound at `/workspace`; `/tmp` and `/dev/shm` tmpfs of their own; rlimits in the spec, enforced
 //! by gVisor's kernel. `runsc --rootless` runs it as the sandbox's host uid: gVisor's user
 //! namespace maps that uid to 0, so the copy's files are uid 0's there and the command runs as
-//! uid 0 of gVisor's kernel, with no capability (an empty bounding set, no new privileges). No
+//! uid 0 of gVisor's kernel, with no capability (an empty bounding set, no new privileges). runsc
+//! always starts in a network namespace of its own (`netns`), so that its control socket (an
+//! abstract Unix socket) is not in the host's, where any local process could reach it. No
 //! network: `--network=none` (a loopback of gVisor's own); with an environment's allow-list,
-//! `--network=host` inside the network namespace `netns` made (only the proxy's listener there).
+//! `--network=host` in that namespace (only the proxy's listener there).
 //! The state directory is the bundle's own, removed with it.
 
 use std::path::{Path, PathBuf};
@@ -31,35 +33,48 @@ const COMPAT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gvisor-statx.so"
 /// file of the root (its mount point, made with the root: `mount_point`).
 const COMPAT_AT: &str = "/dev/.subagentd-statx.so";
 
-/// Make the library's mount point in a root (the skeleton, an image's root as it is unpacked).
+/// Make the library's mount point in a root (the skeleton, an image's root as it is unpacked):
+/// an empty file of its own. Whatever an image put there (a link to a host file, say) is removed
+/// first, never followed, and the file is made new (`O_EXCL`, `O_NOFOLLOW`). `root/dev` is a
+/// real directory (the caller made it so).
 pub fn mount_point(root: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
     let at = root.join(COMPAT_AT.trim_start_matches('/'));
-    std::fs::write(&at, b"")?;
-    std::fs::set_permissions(&at, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+    match std::fs::symlink_metadata(&at) {
+        Ok(m) if m.is_dir() => std::fs::remove_dir_all(&at)?,
+        Ok(_) => std::fs::remove_file(&at)?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&at)
+        .map(drop)
 }
 
-/// The library written under `dir`, if it was built.
+/// The library written under `dir` (a file of this sandbox's own: an older binary's is never
+/// used), if it was built.
 pub fn compat(dir: &Path) -> std::io::Result<Option<PathBuf>> {
     if COMPAT.is_empty() {
         return Ok(None);
     }
-    let path = dir.join("gvisor-statx.so");
-    let new = tempfile::NamedTempFile::new_in(dir)?;
+    let new = tempfile::Builder::new().prefix("gvisor-statx-").suffix(".so").tempfile_in(dir)?;
     std::fs::write(new.path(), COMPAT)?;
     std::fs::set_permissions(new.path(), std::os::unix::fs::PermissionsExt::from_mode(0o644))?;
-    new.persist(&path).map_err(|e| e.error)?;
+    let (_, path) = new.keep().map_err(|e| e.error)?;
     Ok(Some(path))
 }
 
-/// The root of sandboxes without an image, made under `dir`: the mount points of `host_parts`,
-/// the links, and `/workspace`, `/tmp`, `/proc`, `/dev`. Read-only to the sandbox.
+/// The root of sandboxes without an image, made under `dir` (the caller removes it when done):
+/// the mount points of `host_parts`, the links, and `/workspace`, `/tmp`, `/proc`, `/dev`.
+/// Read-only to the sandbox.
 pub fn skeleton(dir: &Path) -> std::io::Result<PathBuf> {
-    let root = dir.join("gvisor-root");
-    if root.exists() {
-        // Made by another sandbox of this process: the same host, the same parts.
-        return Ok(root);
-    }
-    let new = tempfile::Builder::new().prefix(".gvisor-root-").tempdir_in(dir)?;
+    // A root of this sandbox's own, made now: one an earlier process left (the same pid in a
+    // container restarted) may be of another host layout.
+    let new = tempfile::Builder::new().prefix("gvisor-root-").tempdir_in(dir)?;
     for d in ["workspace", "tmp", "proc", "dev", "etc", "sys"] {
         std::fs::create_dir_all(new.path().join(d))?;
     }
@@ -88,15 +103,7 @@ pub fn skeleton(dir: &Path) -> std::io::Result<PathBuf> {
             mode(e.path(), 0o644)?;
         }
     }
-    // Whole or not at all; another's made first is as good.
-    match std::fs::rename(new.path(), &root) {
-        Ok(()) => {
-            let _ = new.keep();
-            Ok(root)
-        }
-        Err(_) if root.is_dir() => Ok(root),
-        Err(e) => Err(e),
-    }
+    Ok(new.keep())
 }
 
 /// One command's spec.
@@ -145,14 +152,19 @@ impl Spec<'_> {
             mounts.push(json!({"destination": "/workspace", "type": "bind", "source": w,
                                "options": ["rbind", "rw", "nosuid", "nodev"]}));
         }
-        let mut env: Vec<String> = self.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let mut env: Vec<(String, String)> = self.env.to_vec();
         // Not in a root made before the mount point was (an image cached by an older version).
         let preload = self.preload.filter(|_| self.root.join(COMPAT_AT.trim_start_matches('/')).is_file());
         if let Some(lib) = preload {
             mounts.push(json!({"destination": COMPAT_AT, "type": "bind", "source": lib,
                                "options": ["bind", "ro", "nosuid", "nodev"]}));
-            env.push(format!("LD_PRELOAD={COMPAT_AT}"));
+            // Before the image's own (a jemalloc, say), in the one variable.
+            match env.iter_mut().find(|(k, _)| k == "LD_PRELOAD") {
+                Some((_, v)) => *v = format!("{COMPAT_AT}:{v}"),
+                None => env.push(("LD_PRELOAD".into(), COMPAT_AT.into())),
+            }
         }
+        let env: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v}")).collect();
         let rlimits: Vec<Value> = self.rlimits.iter().map(|(t, n)| json!({"type": t, "hard": n, "soft": n})).collect();
         let mut namespaces =
             vec![json!({"type": "pid"}), json!({"type": "ipc"}), json!({"type": "uts"}), json!({"type": "mount"})];

@@ -43,11 +43,16 @@ pub struct Prepared {
     setgroups: CString,
     uid_map_path: CString,
     gid_map_path: CString,
+    /// Whether the child binds the proxy's listener (else the namespace is all it makes: gVisor's
+    /// runsc started in one of its own, so that its control socket, an abstract Unix socket, is
+    /// not in the host's namespace).
+    listen: bool,
 }
 
 impl Prepared {
-    /// For a child that will run as `uid`/`gid` (after any setuid of its own).
-    pub fn new(uid: u32, gid: u32) -> std::io::Result<Prepared> {
+    /// For a child that will run as `uid`/`gid` (after any setuid of its own), binding the
+    /// proxy's listener when `listen`.
+    pub fn new(uid: u32, gid: u32, listen: bool) -> std::io::Result<Prepared> {
         let mut fds = [0 as RawFd; 2];
         // SAFETY: socketpair with a valid array; both descriptors are owned below.
         if unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0, fds.as_mut_ptr()) } != 0
@@ -65,6 +70,7 @@ impl Prepared {
             setgroups: c("deny".into())?,
             uid_map_path: c("/proc/self/uid_map".into())?,
             gid_map_path: c("/proc/self/gid_map".into())?,
+            listen,
         })
     }
 
@@ -117,6 +123,9 @@ impl Prepared {
         libc::close(s);
         if up != 0 {
             return Err(err());
+        }
+        if !self.listen {
+            return Ok(());
         }
         let l = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
         if l < 0 {
@@ -205,7 +214,8 @@ mod tests {
     /// A child makes its namespaces and sends the listener; the parent gets it, bound there.
     #[test]
     fn a_child_sends_a_listener_bound_in_its_own_network_namespace() {
-        let p = std::sync::Arc::new(Prepared::new(unsafe { libc::geteuid() }, unsafe { libc::getegid() }).unwrap());
+        let p =
+            std::sync::Arc::new(Prepared::new(unsafe { libc::geteuid() }, unsafe { libc::getegid() }, true).unwrap());
         let c = p.clone();
         let mut cmd = std::process::Command::new("true");
         // SAFETY: in_child is async-signal-safe.

@@ -157,6 +157,18 @@ pub fn hand_over(dir: &Path, uid: Option<u32>) -> std::io::Result<()> {
     Ok(())
 }
 
+/// gVisor's skeleton and library are this sandbox's own: removed with it.
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        if let Some(s) = &self.skeleton {
+            let _ = std::fs::remove_dir_all(s);
+        }
+        if let Some(c) = &self.compat {
+            let _ = std::fs::remove_file(c);
+        }
+    }
+}
+
 impl std::fmt::Debug for Sandbox {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Sandbox")
@@ -210,9 +222,15 @@ impl Sandbox {
             .and_then(|_| hand_over(probe.path(), sb.uid))
             .map_err(|e| format!("{}: {e}", probe.path().display()))?;
         let place = Place { copy: probe.path(), max_copy: Usage::default(), image: None, setup: false, net: None };
-        let (mut cmd, keep) = sb.command(place, "touch probe", Duration::from_secs(30), None, None)?;
+        if runtime == Runtime::Gvisor && sb.compat.is_none() {
+            tracing::warn!(
+                "gVisor's statx library was not built with this binary (no C compiler at its build): under Debian's \
+                 runsc, coreutils' ls, stat, du and cp fail with \"Invalid argument\""
+            );
+        }
+        let (mut cmd, keep) = sb.command(place, "touch probe", PROBE_TIMEOUT, None, sb.netns(place)?)?;
         cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
-        let out = cmd.output().map_err(|e| format!("{:?} cannot be run: {e}", sb.program))?;
+        let out = output_within(cmd, PROBE_TIMEOUT).map_err(|e| format!("{:?} cannot be run: {e}", sb.program))?;
         drop(keep);
         if !out.status.success() {
             return Err(format!(
@@ -432,6 +450,20 @@ impl Sandbox {
         (out, outcome)
     }
 
+    /// A network namespace of the command's own, made before it starts: with the proxy's
+    /// listener where the environment gives it a network; under gVisor always (runsc's control
+    /// socket, an abstract Unix socket, is then in no namespace of the host's).
+    fn netns(&self, place: Place<'_>) -> Result<Option<std::sync::Arc<super::netns::Prepared>>, String> {
+        if place.net.is_none() && self.runtime == Runtime::Bwrap {
+            return Ok(None);
+        }
+        // SAFETY: geteuid/getegid cannot fail.
+        let (u, g) = (self.uid.unwrap_or(unsafe { libc::geteuid() }), self.uid.unwrap_or(unsafe { libc::getegid() }));
+        let n = super::netns::Prepared::new(u, g, place.net.is_some())
+            .map_err(|e| format!("the sandbox's network: {e}"))?;
+        Ok(Some(std::sync::Arc::new(n)))
+    }
+
     /// The process that starts `command` at `place`: bwrap with its options on descriptor 3, or
     /// runsc with a bundle. It is set up between fork and exec: its cgroup, rlimits, the sandbox's
     /// host uid, the network namespace (`net`), and death with this process. With it, what must
@@ -478,9 +510,10 @@ impl Sandbox {
         cmd.env_clear().stdin(std::process::Stdio::null()).process_group(0);
         let procs: Vec<CString> = group.map(|g| g.procs()).unwrap_or_default();
         let uid = self.uid;
+        let parent = std::process::id() as libc::pid_t;
         // SAFETY: between fork and exec only async-signal-safe calls: dup2/fcntl of a descriptor
-        // made before the fork, open/write/close of paths made before it, setrlimit, prctl, and
-        // the network namespace's own (`netns::Prepared::in_child`).
+        // made before the fork, open/write/close of paths made before it, setrlimit, prctl,
+        // getppid, _exit, and the network namespace's own (`netns::Prepared::in_child`).
         unsafe {
             cmd.pre_exec(move || {
                 if let Some(fd) = argfd_raw {
@@ -509,9 +542,13 @@ impl Sandbox {
                     n.in_child()?;
                 }
                 // Killed if this process dies (bwrap's own children die with it, as runsc's do).
-                // Set last: a change of credentials clears it.
+                // Set last: a change of credentials clears it. Had this process died already,
+                // the child would have been handed to another parent: it stops here.
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
                     return Err(std::io::Error::last_os_error());
+                }
+                if libc::getppid() != parent {
+                    libc::_exit(1);
                 }
                 Ok(())
             });
@@ -579,17 +616,7 @@ impl Sandbox {
         group: Option<&Group>,
     ) -> Result<Ran, String> {
         let Place { copy, max_copy, .. } = place;
-        let net = match place.net {
-            Some(_) => {
-                // SAFETY: geteuid/getegid cannot fail.
-                let (u, g) =
-                    (self.uid.unwrap_or(unsafe { libc::geteuid() }), self.uid.unwrap_or(unsafe { libc::getegid() }));
-                Some(std::sync::Arc::new(
-                    super::netns::Prepared::new(u, g).map_err(|e| format!("the sandbox's network: {e}"))?,
-                ))
-            }
-            None => None,
-        };
+        let net = self.netns(place)?;
         let (cmd, keep) = self.command(place, command, timeout, group, net.clone())?;
         let mut cmd = tokio::process::Command::from(cmd);
         cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).kill_on_drop(true);
@@ -635,6 +662,26 @@ impl Sandbox {
         let ((stdout, out_bytes), (stderr, err_bytes)) = streams.unwrap_or_default();
         Ok(Ran { status, ended, stdout, stderr, bytes: out_bytes + err_bytes })
     }
+}
+
+/// How long the probe's command may take (gVisor's start is ~0.1 s).
+const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// `cmd`'s output, its process group killed if it has not ended within `limit`.
+fn output_within(mut cmd: std::process::Command, limit: Duration) -> std::io::Result<std::process::Output> {
+    let child = cmd.spawn()?;
+    let pid = child.id() as libc::pid_t;
+    let (done, ended) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let out = child.wait_with_output();
+        let _ = done.send(());
+        out
+    });
+    if ended.recv_timeout(limit).is_err() {
+        // SAFETY: kill(2) of the child's own process group (it made one: `process_group(0)`).
+        unsafe { libc::kill(-pid, libc::SIGKILL) };
+    }
+    waiter.join().map_err(|_| std::io::Error::other("the probe's waiter panicked"))?
 }
 
 /// What a started command needs kept: bwrap's options' pipe until it has started, gVisor's bundle
@@ -1074,12 +1121,41 @@ mod tests {
         let pids: u32 = out.lines().find_map(|l| l.trim().parse().ok()).unwrap_or(99);
         assert!(pids <= 4, "only the sandbox's own processes are seen: {out}");
         let (out, _) = run(&sb, &copy, "touch /usr/x; echo $?", 5).await;
-        // gVisor checks the file's owner first: the host's files are another uid's there.
+        // gVisor checks the file's owner first: the host's files are another uid's there. Its
+        // mounts say the root and /usr are read-only.
         assert!(
             out.contains("Read-only file system")
                 || (sb.runtime == Runtime::Gvisor && out.contains("Permission denied")),
             "{out}"
         );
+        if sb.runtime == Runtime::Gvisor {
+            let (out, _) = run(&sb, &copy, "cut -d' ' -f5,6 /proc/self/mountinfo", 5).await;
+            assert!(out.contains("\n/ ro\n") && out.contains("\n/usr ro\n"), "{out}");
+            assert!(out.contains("\n/workspace rw\n"), "{out}");
+        }
+    }
+
+    /// runsc's control socket (an abstract Unix socket, `@runsc-sandbox.<id>`) is in the
+    /// command's own network namespace, never the host's, where any local process could reach it.
+    #[tokio::test]
+    async fn gvisors_control_socket_is_not_in_the_hosts_network_namespace() {
+        let Some(sb) = sandbox() else { return };
+        if sb.runtime != Runtime::Gvisor {
+            return;
+        }
+        let dir = copy_dir();
+        let marker = dir.path().join("started");
+        let seen = async {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while !marker.exists() {
+                assert!(Instant::now() < deadline, "the command never started");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            std::fs::read_to_string("/proc/net/unix").unwrap()
+        };
+        let ((out, o), unix) = tokio::join!(run(&sb, dir.path(), "touch started; sleep 1", 5), seen);
+        assert_eq!(o, Outcome::Ok, "{out}");
+        assert!(!unix.contains("@runsc-sandbox."), "{unix}");
     }
 
     /// coreutils' `ls`, `stat`, `du` and `cp` (which give statx `AT_NO_AUTOMOUNT`, refused by

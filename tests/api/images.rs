@@ -137,15 +137,26 @@ async fn a_hostile_layer_is_unpacked_safely() {
         entry(b, ".wh...", E::Regular, "", 0o644, b"");
         entry(b, "opq/.wh..", E::Regular, "", 0o644, b"");
         entry(b, "world", E::Regular, "", 0o666, b"w");
+        // gVisor's library's mount point, a link out: the service makes its own file there, and
+        // neither empties nor changes the mode of the file the link names.
+        entry(b, "dev/", E::Directory, "", 0o755, b"");
+        entry(b, "dev/.subagentd-statx.so", E::Symlink, &outside.join("victim").to_string_lossy(), 0o777, b"");
     });
     std::fs::create_dir(&outside).unwrap();
+    std::fs::write(outside.join("victim"), "untouched").unwrap();
+    std::fs::set_permissions(outside.join("victim"), std::fs::Permissions::from_mode(0o600)).unwrap();
     let digest = reg.push("test/hostile:1", vec![busybox_layer(), lower, upper], &["PATH=/bin"]).await;
     let images = Images::open(settings(&reg, dir.path(), "127.0.0.1/32")).await.unwrap();
     let (root, stats) = images.root(&reg.image("test/hostile:1"), &digest, &Access::Anonymous).await.unwrap();
     let stats = stats.unwrap();
     let r = &root.rootfs;
 
-    assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0, "nothing written outside the root");
+    assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 1, "nothing written outside the root");
+    assert_eq!(std::fs::read_to_string(outside.join("victim")).unwrap(), "untouched");
+    let victim = std::fs::metadata(outside.join("victim")).unwrap().permissions().mode();
+    assert_eq!(victim & 0o777, 0o600, "nor its mode changed");
+    let mp = std::fs::symlink_metadata(r.join("dev/.subagentd-statx.so")).unwrap();
+    assert!(mp.is_file() && mp.len() == 0, "the mount point is a file of the service's own");
     assert!(std::fs::symlink_metadata(r.join("evil")).unwrap().file_type().is_symlink(), "links are kept as links");
     assert_eq!(std::fs::read_link(r.join("abs")).unwrap().to_string_lossy(), "/etc/image-release");
     assert!(!r.join("null").exists() && !r.join("disk").exists(), "no device nodes");
@@ -282,7 +293,8 @@ async fn a_command_sees_the_images_files_and_env_and_not_the_hosts_usr() {
     subagentd::tools::sandbox::hand_over(&copy, sb.uid()).unwrap();
     std::env::set_var("SUBAGENTD_TEST_SECRET", "service-env-secret");
     let max = subagentd::tools::files::Usage { bytes: 1 << 20, entries: 100 };
-    let cmd = "cat /etc/image-release; env; ls /usr/bin/python3 /usr/lib 2>&1; pwd; id -u; echo made > out; touch /bin/x 2>&1; true";
+    let cmd = "cat /etc/image-release; env; ls /usr/bin/python3 /usr/lib 2>&1; pwd; id -u; echo made > out; touch /bin/x 2>&1; \
+               cat /proc/self/mountinfo; true";
     let (out, outcome) = sb
         .run(
             "t",
@@ -309,6 +321,8 @@ async fn a_command_sees_the_images_files_and_env_and_not_the_hosts_usr() {
         text.contains("Read-only file system") || (gvisor && text.contains("Permission denied")),
         "the image's root is read-only: {text}"
     );
+    // gVisor's mounts say so too.
+    assert!(!gvisor || text.lines().any(|l| l.contains(" / / ro ")), "{text}");
     assert_eq!(std::fs::read_to_string(copy.join("out")).unwrap(), "made\n", "the copy is written");
 }
 

@@ -87,7 +87,7 @@ fn plain(raw: &[u8]) -> Result<Option<PathBuf>, &'static str> {
 
 /// Are `rel`'s parents real directories of `root` (none a link)? Missing ones are made when
 /// `make`, else they answer no.
-fn parents_are_directories(root: &Path, rel: &Path, make: bool) -> std::io::Result<bool> {
+pub(super) fn parents_are_directories(root: &Path, rel: &Path, make: bool) -> std::io::Result<bool> {
     let mut at = root.to_path_buf();
     let Some(parent) = rel.parent() else { return Ok(true) };
     for c in parent.components() {

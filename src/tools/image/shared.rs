@@ -64,10 +64,13 @@ pub fn pack(base: &Path, built: &Path, out: &Path) -> std::io::Result<()> {
     let mut tar = tar::Builder::new(gz);
     tar.follow_symlinks(false);
     let rel = |root: &Path, p: &Path| p.strip_prefix(root).map(Path::to_path_buf).map_err(std::io::Error::other);
+    // A path is looked up in the other tree only through real directories there: never through a
+    // link (an image's `lib -> usr/lib`, or one to a host path), nor below a file.
+    let through_directories = |root: &Path, r: &Path| super::layer::parents_are_directories(root, r, false);
     for e in walkdir::WalkDir::new(built).min_depth(1).follow_links(false) {
         let e = e.map_err(std::io::Error::other)?;
         let r = rel(built, e.path())?;
-        if !same(&base.join(&r), e.path())? {
+        if !through_directories(base, &r)? || !same(&base.join(&r), e.path())? {
             tar.append_path_with_name(e.path(), &r)?;
         }
     }
@@ -75,8 +78,21 @@ pub fn pack(base: &Path, built: &Path, out: &Path) -> std::io::Result<()> {
     while let Some(e) = walk.next() {
         let e = e.map_err(std::io::Error::other)?;
         let r = rel(base, e.path())?;
+        // Below what the setup replaced (a directory become a file or a link): the replacement,
+        // in the layer, removes it whole.
+        if !through_directories(built, &r)? {
+            if e.file_type().is_dir() {
+                walk.skip_current_dir();
+            }
+            continue;
+        }
         match std::fs::symlink_metadata(built.join(&r)) {
-            Ok(_) => continue,
+            Ok(m) => {
+                if e.file_type().is_dir() && !m.is_dir() {
+                    walk.skip_current_dir();
+                }
+                continue;
+            }
             Err(err) if err.kind() != std::io::ErrorKind::NotFound => return Err(err),
             Err(_) => {}
         }
@@ -122,15 +138,15 @@ pub async fn publish(pool: &PgPool, layer: &Layer<'_>, file: &Path) -> Result<()
 
 /// The layer kept under `key`, written to `file`; whether there is one (whole).
 pub async fn fetch(pool: &PgPool, key: &str, file: &Path) -> Result<bool, String> {
-    let Some(bytes) = store::layer_bytes(pool, key).await.map_err(|e| e.to_string())? else {
+    let mut tx = store::read_layers(pool).await.map_err(|e| e.to_string())?;
+    let Some(bytes) = store::layer_bytes(&mut tx, key).await.map_err(|e| e.to_string())? else {
         return Ok(false);
     };
     let io = |e: std::io::Error| format!("{}: {e}", file.display());
     let mut f = std::io::BufWriter::new(std::fs::File::create(file).map_err(io)?);
     let (mut n, mut written) = (0, 0i64);
     while written < bytes {
-        // Removed meanwhile (the environment deleted or changed): as if there were none.
-        let Some(data) = store::layer_chunk(pool, key, n).await.map_err(|e| e.to_string())? else {
+        let Some(data) = store::layer_chunk(&mut tx, key, n).await.map_err(|e| e.to_string())? else {
             return Ok(false);
         };
         f.write_all(&data).map_err(io)?;
@@ -158,6 +174,30 @@ mod tests {
             std::fs::write(r.join("etc/remove"), "x").unwrap();
             std::fs::write(r.join("etc/gone/f"), "y").unwrap();
         }
+        // Type changes: a directory become a file, one become a link, a link become a directory
+        // (the image's `lib -> usr/lib`; what the setup puts there is compared with nothing
+        // through the link), and a link out of the root in the image, replaced by a directory
+        // holding a file named as one outside.
+        for r in [&base, &again] {
+            std::fs::create_dir_all(r.join("usr/lib")).unwrap();
+            std::fs::write(r.join("usr/lib/libc"), "libc").unwrap();
+            std::os::unix::fs::symlink("usr/lib", r.join("lib")).unwrap();
+            std::fs::create_dir_all(r.join("d2f/sub")).unwrap();
+            std::fs::write(r.join("d2f/sub/x"), "x").unwrap();
+            std::fs::create_dir_all(r.join("d2l")).unwrap();
+            std::fs::write(r.join("d2l/x"), "x").unwrap();
+            std::os::unix::fs::symlink(d.path().join("outside"), r.join("out")).unwrap();
+        }
+        std::fs::create_dir_all(d.path().join("outside")).unwrap();
+        std::fs::write(d.path().join("outside/secret"), "host").unwrap();
+        std::fs::create_dir_all(built.join("usr/lib")).unwrap();
+        std::fs::write(built.join("usr/lib/libc"), "libc").unwrap();
+        std::fs::create_dir(built.join("lib")).unwrap();
+        std::fs::write(built.join("lib/libc"), "libc").unwrap();
+        std::fs::write(built.join("d2f"), "now a file").unwrap();
+        std::os::unix::fs::symlink("etc", built.join("d2l")).unwrap();
+        std::fs::create_dir(built.join("out")).unwrap();
+        std::fs::write(built.join("out/secret"), "host").unwrap();
         std::fs::write(built.join("etc/edit"), "two").unwrap();
         std::fs::remove_file(built.join("etc/remove")).unwrap();
         std::fs::remove_dir_all(built.join("etc/gone")).unwrap();
@@ -182,5 +222,12 @@ mod tests {
         assert_eq!(read(&again, "etc/remove"), None);
         assert!(!again.join("etc/gone").exists());
         assert_eq!(read(&again, "opt/run").as_deref(), Some("new"), "the link made, to the file made");
+        assert_eq!(read(&again, "lib/libc").as_deref(), Some("libc"), "not left out as the image's usr/lib/libc");
+        assert!(again.join("lib").symlink_metadata().unwrap().is_dir());
+        assert_eq!(read(&again, "d2f").as_deref(), Some("now a file"));
+        assert_eq!(std::fs::read_link(again.join("d2l")).unwrap(), Path::new("etc"));
+        assert_eq!(read(&again, "out/secret").as_deref(), Some("host"), "compared with nothing outside the root");
+        assert!(again.join("out").symlink_metadata().unwrap().is_dir());
+        assert!(!names.iter().any(|n| n.starts_with("d2f/") || n.starts_with("d2l/")), "{names:?}");
     }
 }

@@ -217,17 +217,14 @@ pub async fn connect_guarded(policy: &Policy, host: &str, port: u16) -> Result<T
     if let Some(g) = guard {
         g.check_host(host).map_err(|e| NotConnected::Refused(e.0))?;
     }
-    let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host, port))
-        .await
-        .map_err(|e| NotConnected::Failed(format!("{host} did not resolve: {e}")))?
-        .collect();
+    let lists: Vec<&AllowList> = std::iter::once(allow.as_ref()).chain(guard).collect();
+    let addrs = super::ssrf::allowed_addrs(host, port, &lists).await.map_err(|e| match e {
+        super::ssrf::Unresolved::Lookup(e) => NotConnected::Failed(format!("{host} did not resolve: {e}")),
+        super::ssrf::Unresolved::Nothing => NotConnected::Failed(format!("{host} did not resolve")),
+        super::ssrf::Unresolved::Refused(d) => NotConnected::Refused(d.0),
+    })?;
     let mut last = NotConnected::Failed(format!("{host} did not resolve"));
     for a in addrs {
-        let checked = allow.check_ip(host, a.ip()).and_then(|_| guard.map_or(Ok(()), |g| g.check_ip(host, a.ip())));
-        if let Err(e) = checked {
-            last = NotConnected::Refused(e.0);
-            continue;
-        }
         match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(a)).await {
             Ok(Ok(s)) => return Ok(s),
             Ok(Err(e)) => last = NotConnected::Failed(format!("{host} ({a}): {e}")),

@@ -183,25 +183,48 @@ pub struct GuardedResolver {
     pub allow: Arc<AllowList>,
 }
 
+/// Why a name gave no address to connect to.
+#[derive(Debug)]
+pub enum Unresolved {
+    /// The lookup failed.
+    Lookup(std::io::Error),
+    /// It gave no address.
+    Nothing,
+    /// Every address it gave was refused (the last refusal).
+    Refused(Denied),
+}
+
+/// `host`'s addresses (with `port`) that every list in `lists` allows, in the resolver's order:
+/// the one resolve-and-check of every outbound connection (the HTTP tools' resolver, the egress
+/// proxy's connections).
+pub async fn allowed_addrs(host: &str, port: u16, lists: &[&AllowList]) -> Result<Vec<SocketAddr>, Unresolved> {
+    let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host, port)).await.map_err(Unresolved::Lookup)?.collect();
+    let (mut ok, mut last) = (vec![], None);
+    for a in addrs {
+        match lists.iter().try_for_each(|l| l.check_ip(host, a.ip())) {
+            Ok(()) => ok.push(a),
+            Err(e) => last = Some(e),
+        }
+    }
+    match (ok.is_empty(), last) {
+        (false, _) => Ok(ok),
+        (true, Some(e)) => Err(Unresolved::Refused(e)),
+        (true, None) => Err(Unresolved::Nothing),
+    }
+}
+
 impl reqwest::dns::Resolve for GuardedResolver {
     fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
         let allow = self.allow.clone();
         let host = name.as_str().to_string();
         Box::pin(async move {
-            let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
-            let mut ok = vec![];
-            let mut last = None;
-            for a in addrs {
-                match allow.check_ip(&host, a.ip()) {
-                    Ok(()) => ok.push(a),
-                    Err(e) => last = Some(e),
-                }
-            }
-            if ok.is_empty() {
-                let e = last.unwrap_or_else(|| Denied(format!("{host} did not resolve")));
-                return Err(Box::new(e) as Box<dyn std::error::Error + Send + Sync>);
-            }
-            Ok(Box::new(ok.into_iter()) as reqwest::dns::Addrs)
+            let e = match allowed_addrs(&host, 0, &[&allow]).await {
+                Ok(ok) => return Ok(Box::new(ok.into_iter()) as reqwest::dns::Addrs),
+                Err(Unresolved::Lookup(e)) => Box::new(e) as Box<dyn std::error::Error + Send + Sync>,
+                Err(Unresolved::Refused(d)) => Box::new(d),
+                Err(Unresolved::Nothing) => Box::new(Denied(format!("{host} did not resolve"))),
+            };
+            Err(e)
         })
     }
 }

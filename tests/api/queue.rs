@@ -223,10 +223,11 @@ async fn an_idempotency_key_names_one_task_for_24_hours_across_the_queue_and_the
 
 /// Every task row as text (all columns but the new `history_at` and `last_call_key`), in id order.
 async fn tasks_digest(pool: &PgPool) -> Vec<String> {
-    // Less the columns later migrations add (`options_sha256`, 0036; `environment_digest`, 0040:
-    // NULL on the rows written before).
+    // Less the columns later migrations add (`options_sha256`, 0036; `environment_digest`, 0040;
+    // `environment_definition`, 0042: NULL on the rows written before).
     sqlx::query_scalar(
-        "SELECT (to_jsonb(t) - 'history_at' - 'last_call_key' - 'options_sha256' - 'environment_digest')::text
+        "SELECT (to_jsonb(t) - 'history_at' - 'last_call_key' - 'options_sha256' - 'environment_digest'
+                 - 'environment_definition')::text
          FROM tasks t ORDER BY id",
     )
     .fetch_all(pool)

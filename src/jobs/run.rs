@@ -213,14 +213,9 @@ impl Runner {
         };
         if let Some(spec) = &opts.workspace {
             let ready = tokio::spawn(self.workspace(row.clone(), store.fence, spec.clone()));
-            tools.workspace = tokio::select! {
-                r = ready => match r {
-                    Ok(Ok(root)) => Some(root),
-                    Ok(Err(o)) => return o.into(),
-                    Err(e) => return internal(format!("the workspace could not be made ready: {e}")),
-                },
-                // The fill goes on in its task (its tree is cached for the next run); this run ends.
-                cause = stop.stopped() => return Outcome::Stopped(cause).into(),
+            tools.workspace = match until_ready(ready, stop, "the workspace").await {
+                Ok(root) => Some(root),
+                Err(o) => return o.into(),
             };
             if opts.tools.iter().any(|t| matches!(t.target, Target::Builtin { tool } if crate::tools::builtin::reach(tool).writes_workspace())) {
                 if let Err(e) = self.own_copy(row, opts, store, &mut tools).await {
@@ -235,14 +230,9 @@ impl Runner {
             let private = opts.workspace.as_ref().is_some_and(|w| w.private());
             let tools_of = Tools { images, sandbox, private };
             let ready = tokio::spawn(environment(self.pool.clone(), tools_of, row.clone(), store.fence, spec));
-            tools.environment = tokio::select! {
-                r = ready => match r {
-                    Ok(Ok(root)) => Some(root),
-                    Ok(Err(o)) => return o.into(),
-                    Err(e) => return internal(format!("the environment could not be made ready: {e}")),
-                },
-                // The pull goes on in its task (its root is cached for the next run); this run ends.
-                cause = stop.stopped() => return Outcome::Stopped(cause).into(),
+            tools.environment = match until_ready(ready, stop, "the environment").await {
+                Ok(root) => Some(root),
+                Err(o) => return o.into(),
             };
         }
         let answers = match self.answers(row, &history).await {
@@ -691,6 +681,23 @@ struct Tools {
     sandbox: Arc<crate::tools::sandbox::Sandbox>,
     /// The task's workspace could be private: no network in its runs.
     private: bool,
+}
+
+/// `ready` (a workspace's fill, an environment's pull) awaited: its value, or the outcome the run
+/// ends with: its failure, or the run's stop (the work goes on in its task, what it makes cached
+/// for the next run).
+async fn until_ready<T>(
+    ready: tokio::task::JoinHandle<Result<T, Outcome>>,
+    stop: &StopSignal,
+    what: &str,
+) -> Result<T, Outcome> {
+    tokio::select! {
+        r = ready => r.unwrap_or_else(|e| Err(Outcome::Failed {
+            code: FailureCode::Internal,
+            message: format!("{what} could not be made ready: {e}"),
+        })),
+        cause = stop.stopped() => Err(Outcome::Stopped(cause)),
+    }
 }
 
 async fn environment(

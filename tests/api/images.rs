@@ -326,6 +326,14 @@ async fn a_command_sees_the_images_files_and_env_and_not_the_hosts_usr() {
     assert_eq!(std::fs::read_to_string(copy.join("out")).unwrap(), "made\n", "the copy is written");
 }
 
+/// What a task in an environment needs here: a registry on loopback, a git server for its
+/// workspace, and the sandbox; `None` (each says why) where one is missing.
+async fn sandboxed() -> Option<(Registry, crate::workspaces::GitServer)> {
+    let reg = Registry::start().await?;
+    let srv = crate::workspaces::git_server().await?;
+    crate::sandbox::has_bwrap().then_some((reg, srv))
+}
+
 /// The sandbox's settings with a registry on loopback, and the image cache in `dir`.
 fn app_config(reg: &Registry, dir: &std::path::Path) -> impl FnOnce(&mut subagentd::config::Config) {
     let (addr, dir) = (reg.addr.clone(), dir.to_path_buf());
@@ -364,11 +372,7 @@ async fn events_as(app: &crate::helpers::TestApp, id: &str, key: Option<&str>) -
 
 #[tokio::test]
 async fn a_tasks_commands_run_in_its_image_pinned_to_the_digest_its_first_run_resolved() {
-    let Some(reg) = Registry::start().await else { return };
-    let Some(srv) = crate::workspaces::git_server().await else { return };
-    if !crate::sandbox::has_bwrap() {
-        return;
-    }
+    let Some((reg, srv)) = sandboxed().await else { return };
     let first = reg.push("test/bb:1", vec![busybox_layer()], &["PATH=/bin", "LANG=image-lang"]).await;
     let dir = cache_dir();
     let app = crate::helpers::spawn_app_with(app_config(&reg, dir.path()), true).await;
@@ -465,11 +469,7 @@ async fn a_tasks_commands_run_in_its_image_pinned_to_the_digest_its_first_run_re
 
 #[tokio::test]
 async fn the_services_default_image_shows_on_its_tasks_and_bad_environments_are_refused_at_submission() {
-    let Some(reg) = Registry::start().await else { return };
-    let Some(srv) = crate::workspaces::git_server().await else { return };
-    if !crate::sandbox::has_bwrap() {
-        return;
-    }
+    let Some((reg, srv)) = sandboxed().await else { return };
     let digest = reg.push("test/default:1", vec![busybox_layer()], &["PATH=/bin", "WHICH=default"]).await;
     let dir = cache_dir();
     let default = reg.image("test/default:1");
@@ -543,11 +543,7 @@ async fn the_services_default_image_shows_on_its_tasks_and_bad_environments_are_
 
 #[tokio::test]
 async fn a_kill_dash_nine_during_a_pull_leaves_nothing_a_later_task_uses() {
-    let Some(reg) = Registry::start().await else { return };
-    let Some(srv) = crate::workspaces::git_server().await else { return };
-    if !crate::sandbox::has_bwrap() {
-        return;
-    }
+    let Some((reg, srv)) = sandboxed().await else { return };
     // 16 MiB that do not compress: a pull long enough to be killed in (and light enough beside
     // the other tests).
     let mut noise = vec![0u8; 16 << 20];
@@ -622,56 +618,24 @@ async fn a_kill_dash_nine_during_a_pull_leaves_nothing_a_later_task_uses() {
 
 #[tokio::test]
 async fn the_mcp_and_a2a_doors_take_an_environment_with_the_same_rules() {
-    let Some(reg) = Registry::start().await else { return };
-    let Some(srv) = crate::workspaces::git_server().await else { return };
-    if !crate::sandbox::has_bwrap() {
-        return;
-    }
+    let Some((reg, srv)) = sandboxed().await else { return };
     let digest = reg.push("test/doors:1", vec![busybox_layer()], &["PATH=/bin", "DOOR=image"]).await;
     let dir = cache_dir();
     let app = crate::helpers::spawn_app_with(app_config(&reg, dir.path()), true).await;
     let repo = format!("{}/repo.git", srv.base);
     let image = reg.image("test/doors:1");
-    let host = app.base.trim_start_matches("http://").to_string();
     let c = reqwest::Client::new();
-    let mcp = |body: Value, sid: Option<String>| {
-        let mut r = c
-            .post(app.url("/mcp"))
-            .header("accept", "application/json, text/event-stream")
-            .header("host", &host)
-            .header("origin", &app.base)
-            .header("mcp-protocol-version", "2025-11-25");
-        if let Some(s) = sid {
-            r = r.header("mcp-session-id", s);
-        }
-        r.json(&body).send()
-    };
-    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
-                      "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}});
-    let r = mcp(init, None).await.unwrap();
-    let sid = r.headers()["mcp-session-id"].to_str().unwrap().to_string();
-    let list = mcp(json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}), Some(sid.clone())).await.unwrap();
+    let mcp = crate::mcp::RawMcp::open(&app).await;
+    let list = mcp.call(2, "tools/list", json!({})).await;
     assert!(list.text().await.unwrap().contains("\"environment\""), "the task tool's schema names environment");
     let args = json!({"subagent_type": "general", "description": "run", "workspace": {"git": repo},
                       "environment": {"image": image}, "prompt": script(&["echo door=$DOOR"])});
-    let r = mcp(
-        json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "task", "arguments": args}}),
-        Some(sid.clone()),
-    )
-    .await
-    .unwrap();
-    let text = r.text().await.unwrap();
+    let text = mcp.task(3, args).await.text().await.unwrap();
     assert!(text.contains("\"completed\""), "{text}");
     // A registry off the list is refused at this door too, and starts nothing.
     let bad = json!({"subagent_type": "general", "description": "x", "prompt": "x", "workspace": {"git": repo},
                      "environment": {"image": "10.1.2.3:5000/a/b:1"}});
-    let r = mcp(
-        json!({"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {"name": "task", "arguments": bad}}),
-        Some(sid),
-    )
-    .await
-    .unwrap();
-    let text = r.text().await.unwrap();
+    let text = mcp.task(4, bad).await.text().await.unwrap();
     assert!(text.contains("environment.image") && text.contains("isError"), "{text}");
 
     let send = json!({"jsonrpc": "2.0", "id": 5, "method": "SendMessage",
@@ -747,11 +711,7 @@ async fn built(app: &crate::helpers::TestApp, key: &str, name: &str) -> Value {
 
 #[tokio::test]
 async fn a_named_environments_setup_runs_once_for_two_tasks_then_again_after_a_change_and_a_failure_is_told() {
-    let Some(reg) = Registry::start().await else { return };
-    let Some(srv) = crate::workspaces::git_server().await else { return };
-    if !crate::sandbox::has_bwrap() {
-        return;
-    }
+    let Some((reg, srv)) = sandboxed().await else { return };
     reg.push("test/base:1", vec![busybox_layer()], &["PATH=/bin", "LANG=base"]).await;
     let dir = cache_dir();
     let tweak = app_config(&reg, dir.path());
@@ -880,11 +840,7 @@ async fn a_named_environments_setup_runs_once_for_two_tasks_then_again_after_a_c
 /// (and a new task) in the new one.
 #[tokio::test]
 async fn a_paused_task_keeps_its_named_environments_definition_when_it_changes() {
-    let Some(reg) = Registry::start().await else { return };
-    let Some(srv) = crate::workspaces::git_server().await else { return };
-    if !crate::sandbox::has_bwrap() {
-        return;
-    }
+    let Some((reg, srv)) = sandboxed().await else { return };
     reg.push("test/pin:1", vec![busybox_layer()], &["PATH=/bin"]).await;
     let dir = cache_dir();
     let app = crate::helpers::spawn_app_with(app_config(&reg, dir.path()), true).await;
@@ -940,11 +896,7 @@ async fn a_paused_task_keeps_its_named_environments_definition_when_it_changes()
 /// another (a worker with a cache of its own) applies that layer instead of running the setup.
 #[tokio::test]
 async fn a_setup_built_on_one_replica_is_not_run_again_on_another() {
-    let Some(reg) = Registry::start().await else { return };
-    let Some(srv) = crate::workspaces::git_server().await else { return };
-    if !crate::sandbox::has_bwrap() {
-        return;
-    }
+    let Some((reg, srv)) = sandboxed().await else { return };
     reg.push("test/shared:1", vec![busybox_layer()], &["PATH=/bin"]).await;
     let (dir_a, dir_b, data_b) = (cache_dir(), cache_dir(), tempfile::tempdir().unwrap());
     // The API's replica: it builds at the PUT (it runs the sandbox), and runs no task.
@@ -1022,11 +974,7 @@ async fn a_setup_built_on_one_replica_is_not_run_again_on_another() {
 #[tokio::test]
 async fn the_official_mcp_and_a2a_sdks_run_a_task_in_an_environment() {
     let Some(python) = crate::mcp::python() else { return };
-    let Some(reg) = Registry::start().await else { return };
-    let Some(srv) = crate::workspaces::git_server().await else { return };
-    if !crate::sandbox::has_bwrap() {
-        return;
-    }
+    let Some((reg, srv)) = sandboxed().await else { return };
     reg.push("test/sdk:1", vec![busybox_layer()], &["PATH=/bin", "DOOR=image"]).await;
     let (db, cache, data) = (crate::helpers::test_db().await, cache_dir(), tempfile::tempdir().unwrap());
     let (cache, data_dir) = (cache.path().display().to_string(), data.path().display().to_string());
@@ -1089,11 +1037,7 @@ async fn hello(ip: &str) -> u16 {
 
 #[tokio::test]
 async fn with_the_proxy_an_allowed_host_is_reached_and_another_is_not_and_without_it_nothing_is() {
-    let Some(reg) = Registry::start().await else { return };
-    let Some(srv) = crate::workspaces::git_server().await else { return };
-    if !crate::sandbox::has_bwrap() {
-        return;
-    }
+    let Some((reg, srv)) = sandboxed().await else { return };
     let (allowed, other) = (hello("127.0.0.2").await, hello("127.0.0.3").await);
     reg.push("test/net:1", vec![busybox_layer()], &["PATH=/bin"]).await;
     let dir = cache_dir();
@@ -1395,11 +1339,7 @@ async fn a_private_image_is_pulled_with_its_tenants_secret_and_never_served_to_a
 
 #[tokio::test]
 async fn a_kill_dash_nine_during_a_setup_leaves_nothing_a_later_task_uses() {
-    let Some(reg) = Registry::start().await else { return };
-    let Some(srv) = crate::workspaces::git_server().await else { return };
-    if !crate::sandbox::has_bwrap() {
-        return;
-    }
+    let Some((reg, srv)) = sandboxed().await else { return };
     reg.push("test/setup:1", vec![busybox_layer()], &["PATH=/bin"]).await;
     let db = crate::helpers::test_db().await;
     let images = cache_dir();

@@ -515,3 +515,45 @@ async fn the_door_checks_origin_version_and_envelopes_and_a_retried_request_star
     let end = reqwest::Client::new().delete(format!("{}/mcp", r.base)).bearer_auth(&a).header("mcp-session-id", &sid);
     assert_eq!(end.send().await.unwrap().status(), 204);
 }
+
+/// A session of the MCP door in raw JSON-RPC (what the tests send by hand), with the Host and
+/// Origin a deployed client sends: initialized when opened.
+pub struct RawMcp<'a> {
+    app: &'a TestApp,
+    host: String,
+    sid: String,
+}
+
+impl<'a> RawMcp<'a> {
+    pub async fn open(app: &'a TestApp) -> RawMcp<'a> {
+        let host = app.base.trim_start_matches("http://").to_string();
+        let mut s = RawMcp { app, host, sid: String::new() };
+        let r = s
+            .call(1, "initialize", json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}))
+            .await;
+        assert_eq!(r.status(), 200);
+        s.sid = r.headers()["mcp-session-id"].to_str().unwrap().to_string();
+        s
+    }
+
+    /// `method` with `params`, as request `id` of this session.
+    pub async fn call(&self, id: u64, method: &str, params: Value) -> reqwest::Response {
+        let mut r = self
+            .app
+            .client
+            .post(self.app.url("/mcp"))
+            .header("accept", "application/json, text/event-stream")
+            .header("host", &self.host)
+            .header("origin", &self.app.base)
+            .header("mcp-protocol-version", "2025-11-25");
+        if !self.sid.is_empty() {
+            r = r.header("mcp-session-id", &self.sid);
+        }
+        r.json(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})).send().await.unwrap()
+    }
+
+    /// The `task` tool called with `args`.
+    pub async fn task(&self, id: u64, args: Value) -> reqwest::Response {
+        self.call(id, "tools/call", json!({"name": "task", "arguments": args})).await
+    }
+}

@@ -318,36 +318,13 @@ async fn the_mcp_result_and_the_a2a_task_carry_the_patch() {
     }
     let app = spawn_app_with(sb_config, true).await;
     let repo = format!("{}/repo.git", srv.base);
-    let host = app.base.trim_start_matches("http://").to_string();
     let edit = [("edit_file", json!({"path": "src/retry.rs", "old_string": "    5", "new_string": "    7"}))];
-    let mcp = |body: Value, sid: Option<String>| {
-        let mut r = app
-            .client
-            .post(app.url("/mcp"))
-            .header("accept", "application/json, text/event-stream")
-            .header("host", &host)
-            .header("origin", &app.base)
-            .header("mcp-protocol-version", "2025-11-25");
-        if let Some(s) = sid {
-            r = r.header("mcp-session-id", s);
-        }
-        r.json(&body).send()
-    };
-    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
-                      "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}});
-    let r = mcp(init, None).await.unwrap();
-    let sid = r.headers()["mcp-session-id"].to_str().unwrap().to_string();
-    let list = mcp(json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}), Some(sid.clone())).await.unwrap();
+    let mcp = crate::mcp::RawMcp::open(&app).await;
+    let list = mcp.call(2, "tools/list", json!({})).await;
     assert!(list.text().await.unwrap().contains("\"patch\""), "the output schema names the patch");
     let args =
         json!({"subagent_type": "general", "description": "fix", "workspace": {"git": repo}, "prompt": script(&edit)});
-    let r = mcp(
-        json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "task", "arguments": args}}),
-        Some(sid),
-    )
-    .await
-    .unwrap();
-    let v: Value = r.json().await.unwrap();
+    let v: Value = mcp.task(3, args).await.json().await.unwrap();
     let diff = &v["result"]["structuredContent"]["diff"];
     assert_eq!(diff["files_changed"], 1, "{v}");
     assert!(diff["patch"].as_str().unwrap_or_default().contains("+    7"), "{v}");

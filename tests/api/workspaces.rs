@@ -730,47 +730,19 @@ async fn the_mcp_and_a2a_doors_take_a_workspace_with_the_same_rules() {
     let Some(srv) = git_server().await else { return };
     let app = spawn_app_with(ws_config, true).await;
     let repo = format!("{}/repo.git", srv.base);
-    let host = app.base.trim_start_matches("http://").to_string();
     let c = reqwest::Client::new();
-    let mcp = |body: Value, sid: Option<String>| {
-        let mut r = c
-            .post(app.url("/mcp"))
-            .header("accept", "application/json, text/event-stream")
-            .header("host", &host)
-            .header("origin", &app.base)
-            .header("mcp-protocol-version", "2025-11-25");
-        if let Some(s) = sid {
-            r = r.header("mcp-session-id", s);
-        }
-        r.json(&body).send()
-    };
-    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
-                      "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}});
-    let r = mcp(init, None).await.unwrap();
-    assert_eq!(r.status(), 200);
-    let sid = r.headers()["mcp-session-id"].to_str().unwrap().to_string();
-    let list = mcp(json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}), Some(sid.clone())).await.unwrap();
-    let list = list.text().await.unwrap();
+    // (Its initialize answered 200.)
+    let mcp = crate::mcp::RawMcp::open(&app).await;
+    let list = mcp.call(2, "tools/list", json!({})).await.text().await.unwrap();
     assert!(list.contains("\"workspace\""), "the task tool's schema names workspace: {list}");
     let args = json!({"subagent_type": "explore", "description": "find", "workspace": {"git": repo},
                       "prompt": calling("grep", json!({"pattern": "retry_policy"}))});
-    let r = mcp(
-        json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "task", "arguments": args}}),
-        Some(sid.clone()),
-    )
-    .await
-    .unwrap();
+    let r = mcp.task(3, args).await;
     assert_eq!(r.status(), 200);
     let _ = r.text().await.unwrap();
     // A refused address is refused at this door too.
     let bad = json!({"subagent_type": "explore", "description": "x", "prompt": "x", "workspace": {"git": "http://10.1.2.3/r.git"}});
-    let r = mcp(
-        json!({"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {"name": "task", "arguments": bad}}),
-        Some(sid),
-    )
-    .await
-    .unwrap();
-    let text = r.text().await.unwrap();
+    let text = mcp.task(4, bad).await.text().await.unwrap();
     assert!(text.contains("workspace.git") && text.contains("isError"), "{text}");
 
     let send = json!({"jsonrpc": "2.0", "id": 5, "method": "SendMessage",

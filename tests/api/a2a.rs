@@ -611,3 +611,15 @@ async fn data_parts_model_rule_budget_stops_busy_contexts_and_list_pages_through
     want.sort();
     assert_eq!(after, want, "{f}");
 }
+
+/// A raw JSON-RPC request to `agent`'s A2A door (A2A 1.0), with a deployed client's Origin.
+pub async fn raw(app: &TestApp, agent: &str, body: Value) -> reqwest::Response {
+    app.client
+        .post(app.url(&format!("/a2a/agents/{agent}")))
+        .header("a2a-version", "1.0")
+        .header("origin", &app.base)
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+}

@@ -353,6 +353,19 @@ fn script(commands: &[&str]) -> String {
     format!("run it [mock:calls={}]", Value::Array(list))
 }
 
+/// Approve the first action the paused task `t` waits on.
+async fn approve_first(app: &crate::helpers::TestApp, t: &Value) {
+    let (id, acts) = (t["id"].as_str().unwrap(), t["pending_actions"].as_array().unwrap());
+    let r = app
+        .client
+        .post(app.url(&format!("/tasks/{id}/actions")))
+        .json(&json!([{"id": acts[0]["id"], "decision": "approve"}]))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+}
+
 async fn submit(app: &crate::helpers::TestApp, body: Value) -> reqwest::Response {
     app.client.post(app.url("/tasks?wait=true&timeout=120")).json(&body).send().await.unwrap()
 }
@@ -403,15 +416,7 @@ async fn a_tasks_commands_run_in_its_image_pinned_to_the_digest_its_first_run_re
         )
         .await;
     assert_ne!(moved, first);
-    let acts = t["pending_actions"].as_array().unwrap();
-    let r = app
-        .client
-        .post(app.url(&format!("/tasks/{id}/actions")))
-        .json(&json!([{"id": acts[0]["id"], "decision": "approve"}]))
-        .send()
-        .await
-        .unwrap();
-    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    approve_first(&app, &t).await;
     let t = app.poll_until_terminal(&id, Duration::from_secs(60)).await;
     assert_eq!(t["status"], "completed", "{t}");
     assert_eq!(t["environment"]["digest"], first.as_str());
@@ -624,7 +629,6 @@ async fn the_mcp_and_a2a_doors_take_an_environment_with_the_same_rules() {
     let app = crate::helpers::spawn_app_with(app_config(&reg, dir.path()), true).await;
     let repo = format!("{}/repo.git", srv.base);
     let image = reg.image("test/doors:1");
-    let c = reqwest::Client::new();
     let mcp = crate::mcp::RawMcp::open(&app).await;
     let list = mcp.call(2, "tools/list", json!({})).await;
     assert!(list.text().await.unwrap().contains("\"environment\""), "the task tool's schema names environment");
@@ -642,14 +646,7 @@ async fn the_mcp_and_a2a_doors_take_an_environment_with_the_same_rules() {
                       "params": {"message": {"messageId": "m-1", "role": "ROLE_USER",
                                              "parts": [{"text": script(&["echo door=$DOOR"])}],
                                              "metadata": {"workspace": {"git": repo}, "environment": {"image": image}}}}});
-    let r = c
-        .post(app.url("/a2a/agents/general"))
-        .header("a2a-version", "1.0")
-        .header("origin", &app.base)
-        .json(&send)
-        .send()
-        .await
-        .unwrap();
+    let r = crate::a2a::raw(&app, "general", send).await;
     assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
     let _ = r.text().await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -860,15 +857,7 @@ async fn a_paused_task_keeps_its_named_environments_definition_when_it_changes()
     assert_eq!(put("echo v2 > /opt-version").await.unwrap().status(), 200);
     let v2 = built(&app, "", "pin").await;
     assert_eq!(v2["status"], "ready", "{v2}");
-    let acts = t["pending_actions"].as_array().unwrap();
-    let r = app
-        .client
-        .post(app.url(&format!("/tasks/{id}/actions")))
-        .json(&json!([{"id": acts[0]["id"], "decision": "approve"}]))
-        .send()
-        .await
-        .unwrap();
-    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    approve_first(&app, &t).await;
     let t = app.poll_until_terminal(&id, Duration::from_secs(60)).await;
     assert_eq!(t["status"], "completed", "{t}");
     let out = crate::tools::tool_results(&app, &id).await;

@@ -333,22 +333,14 @@ async fn the_mcp_result_and_the_a2a_task_carry_the_patch() {
                       "params": {"message": {"messageId": "m-1", "role": "ROLE_USER", "parts": [{"text": script(&edit)}],
                                              "metadata": {"workspace": {"git": repo}}},
                                  "configuration": {"blocking": true}}});
-    let a2a = |body: Value| {
-        app.client
-            .post(app.url("/a2a/agents/general"))
-            .header("a2a-version", "1.0")
-            .header("origin", &app.base)
-            .json(&body)
-            .send()
-    };
-    let r: Value = a2a(send).await.unwrap().json().await.unwrap();
+    let a2a = |body: Value| crate::a2a::raw(&app, "general", body);
+    let r: Value = a2a(send).await.json().await.unwrap();
     let id = r["result"]["task"]["id"].as_str().or(r["result"]["id"].as_str()).unwrap_or_default().to_string();
     assert!(!id.is_empty(), "{r}");
     let deadline = Instant::now() + Duration::from_secs(30);
     let task = loop {
         let g: Value = a2a(json!({"jsonrpc": "2.0", "id": 6, "method": "GetTask", "params": {"id": id}}))
             .await
-            .unwrap()
             .json()
             .await
             .unwrap();

@@ -728,14 +728,7 @@ async fn a_research_run_through_the_mcp_and_a2a_doors_gets_the_same_tools() {
     let _ = r.text().await.unwrap();
     let send = json!({"jsonrpc": "2.0", "id": 3, "method": "SendMessage",
                       "params": {"message": {"messageId": "m-1", "role": "ROLE_USER", "parts": [{"text": "find tides"}]}}});
-    let r = c
-        .post(app.url("/a2a/agents/research"))
-        .header("a2a-version", "1.0")
-        .header("origin", &app.base)
-        .json(&send)
-        .send()
-        .await
-        .unwrap();
+    let r = crate::a2a::raw(&app, "research", send).await;
     assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
     let _ = r.text().await.unwrap();
     let rows: Vec<(String, Value)> = sqlx::query_as(

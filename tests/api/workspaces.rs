@@ -730,7 +730,6 @@ async fn the_mcp_and_a2a_doors_take_a_workspace_with_the_same_rules() {
     let Some(srv) = git_server().await else { return };
     let app = spawn_app_with(ws_config, true).await;
     let repo = format!("{}/repo.git", srv.base);
-    let c = reqwest::Client::new();
     // (Its initialize answered 200.)
     let mcp = crate::mcp::RawMcp::open(&app).await;
     let list = mcp.call(2, "tools/list", json!({})).await.text().await.unwrap();
@@ -749,14 +748,7 @@ async fn the_mcp_and_a2a_doors_take_a_workspace_with_the_same_rules() {
                       "params": {"message": {"messageId": "m-1", "role": "ROLE_USER",
                                              "parts": [{"text": calling("read_file", json!({"path": "src/retry.rs"}))}],
                                              "metadata": {"workspace": {"git": repo, "ref": "v1"}}}}});
-    let r = c
-        .post(app.url("/a2a/agents/explore"))
-        .header("a2a-version", "1.0")
-        .header("origin", &app.base)
-        .json(&send)
-        .send()
-        .await
-        .unwrap();
+    let r = crate::a2a::raw(&app, "explore", send).await;
     assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
     let _ = r.text().await.unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);

@@ -353,6 +353,22 @@ fn script(commands: &[&str]) -> String {
     format!("run it [mock:calls={}]", Value::Array(list))
 }
 
+/// An app over `reg` (its image cache in `dir`) with an admin token, and keys of two tenants:
+/// `acme` and `other`.
+async fn two_tenants(reg: &Registry, dir: &std::path::Path) -> (crate::helpers::TestApp, String, String) {
+    let tweak = app_config(reg, dir);
+    let app = crate::helpers::spawn_app_with(
+        |c| {
+            tweak(c);
+            c.admin_token = Some(crate::mcp::ADMIN.into());
+        },
+        true,
+    )
+    .await;
+    let (acme, other) = (crate::mcp::key(&app.base, "acme").await, crate::mcp::key(&app.base, "other").await);
+    (app, acme, other)
+}
+
 /// Approve the first action the paused task `t` waits on.
 async fn approve_first(app: &crate::helpers::TestApp, t: &Value) {
     let (id, acts) = (t["id"].as_str().unwrap(), t["pending_actions"].as_array().unwrap());
@@ -711,16 +727,7 @@ async fn a_named_environments_setup_runs_once_for_two_tasks_then_again_after_a_c
     let Some((reg, srv)) = sandboxed().await else { return };
     reg.push("test/base:1", vec![busybox_layer()], &["PATH=/bin", "LANG=base"]).await;
     let dir = cache_dir();
-    let tweak = app_config(&reg, dir.path());
-    let app = crate::helpers::spawn_app_with(
-        |c| {
-            tweak(c);
-            c.admin_token = Some(crate::mcp::ADMIN.into());
-        },
-        true,
-    )
-    .await;
-    let (acme, other) = (crate::mcp::key(&app.base, "acme").await, crate::mcp::key(&app.base, "other").await);
+    let (app, acme, other) = two_tenants(&reg, dir.path()).await;
     let repo = format!("{}/repo.git", srv.base);
     let image = reg.image("test/base:1");
     let put = |key: &str, name: &str, body: Value| {
@@ -1276,16 +1283,7 @@ async fn a_private_image_is_pulled_with_its_tenants_secret_and_never_served_to_a
     let realm = token_service("alice", "s3cret").await;
     let Some(private) = open.with_auth(&realm).await else { return };
     let dir = cache_dir();
-    let tweak = app_config(&private, dir.path());
-    let app = crate::helpers::spawn_app_with(
-        |c| {
-            tweak(c);
-            c.admin_token = Some(crate::mcp::ADMIN.into());
-        },
-        true,
-    )
-    .await;
-    let (acme, other) = (crate::mcp::key(&app.base, "acme").await, crate::mcp::key(&app.base, "other").await);
+    let (app, acme, other) = two_tenants(&private, dir.path()).await;
     // acme's secret for the registry's host (write-only, as a repository's token).
     let r = app
         .client
